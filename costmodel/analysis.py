@@ -1,0 +1,142 @@
+"""Speedup curve → cutoff (with a Monte Carlo band) → the numbers `tpcost whatif` reports."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .errors import TpcostError
+from .model import BREAKDOWN_KEYS, SCHEDULES, Prediction, predict
+from .profile import UNPERTURBED_PREFIXES, HardwareProfile
+from .shapes import ModelShape
+
+BAND_DRAWS = 200
+BAND_SEED = 0
+BAND_CHUNK = 50
+EFFICIENCY_KEYS = ("max_efficiency", "mem_efficiency", "stream_concurrency", "efficiency")
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+    profile: HardwareProfile
+    shape: ModelShape
+    tp: int
+    dtype: str
+    seq_len: int
+    max_num_batched_tokens: int
+    margin: float
+    cutoff_tokens: int | None
+    sp_cutoff_tokens: int | None
+    cutoff_band_tokens: tuple[int | None, int | None] | None
+    table: Prediction  # at the display token counts
+    breakdown_at_cutoff: dict[str, float] | None
+
+
+def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
+    """Multiples of tp from tp to max_num_batched_tokens (the N vLLM can run with SP enabled)."""
+    top = (max_num_batched_tokens // tp) * tp
+    if top < tp:
+        raise TpcostError(f"--max-num-batched-tokens {max_num_batched_tokens} is below tp={tp}")
+    return np.arange(tp, top + 1, tp, dtype=float)
+
+
+def cutoff_from_speedup(grid: np.ndarray, speedup: np.ndarray, margin: float):
+    """Smallest N on the grid from which speedup ≥ 1+margin holds for every larger N; None if none.
+
+    `speedup` may be (n,) or (draws, n); returns an int/None or an array of floats (inf = never)."""
+    ok = speedup >= 1.0 + margin
+    ok2 = np.atleast_2d(ok)
+    # index of the last failing point per row; the cutoff is the next grid point
+    rev_fail = np.argmax(~ok2[:, ::-1], axis=1)
+    any_fail = (~ok2).any(axis=1)
+    first_ok = np.where(any_fail, ok2.shape[1] - rev_fail, 0)
+    vals = np.where(first_ok < ok2.shape[1], grid[np.minimum(first_ok, ok2.shape[1] - 1)], np.inf)
+    if ok.ndim == 1:
+        return None if np.isinf(vals[0]) else int(vals[0])
+    return vals
+
+
+def perturbed_values(profile: HardwareProfile, draws: int, seed: int) -> dict[str, np.ndarray]:
+    """Lognormal draws (median = profile value, σ by provenance tier) as (draws, 1) arrays."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key in sorted(profile.params):
+        p = profile.params[key]
+        if key.startswith(UNPERTURBED_PREFIXES) or p.value == 0:
+            continue
+        x = p.value * np.exp(p.sigma_rel * rng.standard_normal(draws))
+        if key.rsplit(".", 1)[-1] in EFFICIENCY_KEYS:
+            x = np.minimum(x, 1.0)
+        out[key] = x[:, None]
+    return out
+
+
+def cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, draws=BAND_DRAWS, seed=BAND_SEED):
+    """5th–95th percentile of the cutoff over a fixed-seed Monte Carlo of the profile (never = +inf)."""
+    vals = perturbed_values(profile, draws, seed)
+    cuts = []
+    for lo in range(0, draws, BAND_CHUNK):
+        chunk = {k: v[lo:lo + BAND_CHUNK] for k, v in vals.items()}
+        prof = profile.with_values(chunk, mark_modified=False)
+        pred = predict(prof, shape, tp, dtype, grid, seq_len)
+        cuts.append(cutoff_from_speedup(grid, pred.speedup_sp_asynctp, margin))
+    c = np.concatenate(cuts)
+    lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
+
+    def as_int(x):
+        return None if np.isinf(x) else int(x)
+
+    return as_int(lo), as_int(hi)
+
+
+def display_tokens(max_tokens: int = 65536) -> np.ndarray:
+    return 2.0 ** np.arange(0, int(np.log2(max_tokens)) + 1)
+
+
+def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *, seq_len: int = 1024,
+            max_num_batched_tokens: int = 8192, margin: float = 0.02, band: bool = True,
+            display_max_tokens: int = 65536) -> Analysis:
+    if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
+        raise TpcostError("--max-num-batched-tokens must be a positive integer")
+    if not (0.0 <= margin < 1.0):
+        raise TpcostError(f"--margin must be in [0, 1), got {margin}")
+    grid = token_grid(tp, max_num_batched_tokens)
+    pred = predict(profile, shape, tp, dtype, grid, seq_len)
+    cut = cutoff_from_speedup(grid, pred.speedup_sp_asynctp, margin)
+    sp_cut = cutoff_from_speedup(grid, pred.speedup_sp, margin)
+    band_v = cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin) if band else None
+    shown = display_tokens(display_max_tokens)
+    if cut is not None:
+        shown = np.union1d(shown, [cut])
+    table = predict(profile, shape, tp, dtype, shown, seq_len)
+    bd = None
+    if cut is not None:
+        i = int(np.searchsorted(grid, cut))
+        bd = {k: float(pred.breakdown[k][i]) for k in BREAKDOWN_KEYS}
+    return Analysis(profile, shape, tp, dtype, seq_len, max_num_batched_tokens, margin, cut, sp_cut, band_v,
+                    table, bd)
+
+
+def provenance(profile: HardwareProfile) -> dict:
+    return {"tier": profile.tier, "profile": profile.name, "origin": profile.origin,
+            "modified": list(profile.modified), "tier_counts": profile.tier_counts(), "sources": profile.sources()}
+
+
+def analysis_json(a: Analysis) -> dict:
+    t = a.table
+    rows = []
+    for i, n in enumerate(t.num_tokens):
+        rows.append({"num_tokens": int(n), **{f"t_{s}_s": float(t.t_forward_s(s)[i]) for s in SCHEDULES},
+                     "speedup_sp": float(t.speedup_sp[i]), "speedup_sp_asynctp": float(t.speedup_sp_asynctp[i])})
+    return {
+        "gpu": a.profile.name, "model": a.shape.name, "tp": a.tp, "dtype": a.dtype, "seq_len": a.seq_len,
+        "max_num_batched_tokens": a.max_num_batched_tokens, "margin": a.margin,
+        "cutoff_tokens": a.cutoff_tokens,
+        "cutoff_band_tokens": list(a.cutoff_band_tokens) if a.cutoff_band_tokens else None,
+        "sp_cutoff_tokens": a.sp_cutoff_tokens,
+        "breakdown_at_cutoff_s": a.breakdown_at_cutoff,
+        "notes": list(t.notes),
+        "provenance": provenance(a.profile),
+        "rows": rows,
+    }

@@ -1,0 +1,206 @@
+"""`tpcost` command line: whatif, profiles, models, evaluate, vllm-config, calibrate, validate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import TpcostError
+
+DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TP, DEFAULT_DTYPE = "h100-sxm", "llama-3.1-70b", 4, "bf16"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse's own convention, without the usage dump)
+        raise TpcostError(message)
+
+
+def _positive_int(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
+    return v
+
+
+def add_shape_args(p, gpu_help="built-in GPU profile name or a profile .toml path"):
+    p.add_argument("--gpu", default=DEFAULT_GPU, help=f"{gpu_help} (default {DEFAULT_GPU})")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in model name or a config.json path (default {DEFAULT_MODEL})")
+    p.add_argument("--tp", type=_positive_int, default=DEFAULT_TP, help=f"tensor-parallel size (default {DEFAULT_TP})")
+    p.add_argument("--dtype", default=DEFAULT_DTYPE, help="bf16 | fp8 | fp8-dynamic (default bf16)")
+    p.add_argument("--seq-len", type=_positive_int, default=1024, help="prefill sequence length (default 1024)")
+    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192, help="vLLM's token budget (default 8192)")
+    p.add_argument("--margin", type=float, default=0.02, help="required speedup margin above 1 (default 0.02)")
+    p.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE",
+                   help="override one profile quantity, e.g. interconnect.link_bw_bytes_per_s=900e9")
+
+
+def resolve_inputs(args):
+    from .profile import load_profile, parse_set
+    from .shapes import check_dtype, load_model
+
+    prof = load_profile(args.gpu)
+    overrides = parse_set(args.set)
+    if overrides:
+        prof = prof.with_values(overrides)
+    shape = load_model(args.model)
+    check_dtype(args.dtype)
+    shape.check_tp(args.tp)
+    return prof, shape
+
+
+def _fmt_ms(x):
+    return f"{x * 1e3:10.3f}"
+
+
+def cmd_whatif(args) -> int:
+    from .analysis import analyse, analysis_json
+
+    prof, shape = resolve_inputs(args)
+    a = analyse(prof, shape, args.tp, args.dtype, seq_len=args.seq_len,
+                max_num_batched_tokens=args.max_num_batched_tokens, margin=args.margin, band=not args.no_band)
+    out = analysis_json(a)
+    if args.plot:
+        from .plot import plot_whatif
+
+        plot_whatif(a, args.plot)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    mod = f"  [MODIFIED by --set: {', '.join(prof.modified)}]" if prof.modified else ""
+    print(f"tpcost whatif: {shape.name} on {prof.name} x{args.tp}, {args.dtype}, seq_len {args.seq_len}{mod}")
+    print(f"{'N tokens':>9} {'t_tp [ms]':>10} {'t_sp [ms]':>10} {'t_sp+async [ms]':>16} {'speedup sp':>11} {'speedup sp+async':>17}")
+    for r in out["rows"]:
+        mark = "  <- cutoff" if r["num_tokens"] == a.cutoff_tokens else ""
+        print(f"{r['num_tokens']:9d} {_fmt_ms(r['t_tp_s'])} {_fmt_ms(r['t_sp_s'])} {_fmt_ms(r['t_sp_asynctp_s']):>16} "
+              f"{r['speedup_sp']:11.3f} {r['speedup_sp_asynctp']:17.3f}{mark}")
+    print("(times per forward pass; speedup = t_tp / t_schedule)")
+    band = a.cutoff_band_tokens
+    band_s = "" if band is None else f"  band (5-95%): [{band[0]}, {band[1] if band[1] is not None else 'never'}]"
+    cut = a.cutoff_tokens if a.cutoff_tokens is not None else "never (null)"
+    print(f"\ncutoff (SP+AsyncTP, margin {args.margin:.0%}, N <= {args.max_num_batched_tokens}): {cut}{band_s}")
+    print(f"cutoff (SP alone): {a.sp_cutoff_tokens if a.sp_cutoff_tokens is not None else 'never (null)'}")
+    if a.breakdown_at_cutoff:
+        print(f"\nbreakdown at the cutoff, per forward [ms] (positive = SP+AsyncTP saves):")
+        for k, v in a.breakdown_at_cutoff.items():
+            sign = -1 if k in ("chunking_loss_s", "contention_s", "barrier_latency_s") else 1
+            print(f"  {k[:-2]:24s} {sign * v * 1e3:+9.3f}")
+    for n in a.table.notes:
+        print(f"note: {n}")
+    pv = out["provenance"]
+    counts = ", ".join(f"{k} {v}" for k, v in pv["tier_counts"].items() if v)
+    print(f"\nprovenance: profile {pv['profile']} ({pv['origin']}), weakest tier used: {pv['tier']}; values by tier: {counts}")
+    return 0
+
+
+def cmd_profiles(args) -> int:
+    from .profile import builtin_profile_names, load_profile
+
+    rows = []
+    for name in builtin_profile_names():
+        p = load_profile(name)
+        rows.append({"name": name, "display_name": p.attrs.get("identity.display_name", ""),
+                     "compute_capability": p.attrs.get("identity.compute_capability", ""),
+                     "interconnect": p.kind, "tier": p.tier, "tier_counts": p.tier_counts()})
+        if args.keys == name:
+            for k, prm in sorted(p.params.items()):
+                print(f"{k} = {prm.value:g}  [{prm.tier}] {prm.source}")
+            return 0
+    if args.keys:
+        raise TpcostError(f"unknown GPU profile {args.keys!r}; built-in: {', '.join(r['name'] for r in rows)}")
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'name':14s} {'device':40s} {'cc':5s} {'interconnect':12s} {'weakest tier':22s} values by tier")
+    for r in rows:
+        counts = ", ".join(f"{k} {v}" for k, v in r["tier_counts"].items() if v)
+        print(f"{r['name']:14s} {r['display_name']:40s} {r['compute_capability']:5s} {r['interconnect']:12s} {r['tier']:22s} {counts}")
+    return 0
+
+
+def cmd_models(args) -> int:
+    from .shapes import builtin_model_config, builtin_model_names, load_model
+
+    rows = []
+    for name in builtin_model_names():
+        s = load_model(name)
+        rows.append({"name": name, "source": builtin_model_config(name).get("_name_or_path"), "hidden": s.hidden,
+                     "intermediate": s.intermediate, "heads": s.num_heads, "kv_heads": s.num_kv_heads,
+                     "head_dim": s.head_dim, "layers": s.num_layers, "vocab": s.vocab, "moe": s.is_moe})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'name':16s} {'hidden':>6s} {'inter':>6s} {'heads':>5s} {'kv':>3s} {'hd':>4s} {'layers':>6s} {'vocab':>7s}  config from")
+    for r in rows:
+        print(f"{r['name']:16s} {r['hidden']:6d} {r['intermediate']:6d} {r['heads']:5d} {r['kv_heads']:3d} "
+              f"{r['head_dim']:4d} {r['layers']:6d} {r['vocab']:7d}  https://huggingface.co/{r['source']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="tpcost", description="When does SP + AsyncTP pay off? A calibrated cost model for vLLM.")
+    sub = ap.add_subparsers(dest="cmd", parser_class=_Parser)
+    w = sub.add_parser("whatif", help="predict speedups and the cutoff for one (GPU, model, TP, dtype)")
+    add_shape_args(w)
+    w.add_argument("--json", action="store_true")
+    w.add_argument("--plot", metavar="FILE.png")
+    w.add_argument("--no-band", action="store_true", help="skip the Monte Carlo cutoff band")
+    w.set_defaults(func=cmd_whatif)
+    p = sub.add_parser("profiles", help="list built-in GPU profiles with provenance")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--keys", metavar="NAME", help="list every quantity of one profile with its source")
+    p.set_defaults(func=cmd_profiles)
+    m = sub.add_parser("models", help="list built-in model shapes")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_models)
+    for register in _extra_commands():
+        register(sub)
+    return ap
+
+
+def _extra_commands():
+    """Sub-commands living in other packages (imported lazily when they run)."""
+    regs = []
+    try:
+        from .evaluate import register as reg_eval
+
+        regs.append(reg_eval)
+    except ImportError:
+        pass
+    try:
+        from integration.cli import register as reg_vllm
+
+        regs.append(reg_vllm)
+    except ImportError:
+        pass
+    try:
+        from calib.cli import register as reg_calib
+
+        regs.append(reg_calib)
+    except ImportError:
+        pass
+    return regs
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        ap = build_parser()
+        if not argv:
+            argv = ["whatif"]
+        args = ap.parse_args(argv)
+        if not getattr(args, "func", None):
+            ap.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    except TpcostError as e:
+        print(f"tpcost: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tpcost: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""One small pure function per formula. SI units; numpy-vectorised over token counts (and over
+Monte Carlo draws: any argument may be an array, shapes broadcast). Derivations: docs/model.md."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# --------------------------------------------------------------------------- GEMM (docs §2)
+
+SPLIT_K_MIN_DEPTH = 512.0  # smallest K slice a split-K/stream-K kernel gives one CTA (elements)
+
+
+def gemm_flops(m, n, k):
+    """FLOP of C[m,n] = A[m,k] @ B[k,n]: 2·m·n·k (FLOP)."""
+    return 2.0 * m * n * k
+
+
+def gemm_bytes(m, n, k, in_bytes, w_bytes, out_bytes):
+    """HBM traffic of one GEMM: m·k·b_in + k·n·b_w + m·n·b_out (bytes; each operand touched once)."""
+    return m * k * in_bytes + k * n * w_bytes + m * n * out_bytes
+
+
+def gemm_tile_m(m, tile_m_max, tile_m_min=64.0):
+    """Row tile a Hopper-class kernel picks: next power of two ≥ m, clipped to [64, tile_m] (rows)."""
+    p2 = np.exp2(np.ceil(np.log2(np.maximum(m, 1.0))))
+    return np.clip(p2, tile_m_min, tile_m_max)
+
+
+def gemm_split_k(tiles, k, sm_count, min_k_per_split=SPLIT_K_MIN_DEPTH):
+    """Split-K factor a library picks when tiles < SMs: clip(floor(SMs/tiles), 1, k/512) (dimensionless)."""
+    return np.clip(np.floor(sm_count / np.maximum(tiles, 1.0)), 1.0, np.maximum(np.floor(k / min_k_per_split), 1.0))
+
+
+def t_gemm_tile_s(m, n, k, tm, tn, per_sm_flops_per_s, sm_count):
+    """One tile config, tile + wave quantised with split-K: ceil(tiles·s/SMs)·(2·tm·tn·k/s)/(per-SM rate) (s)."""
+    tiles = np.ceil(m / tm) * np.ceil(n / tn)
+    split = gemm_split_k(tiles, k, sm_count)
+    return np.ceil(tiles * split / sm_count) * (2.0 * tm * tn * k / split) / per_sm_flops_per_s
+
+
+def t_gemm_compute_s(m, n, k, peak_flops_per_s, max_efficiency, tile_m, tile_n, sm_count):
+    """Compute-bound GEMM time: the best of the tile configs (tm, tn) and (tm, tn/2) a heuristic picks (s)."""
+    tm = gemm_tile_m(m, tile_m)
+    per_sm = peak_flops_per_s * max_efficiency / sm_count
+    return np.minimum(t_gemm_tile_s(m, n, k, tm, tile_n, per_sm, sm_count),
+                      t_gemm_tile_s(m, n, k, tm, tile_n / 2, per_sm, sm_count))
+
+
+def t_gemm_s(m, n, k, *, peak_flops_per_s, max_efficiency, mem_efficiency, hbm_bw_bytes_per_s,
+             tile_m, tile_n, sm_count, launch_overhead_s, in_bytes, w_bytes, out_bytes):
+    """Roofline GEMM time: launch + max(quantised compute time, bytes/(HBM·eff)) (s); 0 when m = 0."""
+    t_comp = t_gemm_compute_s(m, n, k, peak_flops_per_s, max_efficiency, tile_m, tile_n, sm_count)
+    t_mem = gemm_bytes(m, n, k, in_bytes, w_bytes, out_bytes) / (hbm_bw_bytes_per_s * mem_efficiency)
+    return np.where(m > 0, launch_overhead_s + np.maximum(t_comp, t_mem), 0.0)
+
+
+# --------------------------------------------------------------------------- memory-bound kernels (§3)
+
+
+def t_memory_bound_s(bytes_moved, hbm_bw_bytes_per_s, mem_efficiency, launch_overhead_s):
+    """Memory-bound kernel: launch + bytes/(HBM bandwidth·efficiency) (s)."""
+    return launch_overhead_s + bytes_moved / (hbm_bw_bytes_per_s * mem_efficiency)
+
+
+def rms_norm_bytes(rows, hidden, act_bytes, out_bytes, fused_add=True):
+    """(fused-add) RMSNorm traffic: read x (+ residual), write out (+ residual): rows·H·(b·(1+r)+b_out+b·r)."""
+    r = 1.0 if fused_add else 0.0
+    return rows * hidden * (act_bytes * (1.0 + 2.0 * r) + out_bytes)
+
+
+def silu_mul_bytes(rows, intermediate_per_rank, act_bytes, out_bytes):
+    """SiluAndMul traffic: read rows·2I/tp·b, write rows·I/tp·b_out (bytes)."""
+    return rows * intermediate_per_rank * (2.0 * act_bytes + out_bytes)
+
+
+def reduction_bytes(rows, n, out_bytes, world):
+    """Sum of W partials [W, rows/W, n] → [rows/W, n]: reads rows·n·b, writes rows·n·b/W (bytes)."""
+    return rows * n * out_bytes * (1.0 + 1.0 / world)
+
+
+# --------------------------------------------------------------------------- collectives (§4)
+
+
+def t_all_reduce_s(msg_bytes, latency_s, bus_bw_bytes_per_s, world):
+    """All-reduce: α + 2(W−1)/W · S/busBW (s; nccl-tests PERFORMANCE.md bus-bandwidth convention)."""
+    return np.where(world > 1, latency_s + 2.0 * (world - 1) / world * msg_bytes / bus_bw_bytes_per_s, 0.0)
+
+
+def t_all_gather_s(out_bytes, latency_s, bus_bw_bytes_per_s, world):
+    """All-gather of an S-byte output: α + (W−1)/W · S/busBW (s; nccl-tests convention)."""
+    return np.where(world > 1, latency_s + (world - 1) / world * out_bytes / bus_bw_bytes_per_s, 0.0)
+
+
+def t_reduce_scatter_s(in_bytes, latency_s, bus_bw_bytes_per_s, world):
+    """Reduce-scatter of an S-byte input: α + (W−1)/W · S/busBW (s; nccl-tests convention)."""
+    return t_all_gather_s(in_bytes, latency_s, bus_bw_bytes_per_s, world)
+
+
+# --------------------------------------------------------------------------- attention (§5)
+
+
+def attention_flops(tokens, seq_len, heads_per_rank, head_dim):
+    """Causal prefill attention FLOP: 4·d·h·Σ L²/2 = 2·d·h·N·min(N, L) for N tokens in sequences of L."""
+    return 2.0 * head_dim * heads_per_rank * tokens * np.minimum(tokens, seq_len)
+
+
+def attention_bytes(tokens, heads_per_rank, kv_heads_per_rank, head_dim, act_bytes):
+    """FlashAttention traffic: read Q,K,V and write O once: N·(2h + 2kv)·d·b (bytes)."""
+    return tokens * (2.0 * heads_per_rank + 2.0 * kv_heads_per_rank) * head_dim * act_bytes
+
+
+# --------------------------------------------------------------------------- AsyncTP (§6)
+
+
+def t_pull_s(chunk_bytes, copy_engine_bw_bytes_per_s, copy_latency_s):
+    """Copy-engine pull of one peer's chunk over the link: latency + bytes/CE bandwidth (s)."""
+    return copy_latency_s + chunk_bytes / copy_engine_bw_bytes_per_s
+
+
+def t_chunk_concurrent_s(t_chunk_s, t_pair_s, stream_concurrency):
+    """Per-chunk GEMM time on two streams: (1−κ)·g + κ·g₂/2, g₂ = one GEMM of both chunks' rows (s)."""
+    return (1.0 - stream_concurrency) * t_chunk_s + stream_concurrency * 0.5 * t_pair_s
+
+
+def overlapped_fraction(t_comm_total_s, t_comp_total_s):
+    """Share of GEMM time that runs while pulls are in flight: min(1, Σpull/ΣGEMM) (dimensionless)."""
+    return np.minimum(1.0, t_comm_total_s / np.maximum(t_comp_total_s, 1e-30))
+
+
+def t_ag_gemm_pipeline_s(world, t_chunk_s, t_chunk_eff_s, t_pull_s_):
+    """AG+GEMM main loop: max(W·g_c, (W−1)·p + g) — compute-bound vs pull-bound, last GEMM alone (s)."""
+    return np.maximum(world * t_chunk_eff_s, (world - 1) * t_pull_s_ + t_chunk_s)
+
+
+def t_gemm_rs_pipeline_s(world, t_chunk_s, t_chunk_eff_s, t_step_comm_s):
+    """GEMM+RS main loop: max((W−1)·g_c + max(g_c, p_s), g + (W−1)·p_s); p_s = pull + 2 barriers (s)."""
+    compute_bound = (world - 1) * t_chunk_eff_s + np.maximum(t_chunk_eff_s, t_step_comm_s)
+    comm_bound = t_chunk_s + (world - 1) * t_step_comm_s
+    return np.maximum(compute_bound, comm_bound)

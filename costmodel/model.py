@@ -1,0 +1,348 @@
+"""The three schedules of a transformer layer (tp, sp, sp_asynctp) as vLLM 0.31 runs them.
+
+Every op is a vectorised time over token counts N. Formulas: costmodel.formulas; derivation and
+sources: docs/model.md. Param values may be arrays of Monte Carlo draws (shape (D, 1)) that
+broadcast against N (shape (n,)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from . import formulas as F
+from .errors import TpcostError
+from .profile import HardwareProfile
+from .shapes import ModelShape, check_dtype
+
+SCHEDULES = ("tp", "sp", "sp_asynctp")
+ACT_BYTES = 2.0  # bf16 activations, residual stream and GEMM outputs in every dtype mode
+BREAKDOWN_KEYS = ("overlap_gain_s", "chunking_loss_s", "concurrency_recovery_s", "contention_s",
+                  "barrier_latency_s", "norm_saving_s", "collective_change_s", "padding_and_other_s")
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One timed op of a schedule: per-call time (s) over N, and how many times it runs per forward."""
+
+    name: str
+    kind: str  # gemm | fused | comm | memory | attention
+    t_s: Any
+    count: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    name: str
+    layer_ops: tuple[Op, ...]
+    nonlayer_ops: tuple[Op, ...]
+    num_layers: int
+
+    @property
+    def t_layer_s(self):
+        return sum(op.t_s * op.count for op in self.layer_ops)
+
+    @property
+    def t_forward_s(self):
+        return self.num_layers * self.t_layer_s + sum(op.t_s * op.count for op in self.nonlayer_ops)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """Per-op times of the three schedules over `num_tokens`, and the difference breakdown (per forward)."""
+
+    num_tokens: np.ndarray
+    tp: int
+    dtype: str
+    schedules: dict[str, Schedule]
+    breakdown: dict[str, Any]  # BREAKDOWN_KEYS -> per-forward seconds, positive = SP+AsyncTP saves
+    notes: tuple[str, ...]
+
+    def t_forward_s(self, schedule: str):
+        return self.schedules[schedule].t_forward_s
+
+    @property
+    def speedup_sp(self):
+        return self.t_forward_s("tp") / self.t_forward_s("sp")
+
+    @property
+    def speedup_sp_asynctp(self):
+        return self.t_forward_s("tp") / self.t_forward_s("sp_asynctp")
+
+
+class _Hw:
+    """Profile values pulled out once (floats or draw arrays) for the formulas."""
+
+    def __init__(self, p: HardwareProfile, dtype: str):
+        v = p.v
+        gemm_dtype = "bf16" if dtype == "bf16" else "fp8"
+        self.p = p
+        self.peak = v(f"compute.peak_flops_per_s.{gemm_dtype}")
+        self.peak_bf16 = v("compute.peak_flops_per_s.bf16")
+        self.hbm = v("memory.hbm_bw_bytes_per_s")
+        self.mem_eff = v("kernels.mem_efficiency")
+        self.launch = v("kernels.launch_overhead_s")
+        self.gemm = dict(max_efficiency=v("gemm.max_efficiency"), mem_efficiency=v("gemm.mem_efficiency"),
+                         hbm_bw_bytes_per_s=self.hbm, tile_m=v("gemm.tile_m"), tile_n=v("gemm.tile_n"),
+                         sm_count=v("identity.sm_count"), launch_overhead_s=v("gemm.launch_overhead_s"))
+        self.gemm_in_bytes = 2.0 if gemm_dtype == "bf16" else 1.0
+        self.attn_eff = v("attention.efficiency")
+        self.barrier = v("asynctp.barrier_s")
+        self.ce_bw = v("asynctp.copy_engine_bw_bytes_per_s")
+        self.ce_lat = v("asynctp.copy_latency_s")
+        self.slowdown = v("asynctp.compute_slowdown")
+        self.kappa = v("asynctp.stream_concurrency")
+
+    def t_gemm(self, m, n, k, *, fp8_ok=True):
+        b = self.gemm_in_bytes if fp8_ok else 2.0
+        peak = self.peak if fp8_ok else self.peak_bf16
+        return F.t_gemm_s(m, n, k, peak_flops_per_s=peak, in_bytes=b, w_bytes=b, out_bytes=ACT_BYTES, **self.gemm)
+
+    def t_mem(self, nbytes):
+        return F.t_memory_bound_s(nbytes, self.hbm, self.mem_eff, self.launch)
+
+
+def _all_reduce_dispatch(hw: _Hw, msg_bytes, tp: int, fusion_applies: bool):
+    """(time of all-reduce [+ the RMSNorm when fused], fused?, implementation names) as vLLM 0.31 picks.
+
+    Order as in CudaCommunicator.all_reduce: FlashInfer (fused AR+RMSNorm when the fusion pass applies)
+    ≤ fi limit; quick-reduce (ROCm); custom AR < its max (1-stage below the 1-stage limit); torch
+    symm-mem ≤ its max; else (Py)NCCL."""
+    p, d = hw.p, hw.p.dispatch(tp)
+    choices = []  # (mask, time, impl, fused)
+
+    def coll(impl):
+        lat, bw = p.collective(impl, tp)
+        return F.t_all_reduce_s(msg_bytes, lat, bw, tp)
+
+    remaining = np.ones(np.shape(msg_bytes), dtype=bool)
+    if "fi_fusion_max_bytes" in d and p.has_collective("flashinfer_ar_rmsnorm"):
+        m = msg_bytes <= d["fi_fusion_max_bytes"]
+        one = msg_bytes <= d.get("fi_oneshot_max_bytes", d["fi_fusion_max_bytes"])
+        choices.append((m & one, coll("flashinfer_ar_rmsnorm"), "flashinfer_ar_rmsnorm", fusion_applies))
+        if p.has_collective("flashinfer_ar_rmsnorm_twoshot"):
+            choices.append((m & ~one, coll("flashinfer_ar_rmsnorm_twoshot"), "flashinfer_ar_rmsnorm_twoshot",
+                            fusion_applies))
+        remaining &= ~m
+    if "quick_reduce_max_bytes" in d and p.has_collective("quick_reduce"):
+        m = remaining & (msg_bytes <= d["quick_reduce_max_bytes"])
+        choices.append((m, coll("quick_reduce"), "quick_reduce", False))
+        remaining &= ~m
+    if "custom_ar_max_bytes" in d and p.has_collective("custom_ar_2stage"):
+        one = d.get("custom_ar_1stage_max_bytes", 0)
+        m1 = remaining & (msg_bytes < d["custom_ar_max_bytes"]) & (msg_bytes < one)
+        m2 = remaining & (msg_bytes < d["custom_ar_max_bytes"]) & ~m1
+        if one:
+            choices.append((m1, coll("custom_ar_1stage"), "custom_ar_1stage", False))
+        choices.append((m2, coll("custom_ar_2stage"), "custom_ar_2stage", False))
+        remaining &= ~(m1 | m2)
+    if "symm_mem_max_bytes" in d:
+        impl = "symm_mem_" + d.get("symm_mem_algo", "two_shot")
+        if p.has_collective(impl):
+            m = remaining & (msg_bytes <= d["symm_mem_max_bytes"])
+            choices.append((m, coll(impl), impl, False))
+            remaining &= ~m
+    choices.append((remaining, coll("nccl_all_reduce"), "nccl_all_reduce", False))
+    t = np.select([c[0] for c in choices], [c[1] for c in choices])
+    fused = np.select([c[0] for c in choices], [np.full(np.shape(msg_bytes), c[3]) for c in choices])
+    used = [c[2] for c in choices if np.any(c[0])]
+    return t, fused.astype(bool), used
+
+
+def _ag(hw, tp, out_bytes):
+    lat, bw = hw.p.collective("nccl_all_gather", tp)
+    return F.t_all_gather_s(out_bytes, lat, bw, tp)
+
+
+def _rs(hw, tp, in_bytes):
+    lat, bw = hw.p.collective("nccl_reduce_scatter", tp)
+    return F.t_reduce_scatter_s(in_bytes, lat, bw, tp)
+
+
+def _fused_ag_gemm(hw: _Hw, n_tok, n_out, k, tp, a_bytes):
+    """torch _pipelined_all_gather_and_consume (return_A=True): returns (time, terms) per call."""
+    W = tp
+    mc = n_tok / W
+    g = hw.t_gemm(mc, n_out, k)
+    g2 = hw.t_gemm(2 * mc, n_out, k)
+    g_conc = F.t_chunk_concurrent_s(g, g2, hw.kappa)
+    p = F.t_pull_s(mc * k * a_bytes, hw.ce_bw, hw.ce_lat)
+    frac = F.overlapped_fraction((W - 1) * p, W * g_conc)
+    g_eff = g_conc * (1.0 + hw.slowdown * frac)
+    t_copy = hw.t_mem(2.0 * mc * k * a_bytes)  # local shard -> symmetric buffer (read + write)
+    fixed = 3 * hw.barrier + t_copy + np.maximum(0.0, t_copy - g_eff)  # 2nd copy hides behind last GEMM
+    t = fixed + F.t_ag_gemm_pipeline_s(W, g, g_eff, p)
+    return t, dict(chunk=W * g, conc=W * (g - g_conc), contention=W * (g_eff - g_conc), fixed=fixed)
+
+
+def _fused_gemm_rs(hw: _Hw, n_tok, n_out, k, tp):
+    """torch _pipelined_produce_and_all2all + exposed reduction: returns (time, terms) per call."""
+    W = tp
+    mc = n_tok / W
+    g = hw.t_gemm(mc, n_out, k)
+    g2 = hw.t_gemm(2 * mc, n_out, k)
+    g_conc = F.t_chunk_concurrent_s(g, g2, hw.kappa)
+    p = F.t_pull_s(mc * n_out * ACT_BYTES, hw.ce_bw, hw.ce_lat)  # partials are bf16 even for fp8 GEMMs
+    p_step = p + 2 * hw.barrier
+    frac = F.overlapped_fraction((W - 1) * p, W * g_conc)
+    g_eff = g_conc * (1.0 + hw.slowdown * frac)
+    t_red = hw.t_mem(F.reduction_bytes(n_tok, n_out, ACT_BYTES, W))
+    pipe = F.t_gemm_rs_pipeline_s(W, g, g_eff, p_step)
+    fixed = 2 * hw.barrier + t_red
+    # per-step barriers belong to the barrier/latency term, not to the hidden comm
+    steps_barrier = (W - 1) * 2 * hw.barrier
+    return fixed + pipe, dict(chunk=W * g, conc=W * (g - g_conc), contention=W * (g_eff - g_conc),
+                              fixed=fixed + steps_barrier)
+
+
+def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens,
+            seq_len: int = 1024) -> Prediction:
+    """Per-op times of tp / sp / sp_asynctp for one forward over token counts `num_tokens`."""
+    check_dtype(dtype)
+    shape.check_tp(tp)
+    if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
+        raise TpcostError(f"--seq-len must be an integer >= 1, got {seq_len}")
+    N = np.asarray(num_tokens, dtype=float)
+    if N.size == 0 or np.any(N <= 0) or not np.all(np.isfinite(N)):
+        raise TpcostError("token counts N must be > 0")
+    hw = _Hw(profile, dtype)
+    W = tp
+    H, L = shape.hidden, shape.num_layers
+    h_rank = shape.num_heads // W
+    kv_rank = shape.kv_heads_per_rank(W)
+    d = shape.head_dim
+    qkv_n = (h_rank + 2 * kv_rank) * d
+    I_rank = (shape.moe_intermediate if shape.is_moe else shape.intermediate) // W
+    fp8 = dtype != "bf16"
+    quant_bytes = 1.0 if fp8 else ACT_BYTES  # bytes/elem of a quantised GEMM input
+    ag_bytes = 1.0 if dtype == "fp8" else ACT_BYTES  # fp8 static quantises before the all-gather
+    notes: list[str] = []
+    Np = np.ceil(N / W) * W  # SP pads N up to a multiple of tp
+    fusion_applies = True
+
+    def attention(n):
+        flops = F.attention_flops(n, seq_len, h_rank, d)
+        t = np.maximum(flops / (hw.peak_bf16 * hw.attn_eff),
+                       F.attention_bytes(n, h_rank, kv_rank, d, ACT_BYTES) / (hw.hbm * hw.mem_eff))
+        return hw.launch + t
+
+    def mlp_compute(n):
+        """Dense: gate_up GEMM, SiluMul, down GEMM. MoE: router + grouped experts (roofline)."""
+        if not shape.is_moe:
+            return [Op("gate_up_gemm", "gemm", hw.t_gemm(n, 2 * I_rank, H)),
+                    Op("silu_mul", "memory", hw.t_mem(F.silu_mul_bytes(n, I_rank, ACT_BYTES, quant_bytes))),
+                    Op("down_gemm", "gemm", hw.t_gemm(n, H, I_rank))]
+        E, k = shape.num_experts, shape.experts_per_token
+        flops = F.gemm_flops(n * k, 3 * I_rank, H)
+        w_bytes = np.minimum(E, n * k) * 3 * H * I_rank * hw.gemm_in_bytes
+        t_exp = hw.gemm["launch_overhead_s"] * 3 + np.maximum(
+            flops / (hw.peak * hw.gemm["max_efficiency"]), w_bytes / (hw.hbm * hw.gemm["mem_efficiency"]))
+        return [Op("router_gemm", "gemm", hw.t_gemm(n, E, H, fp8_ok=False)),
+                Op("moe_experts", "gemm", t_exp)]
+
+    def quant(n):  # dynamic per-token quantisation kernel after a bf16 all-gather
+        return Op("dynamic_quant", "memory", hw.t_mem(n * H * (ACT_BYTES + 1.0)))
+
+    # ---------------------------------------------------------------- tp
+    msg = N * H * ACT_BYTES
+    t_ar, fused_mask, impls = _all_reduce_dispatch(hw, msg, W, fusion_applies)
+    t_norm_full = hw.t_mem(F.rms_norm_bytes(N, H, ACT_BYTES, quant_bytes))
+    t_unit_tp = t_ar + np.where(fused_mask, 0.0, t_norm_full)
+    notes.append("tp all-reduce implementations over this sweep (vLLM 0.31 dispatch): " + ", ".join(impls))
+    attn_tp = [Op("qkv_gemm", "gemm", hw.t_gemm(N, qkv_n, H)), Op("attention", "attention", attention(N)),
+               Op("o_gemm", "gemm", hw.t_gemm(N, H, h_rank * d))]
+    unit_tp = Op("all_reduce+rms_norm", "comm", t_unit_tp, count=2)
+    tp_layer = tuple(attn_tp + mlp_compute(N) + [unit_tp])
+
+    # ---------------------------------------------------------------- sp (RS -> norm(N/W) -> AG)
+    t_rs = _rs(hw, W, Np * H * ACT_BYTES)
+    t_ag = _ag(hw, W, Np * H * ag_bytes)
+    t_norm_shard = hw.t_mem(F.rms_norm_bytes(Np / W, H, ACT_BYTES, ag_bytes))
+    dyn = [quant(Np)] if dtype == "fp8-dynamic" else []
+    sp_layer = (Op("reduce_scatter", "comm", t_rs, 2),
+                Op("rms_norm_shard", "memory", t_norm_shard, 2),
+                Op("all_gather", "comm", t_ag, 2),
+                *[dataclasses.replace(q, count=2) for q in dyn],
+                Op("qkv_gemm", "gemm", hw.t_gemm(Np, qkv_n, H)), Op("attention", "attention", attention(Np)),
+                Op("o_gemm", "gemm", hw.t_gemm(Np, H, h_rank * d)), *mlp_compute(Np))
+
+    # ---------------------------------------------------------------- sp_asynctp
+    terms = dict(chunk=0.0, conc=0.0, contention=0.0, fixed=0.0, seq=0.0)
+
+    def add_terms(tm, t_seq):
+        for key in ("chunk", "conc", "contention", "fixed"):
+            terms[key] = terms[key] + tm[key]
+        terms["seq"] = terms["seq"] + t_seq
+
+    ops = [Op("rms_norm_shard", "memory", t_norm_shard, 2)]
+    # AG + QKV (fuses unless fp8-dynamic)
+    for name, n_out, with_attn in (("qkv", qkv_n, True), ("gate_up", 2 * I_rank, False)):
+        if name == "gate_up" and shape.is_moe:
+            ops += [Op("all_gather", "comm", t_ag)] + mlp_compute(Np)
+            continue
+        if dtype == "fp8-dynamic":
+            ops += [Op("all_gather", "comm", t_ag), quant(Np), Op(f"{name}_gemm", "gemm", hw.t_gemm(Np, n_out, H))]
+        else:
+            t_f, tm = _fused_ag_gemm(hw, Np, n_out, H, W, ag_bytes)
+            add_terms(tm, t_ag + hw.t_gemm(Np, n_out, H))
+            ops.append(Op(f"fused_all_gather_{name}_gemm", "fused", t_f))
+        if with_attn:
+            ops.append(Op("attention", "attention", attention(Np)))
+            t_f, tm = _fused_gemm_rs(hw, Np, H, h_rank * d, W)
+            add_terms(tm, hw.t_gemm(Np, H, h_rank * d) + t_rs)
+            ops.append(Op("fused_o_gemm_reduce_scatter", "fused", t_f))
+    if not shape.is_moe:
+        ops.append(Op("silu_mul", "memory", hw.t_mem(F.silu_mul_bytes(Np, I_rank, ACT_BYTES, quant_bytes))))
+        t_f, tm = _fused_gemm_rs(hw, Np, H, I_rank, W)
+        add_terms(tm, hw.t_gemm(Np, H, I_rank) + t_rs)
+        ops.append(Op("fused_down_gemm_reduce_scatter", "fused", t_f))
+    else:
+        ops.append(Op("reduce_scatter", "comm", t_rs))
+        notes.append(f"{shape.name} is MoE: its MoE block gets SP (RS/AG) but no GEMM fusion in vLLM 0.31")
+    spa_layer = tuple(ops)
+
+    # ---------------------------------------------------------------- non-layer parts
+    n_seqs = np.ceil(N / seq_len)
+    embed = Op("embedding", "memory", hw.t_mem(2.0 * N * H * ACT_BYTES))
+    lm_head = Op("lm_head_gemm", "gemm", hw.t_gemm(n_seqs, shape.vocab / W, H, fp8_ok=False))
+    logits = Op("logits_gather", "comm", _ag(hw, W, n_seqs * shape.vocab * 4.0))
+    nonlayer_tp = (embed, Op("all_reduce+rms_norm", "comm", t_unit_tp), lm_head, logits)
+    embed_p = Op("embedding", "memory", hw.t_mem(2.0 * Np * H * ACT_BYTES))
+    nonlayer_sp = (embed_p, Op("reduce_scatter", "comm", t_rs), Op("rms_norm_shard", "memory", t_norm_shard),
+                   Op("all_gather", "comm", t_ag), lm_head, logits)
+
+    scheds = {"tp": Schedule("tp", tp_layer, nonlayer_tp, L),
+              "sp": Schedule("sp", sp_layer, nonlayer_sp, L),
+              "sp_asynctp": Schedule("sp_asynctp", spa_layer, nonlayer_sp, L)}
+
+    # ---------------------------------------------------------------- breakdown (per forward)
+    t_tp, t_sp, t_spa = (scheds[s].t_forward_s for s in SCHEDULES)
+    units = 2 * L + 1
+    norm_saving = units * (np.where(fused_mask, 0.0, t_norm_full) - t_norm_shard)
+    collective_change = units * (t_ar - (t_rs + t_ag))
+    # chunking loss: W chunk GEMMs vs the whole GEMM, summed over fused ops
+    seq_gemm = 0.0
+    n_fused_ag = 0 if (dtype == "fp8-dynamic") else (1 if shape.is_moe else 2)
+    if n_fused_ag:
+        seq_gemm = seq_gemm + hw.t_gemm(Np, qkv_n, H)
+        if n_fused_ag == 2:
+            seq_gemm = seq_gemm + hw.t_gemm(Np, 2 * I_rank, H)
+    seq_gemm = seq_gemm + hw.t_gemm(Np, H, h_rank * d)
+    if not shape.is_moe:
+        seq_gemm = seq_gemm + hw.t_gemm(Np, H, I_rank)
+    chunk_loss = L * (terms["chunk"] - seq_gemm)
+    concurrency = L * terms["conc"]
+    contention = L * terms["contention"]
+    barrier = L * terms["fixed"]
+    # overlap gain: what the fused ops save against their sequential SP counterparts, net of the
+    # other terms (so that the breakdown sums exactly to t_sp - t_sp_asynctp on the fused ops)
+    fused_time = L * sum(op.t_s * op.count for op in spa_layer if op.kind == "fused")
+    overlap_gain = L * terms["seq"] - fused_time + chunk_loss - concurrency + contention + barrier
+    total = t_tp - t_spa
+    other = total - (norm_saving + collective_change + overlap_gain - chunk_loss + concurrency - contention - barrier)
+    breakdown = dict(overlap_gain_s=overlap_gain, chunking_loss_s=chunk_loss, concurrency_recovery_s=concurrency,
+                     contention_s=contention, barrier_latency_s=barrier, norm_saving_s=norm_saving,
+                     collective_change_s=collective_change, padding_and_other_s=other)
+    return Prediction(num_tokens=N, tp=tp, dtype=dtype, schedules=scheds, breakdown=breakdown, notes=tuple(notes))

@@ -1,0 +1,279 @@
+"""Hardware profiles: versioned TOML, every numeric value with its source and provenance tier.
+
+Schema (version 1). A profile is a tree of TOML tables. Every table that holds numeric leaves
+also holds `source` (URL, `../shared/reference` source_id, or calibration provenance) and `tier`
+(one of TIERS); the numeric leaves of that table share them. A sub-table whose name starts with
+`_` only groups values that share a source: its leaves belong to the parent table
+(`[gemm._tile] tile_m = 128` is `gemm.tile_m`). An optional sub-table
+`uncertainty_rel` gives a fitted relative 1-sigma per leaf (calibrated values). String leaves
+(`kind`, `vendor`, ...) are attributes, not parameters. Keys are flattened with dots:
+`collectives.nccl_all_reduce.tp4.latency_s`.
+
+Required sections: identity, compute.peak_flops_per_s, memory, kernels, gemm, attention,
+interconnect, collectives, vllm_dispatch, asynctp (see docs/model.md for each quantity).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import TpcostError
+
+SCHEMA_VERSION = 1
+TIERS = ("assumed", "datasheet", "published-measurement", "calibrated")
+# Relative 1-sigma of a parameter by provenance tier, used by the cutoff band (docs/model.md §7).
+SIGMA_REL_BY_TIER = {"assumed": 0.30, "datasheet": 0.15, "published-measurement": 0.10, "calibrated": 0.05}
+# Tables whose values are code constants (vLLM's dispatch tables) or shapes: never perturbed.
+UNPERTURBED_PREFIXES = ("vllm_dispatch.", "identity.", "gemm.tile_", "interconnect.domain_size")
+
+REQUIRED_PARAMS = (
+    "identity.sm_count",
+    "compute.peak_flops_per_s.bf16",
+    "compute.peak_flops_per_s.fp8",
+    "compute.peak_flops_per_s.fp32",
+    "memory.hbm_bw_bytes_per_s",
+    "kernels.mem_efficiency",
+    "kernels.launch_overhead_s",
+    "gemm.tile_m",
+    "gemm.tile_n",
+    "gemm.max_efficiency",
+    "gemm.mem_efficiency",
+    "gemm.launch_overhead_s",
+    "attention.efficiency",
+    "interconnect.link_bw_bytes_per_s",
+    "interconnect.latency_s",
+    "interconnect.domain_size",
+    "interconnect.internode_bw_bytes_per_s",
+    "interconnect.internode_latency_s",
+    "asynctp.barrier_s",
+    "asynctp.copy_engine_bw_bytes_per_s",
+    "asynctp.copy_latency_s",
+    "asynctp.compute_slowdown",
+    "asynctp.stream_concurrency",
+)
+REQUIRED_COLLECTIVES = ("nccl_all_gather", "nccl_reduce_scatter", "nccl_all_reduce")
+INTERCONNECT_KINDS = ("nvswitch", "nvlink-mesh", "pcie", "xgmi", "host")
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One numeric profile value with where it came from."""
+
+    value: Any  # float, or a numpy array of Monte Carlo draws
+    source: str
+    tier: str
+    uncertainty_rel: float | None = None
+
+    @property
+    def sigma_rel(self) -> float:
+        if self.tier == "calibrated" and self.uncertainty_rel is not None:
+            return float(self.uncertainty_rel)
+        return SIGMA_REL_BY_TIER[self.tier]
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareProfile:
+    """A GPU (or CPU host) described as data; `params` maps dotted keys to Param."""
+
+    name: str
+    origin: str  # "built-in:<name>" or a file path
+    params: Mapping[str, Param]
+    attrs: Mapping[str, str]  # string leaves: identity.vendor, interconnect.kind, ...
+    raw: Mapping[str, Any]  # the parsed TOML tree (round-trips through dump_profile)
+    modified: tuple[str, ...] = ()  # keys changed by --set
+
+    def v(self, key: str):
+        """Value of parameter `key` (float, or array of draws)."""
+        try:
+            return self.params[key].value
+        except KeyError:
+            raise TpcostError(f"profile {self.name!r} has no quantity {key!r}") from None
+
+    def get(self, key: str, default=None):
+        p = self.params.get(key)
+        return default if p is None else p.value
+
+    @property
+    def kind(self) -> str:
+        return self.attrs.get("interconnect.kind", "")
+
+    def collective(self, impl: str, tp: int) -> tuple[Any, Any]:
+        """(latency_s, bus_bw_bytes_per_s) of collective `impl` at TP size `tp`.
+
+        Uses the entry for `tp` if present, else the nearest listed TP size (larger preferred);
+        beyond the interconnect domain the internode link caps the bandwidth and adds latency."""
+        tps = self.collective_tps(impl)
+        if not tps:
+            raise TpcostError(f"profile {self.name!r} has no collective {impl!r}")
+        pick = tp if tp in tps else min(tps, key=lambda t: (abs(t - tp), -t))
+        lat = self.v(f"collectives.{impl}.tp{pick}.latency_s")
+        bw = self.v(f"collectives.{impl}.tp{pick}.bus_bw_bytes_per_s")
+        if tp > self.v("interconnect.domain_size"):
+            import numpy as np
+
+            bw = np.minimum(bw, self.v("interconnect.internode_bw_bytes_per_s"))
+            lat = lat + self.v("interconnect.internode_latency_s")
+        return lat, bw
+
+    def collective_tps(self, impl: str) -> list[int]:
+        prefix = f"collectives.{impl}.tp"
+        out = set()
+        for k in self.params:
+            if k.startswith(prefix):
+                out.add(int(k[len(prefix):].split(".")[0]))
+        return sorted(out)
+
+    def has_collective(self, impl: str) -> bool:
+        return bool(self.collective_tps(impl))
+
+    def dispatch(self, tp: int) -> dict[str, Any]:
+        """vLLM's implementation-switch limits for `tp` (bytes) and string choices, from vllm_dispatch."""
+        table = self.raw.get("vllm_dispatch", {})
+        entry = table.get(f"tp{tp}", {})
+        return {k: v for k, v in entry.items() if k not in ("source", "tier")}
+
+    @property
+    def tier(self) -> str:
+        """Lowest provenance tier among the parameters the model uses (the profile's weakest link)."""
+        used = [p.tier for k, p in self.params.items() if not k.startswith(UNPERTURBED_PREFIXES)]
+        return min(used, key=TIERS.index) if used else "assumed"
+
+    def tier_counts(self) -> dict[str, int]:
+        counts = {t: 0 for t in TIERS}
+        for p in self.params.values():
+            counts[p.tier] += 1
+        return counts
+
+    def sources(self) -> list[str]:
+        return sorted({p.source for p in self.params.values()})
+
+    def with_values(self, values: Mapping[str, Any], *, source: str = "--set by user",
+                    tier: str = "assumed", mark_modified: bool = True) -> "HardwareProfile":
+        """A copy with some parameter values replaced (used by --set and the Monte Carlo band)."""
+        params = dict(self.params)
+        for k, v in values.items():
+            if k not in params:
+                raise TpcostError(
+                    f"--set: unknown quantity {k!r} for profile {self.name!r} (see `tpcost profiles --keys {self.name}`)")
+            old = params[k]
+            params[k] = Param(v, source if mark_modified else old.source,
+                              tier if mark_modified else old.tier, old.uncertainty_rel)
+        modified = self.modified + tuple(values) if mark_modified else self.modified
+        return dataclasses.replace(self, params=params, modified=modified)
+
+
+def _flatten(tree: Mapping[str, Any], path: str, params: dict, attrs: dict, where: str) -> None:
+    numeric = {k: v for k, v in tree.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if numeric:
+        src, tier = tree.get("source"), tree.get("tier")
+        if not isinstance(src, str) or not src.strip():
+            raise TpcostError(f"{where}: table [{path}] has numbers but no `source` string")
+        if tier not in TIERS:
+            raise TpcostError(f"{where}: table [{path}] tier must be one of {', '.join(TIERS)}, got {tier!r}")
+        unc = tree.get("uncertainty_rel", {})
+        if not isinstance(unc, dict):
+            raise TpcostError(f"{where}: [{path}.uncertainty_rel] must be a table")
+        for k, v in numeric.items():
+            fv = float(v)
+            if not math.isfinite(fv) or fv < 0:
+                raise TpcostError(f"{where}: {path}.{k} = {v} must be a finite number >= 0")
+            u = unc.get(k)
+            params[f"{path}.{k}" if path else k] = Param(fv, src, tier, None if u is None else float(u))
+    for k, v in tree.items():
+        key = f"{path}.{k}" if path else k
+        if isinstance(v, dict):
+            if k == "uncertainty_rel":
+                continue
+            _flatten(v, path if k.startswith("_") else key, params, attrs, where)
+        elif isinstance(v, str) and k not in ("source", "tier"):
+            attrs[key] = v
+        elif isinstance(v, bool) or isinstance(v, list):
+            raise TpcostError(f"{where}: {key} has unsupported type {type(v).__name__}")
+
+
+def profile_from_dict(tree: Mapping[str, Any], origin: str) -> HardwareProfile:
+    """Validate a parsed TOML tree and build a HardwareProfile; errors name the file and the key."""
+    where = origin
+    if tree.get("schema_version") != SCHEMA_VERSION:
+        raise TpcostError(f"{where}: schema_version must be {SCHEMA_VERSION}, got {tree.get('schema_version')!r}")
+    ident = tree.get("identity")
+    if not isinstance(ident, dict) or not isinstance(ident.get("name"), str):
+        raise TpcostError(f"{where}: missing [identity] table with a `name`")
+    params: dict[str, Param] = {}
+    attrs: dict[str, str] = {}
+    body = {k: v for k, v in tree.items() if k != "schema_version"}
+    _flatten(body, "", params, attrs, where)
+    missing = [k for k in REQUIRED_PARAMS if k not in params]
+    if missing:
+        raise TpcostError(f"{where}: missing required quantity {missing[0]}" +
+                          (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    kind = attrs.get("interconnect.kind")
+    if kind not in INTERCONNECT_KINDS:
+        raise TpcostError(f"{where}: interconnect.kind must be one of {', '.join(INTERCONNECT_KINDS)}, got {kind!r}")
+    for c in REQUIRED_COLLECTIVES:
+        if not any(k.startswith(f"collectives.{c}.tp") for k in params):
+            raise TpcostError(f"{where}: missing [collectives.{c}.tpN] entries")
+    for k, p in params.items():
+        if k.startswith("collectives.") and k.endswith("bus_bw_bytes_per_s") and p.value <= 0:
+            raise TpcostError(f"{where}: {k} must be > 0")
+    for k in ("compute.peak_flops_per_s.bf16", "memory.hbm_bw_bytes_per_s", "gemm.tile_m", "gemm.tile_n",
+              "identity.sm_count", "gemm.max_efficiency", "kernels.mem_efficiency", "attention.efficiency"):
+        if params[k].value <= 0:
+            raise TpcostError(f"{where}: {k} must be > 0")
+    return HardwareProfile(name=ident["name"], origin=origin, params=params, attrs=attrs, raw=tree)
+
+
+def builtin_profile_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("costmodel.profiles").iterdir() if p.name.endswith(".toml"))
+
+
+def load_profile(name_or_path: str) -> HardwareProfile:
+    """Load a built-in profile by name or a TOML file by path (read with tomllib; never eval/pickle)."""
+    names = builtin_profile_names()
+    if name_or_path in names:
+        text = resources.files("costmodel.profiles").joinpath(f"{name_or_path}.toml").read_text()
+        origin = f"built-in:{name_or_path}"
+    else:
+        path = Path(name_or_path)
+        if not path.suffix == ".toml" and not path.exists():
+            raise TpcostError(f"unknown GPU profile {name_or_path!r}; built-in: {', '.join(names)} (or a path to a .toml)")
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise TpcostError(f"cannot read profile {name_or_path}: {e.strerror}") from None
+        origin = str(path)
+    try:
+        tree = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise TpcostError(f"{origin}: malformed TOML: {e}") from None
+    return profile_from_dict(tree, origin)
+
+
+def dump_profile(tree: Mapping[str, Any]) -> str:
+    """TOML text of a profile tree (tomli_w is imported here only: writing is not on the config path)."""
+    import tomli_w
+
+    return tomli_w.dumps(dict(tree), multiline_strings=False)
+
+
+def parse_set(items: list[str]) -> dict[str, float]:
+    """Parse --set QUANTITY=VALUE items (plain floats only; no eval)."""
+    out = {}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip():
+            raise TpcostError(f"--set expects QUANTITY=VALUE, got {item!r}")
+        try:
+            fv = float(val)
+        except ValueError:
+            raise TpcostError(f"--set {key}: {val!r} is not a number") from None
+        if not math.isfinite(fv) or fv < 0:
+            raise TpcostError(f"--set {key}: value must be a finite number >= 0")
+        out[key.strip()] = fv
+    return out

@@ -1,0 +1,135 @@
+"""Model shapes from HF config.json (llama/qwen/mistral-style dense; MoE fields recognised)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import TpcostError
+
+DTYPES = ("bf16", "fp8", "fp8-dynamic")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """The dimensions of a decoder-only transformer that the cost model needs."""
+
+    name: str
+    hidden: int
+    intermediate: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_layers: int
+    vocab: int
+    tied_embeddings: bool
+    # MoE (0 experts = dense MLP)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate: int = 0
+    quantization: str | None = None  # e.g. "fp8" from quantization_config.quant_method
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def check_tp(self, tp: int) -> None:
+        """Raise TpcostError unless this model can be split `tp` ways as vLLM shards it."""
+        if not isinstance(tp, int) or tp < 1:
+            raise TpcostError(f"--tp must be an integer >= 1, got {tp}")
+        if self.hidden % tp:
+            raise TpcostError(f"hidden size {self.hidden} of {self.name} is not divisible by tp={tp}")
+        if self.num_heads % tp:
+            raise TpcostError(f"num_attention_heads {self.num_heads} of {self.name} is not divisible by tp={tp}")
+        inter = self.moe_intermediate if self.is_moe else self.intermediate
+        if inter % tp:
+            raise TpcostError(f"intermediate size {inter} of {self.name} is not divisible by tp={tp}")
+        if self.num_kv_heads % tp and tp % self.num_kv_heads:
+            raise TpcostError(f"num_key_value_heads {self.num_kv_heads} of {self.name} neither divides nor is divisible by tp={tp}")
+
+    def kv_heads_per_rank(self, tp: int) -> int:
+        """vLLM replicates KV heads when tp > num_kv_heads: max(1, kv/tp) per rank."""
+        return max(1, self.num_kv_heads // tp)
+
+
+def _int(cfg: Mapping[str, Any], key: str, where: str, default=None) -> int:
+    v = cfg.get(key, default)
+    if v is None:
+        raise TpcostError(f"{where}: config.json has no {key!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise TpcostError(f"{where}: {key} must be a positive integer, got {v!r}")
+    return v
+
+
+def shape_from_config(cfg: Mapping[str, Any], name: str, where: str | None = None) -> ModelShape:
+    """Build a ModelShape from a parsed HF config (nested `text_config` is used when present)."""
+    where = where or name
+    if not isinstance(cfg, dict):
+        raise TpcostError(f"{where}: config.json must hold a JSON object")
+    if isinstance(cfg.get("text_config"), dict):
+        outer_q = cfg.get("quantization_config")
+        cfg = {**cfg["text_config"], **({"quantization_config": outer_q} if outer_q else {})}
+    hidden = _int(cfg, "hidden_size", where)
+    heads = _int(cfg, "num_attention_heads", where)
+    kv = _int(cfg, "num_key_value_heads", where, default=heads)
+    head_dim = cfg.get("head_dim") or hidden // heads
+    head_dim = _int({"head_dim": head_dim}, "head_dim", where)
+    n_exp = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
+    if isinstance(n_exp, bool) or not isinstance(n_exp, int) or n_exp < 0:
+        raise TpcostError(f"{where}: number of experts must be a non-negative integer, got {n_exp!r}")
+    top_k = cfg.get("num_experts_per_tok") or cfg.get("num_selected_experts") or (2 if n_exp else 0)
+    moe_inter = cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") if n_exp else 0) or 0
+    inter = cfg.get("intermediate_size") or moe_inter
+    q = cfg.get("quantization_config")
+    quant = q.get("quant_method") if isinstance(q, dict) else None
+    return ModelShape(
+        name=name,
+        hidden=hidden,
+        intermediate=_int({"intermediate_size": inter}, "intermediate_size", where),
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        num_layers=_int(cfg, "num_hidden_layers", where),
+        vocab=_int(cfg, "vocab_size", where),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        num_experts=n_exp,
+        experts_per_token=int(top_k) if n_exp else 0,
+        moe_intermediate=int(moe_inter) if n_exp else 0,
+        quantization=quant,
+    )
+
+
+def builtin_model_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("costmodel.models").iterdir() if p.name.endswith(".json"))
+
+
+def builtin_model_config(name: str) -> dict:
+    return json.loads(resources.files("costmodel.models").joinpath(f"{name}.json").read_text())
+
+
+def load_model(name_or_path: str) -> ModelShape:
+    """A built-in model by name, a config.json path, or a directory holding config.json."""
+    if name_or_path in builtin_model_names():
+        return shape_from_config(builtin_model_config(name_or_path), name_or_path)
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise TpcostError(f"unknown model {name_or_path!r}; built-in: {', '.join(builtin_model_names())} "
+                          "(or a path to a config.json)")
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise TpcostError(f"cannot read {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise TpcostError(f"{path}: malformed config.json: {e.msg} at line {e.lineno}") from None
+    return shape_from_config(cfg, cfg.get("_name_or_path") or path.parent.name or str(path), str(path))
+
+
+def check_dtype(dtype: str) -> str:
+    if dtype not in DTYPES:
+        raise TpcostError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return dtype

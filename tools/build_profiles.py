@@ -1,0 +1,389 @@
+"""Write the built-in hardware profiles costmodel/profiles/*.toml (single source of their numbers).
+
+    python tools/build_profiles.py            # rewrite the TOML files
+    python tools/build_profiles.py --check    # exit 1 if a file differs (tests run this)
+
+Values come from datasheets (URL), from fits to data/reference/components.csv (tools/reference_fits.py,
+source_id named), from vLLM 0.31's dispatch tables (code path named), from this project's GPU runs
+(calib/data/, provenance named), or are assumed (derivation named). Tier per docs/model.md §7.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from costmodel.profile import SCHEMA_VERSION, dump_profile, profile_from_dict  # noqa: E402
+from tools import reference_fits as R  # noqa: E402
+
+MiB = 1024 * 1024
+OUT = ROOT / "costmodel" / "profiles"
+VLLM_AR = "vLLM v0.31.0 vllm/distributed/device_communicators/all_reduce_utils.py (CUSTOM_ALL_REDUCE_MAX_SIZES capped by CustomAllreduce max_size=8 MiB, SYMM_MEM_ALL_REDUCE_MAX_SIZES), symm_mem.py (_WORLD_SIZES_MULTIMEM), compilation/passes/fusion/allreduce_rms_fusion.py (FI_ALLREDUCE_FUSION_MAX_SIZE_MB, _FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB), csrc/custom_all_reduce.cuh (1-stage when W=2, or W<=4 and <512 KiB, or W<=8 and <256 KiB)"
+NV_H100 = "https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM5 datasheet, dense)"
+NV_H200 = "https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM datasheet, dense)"
+NV_B200 = "https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200 datasheet, per GPU, dense)"
+NV_GB200 = "https://www.nvidia.com/en-us/data-center/gb200-nvl72/ (GB200 NVL72 datasheet, per GPU, dense)"
+NV_A100 = "https://www.nvidia.com/en-us/data-center/a100/ (A100 SXM4 80GB datasheet, dense)"
+NV_L40S = "https://www.nvidia.com/en-us/data-center/l40s/ (L40S datasheet, dense)"
+AMD_MI300X = "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html (MI300X datasheet, dense)"
+ASSUMED_KERNELS = "assumed: memory-bound kernels reach ~85% of HBM peak (STREAM-like copy fraction; the H200 device copy in .library KINDS.md moved 4.3 of 4.8 TB/s = 0.90), CUDA-graph kernel gap ~2 us"
+FA3 = "https://arxiv.org/abs/2407.08608 (FlashAttention-3: 500-660 TFLOP/s causal bf16 fwd at 1k-2k seq on H100 = 0.5-0.67 of 989 TFLOP/s; 0.55 taken)"
+
+
+def _round(v):
+    return float(f"{v:.4g}") if isinstance(v, float) else v
+
+
+def sec(source, tier, **vals):
+    """A sourced table: values (fitted ones rounded to 4 significant digits), source, tier."""
+    return {**{k: _round(v) for k, v in vals.items()}, "source": source, "tier": tier}
+
+
+def one_stage_max(world):
+    """csrc/custom_all_reduce.cuh: bytes below which the 1-stage kernel runs."""
+    if world == 2:
+        return 2**62
+    return 512 * 1024 if world <= 4 else 256 * 1024
+
+
+def dispatch(fi=None, custom=None, symm=None, multimem_ws=(), custom_ws=(2, 4, 6, 8), src=VLLM_AR, worlds=(2, 4, 6, 8),
+             fi_oneshot=None):
+    """vllm_dispatch tables per TP size (bytes); entries absent where vLLM has no implementation."""
+    out = {}
+    for w in worlds:
+        e = {}
+        if fi and w in fi:
+            e["fi_fusion_max_bytes"] = int(fi[w] * MiB)
+            if fi_oneshot and w in fi_oneshot:
+                e["fi_oneshot_max_bytes"] = int(fi_oneshot[w] * MiB)
+        if custom and w in custom and w in custom_ws:
+            e["custom_ar_max_bytes"] = int(min(custom[w], 8) * MiB)
+            e["custom_ar_1stage_max_bytes"] = min(one_stage_max(w), e["custom_ar_max_bytes"])
+        if symm and w in symm:
+            e["symm_mem_max_bytes"] = int(symm[w] * MiB)
+            e["symm_mem_algo"] = "multimem" if w in multimem_ws else "two_shot"
+        if e:
+            out[f"tp{w}"] = sec(src, "datasheet", **e)
+    return out
+
+
+SM90 = dict(fi={2: 64, 4: 2, 8: 0.5}, fi_oneshot={2: 32, 4: 2, 8: 0.5}, custom={2: 64, 4: 32, 6: 0.5, 8: 0.25},
+            symm={2: 64, 4: 32, 6: 64, 8: 64}, multimem_ws=(4, 6, 8))
+SM100 = dict(fi={2: 64, 4: 32, 8: 1}, fi_oneshot={2: 32, 4: 4, 8: 1}, custom={2: 2, 4: 2, 6: 1, 8: 1},
+             symm={2: 8, 4: 32, 6: 128, 8: 128}, multimem_ws=(6, 8))
+PRE_HOPPER = dict(custom={2: 8, 4: 8, 6: 8, 8: 8})  # cc not in vLLM's tables: CustomAllreduce default 8 MiB
+
+
+def scaled_collectives(base, ratio, why, lat_add=0.0):
+    """Collectives of another GPU from the H100 fits: busBW × link-bandwidth ratio (tier assumed)."""
+    out = {}
+    for impl, per_tp in base.items():
+        out[impl] = {}
+        for tp, e in per_tp.items():
+            out[impl][tp] = sec(f"assumed: H100 value ({e['source'].split(';')[0]}) with busBW x {ratio:.3g} ({why})",
+                                "assumed", latency_s=e["latency_s"] + lat_add,
+                                bus_bw_bytes_per_s=e["bus_bw_bytes_per_s"] * ratio)
+    return out
+
+
+def h100():
+    peak = 989.4e12
+    eff = R.mamf_efficiency("H100 SXM (H200 same)", "bf16")
+    g = R.gemm_fit("H100", ["VLLM_PR49363"], 3.35e12, peak, eff, 132)
+    coll = R.h100_collectives()
+    sigma = R.asynctp_slowdown_h100(peak, eff)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "identity": {"name": "h100-sxm", "display_name": "NVIDIA H100 SXM5 80GB", "vendor": "nvidia",
+                     "compute_capability": "9.0", "device_name_patterns": "H100 80GB HBM3|H100 SXM|H100",
+                     **sec(NV_H100, "datasheet", sm_count=132)},
+        "compute": {"peak_flops_per_s": sec(NV_H100, "datasheet", bf16=peak, fp8=1978.9e12, fp32=66.9e12)},
+        "memory": sec(NV_H100, "datasheet", hbm_bw_bytes_per_s=3.35e12),
+        "kernels": sec(ASSUMED_KERNELS, "assumed", mem_efficiency=0.85, launch_overhead_s=2e-6),
+        "gemm": {
+            "_tile": sec("assumed: CUTLASS/cuBLAS Hopper warp-specialised 128x256 output tile (64-row tiles for small M)",
+                        "assumed", tile_m=128, tile_n=256),
+            "_efficiency": sec(f"MLENG_MAMF H100 SXM bf16 best-shape {eff * peak / 1e12:.1f}/989 TFLOP/s",
+                              "published-measurement", max_efficiency=eff),
+            "_small_m": sec(g["source"], "published-measurement", mem_efficiency=g["mem_efficiency"],
+                           launch_overhead_s=g["launch_overhead_s"]),
+        },
+        "attention": sec(FA3, "published-measurement", efficiency=0.55),
+        "interconnect": {"kind": "nvswitch", **sec("https://www.nvidia.com/en-us/data-center/nvlink/ (NVLink4: 900 GB/s bidirectional per GPU, 8 GPUs per HGX NVSwitch domain; 400 Gb/s ConnectX-7 per GPU beyond)",
+                                                   "datasheet", link_bw_bytes_per_s=450e9, latency_s=1e-6, domain_size=8,
+                                                   internode_bw_bytes_per_s=50e9, internode_latency_s=5e-6)},
+        "collectives": coll,
+        "vllm_dispatch": dispatch(**SM90),
+        "asynctp": {
+            "_sync": sec("assumed: symm-mem barrier = signal-pad put + wait ~4 us (SYMMMEM_RECIPES_PR3: a Triton one-shot all-reduce, 2 barriers + launch, takes 10.8 us at 8 KiB); CE pull start ~3 us; two-stream GEMM concurrency recovers half of the wave-quantisation loss",
+                        "assumed", barrier_s=4e-6, copy_latency_s=3e-6, stream_concurrency=0.5),
+            "_copy": sec("assumed: copy-engine pull over NVLink4 at the measured NCCL ring busBW (NCCL_ISSUE1455: 367 GB/s of 450)",
+                        "assumed", copy_engine_bw_bytes_per_s=367e9),
+            "_interference": sec("PT_PR172714 8xH100 8192^3 matmul + 64 MiB all-gather: sequential 2.96 ms, copy-engine overlapped 1.77 ms; sigma = t_ce/max(t_mm, t_ag) - 1 with t_mm at MAMF efficiency (tools/reference_fits.py)",
+                                "published-measurement", compute_slowdown=sigma),
+        },
+    }
+
+
+def h200(h):
+    p = copy.deepcopy(h)
+    p["identity"].update(name="h200-sxm", display_name="NVIDIA H200 SXM 141GB", device_name_patterns="H200",
+                         source=NV_H200)
+    p["compute"]["peak_flops_per_s"]["source"] = NV_H200
+    p["memory"] = sec(NV_H200, "datasheet", hbm_bw_bytes_per_s=4.8e12)
+    eff8 = R.mamf_efficiency("H200 SXM", "fp8")
+    p["gemm"]["_efficiency"]["source"] += " (MLENG_MAMF: H200 same as H100 for bf16)"
+    p["gemm"]["_small_m"]["source"] = "H100 fit applied to H200 (same SM; HBM3e bandwidth from datasheet): " + p["gemm"]["_small_m"]["source"]
+    p["attention"]["source"] = FA3 + " (H100; H200 has the same SMs)"
+    p["interconnect"]["source"] = p["interconnect"]["source"]
+    # H200-specific collective measurements (8 GPUs)
+    lat_rows = R.rows("MLENG_NET_README", metric="allreduce_latency_median", gpu="H200 SXM")
+    S = [R.size_in_notes(r["notes"]) for r in lat_rows]
+    t = [float(r["baseline_value"]) * 1e-6 for r in lat_rows]
+    sharp = {(r["num_gpus"], r["workload"][:40]): r for r in R.rows("MLENG_NET_SHARP", gpu="H200 SXM")}
+    ring8 = float(next(r for k, r in sharp.items() if "Ring, NVLS off" in r["workload"])["baseline_value"])
+    s_, t_ = R.asymptote_point(ring8, 8, size=16 * 1024**3)
+    a, bw, err = R.fit_alpha_beta(S + [s_], t + [t_], R.ar_factor(8))
+    p["collectives"]["nccl_all_reduce"]["tp8"] = sec(
+        f"MLENG_NET_README 8xH200 NCCL all-reduce median latency 8 B-1 MiB + MLENG_NET_SHARP 16 GiB ring busBW; fit rms rel err {err:.3f} (tools/reference_fits.py)",
+        "published-measurement", latency_s=a, bus_bw_bytes_per_s=bw)
+    for impl, key in (("nccl_all_gather", "all_gather"), ("nccl_reduce_scatter", "reduce_scatter")):
+        r = next(r for r in R.rows("MLENG_NET_SHARP", gpu="H200 SXM") if key in r["workload"])
+        e = p["collectives"][impl]["tp8"]
+        p["collectives"][impl]["tp8"] = sec(f"latency: {e['source'].split(';')[0]} (H100); busBW: MLENG_NET_SHARP 8xH200 {key} 16 GiB",
+                                            "published-measurement", latency_s=e["latency_s"],
+                                            bus_bw_bytes_per_s=float(r["baseline_value"]) * 1e9)
+    for w in (4, 6):
+        r = next(r for r in R.rows("MLENG_NET_SHARP", gpu="H200 SXM", metric="allreduce_busbw") if r["num_gpus"] == str(w))
+        e = p["collectives"]["nccl_all_reduce"][f"tp{w}"]
+        e["bus_bw_bytes_per_s"] = min(e["bus_bw_bytes_per_s"], float(r["baseline_value"]) * 1e9)
+        e["source"] += f"; busBW capped at MLENG_NET_SHARP 8GiB H200 TP{w} ring {r['baseline_value']} GB/s"
+    p["gemm"]["_efficiency"]["source"] += f"; fp8: MLENG_MAMF H200 {eff8:.3f} of peak (not used: one efficiency per GPU)"
+    return p
+
+
+def h800(h):
+    p = copy.deepcopy(h)
+    p["identity"].update(name="h800", display_name="NVIDIA H800 SXM5 80GB", device_name_patterns="H800",
+                         source=NV_H100 + "; H800 = H100 SXM with NVLink cut to 400 GB/s bidirectional")
+    p["interconnect"].update(link_bw_bytes_per_s=200e9,
+                             source="H800 NVLink 400 GB/s bidirectional = 200 GB/s per direction (issue #2; NCCL_ISSUE1374)")
+    ratio = 215.0 / 480.0  # NCCL_ISSUE1374 H800 NVLS AR busBW vs NCCL_ISSUE1455 H100 NVLS TP8
+    p["collectives"] = scaled_collectives(h["collectives"], ratio, "NCCL_ISSUE1374 8xH800 NVLS busBW 215 vs NCCL_ISSUE1455 8xH100 480 GB/s")
+    p["asynctp"]["_copy"] = sec("assumed: CE pull at 0.816 x 200 GB/s link (H100 ring busBW/link ratio)", "assumed",
+                               copy_engine_bw_bytes_per_s=0.816 * 200e9)
+    return p
+
+
+def b200():
+    peak = 2250e12
+    eff = R.mamf_efficiency("B200 SXM", "bf16")
+    g = R.gemm_fit("B200", ["VLLM_PR20071", "VLLM_PR19566", "VLLM_PR18778"], 8e12, peak, eff, 148)
+    h = h100()
+    coll = scaled_collectives(h["collectives"], 2.0, "NVLink5 900 vs NVLink4 450 GB/s per direction")
+    readme = {r["metric"]: r for r in R.rows("MLENG_NET_README", gpu="B200")}
+    for impl, lat_key, bw_key in (("nccl_all_reduce", "all_reduce_latency_median", "all_reduce_peak_busbw"),
+                                  ("nccl_all_gather", "all_gather_latency_median", "all_gather_peak_busbw"),
+                                  ("nccl_reduce_scatter", "reduce_scatter_latency_median", "reduce_scatter_peak_busbw")):
+        coll[impl]["tp8"] = sec(f"MLENG_NET_README 8xB200: 1 KiB median latency {readme[lat_key]['baseline_value']} us, 16 GiB busBW {readme[bw_key]['baseline_value']} GB/s",
+                                "published-measurement", latency_s=float(readme[lat_key]["baseline_value"]) * 1e-6,
+                                bus_bw_bytes_per_s=float(readme[bw_key]["baseline_value"]) * 1e9)
+    for impl, metric in (("nccl_all_reduce", "allreduce_time_pynccl"), ("symm_mem_multimem", "allreduce_time_torch_symm_mem_multimem"),
+                         ("symm_mem_two_shot", "allreduce_time_torch_symm_mem_two_shot")):
+        f = R.fit_vllm_bench("VLLM_PR42324", 2, metric, gpu_match="B200")
+        coll[impl]["tp2"] = sec(f"VLLM_PR42324 B200 WS=2 {metric}; fit rms rel err {f['rms_rel_err']:.3f} over {f['n']} points",
+                                "published-measurement", latency_s=f["latency_s"], bus_bw_bytes_per_s=f["bus_bw_bytes_per_s"])
+    tr = R.rows("TRTLLM_PR14534", metric="fused_ar_rmsnorm_time_oneshot")
+    S = [float(r["M_or_tokens"]) * float(r["hidden_size"]) * 2 for r in tr]
+    a, bw, err = R.fit_alpha_beta(S, [float(r["baseline_value"]) * 1e-6 for r in tr], R.ar_factor(4))
+    for w in (2, 4, 8):
+        coll["flashinfer_ar_rmsnorm"][f"tp{w}"] = sec(
+            f"TRTLLM_PR14534 GB200 4-rank one-shot fused AR+RMSNorm fit (rms rel err {err:.3f}); used for TP{w}",
+            "published-measurement" if w == 4 else "assumed", latency_s=a, bus_bw_bytes_per_s=bw)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "identity": {"name": "b200", "display_name": "NVIDIA B200 (HGX, 8 GPUs)", "vendor": "nvidia",
+                     "compute_capability": "10.0", "device_name_patterns": "B200",
+                     **sec(NV_B200 + "; 148 SMs (NVIDIA Blackwell architecture technical brief)", "datasheet", sm_count=148)},
+        "compute": {"peak_flops_per_s": {**sec(NV_B200 + "; fp32 non-tensor 75 TFLOP/s assumed", "datasheet",
+                                                bf16=peak, fp8=4500e12, fp32=75e12)}},
+        "memory": sec(NV_B200, "datasheet", hbm_bw_bytes_per_s=8e12),
+        "kernels": sec(ASSUMED_KERNELS, "assumed", mem_efficiency=0.85, launch_overhead_s=2e-6),
+        "gemm": {
+            "_tile": sec("assumed: 128x256 output tile per SM (CUTLASS SM100 1-SM tile)", "assumed", tile_m=128, tile_n=256),
+            "_efficiency": sec(f"MLENG_MAMF B200 SXM bf16 best-shape {eff * peak / 1e12:.0f}/2250 TFLOP/s",
+                              "published-measurement", max_efficiency=eff),
+            "_small_m": sec(g["source"], "published-measurement", mem_efficiency=g["mem_efficiency"],
+                           launch_overhead_s=g["launch_overhead_s"]),
+        },
+        "attention": sec("assumed: as H100 FlashAttention-3 fraction (" + FA3 + ")", "assumed", efficiency=0.55),
+        "interconnect": {"kind": "nvswitch", **sec("https://www.nvidia.com/en-us/data-center/nvlink/ (NVLink5: 1.8 TB/s bidirectional per GPU; 8-GPU HGX domain; 400 Gb/s NIC per GPU)",
+                                                   "datasheet", link_bw_bytes_per_s=900e9, latency_s=1e-6, domain_size=8,
+                                                   internode_bw_bytes_per_s=50e9, internode_latency_s=5e-6)},
+        "collectives": coll,
+        "vllm_dispatch": dispatch(**SM100),
+        "asynctp": {
+            "_sync": h["asynctp"]["_sync"],
+            "_copy": sec("assumed: copy-engine pull at 0.816 x 900 GB/s (H100 ring busBW/link ratio)", "assumed",
+                        copy_engine_bw_bytes_per_s=0.816 * 900e9),
+            "_interference": {**h["asynctp"]["_interference"], "source": "H100 value: " + h["asynctp"]["_interference"]["source"],
+                             "tier": "assumed"},
+        },
+    }
+
+
+def gb200(b):
+    p = copy.deepcopy(b)
+    p["identity"].update(name="gb200-nvl72", display_name="NVIDIA GB200 NVL72 (per Blackwell GPU)",
+                         device_name_patterns="GB200", source=NV_GB200 + "; SM count assumed = B200")
+    peak = 2500e12
+    p["compute"]["peak_flops_per_s"] = sec(NV_GB200 + "; fp32 assumed as B200", "datasheet", bf16=peak, fp8=5000e12, fp32=75e12)
+    eff = R.mamf_efficiency("GB200", "bf16")
+    p["gemm"]["_efficiency"] = sec(f"MLENG_MAMF GB200 bf16 best-shape {eff * peak / 1e12:.0f}/2500 TFLOP/s",
+                                  "published-measurement", max_efficiency=eff)
+    p["interconnect"].update(domain_size=72, source="https://www.nvidia.com/en-us/data-center/gb200-nvl72/ (72-GPU NVLink5 domain, 1.8 TB/s bidirectional per GPU; 800 Gb/s NIC per GPU beyond)",
+                             internode_bw_bytes_per_s=100e9)
+    r = R.rows("NCCLTESTS_ISSUE333")[0]
+    e = p["collectives"]["nccl_all_reduce"]["tp4"]
+    p["collectives"]["nccl_all_reduce"]["tp4"] = sec(f"latency: NCCLTESTS_ISSUE333 GB200 4-GPU all-reduce {r['baseline_value']} us at <=1 KB; busBW: {e['source']}",
+                                                     "published-measurement", latency_s=float(r["baseline_value"]) * 1e-6,
+                                                     bus_bw_bytes_per_s=e["bus_bw_bytes_per_s"])
+    return p
+
+
+def pre_hopper(name, display, cc, sms, peak_bf16, fp8, fp32, hbm, link, kind, domain, inter_bw, src, link_src,
+               eff, eff_src, attn, patterns, coll_why, custom_ws=(2, 4, 6, 8), tile=(128, 256)):
+    h = h100()
+    ratio = link / 450e9
+    coll = scaled_collectives({k: v for k, v in h["collectives"].items()
+                               if k in ("nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter",
+                                        "custom_ar_1stage", "custom_ar_2stage")}, ratio, coll_why)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "identity": {"name": name, "display_name": display, "vendor": "amd" if kind == "xgmi" else "nvidia",
+                     "compute_capability": cc, "device_name_patterns": patterns, **sec(src, "datasheet", sm_count=sms)},
+        "compute": {"peak_flops_per_s": sec(src, "datasheet", bf16=peak_bf16, fp8=fp8, fp32=fp32)},
+        "memory": sec(src, "datasheet", hbm_bw_bytes_per_s=hbm),
+        "kernels": sec(ASSUMED_KERNELS, "assumed", mem_efficiency=0.85, launch_overhead_s=2e-6),
+        "gemm": {
+            "_tile": sec(f"assumed: {tile[0]}x{tile[1]} output tile", "assumed", tile_m=tile[0], tile_n=tile[1]),
+            "_efficiency": sec(eff_src, "published-measurement" if "MLENG" in eff_src else "assumed", max_efficiency=eff),
+            "_small_m": sec("assumed: H100 small-M fit values (VLLM_PR49363) for weight streaming", "assumed",
+                           mem_efficiency=0.86, launch_overhead_s=3e-6),
+        },
+        "attention": sec(f"assumed: {attn} of bf16 peak for causal FlashAttention at 1k tokens", "assumed", efficiency=attn),
+        "interconnect": {"kind": kind, **sec(link_src, "datasheet", link_bw_bytes_per_s=link, latency_s=2e-6,
+                                             domain_size=domain, internode_bw_bytes_per_s=inter_bw, internode_latency_s=5e-6)},
+        "collectives": coll,
+        "vllm_dispatch": dispatch(custom={w: 8 for w in custom_ws}, custom_ws=custom_ws,
+                                  src=VLLM_AR + "; compute capability not in vLLM's tables: no FlashInfer fusion, no torch symm-mem, custom AR at its 8 MiB default"),
+        "asynctp": {
+            "_sync": h["asynctp"]["_sync"],
+            "_copy": sec(f"assumed: copy-engine pull at 0.816 x {link / 1e9:.0f} GB/s per peer (H100 ring busBW/link ratio)",
+                        "assumed", copy_engine_bw_bytes_per_s=0.816 * link),
+            "_interference": {**h["asynctp"]["_interference"], "source": "H100 value: " + h["asynctp"]["_interference"]["source"],
+                             "tier": "assumed"},
+        },
+    }
+
+
+def a100(name="a100-sxm-80gb", link=300e9, display="NVIDIA A100 SXM4 80GB", patterns="A100"):
+    return pre_hopper(name, display, "8.0", 108, 312e12, 312e12, 19.5e12, 2.039e12, link, "nvswitch", 8, 25e9,
+                      NV_A100 + "; no FP8 tensor cores: fp8 runs weight-only (Marlin W8A16) at the bf16 peak",
+                      f"NVLink3: {2 * link / 1e9:.0f} GB/s bidirectional per GPU, 8-GPU NVSwitch; 200 Gb/s HDR NIC per GPU",
+                      R.mamf_efficiency("A100 SXM", "bf16"), "MLENG_MAMF A100 SXM bf16 best-shape 271.2/312 TFLOP/s",
+                      0.5, patterns, f"NVLink3 {link / 1e9:.0f} vs NVLink4 450 GB/s per direction")
+
+
+def a800():
+    p = a100("a800", 200e9, "NVIDIA A800 SXM4 80GB", "A800")
+    p["identity"]["source"] += "; A800 = A100 with NVLink cut to 400 GB/s bidirectional"
+    return p
+
+
+def l40s():
+    p = pre_hopper("l40s", "NVIDIA L40S (PCIe, no NVLink)", "8.9", 142, 362.05e12, 733e12, 91.6e12, 864e9, 32e9, "pcie", 8,
+                   25e9, NV_L40S, "PCIe Gen4 x16: 32 GB/s per direction, no NVLink; GPUs talk through the host's PCIe switch",
+                   0.7, "assumed: 0.70 of dense bf16 peak (Ada, no MAMF entry)", 0.45, "L40S",
+                   "PCIe Gen4 x16 32 vs NVLink4 450 GB/s per direction", custom_ws=(2,), tile=(128, 128))
+    p["vllm_dispatch"]["tp2"]["source"] += "; custom AR needs full NVLink for W>2 (custom_all_reduce.py), so only TP2 on PCIe"
+    return p
+
+
+def mi300x():
+    p = pre_hopper("mi300x", "AMD Instinct MI300X", "9.4", 304, 1307.4e12, 2614.9e12, 163.4e12, 5.3e12, 448e9, "xgmi", 8,
+                   50e9, AMD_MI300X + " (304 CUs)", "AMD Infinity Fabric: 7 xGMI links x 64 GB/s per direction to the 7 peers (fully connected mesh)",
+                   0.55, "assumed: 0.55 of dense bf16 peak (hipBLASLt large-GEMM fraction reported ~0.5-0.6)", 0.4, "MI300X",
+                   "xGMI aggregate 448 vs NVLink4 450 GB/s per direction")
+    p["identity"]["vendor"] = "amd"
+    p["vllm_dispatch"] = dispatch(custom={w: 8 for w in (2, 4, 6, 8)},
+                                  src="vLLM v0.31.0 ROCm: custom AR (8 MiB default max); quick-reduce off by default (VLLM_ROCM_QUICK_REDUCE_QUANTIZATION=NONE); aiter AR off unless VLLM_ROCM_USE_AITER; no FlashInfer/symm-mem; RCCL beyond")
+    p["asynctp"]["_copy"] = sec("assumed: a pull from ONE peer uses one xGMI link: 0.816 x 64 GB/s", "assumed",
+                               copy_engine_bw_bytes_per_s=0.816 * 64e9)
+    return p
+
+
+def calibrated_overrides(p, name):
+    """Fold single-GPU calibration results (calib/data/<name>-gpu-check/fit.json) into a profile."""
+    fit_path = ROOT / "calib" / "data" / f"{name}-gpu-check" / "fit.json"
+    if not fit_path.exists():
+        return p
+    fit = json.loads(fit_path.read_text())
+    prov = fit["provenance"]
+    where = f"calibrated: {fit_path.relative_to(ROOT)} ({prov.get('device_name')}, torch {prov.get('torch')}, {prov.get('date')})"
+    for key, val in fit["params"].items():
+        section, leaf = key.rsplit(".", 1)
+        target = {"gemm.max_efficiency": ("gemm", "_efficiency"), "gemm.mem_efficiency": ("gemm", "_small_m"),
+                  "gemm.launch_overhead_s": ("gemm", "_small_m"), "kernels.mem_efficiency": ("kernels",),
+                  "kernels.launch_overhead_s": ("kernels",), "asynctp.stream_concurrency": ("asynctp", "_sync"),
+                  "asynctp.compute_slowdown": ("asynctp", "_interference")}.get(key)
+        if target is None:
+            continue
+        node = p
+        for t in target:
+            node = node[t]
+        # a calibrated value gets its own table so its neighbours keep their sources
+        new = sec(where, "calibrated", **{leaf: val["value"]})
+        new["uncertainty_rel"] = {leaf: val["uncertainty_rel"]}
+        node.pop(leaf, None)
+        p[section][f"_calibrated_{leaf}"] = new
+    return p
+
+
+def build_all():
+    h = h100()
+    b = b200()
+    profiles = {"h100-sxm": h, "h200-sxm": calibrated_overrides(h200(h), "h200-sxm"), "h800": h800(h), "b200": b,
+                "gb200-nvl72": gb200(b), "a100-sxm-80gb": a100(), "a800": a800(), "l40s": l40s(), "mi300x": mi300x()}
+    return profiles
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args(argv)
+    bad = []
+    for name, tree in build_all().items():
+        text = "# Generated by tools/build_profiles.py from datasheets, data/reference (source_id) and calib/data.\n" \
+               "# Do not edit by hand: change the generator and rerun it.\n" + dump_profile(tree)
+        profile_from_dict(tree, name)  # validates
+        path = OUT / f"{name}.toml"
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                bad.append(name)
+        else:
+            path.write_text(text)
+    if bad:
+        print("out of date: " + ", ".join(bad) + " (run python tools/build_profiles.py)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
