@@ -1,0 +1,123 @@
+"""Fit profile parameters to microbenchmark records with scipy least_squares (soft-L1 loss on log time).
+
+Each fitted parameter gets a relative 1-sigma from the Jacobian (cov = s²·(JᵀJ)⁻¹); each fit reports
+its residuals. Parameters the records cannot constrain are not returned (the prior stands)."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from costmodel import formulas as F
+
+
+def _fit(resid, x0, lo, hi, names):
+    r = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1)
+    n, p = r.fun.size, len(x0)
+    try:
+        s2 = float(np.sum(r.fun**2)) / max(1, n - p)
+        cov = np.linalg.pinv(r.jac.T @ r.jac) * s2
+        sd = np.sqrt(np.clip(np.diag(cov), 0, None))
+    except np.linalg.LinAlgError:
+        sd = np.full(p, np.nan)
+    out, unconstrained = {}, []
+    for name, x, e in zip(names, r.x, sd):
+        rel = float(e / abs(x)) if x else float("inf")
+        if not np.isfinite(rel) or rel > 1.0:  # the data do not pin it down: keep the prior
+            unconstrained.append(name)
+            continue
+        out[name] = {"value": float(x), "uncertainty_rel": rel}
+    res = {"rms_log_residual": float(np.sqrt(np.mean(r.fun**2))), "max_abs_log_residual": float(np.max(np.abs(r.fun))),
+           "points": int(n), "unconstrained_kept_prior": unconstrained}
+    return out, res
+
+
+def fit_gemm(records, prior, dtype):
+    """gemm.max_efficiency, gemm.mem_efficiency, gemm.launch_overhead_s from the GEMM sweep of one dtype."""
+    rs = [r for r in records if r["kind"] == "gemm" and r["dtype"] == dtype]
+    if len(rs) < 4:
+        return {}, {}
+    m, n, k = (np.array([r[x] for r in rs], float) for x in ("m", "n", "k"))
+    t = np.array([r["median_s"] for r in rs])
+    b = {"fp8": 1.0, "bf16": 2.0, "fp32": 4.0}[dtype]
+    peak = prior[f"compute.peak_flops_per_s.{dtype}"]
+
+    def model(x):
+        eff, mem_eff, launch = x
+        return F.t_gemm_s(m, n, k, peak_flops_per_s=peak, max_efficiency=eff, mem_efficiency=mem_eff,
+                          hbm_bw_bytes_per_s=prior["memory.hbm_bw_bytes_per_s"], tile_m=prior["gemm.tile_m"],
+                          tile_n=prior["gemm.tile_n"], sm_count=prior["identity.sm_count"], launch_overhead_s=launch,
+                          in_bytes=b, w_bytes=b, out_bytes=2.0 if dtype != "fp32" else 4.0)
+
+    return _fit(lambda x: np.log(model(x) / t), [0.7, 0.8, 3e-6], [0.05, 0.05, 0.0], [1.0, 1.0, 1e-3],
+                ["gemm.max_efficiency", "gemm.mem_efficiency", "gemm.launch_overhead_s"])
+
+
+def fit_memory(records, prior):
+    """kernels.mem_efficiency and kernels.launch_overhead_s from copy / RMSNorm / partial-sum kernels."""
+    rs = [r for r in records if r["kind"] in ("copy", "rms_norm", "partial_sum")]
+    if len(rs) < 3:
+        return {}, {}
+    nb = np.array([r["bytes_moved"] for r in rs], float)
+    t = np.array([r["median_s"] for r in rs])
+    hbm = prior["memory.hbm_bw_bytes_per_s"]
+    return _fit(lambda x: np.log(F.t_memory_bound_s(nb, hbm, x[0], x[1]) / t), [0.7, 3e-6], [0.01, 0.0], [1.0, 1e-3],
+                ["kernels.mem_efficiency", "kernels.launch_overhead_s"])
+
+
+def fit_concurrency(records):
+    """asynctp.stream_concurrency κ: two-stream chunk time g_c = (1−κ)·g + κ·g₂/2 (g₂: GEMM of 2 chunks' rows)."""
+    gem = {(r["name"], r["m"], r["dtype"]): r["median_s"] for r in records if r["kind"] == "gemm"}
+    ch = {}
+    for r in records:
+        if r["kind"] == "chunked_gemm":
+            ch.setdefault((r["name"], r["m"], r["world"], r["dtype"]), {})[r["variant"]] = r["median_s"]
+    g, gc, g2 = [], [], []
+    for (name, m, w, dt), v in ch.items():
+        pair = gem.get((name, 2 * m // w, dt))
+        if "one_stream" in v and "two_streams" in v and pair is not None:
+            g.append(v["one_stream"] / w)
+            gc.append(v["two_streams"] / w)
+            g2.append(pair)
+    if len(g) < 2:
+        return {}, {}
+    g, gc, g2 = map(np.array, (g, gc, g2))
+    return _fit(lambda x: np.log(F.t_chunk_concurrent_s(g, g2, x[0]) / gc), [0.3], [0.0], [1.0],
+                ["asynctp.stream_concurrency"])
+
+
+def fit_interference(records):
+    """asynctp.compute_slowdown σ = median(t_gemm_with_copy / t_gemm_alone) − 1 over the interference runs."""
+    rs = [r for r in records if r["kind"] == "interference"]
+    if not rs:
+        return {}, {}
+    ratio = np.array([r["median_s"] / r["t_gemm_alone_s"] for r in rs])
+    sig = max(0.0, float(np.median(ratio) - 1.0))
+    spread = float(np.std(ratio) / np.sqrt(len(ratio))) if len(ratio) > 1 else 0.5 * sig
+    return ({"asynctp.compute_slowdown": {"value": sig, "uncertainty_rel": spread / sig if sig else 1.0}},
+            {"points": len(rs), "ratios": ratio.round(4).tolist()})
+
+
+def fit_collective(records, impl, world):
+    """(latency_s, bus_bw_bytes_per_s) of one collective at one world size (nccl-tests busBW convention)."""
+    rs = [r for r in records if r["kind"] == "collective" and r["impl"] == impl and r["world"] == world]
+    if len(rs) < 3:
+        return {}, {}
+    S = np.array([r["msg_bytes"] for r in rs], float)
+    t = np.array([r["median_s"] for r in rs])
+    factor = {"all_reduce": 2.0 * (world - 1) / world}.get(impl, (world - 1) / world)
+    x0 = [max(float(t.min()) * 0.7, 1e-7), float(np.median(factor * S / t))]
+    fits, res = _fit(lambda x: np.log((x[0] + factor * S / x[1]) / t), x0, [0.0, 1e3], [1.0, 1e14],
+                     ["latency_s", "bus_bw_bytes_per_s"])
+    return fits, res
+
+
+def fit_single_device(records, prior, gemm_dtype):
+    """All single-device fits; returns (params, residuals)."""
+    params, residuals = {}, {}
+    for name, (p, r) in (("gemm", fit_gemm(records, prior, gemm_dtype)), ("memory", fit_memory(records, prior)),
+                         ("concurrency", fit_concurrency(records)), ("interference", fit_interference(records))):
+        params.update(p)
+        if r:
+            residuals[name] = r
+    return params, residuals

@@ -1,0 +1,139 @@
+"""Single-GPU check (issue #5 §5): what one GPU can measure of the profile, in ≤ 8 minutes on an H200.
+
+    python -m calib.gpu_check OUT_DIR [--budget-s 360]      (or: bash calib/gpu_check.sh OUT_DIR)
+
+Measures the GEMM sweep (bf16, fp8 via torch._scaled_mm), the same GEMMs split in W row chunks on one
+and on two streams, memory-bound kernels (copy, RMSNorm, W-way partial sum) and copy/compute
+interference (a device-to-device copy on another stream: HBM contention, not NVLink). Writes
+OUT_DIR/samples.jsonl (raw records), OUT_DIR/fit.json (fitted parameters with uncertainties,
+residuals and provenance) and OUT_DIR/summary.txt. Without a GPU it fails at once with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+# per-rank GEMM shapes (name, n, k) of Llama-3.1-70B at TP4 and TP8
+SHAPES = [("70b_tp4_qkv", 2560, 8192), ("70b_tp4_o", 8192, 2048), ("70b_tp4_gate_up", 14336, 8192),
+          ("70b_tp4_down", 8192, 7168), ("70b_tp8_qkv", 1280, 8192), ("70b_tp8_down", 8192, 3584)]
+MS = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
+CHUNK_MS = [1024, 2048, 4096, 8192]
+WORLDS = [2, 4, 8]
+MEM_SIZES = [2**p for p in range(10, 29, 2)]  # 1 KiB .. 256 MiB
+
+
+def provenance(device_name=None):
+    import datetime
+    import platform
+    import subprocess
+
+    import torch
+
+    import costmodel
+
+    prov = {"host": platform.node(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "tpcost": costmodel.__version__, "python": platform.python_version()}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        prov.update(device_name=p.name, compute_capability=f"{p.major}.{p.minor}", sm_count=p.multi_processor_count,
+                    cuda=torch.version.cuda, memory_bytes=p.total_memory)
+        try:
+            prov["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 - optional metadata
+            pass
+        try:
+            prov["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            prov["driver"] = "unknown"
+    else:
+        prov.update(device_name=device_name or platform.processor() or "cpu")
+    return prov
+
+
+def prior_for(device_name: str):
+    """The built-in profile whose device_name_patterns match this GPU (h200-sxm if none matches)."""
+    from costmodel.profile import builtin_profile_names, load_profile
+
+    for name in builtin_profile_names():
+        p = load_profile(name)
+        pats = p.attrs.get("identity.device_name_patterns", "")
+        if any(s and s in device_name for s in pats.split("|")):
+            return p
+    return load_profile("h200-sxm")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="calib.gpu_check", description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--budget-s", type=float, default=360.0, help="stop starting new benchmarks after this (s)")
+    args = ap.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("gpu_check: error: torch is not installed (pip install 'tpcost[torch]')", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("gpu_check: error: no CUDA GPU visible (torch.cuda.is_available() is False); run it on a GPU node",
+              file=sys.stderr)
+        return 2
+    from .fit import fit_single_device
+    from .microbench import bench_chunked, bench_gemms, bench_interference, bench_memory, gemm_dtypes
+    from .timing import Timer
+
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prov = provenance()
+    prior = prior_for(prov["device_name"])
+    t0 = time.perf_counter()
+    timer = Timer("cuda", warmup_s=0.01, rep_s=0.04, min_reps=5, max_reps=50)
+    records, skipped = [], []
+    dtypes = gemm_dtypes("cuda")
+    phases = [("gemm", lambda: bench_gemms(timer, SHAPES, MS, "cuda", dtypes)),
+              ("memory", lambda: bench_memory(timer, MEM_SIZES, "cuda")),
+              *[(f"chunked_{d}", (lambda d=d: bench_chunked(timer, SHAPES[:4], CHUNK_MS, WORLDS, "cuda", d)))
+                for d in dtypes],
+              *[(f"interference_{d}", (lambda d=d: bench_interference(timer, SHAPES[:4], 4096, "cuda", d)))
+                for d in dtypes]]
+    with open(out / "samples.jsonl", "w") as f:
+        for name, gen in phases:
+            if time.perf_counter() - t0 > args.budget_s:
+                skipped.append(name)
+                continue
+            print(f"[{time.perf_counter() - t0:6.1f}s] {name}", flush=True)
+            for rec in gen():
+                rec = {k: v for k, v in rec.items() if k != "samples_s"}
+                records.append(rec)
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+                if time.perf_counter() - t0 > args.budget_s:
+                    skipped.append(f"{name} (partial)")
+                    break
+    prior_vals = {k: p.value for k, p in prior.params.items()}
+    fits = {}
+    for d in dtypes:
+        params, residuals = fit_single_device(records, prior_vals, d)
+        fits[d] = {"params": params, "residuals": residuals}
+    result = {"provenance": {**prov, "prior_profile": prior.name, "wall_s": round(time.perf_counter() - t0, 1),
+                             "skipped_phases": skipped, "records": len(records)},
+              # profile parameters come from the bf16 fit (the model keeps one GEMM efficiency per GPU)
+              "params": fits["bf16"]["params"], "fits_by_dtype": fits}
+    (out / "fit.json").write_text(json.dumps(result, indent=2))
+    lines = [f"gpu_check on {prov['device_name']} (cc {prov['compute_capability']}, torch {prov['torch']}, "
+             f"driver {prov.get('driver')}), {len(records)} records in {result['provenance']['wall_s']} s"]
+    for d, fd in fits.items():
+        for k, v in fd["params"].items():
+            lines.append(f"  [{d}] {k} = {v['value']:.4g} (±{100 * v['uncertainty_rel']:.1f}%)")
+        for k, v in fd["residuals"].items():
+            lines.append(f"  [{d}] fit {k}: {json.dumps(v)[:160]}")
+    (out / "summary.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
