@@ -1,0 +1,91 @@
+"""CLI in process: main([...]) -> exit code; bad input gives one line on stderr and exit 2."""
+
+import json
+
+import pytest
+
+from costmodel.cli import main
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_whatif_default_table(capsys):
+    rc, out, err = run(capsys, "whatif", "--no-band")
+    assert rc == 0 and "cutoff (SP+AsyncTP" in out and "llama-3.1-70b on h100-sxm x4" in out
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_whatif_json_fields(capsys, tp):
+    rc, out, _ = run(capsys, "whatif", "--gpu", "h100-sxm", "--model", "llama-3.1-70b", "--tp", str(tp), "--json")
+    d = json.loads(out)
+    assert rc == 0
+    for key in ("cutoff_tokens", "cutoff_band_tokens", "sp_cutoff_tokens", "provenance", "rows"):
+        assert key in d
+    assert set(d["provenance"]) >= {"tier", "profile", "sources"}
+    r = d["rows"][0]
+    assert set(r) >= {"num_tokens", "t_tp_s", "t_sp_s", "t_sp_asynctp_s", "speedup_sp", "speedup_sp_asynctp"}
+    assert d["cutoff_tokens"] is None or d["cutoff_tokens"] % tp == 0
+
+
+def test_set_marks_profile_modified(capsys):
+    rc, out, _ = run(capsys, "whatif", "--no-band", "--json", "--set", "interconnect.link_bw_bytes_per_s=900e9",
+                     "--set", "asynctp.copy_engine_bw_bytes_per_s=734e9")
+    d = json.loads(out)
+    assert rc == 0 and d["provenance"]["modified"] == ["interconnect.link_bw_bytes_per_s", "asynctp.copy_engine_bw_bytes_per_s"]
+    assert d["provenance"]["tier"] == "assumed"
+
+
+def test_plot(tmp_path, capsys):
+    png = tmp_path / "w.png"
+    rc, _, _ = run(capsys, "whatif", "--no-band", "--plot", str(png))
+    assert rc == 0 and png.stat().st_size > 1000
+
+
+def test_profiles_and_models(capsys):
+    rc, out, _ = run(capsys, "profiles", "--json")
+    names = {p["name"] for p in json.loads(out)}
+    assert names == {"h100-sxm", "h200-sxm", "h800", "b200", "gb200-nvl72", "a100-sxm-80gb", "a800", "l40s", "mi300x"}
+    rc, out, _ = run(capsys, "models", "--json")
+    assert {m["name"] for m in json.loads(out)} == {"llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen2.5-32b",
+                                                    "qwen2.5-72b", "mistral-large-2"}
+    rc, out, _ = run(capsys, "profiles", "--keys", "h100-sxm")
+    assert rc == 0 and "gemm.max_efficiency" in out and "MLENG_MAMF" in out
+
+
+def _bad(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "noh.json").write_text(json.dumps({"num_attention_heads": 8}))
+    (tmp_path / "bad.toml").write_text("schema_version = 1\n[identity\n")
+    (tmp_path / "empty.toml").write_text("schema_version = 1\n[identity]\nname='x'\n")
+    return [
+        ["whatif", "--gpu", "nonexistent-gpu"],
+        ["whatif", "--model", "nonexistent-model"],
+        ["whatif", "--model", str(tmp_path / "bad.json")],
+        ["whatif", "--model", str(tmp_path / "noh.json")],
+        ["whatif", "--gpu", str(tmp_path / "bad.toml")],
+        ["whatif", "--gpu", str(tmp_path / "empty.toml")],
+        ["whatif", "--tp", "0"],
+        ["whatif", "--tp", "3"],
+        ["whatif", "--tp", "-1"],
+        ["whatif", "--tp", "two"],
+        ["whatif", "--dtype", "int4"],
+        ["whatif", "--max-num-batched-tokens", "0"],
+        ["whatif", "--seq-len", "0"],
+        ["whatif", "--set", "nope=1"],
+        ["whatif", "--set", "gemm.max_efficiency=abc"],
+        ["whatif", "--margin", "-1"],
+        ["whatif", "--model", "llama-3.1-8b", "--tp", "64"],
+        ["frobnicate"],
+    ]
+
+
+def test_bad_inputs_exit_2_one_line(tmp_path, capsys):
+    for argv in _bad(tmp_path):
+        rc, out, err = run(capsys, *argv)
+        assert rc == 2, argv
+        assert err.count("\n") == 1 and err.startswith("tpcost: error:"), (argv, err)
+        assert "Traceback" not in err

@@ -1,0 +1,91 @@
+"""Hand-computed values per formula, limits, and bounds (hypothesis)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from costmodel import formulas as F
+
+
+def test_gemm_flops_and_bytes():
+    assert F.gemm_flops(2, 3, 4) == 48
+    assert F.gemm_bytes(2, 3, 4, 2, 2, 2) == (8 + 12 + 6) * 2
+
+
+def test_tile_m_and_split_k():
+    assert F.gemm_tile_m(1, 128) == 64 and F.gemm_tile_m(100, 128) == 128 and F.gemm_tile_m(4096, 128) == 128
+    # 10 tiles on 132 SMs, K = 8192: floor(132/10) = 13 splits, capped at 8192/512 = 16 -> 13
+    assert F.gemm_split_k(10, 8192, 132) == 13
+    assert F.gemm_split_k(10, 1024, 132) == 2  # capped by K/512
+    assert F.gemm_split_k(500, 8192, 132) == 1
+
+
+def test_gemm_compute_wave_quantisation_by_hand():
+    # m=256, n=256, k=1024 on 2 SMs, tile 128x256 -> 2 tiles, 1 wave; (128x128) -> 4 tiles, 2 waves: same
+    per_sm = 1e12 * 1.0 / 2
+    t = F.t_gemm_compute_s(256, 256, 1024, 1e12, 1.0, 128, 256, 2)
+    assert t == pytest.approx(2 * 128 * 256 * 1024 / per_sm)
+    # 3 tiles of 128x256 on 2 SMs -> 2 waves; 128x128 -> 6 tiles -> 3 waves of half the work: 1.5 units
+    t3 = F.t_gemm_compute_s(384, 256, 1024, 1e12, 1.0, 128, 256, 2)
+    assert t3 == pytest.approx(3 * 2 * 128 * 128 * 1024 / per_sm)
+
+
+def test_gemm_roofline_memory_bound_small_m():
+    # m=1: weights 4096x4096x2 B dominate: t = launch + bytes/(bw*eff)
+    kw = dict(peak_flops_per_s=1e15, max_efficiency=1.0, mem_efficiency=0.5, hbm_bw_bytes_per_s=1e12,
+              tile_m=128, tile_n=256, sm_count=132, launch_overhead_s=1e-6, in_bytes=2, w_bytes=2, out_bytes=2)
+    t = F.t_gemm_s(1, 4096, 4096, **kw)
+    assert t == pytest.approx(1e-6 + (4096 * 2 + 4096 * 4096 * 2 + 4096 * 2) / 0.5e12)
+
+
+def test_collectives_by_hand():
+    assert F.t_all_reduce_s(8e6, 10e-6, 100e9, 4) == pytest.approx(10e-6 + 1.5 * 8e6 / 100e9)
+    assert F.t_all_gather_s(8e6, 5e-6, 100e9, 4) == pytest.approx(5e-6 + 0.75 * 8e6 / 100e9)
+    assert F.t_reduce_scatter_s(8e6, 5e-6, 100e9, 8) == pytest.approx(5e-6 + 0.875 * 8e6 / 100e9)
+    assert F.t_all_reduce_s(8e6, 10e-6, 100e9, 1) == 0.0
+
+
+def test_memory_kernels_by_hand():
+    assert F.rms_norm_bytes(10, 100, 2, 2, fused_add=True) == 10 * 100 * 8
+    assert F.rms_norm_bytes(10, 100, 2, 1, fused_add=False) == 10 * 100 * 3
+    assert F.silu_mul_bytes(10, 100, 2, 2) == 10 * 100 * 6
+    assert F.reduction_bytes(8, 10, 2, 4) == 8 * 10 * 2 * 1.25
+    assert F.t_memory_bound_s(1e9, 1e12, 0.5, 1e-6) == pytest.approx(1e-6 + 2e-3)
+
+
+def test_attention_by_hand():
+    # 2048 tokens in sequences of 1024: 2*d*h*N*L
+    assert F.attention_flops(2048, 1024, 8, 128) == 2 * 128 * 8 * 2048 * 1024
+    assert F.attention_flops(100, 1024, 8, 128) == 2 * 128 * 8 * 100 * 100
+    assert F.attention_bytes(10, 8, 2, 128, 2) == 10 * (16 + 4) * 128 * 2
+
+
+def test_asynctp_pipelines_by_hand():
+    # AG: W=4, g=10, g_c=8, p=3 -> max(32, 9+10) = 32 ; comm-bound p=20 -> 60+10 = 70
+    assert F.t_ag_gemm_pipeline_s(4, 10.0, 8.0, 3.0) == 32.0
+    assert F.t_ag_gemm_pipeline_s(4, 10.0, 8.0, 20.0) == 70.0
+    # RS: W=4, g=10, g_c=8, p_s=5 -> max(3*8+8, 10+15) = 32 ; p_s=20 -> max(24+20, 10+60) = 70
+    assert F.t_gemm_rs_pipeline_s(4, 10.0, 8.0, 5.0) == 32.0
+    assert F.t_gemm_rs_pipeline_s(4, 10.0, 8.0, 20.0) == 70.0
+    assert F.t_chunk_concurrent_s(10.0, 16.0, 0.5) == 9.0
+    assert F.overlapped_fraction(5.0, 10.0) == 0.5 and F.overlapped_fraction(50.0, 10.0) == 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(w=st.integers(2, 16), g=st.floats(1e-6, 1e-2), p=st.floats(1e-7, 1e-2))
+def test_pipeline_bounded_by_overlap_limit(w, g, p):
+    """Per-op overlap speedup ≤ (t_comp + t_comm) / max(t_comp, t_comm) (no concurrency, no overheads)."""
+    comp, comm = w * g, (w - 1) * p
+    for fused in (F.t_ag_gemm_pipeline_s(w, g, g, p), F.t_gemm_rs_pipeline_s(w, g, g, p)):
+        assert fused >= max(comp, comm) * (1 - 1e-12)
+        assert (comp + comm) / fused <= (comp + comm) / max(comp, comm) + 1e-12
+
+
+@settings(max_examples=100, deadline=None)
+@given(m=st.integers(1, 70000), n=st.sampled_from([1280, 2560, 8192, 14336]), k=st.sampled_from([2048, 8192]))
+def test_gemm_time_never_below_peak_and_monotone_in_hbm(m, n, k):
+    kw = dict(peak_flops_per_s=989e12, max_efficiency=0.8, mem_efficiency=0.85, tile_m=128, tile_n=256,
+              sm_count=132, launch_overhead_s=2e-6, in_bytes=2, w_bytes=2, out_bytes=2)
+    t = F.t_gemm_s(m, n, k, hbm_bw_bytes_per_s=3.35e12, **kw)
+    assert t >= F.gemm_flops(m, n, k) / (989e12 * 0.8)
+    assert F.t_gemm_s(m, n, k, hbm_bw_bytes_per_s=6.7e12, **kw) <= t + 1e-15

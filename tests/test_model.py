@@ -1,0 +1,137 @@
+"""Schedules, fused-op limits, breakdown, cutoff, band, profiles, shapes."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from costmodel import analyse, load_model, load_profile, predict
+from costmodel.analysis import cutoff_from_speedup, token_grid
+from costmodel.model import _Hw, _fused_ag_gemm, _fused_gemm_rs
+from costmodel.profile import dump_profile, profile_from_dict
+from costmodel.shapes import shape_from_config
+
+H100 = load_profile("h100-sxm")
+L70 = load_model("llama-3.1-70b")
+N = np.array([1, 7, 64, 1000, 4096, 16384.0])
+
+
+def _hw(**vals):
+    return _Hw(H100.with_values(vals) if vals else H100, "bf16")
+
+
+@pytest.mark.parametrize("fused", [_fused_ag_gemm, _fused_gemm_rs])
+def test_fused_limits_infinite_link_zero_barrier(fused):
+    """Link bandwidth → ∞, barrier → 0: fused op ≤ its chunked GEMMs (+ exposed memory kernels), ≥ FLOPs at peak."""
+    hw = _hw(**{"asynctp.copy_engine_bw_bytes_per_s": 1e30, "asynctp.copy_latency_s": 0.0, "asynctp.barrier_s": 0.0,
+                "asynctp.compute_slowdown": 0.0, "kernels.launch_overhead_s": 0.0})
+    n_tok, n_out, k, W = np.array([4096.0, 16384.0]), 8192, 8192, 4
+    args = (hw, n_tok, n_out, k, W, 2.0) if fused is _fused_ag_gemm else (hw, n_tok, n_out, k, W)
+    t, terms = fused(*args)
+    chunked = terms["chunk"]  # W · t_gemm(N/W)
+    mem = hw.t_mem(2.0 * n_tok / W * k * 2 * 2) + hw.t_mem(n_tok * n_out * 2 * (1 + 1 / W))
+    assert np.all(t <= chunked + mem + 1e-12)
+    assert np.all(t >= 2.0 * n_tok * n_out * k / H100.v("compute.peak_flops_per_s.bf16"))
+
+
+def test_zero_compute_gives_no_overlap_gain():
+    """Compute → 0 (infinite FLOP/s and HBM, no launches): the fused op is its pulls and barriers, nothing hidden,
+    and SP+AsyncTP can gain nothing over SP beyond the cheaper transfer mechanism."""
+    z = {"compute.peak_flops_per_s.bf16": 1e30, "memory.hbm_bw_bytes_per_s": 1e30,
+         "gemm.launch_overhead_s": 0.0, "kernels.launch_overhead_s": 0.0}
+    hw = _hw(**z)
+    n_tok, W = np.array([4096.0, 16384.0]), 4
+    p = H100.v("asynctp.copy_latency_s") + n_tok / W * 8192 * 2 / H100.v("asynctp.copy_engine_bw_bytes_per_s")
+    t_ag, _ = _fused_ag_gemm(hw, n_tok, 8192, 8192, W, 2.0)
+    np.testing.assert_allclose(t_ag, 3 * H100.v("asynctp.barrier_s") + (W - 1) * p, rtol=1e-9)
+    t_rs, _ = _fused_gemm_rs(hw, n_tok, 8192, 8192, W)
+    np.testing.assert_allclose(t_rs, 2 * H100.v("asynctp.barrier_s") + (W - 1) * (p + 2 * H100.v("asynctp.barrier_s")),
+                               rtol=1e-9)
+
+
+def test_breakdown_sums_to_difference():
+    for dtype in ("bf16", "fp8", "fp8-dynamic"):
+        pred = predict(H100, L70, 4, dtype, N)
+        bd = pred.breakdown
+        total = (bd["norm_saving_s"] + bd["collective_change_s"] + bd["overlap_gain_s"] - bd["chunking_loss_s"]
+                 + bd["concurrency_recovery_s"] - bd["contention_s"] - bd["barrier_latency_s"] + bd["padding_and_other_s"])
+        np.testing.assert_allclose(total, pred.t_forward_s("tp") - pred.t_forward_s("sp_asynctp"), rtol=1e-9, atol=1e-15)
+
+
+def test_padding_and_monotone_in_link_bandwidth():
+    p = predict(H100, L70, 4, "bf16", np.array([4097.0, 4100.0]))
+    # 4097 pads to 4100 under SP: identical SP times, different TP times
+    assert p.t_forward_s("sp_asynctp")[0] == p.t_forward_s("sp_asynctp")[1]
+    slow = H100.with_values({"asynctp.copy_engine_bw_bytes_per_s": 50e9})
+    assert np.all(predict(slow, L70, 4, "bf16", N).t_forward_s("sp_asynctp") >= predict(H100, L70, 4, "bf16", N).t_forward_s("sp_asynctp"))
+
+
+def test_dtype_modes():
+    b, f, d = (predict(H100, L70, 8, dt, np.array([8192.0])) for dt in ("bf16", "fp8", "fp8-dynamic"))
+    names = lambda p: [o.name for o in p.schedules["sp_asynctp"].layer_ops]  # noqa: E731
+    assert "fused_all_gather_qkv_gemm" in names(f)
+    assert "fused_all_gather_qkv_gemm" not in names(d) and "dynamic_quant" in names(d)
+    assert "fused_down_gemm_reduce_scatter" in names(d)
+    assert f.t_forward_s("tp")[0] < b.t_forward_s("tp")[0]  # fp8 GEMMs are faster
+
+
+def test_moe_gets_sp_without_fusion():
+    cfg = json.loads(json.dumps(dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                                     num_key_value_heads=8, num_hidden_layers=32, vocab_size=32000,
+                                     num_local_experts=8, num_experts_per_tok=2)))
+    moe = shape_from_config(cfg, "mixtral-like")
+    pred = predict(H100, moe, 4, "bf16", N)
+    names = [o.name for o in pred.schedules["sp_asynctp"].layer_ops]
+    assert "fused_all_gather_gate_up_gemm" not in names and "moe_experts" in names
+    assert any("MoE" in n for n in pred.notes)
+
+
+def test_cutoff_definition_by_hand():
+    grid = np.array([4, 8, 12, 16, 20.0])
+    assert cutoff_from_speedup(grid, np.array([0.9, 1.1, 0.99, 1.05, 1.2]), 0.02) == 16
+    assert cutoff_from_speedup(grid, np.array([1.1] * 5), 0.02) == 4
+    assert cutoff_from_speedup(grid, np.array([1.1, 1.1, 1.1, 1.1, 1.0]), 0.02) is None
+    draws = cutoff_from_speedup(grid, np.array([[0.9, 1.1, 0.99, 1.05, 1.2], [1.1] * 5, [1.0] * 5]), 0.02)
+    assert list(draws) == [16, 4, np.inf]
+    assert list(token_grid(4, 18)) == [4, 8, 12, 16]
+
+
+def test_analysis_cutoff_matches_grid_and_band_is_deterministic():
+    a = analyse(H100, L70, 4, "bf16")
+    b = analyse(H100, L70, 4, "bf16")
+    assert a.cutoff_band_tokens == b.cutoff_band_tokens
+    grid = token_grid(4, 8192)
+    s = predict(H100, L70, 4, "bf16", grid).speedup_sp_asynctp
+    i = int(np.searchsorted(grid, a.cutoff_tokens))
+    assert np.all(s[i:] >= 1.02) and s[i - 1] < 1.02
+    lo, hi = a.cutoff_band_tokens
+    assert lo <= a.cutoff_tokens <= (hi if hi is not None else 1e9)
+
+
+def test_toml_round_trip_every_builtin():
+    import tomllib
+
+    from costmodel.profile import builtin_profile_names
+
+    for name in builtin_profile_names():
+        p = load_profile(name)
+        q = profile_from_dict(tomllib.loads(dump_profile(p.raw)), "roundtrip")
+        assert {k: v.value for k, v in q.params.items()} == {k: v.value for k, v in p.params.items()}
+        assert q.attrs == p.attrs
+        assert all(prm.source.strip() for prm in p.params.values())
+
+
+def test_builtin_profiles_match_generator():
+    r = subprocess.run([sys.executable, "tools/build_profiles.py", "--check"], capture_output=True, text=True,
+                       cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_import_costmodel_pulls_no_torch_or_scipy():
+    code = ("import sys, costmodel, costmodel.cli; from costmodel import analyse, load_model, load_profile;"
+            "analyse(load_profile('h100-sxm'), load_model('llama-3.1-8b'), 2, 'bf16', band=False);"
+            "bad=[m for m in ('torch','scipy','vllm','matplotlib') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
