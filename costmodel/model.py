@@ -104,13 +104,15 @@ class _Hw:
         return F.t_memory_bound_s(nbytes, self.hbm, self.mem_eff, self.launch)
 
 
-def _all_reduce_dispatch(hw: _Hw, msg_bytes, tp: int, fusion_applies: bool):
+def _all_reduce_dispatch(hw: _Hw, msg_bytes, tp: int, fusion_applies: bool, fi_max_bytes=None):
     """(time of all-reduce [+ the RMSNorm when fused], fused?, implementation names) as vLLM 0.31 picks.
 
     Order as in CudaCommunicator.all_reduce: FlashInfer (fused AR+RMSNorm when the fusion pass applies)
     ≤ fi limit; quick-reduce (ROCm); custom AR < its max (1-stage below the 1-stage limit); torch
-    symm-mem ≤ its max; else (Py)NCCL."""
+    symm-mem ≤ its max; else (Py)NCCL. `fi_max_bytes` overrides the FlashInfer limit (0 = off)."""
     p, d = hw.p, hw.p.dispatch(tp)
+    if fi_max_bytes is not None and "fi_fusion_max_bytes" in d:
+        d = {**d, "fi_fusion_max_bytes": fi_max_bytes}
     choices = []  # (mask, time, impl, fused)
 
     def coll(impl):

@@ -1,0 +1,152 @@
+"""What to give vLLM: the SP/AsyncTP pass config from tpcost's cutoff, shared by `tpcost vllm-config`
+and the vLLM plugin. Imports no vllm (the plugin and the CLI import it inside functions)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from costmodel.errors import TpcostError
+
+MiB = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Recommendation:
+    profile_name: str
+    profile_tier: str
+    profile_origin: str
+    modified: bool
+    tp: int
+    dtype: str
+    max_num_batched_tokens: int
+    cutoff_tokens: int | None  # None: SP+AsyncTP never pays off below max_num_batched_tokens
+    speedup_at_cutoff: float | None
+    speedup_at_max_tokens: float
+    worst_speedup_below_cutoff: float | None
+    fi_fusion_max_size_mb: float | None  # set only where tpcost's verdict differs from vLLM's table
+    fi_reason: str | None
+
+    @property
+    def enable(self) -> bool:
+        return self.cutoff_tokens is not None and self.cutoff_tokens < self.max_num_batched_tokens
+
+    def pass_config(self) -> dict:
+        pc: dict = {"enable_sp": self.enable, "fuse_gemm_comms": self.enable}
+        if self.enable:
+            pc["sp_min_token_num"] = self.cutoff_tokens
+        if self.fi_fusion_max_size_mb is not None:
+            pc["fi_allreduce_fusion_max_size_mb"] = self.fi_fusion_max_size_mb
+        return pc
+
+
+def detect_profile_name() -> str:
+    """The profile for the local GPU: $TPCOST_PROFILE, else match the device name, else the compute capability."""
+    env = os.environ.get("TPCOST_PROFILE")
+    if env:
+        return env
+    from costmodel.profile import builtin_profile_names, load_profile
+
+    name, cap = _local_device()
+    if name is None:
+        raise TpcostError("--gpu auto: no GPU visible here; pass --gpu NAME or set TPCOST_PROFILE")
+    profiles = [load_profile(n) for n in builtin_profile_names()]
+    for p in profiles:
+        pats = [s for s in p.attrs.get("identity.device_name_patterns", "").split("|") if s]
+        if any(s in name for s in pats):
+            return p.name
+    for p in profiles:
+        if cap and p.attrs.get("identity.compute_capability") == cap:
+            return p.name
+    raise TpcostError(f"--gpu auto: no built-in profile for {name!r} (cc {cap}); run `tpcost calibrate` and set TPCOST_PROFILE")
+
+
+def _local_device():
+    """(device name, 'major.minor') of GPU 0 via vLLM's platform if importable, else torch; (None, None) if none."""
+    try:
+        from vllm.platforms import current_platform
+
+        cap = current_platform.get_device_capability()
+        if cap is not None:
+            return current_platform.get_device_name(), f"{cap.major}.{cap.minor}"
+    except Exception:  # noqa: BLE001 - vllm absent or no device
+        pass
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(0)
+            return torch.cuda.get_device_name(0), f"{major}.{minor}"
+    except Exception:  # noqa: BLE001
+        pass
+    return None, None
+
+
+def fi_fusion_verdict(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int, tolerance: float = 0.25):
+    """(MiB, reason) when tpcost predicts FlashInfer AR+RMSNorm stops beating the next implementation + RMSNorm
+    more than `tolerance` below vLLM's table limit (within the sizes vLLM can run); else (None, None)."""
+    from costmodel import formulas as F
+    from costmodel.model import ACT_BYTES, _all_reduce_dispatch, _Hw
+
+    d = profile.dispatch(tp)
+    if "fi_fusion_max_bytes" not in d or not profile.has_collective("flashinfer_ar_rmsnorm"):
+        return None, None
+    hw = _Hw(profile, dtype)
+    n = np.arange(1, max_num_batched_tokens + 1, dtype=float)
+    msg = n * shape.hidden * ACT_BYTES
+    t_fi, _, _ = _all_reduce_dispatch(hw, msg, tp, True, fi_max_bytes=np.inf)
+    t_alt, _, _ = _all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0)
+    t_alt = t_alt + hw.t_mem(F.rms_norm_bytes(n, shape.hidden, ACT_BYTES, ACT_BYTES))
+    loses = t_fi > t_alt
+    best_tokens = int(np.argmax(loses)) if loses.any() else max_num_batched_tokens  # last N before it loses
+    table_tokens = min(int(d["fi_fusion_max_bytes"] // (shape.hidden * ACT_BYTES)), max_num_batched_tokens)
+    # only ever lower the limit: raising it past vLLM's tuned value can exceed FlashInfer's workspace limits
+    if best_tokens >= table_tokens or table_tokens - best_tokens <= tolerance * max(table_tokens, 1):
+        return None, None
+    mb = round(best_tokens * shape.hidden * ACT_BYTES / MiB, 3)
+    return mb, (f"tpcost predicts the FlashInfer fused all-reduce+RMSNorm stops beating the next all-reduce + RMSNorm "
+                f"at {best_tokens} tokens ({mb} MiB); vLLM's table allows {d['fi_fusion_max_bytes'] / MiB:g} MiB "
+                f"({table_tokens} tokens here) for tp={tp}")
+
+
+def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int = 8192, margin: float = 0.02,
+              seq_len: int = 1024) -> Recommendation:
+    from costmodel.analysis import analyse, token_grid
+    from costmodel.model import predict
+
+    a = analyse(profile, shape, tp, dtype, seq_len=seq_len, max_num_batched_tokens=max_num_batched_tokens,
+                margin=margin, band=False, display_max_tokens=max(2, max_num_batched_tokens))
+    grid = token_grid(tp, max_num_batched_tokens)
+    s = predict(profile, shape, tp, dtype, grid, seq_len).speedup_sp_asynctp
+    cut = a.cutoff_tokens
+    at_cut = worst_below = None
+    if cut is not None:
+        i = int(np.searchsorted(grid, cut))
+        at_cut = float(s[i])
+        worst_below = float(s[:i].min()) if i > 0 else None
+    fi_mb, fi_reason = fi_fusion_verdict(profile, shape, tp, dtype, max_num_batched_tokens)
+    return Recommendation(profile.name, profile.tier, profile.origin, bool(profile.modified), tp, dtype,
+                          max_num_batched_tokens, cut, at_cut, float(s[-1]), worst_below, fi_mb, fi_reason)
+
+
+def explain(r: Recommendation) -> list[str]:
+    lines = []
+    if r.enable:
+        lines.append(f"tpcost: SP+AsyncTP from {r.cutoff_tokens} tokens: predicted speedup {r.speedup_at_cutoff:.3f}x at "
+                     f"the cutoff, {r.speedup_at_max_tokens:.3f}x at {r.max_num_batched_tokens} tokens")
+        if r.worst_speedup_below_cutoff is not None:
+            lines.append(f"tpcost: below the cutoff vLLM keeps plain TP; enabling SP still costs at every size "
+                         f"(full-graph compilation, N padded to a multiple of tp={r.tp}, capture sizes not divisible "
+                         f"by tp dropped); had SP+AsyncTP run there, the worst predicted speedup is "
+                         f"{r.worst_speedup_below_cutoff:.3f}x")
+    else:
+        lines.append(f"tpcost: SP+AsyncTP off: no token count <= {r.max_num_batched_tokens} where it is predicted to "
+                     f"gain >= the margin for every larger batch (speedup at {r.max_num_batched_tokens}: "
+                     f"{r.speedup_at_max_tokens:.3f}x)")
+    if r.fi_reason:
+        lines.append(f"tpcost: fi_allreduce_fusion_max_size_mb={r.fi_fusion_max_size_mb}: {r.fi_reason}")
+    lines.append(f"tpcost: profile {r.profile_name} ({r.profile_origin}), weakest provenance tier {r.profile_tier}"
+                 + (", MODIFIED by --set" if r.modified else ""))
+    return lines

@@ -1,0 +1,80 @@
+"""Against the real vLLM 0.31 (CPU build): the plugin's value lands in pass_config and equals `tpcost whatif`'s
+cutoff, compile ranges split there, vllm-config JSON is accepted by CompilationConfig, failures and
+TPCOST_DISABLE leave vLLM's own default. Nothing is patched: TPCOST_PROFILE=h100-sxm picks the profile
+(on the CPU platform vLLM's capability is None, so its own table gives None and disables SP)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from costmodel.cli import main
+
+vllm = pytest.importorskip("vllm")
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = str(ROOT / "tests" / "fixtures" / "llama-h8192-tiny")
+
+
+def _whatif_cutoff(capsys, tp):
+    assert main(["whatif", "--gpu", "h100-sxm", "--model", MODEL, "--tp", str(tp), "--max-num-batched-tokens", "8192",
+                 "--no-band", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["cutoff_tokens"]
+
+
+@pytest.fixture(scope="module")
+def scenarios():
+    assert main(["vllm-config", "--model", "llama-3.1-70b", "--tp", "4", "--gpu", "h100-sxm", "--format", "json"]) == 0
+    env = {**os.environ, "TPCOST_PROFILE": "h100-sxm", "VLLM_PLUGINS": "tpcost", "VLLM_LOGGING_LEVEL": "INFO"}
+    env.pop("TPCOST_DISABLE", None)
+    import io
+    from contextlib import redirect_stdout
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        main(["vllm-config", "--model", "llama-3.1-70b", "--tp", "4", "--gpu", "h100-sxm", "--format", "json"])
+    cc_json = buf.getvalue().strip()
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_scenarios.py"), MODEL, cc_json], env=env,
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and line, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(line[0][7:]), r.stdout + r.stderr, cc_json
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_plugin_value_is_whatif_cutoff_and_ranges_split(scenarios, capsys, tp):
+    res, log, _ = scenarios
+    cut = _whatif_cutoff(capsys, tp)
+    got = res[f"plugin_tp{tp}"]
+    if cut is None or cut >= 8192:
+        assert got["enable_sp"] is False
+    else:
+        assert got["enable_sp"] is True and got["fuse_gemm_comms"] is True
+        assert got["sp_min_token_num"] == cut
+        assert cut - 1 in got["endpoints"]
+    assert f"tpcost: sp_min_token_num={cut}" in log or cut is None
+
+
+def test_user_value_and_sp_off_untouched(scenarios):
+    res, _, _ = scenarios
+    assert res["user_value_tp2"]["sp_min_token_num"] == 777 and 776 in res["user_value_tp2"]["endpoints"]
+    assert res["sp_off_tp2"]["enable_sp"] is False and res["sp_off_tp2"]["sp_min_token_num"] is None
+
+
+def test_injected_failure_and_disable_leave_vllm_default(scenarios):
+    res, log, _ = scenarios
+    for key in ("injected_failure_tp2", "disabled_tp2"):
+        # vLLM's own table has no value on this platform: it disables SP ("hidden_size too small")
+        assert res[key]["enable_sp"] is False and res[key]["sp_min_token_num"] is None, key
+    assert "tpcost: could not compute sp_min_token_num (RuntimeError: injected failure" in log
+
+
+def test_vllm_config_json_accepted_by_compilation_config(scenarios, capsys):
+    res, _, cc_json = scenarios
+    d = json.loads(cc_json)
+    assert res["vllm_config_json_accepted"] == {"sp_min_token_num": d["pass_config"]["sp_min_token_num"],
+                                                "enable_sp": True, "fuse_gemm_comms": True}
+    assert main(["whatif", "--gpu", "h100-sxm", "--model", "llama-3.1-70b", "--tp", "4", "--json", "--no-band"]) == 0
+    assert json.loads(capsys.readouterr().out)["cutoff_tokens"] == d["pass_config"]["sp_min_token_num"]

@@ -1,0 +1,39 @@
+"""Run in a fresh process by tests/test_vllm_integration.py: builds real vLLM 0.31 configs
+(EngineArgs(...).create_engine_config(), which loads the `tpcost` general plugin through its entry point)
+and prints one JSON object with what vLLM ended up with. Nothing of vLLM is mocked or patched."""
+
+import json
+import os
+import sys
+
+from vllm.config import CompilationConfig
+from vllm.engine.arg_utils import EngineArgs
+
+MODEL = sys.argv[1]
+
+
+def build(tp, cc):
+    cfg = EngineArgs(model=MODEL, tensor_parallel_size=tp, skip_tokenizer_init=True, load_format="dummy",
+                     max_num_batched_tokens=8192, compilation_config=cc).create_engine_config()
+    pc = cfg.compilation_config.pass_config
+    return {"enable_sp": pc.enable_sp, "fuse_gemm_comms": pc.fuse_gemm_comms, "sp_min_token_num": pc.sp_min_token_num,
+            "endpoints": sorted(cfg.compilation_config.compile_ranges_endpoints or [])}
+
+
+out = {}
+sp_on = {"pass_config": {"enable_sp": True, "fuse_gemm_comms": True}}
+for tp in (2, 4):
+    out[f"plugin_tp{tp}"] = build(tp, sp_on)
+out["user_value_tp2"] = build(2, {"pass_config": {"enable_sp": True, "fuse_gemm_comms": True, "sp_min_token_num": 777}})
+out["sp_off_tp2"] = build(2, {"pass_config": {"enable_sp": False}})
+os.environ["TPCOST_PLUGIN_FAIL_FOR_TEST"] = "1"
+out["injected_failure_tp2"] = build(2, sp_on)
+del os.environ["TPCOST_PLUGIN_FAIL_FOR_TEST"]
+os.environ["TPCOST_DISABLE"] = "1"
+out["disabled_tp2"] = build(2, sp_on)
+del os.environ["TPCOST_DISABLE"]
+# `tpcost vllm-config --format json` output handed to vLLM's own CompilationConfig
+cc = CompilationConfig(**json.loads(sys.argv[2]))
+out["vllm_config_json_accepted"] = {"sp_min_token_num": cc.pass_config.sp_min_token_num,
+                                    "enable_sp": cc.pass_config.enable_sp, "fuse_gemm_comms": cc.pass_config.fuse_gemm_comms}
+print("RESULT " + json.dumps(out))
