@@ -12,17 +12,27 @@ from costmodel import formulas as F
 
 
 def _fit(resid, x0, lo, hi, names):
-    r = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1)
+    """Fit positive parameters in log space (so that scales do not matter); σ_rel = σ of log(param)."""
+    floor = 1e-15
+    lo_l = np.log(np.maximum(lo, floor))
+    hi_l = np.log(np.maximum(hi, floor * 10))
+    x0_l = np.clip(np.log(np.maximum(x0, floor)), lo_l + 1e-9, hi_l - 1e-9)
+    r = least_squares(lambda z: resid(np.exp(z)), x0_l, bounds=(lo_l, hi_l), loss="soft_l1", f_scale=0.1)
     n, p = r.fun.size, len(x0)
-    try:
-        s2 = float(np.sum(r.fun**2)) / max(1, n - p)
-        cov = np.linalg.pinv(r.jac.T @ r.jac) * s2
-        sd = np.sqrt(np.clip(np.diag(cov), 0, None))
-    except np.linalg.LinAlgError:
-        sd = np.full(p, np.nan)
+    s2 = float(np.sum(r.fun**2)) / max(1, n - p)
+    sd = np.full(p, np.inf)
+    # a parameter the residuals do not respond to (e.g. a memory term under compute-bound points) is
+    # unconstrained; the others get σ from the covariance of the constrained block
+    live = np.linalg.norm(r.jac, axis=0) > 1e-6 * max(1.0, float(np.linalg.norm(r.jac)))
+    if live.any():
+        J = r.jac[:, live]
+        try:
+            sd[live] = np.sqrt(np.clip(np.diag(np.linalg.inv(J.T @ J)) * s2, 0, None))
+        except np.linalg.LinAlgError:
+            pass
     out, unconstrained = {}, []
-    for name, x, e in zip(names, r.x, sd):
-        rel = float(e / abs(x)) if x else float("inf")
+    for name, x, e in zip(names, np.exp(r.x), sd):
+        rel = float(e)
         if not np.isfinite(rel) or rel > 1.0:  # the data do not pin it down: keep the prior
             unconstrained.append(name)
             continue

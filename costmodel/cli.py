@@ -28,7 +28,7 @@ def add_shape_args(p, gpu_help="built-in GPU profile name or a profile .toml pat
     p.add_argument("--gpu", default=DEFAULT_GPU, help=f"{gpu_help} (default {DEFAULT_GPU})")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in model name or a config.json path (default {DEFAULT_MODEL})")
     p.add_argument("--tp", type=_positive_int, default=DEFAULT_TP, help=f"tensor-parallel size (default {DEFAULT_TP})")
-    p.add_argument("--dtype", default=DEFAULT_DTYPE, help="bf16 | fp8 | fp8-dynamic (default bf16)")
+    p.add_argument("--dtype", default=DEFAULT_DTYPE, help="bf16 | fp8 | fp8-dynamic | fp32 (CPU runs) (default bf16)")
     p.add_argument("--seq-len", type=_positive_int, default=1024, help="prefill sequence length (default 1024)")
     p.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192, help="vLLM's token budget (default 8192)")
     p.add_argument("--margin", type=float, default=0.02, help="required speedup margin above 1 (default 0.02)")

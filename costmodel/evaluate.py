@@ -118,7 +118,9 @@ def _predict_op(prof, r):
 
     tp, m, n, k = _int(r, "tp"), _int(r, "m"), _int(r, "n"), _int(r, "k")
     dtype, op = r["dtype"], r["op"]
-    if dtype not in ("bf16", "fp8", "fp8-dynamic"):
+    from .shapes import DTYPES
+
+    if dtype not in DTYPES:
         raise _Skip(f"unknown dtype {dtype!r}")
     if tp < 2:
         raise _Skip("tp must be >= 2 for a collective")
@@ -128,12 +130,12 @@ def _predict_op(prof, r):
     if op == "ag_gemm":
         if dtype == "fp8-dynamic":
             raise _Skip("ag_gemm does not fuse with per-token (dynamic) fp8 in vLLM 0.31")
-        a_bytes = 1.0 if dtype == "fp8" else 2.0
+        a_bytes = 1.0 if dtype == "fp8" else hw.act_bytes
         base = _ag(hw, tp, m * k * a_bytes) + hw.t_gemm(m, n, k)
         over, _ = _fused_ag_gemm(hw, float(m), n, k, tp, a_bytes)
         hidden = k
     elif op == "gemm_rs":
-        base = hw.t_gemm(m, n, k) + _rs(hw, tp, m * n * 2.0)
+        base = hw.t_gemm(m, n, k) + _rs(hw, tp, m * n * hw.act_bytes)
         over, _ = _fused_gemm_rs(hw, float(m), n, k, tp)
         hidden = n
     else:

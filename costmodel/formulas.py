@@ -21,9 +21,9 @@ def gemm_bytes(m, n, k, in_bytes, w_bytes, out_bytes):
 
 
 def gemm_tile_m(m, tile_m_max, tile_m_min=64.0):
-    """Row tile a Hopper-class kernel picks: next power of two ≥ m, clipped to [64, tile_m] (rows)."""
+    """Row tile a Hopper-class kernel picks: next power of two ≥ m, clipped to [min(64, tile_m), tile_m] (rows)."""
     p2 = np.exp2(np.ceil(np.log2(np.maximum(m, 1.0))))
-    return np.clip(p2, tile_m_min, tile_m_max)
+    return np.clip(p2, np.minimum(tile_m_min, tile_m_max), tile_m_max)
 
 
 def gemm_split_k(tiles, k, sm_count, min_k_per_split=SPLIT_K_MIN_DEPTH):

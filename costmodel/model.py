@@ -18,7 +18,7 @@ from .profile import HardwareProfile
 from .shapes import ModelShape, check_dtype
 
 SCHEDULES = ("tp", "sp", "sp_asynctp")
-ACT_BYTES = 2.0  # bf16 activations, residual stream and GEMM outputs in every dtype mode
+ACT_BYTES = 2.0  # bf16 activations, residual stream and GEMM outputs in every vLLM dtype mode (fp32: 4)
 BREAKDOWN_KEYS = ("overlap_gain_s", "chunking_loss_s", "concurrency_recovery_s", "contention_s",
                   "barrier_latency_s", "norm_saving_s", "collective_change_s", "padding_and_other_s")
 
@@ -77,17 +77,19 @@ class _Hw:
 
     def __init__(self, p: HardwareProfile, dtype: str):
         v = p.v
-        gemm_dtype = "bf16" if dtype == "bf16" else "fp8"
+        gemm_dtype = dtype if dtype in ("bf16", "fp32") else "fp8"
+        act_dtype = "fp32" if dtype == "fp32" else "bf16"
         self.p = p
+        self.act_bytes = 4.0 if dtype == "fp32" else ACT_BYTES
         self.peak = v(f"compute.peak_flops_per_s.{gemm_dtype}")
-        self.peak_bf16 = v("compute.peak_flops_per_s.bf16")
+        self.peak_bf16 = v(f"compute.peak_flops_per_s.{act_dtype}")  # unquantised GEMMs and attention
         self.hbm = v("memory.hbm_bw_bytes_per_s")
         self.mem_eff = v("kernels.mem_efficiency")
         self.launch = v("kernels.launch_overhead_s")
         self.gemm = dict(max_efficiency=v("gemm.max_efficiency"), mem_efficiency=v("gemm.mem_efficiency"),
                          hbm_bw_bytes_per_s=self.hbm, tile_m=v("gemm.tile_m"), tile_n=v("gemm.tile_n"),
                          sm_count=v("identity.sm_count"), launch_overhead_s=v("gemm.launch_overhead_s"))
-        self.gemm_in_bytes = 2.0 if gemm_dtype == "bf16" else 1.0
+        self.gemm_in_bytes = {"bf16": 2.0, "fp32": 4.0}.get(gemm_dtype, 1.0)
         self.attn_eff = v("attention.efficiency")
         self.barrier = v("asynctp.barrier_s")
         self.ce_bw = v("asynctp.copy_engine_bw_bytes_per_s")
@@ -96,9 +98,9 @@ class _Hw:
         self.kappa = v("asynctp.stream_concurrency")
 
     def t_gemm(self, m, n, k, *, fp8_ok=True):
-        b = self.gemm_in_bytes if fp8_ok else 2.0
+        b = self.gemm_in_bytes if fp8_ok else self.act_bytes
         peak = self.peak if fp8_ok else self.peak_bf16
-        return F.t_gemm_s(m, n, k, peak_flops_per_s=peak, in_bytes=b, w_bytes=b, out_bytes=ACT_BYTES, **self.gemm)
+        return F.t_gemm_s(m, n, k, peak_flops_per_s=peak, in_bytes=b, w_bytes=b, out_bytes=self.act_bytes, **self.gemm)
 
     def t_mem(self, nbytes):
         return F.t_memory_bound_s(nbytes, self.hbm, self.mem_eff, self.launch)
@@ -186,11 +188,11 @@ def _fused_gemm_rs(hw: _Hw, n_tok, n_out, k, tp):
     g = hw.t_gemm(mc, n_out, k)
     g2 = hw.t_gemm(2 * mc, n_out, k)
     g_conc = F.t_chunk_concurrent_s(g, g2, hw.kappa)
-    p = F.t_pull_s(mc * n_out * ACT_BYTES, hw.ce_bw, hw.ce_lat)  # partials are bf16 even for fp8 GEMMs
+    p = F.t_pull_s(mc * n_out * hw.act_bytes, hw.ce_bw, hw.ce_lat)  # partials are bf16 even for fp8 GEMMs
     p_step = p + 2 * hw.barrier
     frac = F.overlapped_fraction((W - 1) * p, W * g_conc)
     g_eff = g_conc * (1.0 + hw.slowdown * frac)
-    t_red = hw.t_mem(F.reduction_bytes(n_tok, n_out, ACT_BYTES, W))
+    t_red = hw.t_mem(F.reduction_bytes(n_tok, n_out, hw.act_bytes, W))
     pipe = F.t_gemm_rs_pipeline_s(W, g, g_eff, p_step)
     fixed = 2 * hw.barrier + t_red
     # per-step barriers belong to the barrier/latency term, not to the hidden comm
@@ -210,6 +212,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     if N.size == 0 or np.any(N <= 0) or not np.all(np.isfinite(N)):
         raise TpcostError("token counts N must be > 0")
     hw = _Hw(profile, dtype)
+    act = hw.act_bytes
     W = tp
     H, L = shape.hidden, shape.num_layers
     h_rank = shape.num_heads // W
@@ -217,9 +220,9 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     d = shape.head_dim
     qkv_n = (h_rank + 2 * kv_rank) * d
     I_rank = (shape.moe_intermediate if shape.is_moe else shape.intermediate) // W
-    fp8 = dtype != "bf16"
-    quant_bytes = 1.0 if fp8 else ACT_BYTES  # bytes/elem of a quantised GEMM input
-    ag_bytes = 1.0 if dtype == "fp8" else ACT_BYTES  # fp8 static quantises before the all-gather
+    fp8 = dtype in ("fp8", "fp8-dynamic")
+    quant_bytes = 1.0 if fp8 else act  # bytes/elem of a quantised GEMM input
+    ag_bytes = 1.0 if dtype == "fp8" else act  # fp8 static quantises before the all-gather
     notes: list[str] = []
     Np = np.ceil(N / W) * W  # SP pads N up to a multiple of tp
     fusion_applies = True
@@ -227,14 +230,14 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     def attention(n):
         flops = F.attention_flops(n, seq_len, h_rank, d)
         t = np.maximum(flops / (hw.peak_bf16 * hw.attn_eff),
-                       F.attention_bytes(n, h_rank, kv_rank, d, ACT_BYTES) / (hw.hbm * hw.mem_eff))
+                       F.attention_bytes(n, h_rank, kv_rank, d, act) / (hw.hbm * hw.mem_eff))
         return hw.launch + t
 
     def mlp_compute(n):
         """Dense: gate_up GEMM, SiluMul, down GEMM. MoE: router + grouped experts (roofline)."""
         if not shape.is_moe:
             return [Op("gate_up_gemm", "gemm", hw.t_gemm(n, 2 * I_rank, H)),
-                    Op("silu_mul", "memory", hw.t_mem(F.silu_mul_bytes(n, I_rank, ACT_BYTES, quant_bytes))),
+                    Op("silu_mul", "memory", hw.t_mem(F.silu_mul_bytes(n, I_rank, act, quant_bytes))),
                     Op("down_gemm", "gemm", hw.t_gemm(n, H, I_rank))]
         E, k = shape.num_experts, shape.experts_per_token
         flops = F.gemm_flops(n * k, 3 * I_rank, H)
@@ -245,12 +248,12 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
                 Op("moe_experts", "gemm", t_exp)]
 
     def quant(n):  # dynamic per-token quantisation kernel after a bf16 all-gather
-        return Op("dynamic_quant", "memory", hw.t_mem(n * H * (ACT_BYTES + 1.0)))
+        return Op("dynamic_quant", "memory", hw.t_mem(n * H * (act + 1.0)))
 
     # ---------------------------------------------------------------- tp
-    msg = N * H * ACT_BYTES
+    msg = N * H * act
     t_ar, fused_mask, impls = _all_reduce_dispatch(hw, msg, W, fusion_applies)
-    t_norm_full = hw.t_mem(F.rms_norm_bytes(N, H, ACT_BYTES, quant_bytes))
+    t_norm_full = hw.t_mem(F.rms_norm_bytes(N, H, act, quant_bytes))
     t_unit_tp = t_ar + np.where(fused_mask, 0.0, t_norm_full)
     notes.append("tp all-reduce implementations over this sweep (vLLM 0.31 dispatch): " + ", ".join(impls))
     attn_tp = [Op("qkv_gemm", "gemm", hw.t_gemm(N, qkv_n, H)), Op("attention", "attention", attention(N)),
@@ -259,9 +262,9 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     tp_layer = tuple(attn_tp + mlp_compute(N) + [unit_tp])
 
     # ---------------------------------------------------------------- sp (RS -> norm(N/W) -> AG)
-    t_rs = _rs(hw, W, Np * H * ACT_BYTES)
+    t_rs = _rs(hw, W, Np * H * act)
     t_ag = _ag(hw, W, Np * H * ag_bytes)
-    t_norm_shard = hw.t_mem(F.rms_norm_bytes(Np / W, H, ACT_BYTES, ag_bytes))
+    t_norm_shard = hw.t_mem(F.rms_norm_bytes(Np / W, H, act, ag_bytes))
     dyn = [quant(Np)] if dtype == "fp8-dynamic" else []
     sp_layer = (Op("reduce_scatter", "comm", t_rs, 2),
                 Op("rms_norm_shard", "memory", t_norm_shard, 2),
@@ -296,7 +299,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
             add_terms(tm, hw.t_gemm(Np, H, h_rank * d) + t_rs)
             ops.append(Op("fused_o_gemm_reduce_scatter", "fused", t_f))
     if not shape.is_moe:
-        ops.append(Op("silu_mul", "memory", hw.t_mem(F.silu_mul_bytes(Np, I_rank, ACT_BYTES, quant_bytes))))
+        ops.append(Op("silu_mul", "memory", hw.t_mem(F.silu_mul_bytes(Np, I_rank, act, quant_bytes))))
         t_f, tm = _fused_gemm_rs(hw, Np, H, I_rank, W)
         add_terms(tm, hw.t_gemm(Np, H, I_rank) + t_rs)
         ops.append(Op("fused_down_gemm_reduce_scatter", "fused", t_f))
@@ -307,11 +310,11 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
 
     # ---------------------------------------------------------------- non-layer parts
     n_seqs = np.ceil(N / seq_len)
-    embed = Op("embedding", "memory", hw.t_mem(2.0 * N * H * ACT_BYTES))
+    embed = Op("embedding", "memory", hw.t_mem(2.0 * N * H * act))
     lm_head = Op("lm_head_gemm", "gemm", hw.t_gemm(n_seqs, shape.vocab / W, H, fp8_ok=False))
     logits = Op("logits_gather", "comm", _ag(hw, W, n_seqs * shape.vocab * 4.0))
     nonlayer_tp = (embed, Op("all_reduce+rms_norm", "comm", t_unit_tp), lm_head, logits)
-    embed_p = Op("embedding", "memory", hw.t_mem(2.0 * Np * H * ACT_BYTES))
+    embed_p = Op("embedding", "memory", hw.t_mem(2.0 * Np * H * act))
     nonlayer_sp = (embed_p, Op("reduce_scatter", "comm", t_rs), Op("rms_norm_shard", "memory", t_norm_shard),
                    Op("all_gather", "comm", t_ag), lm_head, logits)
 

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from .errors import TpcostError
 
-DTYPES = ("bf16", "fp8", "fp8-dynamic")
+DTYPES = ("bf16", "fp8", "fp8-dynamic", "fp32")  # fp32: CPU calibration/validation runs
 
 
 @dataclasses.dataclass(frozen=True)

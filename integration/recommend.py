@@ -88,24 +88,24 @@ def fi_fusion_verdict(profile, shape, tp: int, dtype: str, max_num_batched_token
     """(MiB, reason) when tpcost predicts FlashInfer AR+RMSNorm stops beating the next implementation + RMSNorm
     more than `tolerance` below vLLM's table limit (within the sizes vLLM can run); else (None, None)."""
     from costmodel import formulas as F
-    from costmodel.model import ACT_BYTES, _all_reduce_dispatch, _Hw
+    from costmodel.model import _all_reduce_dispatch, _Hw
 
     d = profile.dispatch(tp)
     if "fi_fusion_max_bytes" not in d or not profile.has_collective("flashinfer_ar_rmsnorm"):
         return None, None
     hw = _Hw(profile, dtype)
     n = np.arange(1, max_num_batched_tokens + 1, dtype=float)
-    msg = n * shape.hidden * ACT_BYTES
+    msg = n * shape.hidden * hw.act_bytes
     t_fi, _, _ = _all_reduce_dispatch(hw, msg, tp, True, fi_max_bytes=np.inf)
     t_alt, _, _ = _all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0)
-    t_alt = t_alt + hw.t_mem(F.rms_norm_bytes(n, shape.hidden, ACT_BYTES, ACT_BYTES))
+    t_alt = t_alt + hw.t_mem(F.rms_norm_bytes(n, shape.hidden, hw.act_bytes, hw.act_bytes))
     loses = t_fi > t_alt
     best_tokens = int(np.argmax(loses)) if loses.any() else max_num_batched_tokens  # last N before it loses
-    table_tokens = min(int(d["fi_fusion_max_bytes"] // (shape.hidden * ACT_BYTES)), max_num_batched_tokens)
+    table_tokens = min(int(d["fi_fusion_max_bytes"] // (shape.hidden * hw.act_bytes)), max_num_batched_tokens)
     # only ever lower the limit: raising it past vLLM's tuned value can exceed FlashInfer's workspace limits
     if best_tokens >= table_tokens or table_tokens - best_tokens <= tolerance * max(table_tokens, 1):
         return None, None
-    mb = round(best_tokens * shape.hidden * ACT_BYTES / MiB, 3)
+    mb = round(best_tokens * shape.hidden * hw.act_bytes / MiB, 3)
     return mb, (f"tpcost predicts the FlashInfer fused all-reduce+RMSNorm stops beating the next all-reduce + RMSNorm "
                 f"at {best_tokens} tokens ({mb} MiB); vLLM's table allows {d['fi_fusion_max_bytes'] / MiB:g} MiB "
                 f"({table_tokens} tokens here) for tp={tp}")

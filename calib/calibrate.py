@@ -1,0 +1,290 @@
+"""`tpcost calibrate`: microbenchmarks on every rank → least-squares fits → a profile in the built-in schema.
+
+The same code runs on CUDA (NCCL, torch symm_mem fused ops) and CPU (gloo, reference AsyncTP ops);
+only the dtype set, sizes and backend-specific ops differ (see PLANS below)."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from costmodel.errors import TpcostError
+
+KiB, MiB = 1024, 1024 * 1024
+PLANS = {  # what each backend measures; sizes from the models' per-rank shapes
+    "cuda": dict(gemm_ms=[1, 16, 128, 512, 2048, 8192, 32768], chunk_ms=[2048, 8192], mem=[4**i * KiB for i in range(10)],
+                 coll=[4**i * KiB for i in range(10)], fused_ms=[1024, 4096, 16384], warmup_s=0.01, rep_s=0.04),
+    "cpu": dict(gemm_ms=[1, 16, 64, 256, 1024, 2048], chunk_ms=[512, 2048], mem=[4**i * 4 * KiB for i in range(6)],
+                coll=[4**i * KiB for i in range(9)], fused_ms=[256, 1024, 2048], warmup_s=0.005, rep_s=0.05),
+}
+CPU_MODEL = str(Path(__file__).parent / "models" / "cpu-tiny.json")
+
+
+def rank_shapes(model_names, world):
+    """Per-rank GEMM shapes (name, n, k) and AsyncTP op shapes (name, op, n, k) of the models at TP=world."""
+    from costmodel.shapes import load_model
+
+    gemms, fused = {}, {}
+    for name in model_names:
+        s = load_model(name)
+        s.check_tp(world)
+        h, kv, d, H = s.num_heads // world, s.kv_heads_per_rank(world), s.head_dim, s.hidden
+        I = (s.moe_intermediate if s.is_moe else s.intermediate) // world
+        tag = Path(name).stem
+        for op_name, op, n, k in ((f"{tag}_qkv", "ag_gemm", (h + 2 * kv) * d, H), (f"{tag}_o", "gemm_rs", H, h * d),
+                                  (f"{tag}_gate_up", "ag_gemm", 2 * I, H), (f"{tag}_down", "gemm_rs", H, I)):
+            gemms.setdefault((n, k), (op_name, n, k))
+            fused.setdefault((op, n, k), (op_name, op, n, k))
+    return list(gemms.values()), list(fused.values())
+
+
+def cpu_prior(host: str) -> dict:
+    """Prior for a CPU host whose ranks (one thread each) talk through shared memory; every value assumed."""
+    a = "assumed prior for a CPU host (one thread per rank); replaced where calibration measures it"
+    sec = lambda **v: {**v, "source": a, "tier": "assumed"}  # noqa: E731
+    return {
+        "schema_version": 1,
+        "identity": {"name": f"cpu-{host}", "display_name": f"CPU host {host} (one thread per rank)", "vendor": "cpu",
+                     "compute_capability": "0.0", "device_name_patterns": "", **sec(sm_count=1)},
+        "compute": {"peak_flops_per_s": sec(bf16=1.6e11, fp8=1.6e11, fp32=1.6e11)},
+        "memory": sec(hbm_bw_bytes_per_s=5e10),
+        "kernels": sec(mem_efficiency=0.5, launch_overhead_s=5e-6),
+        "gemm": sec(tile_m=8, tile_n=8, max_efficiency=0.5, mem_efficiency=0.5, launch_overhead_s=5e-6),
+        "attention": sec(efficiency=0.3),
+        "interconnect": {"kind": "host", **sec(link_bw_bytes_per_s=5e9, latency_s=2e-5, domain_size=64,
+                                               internode_bw_bytes_per_s=1e9, internode_latency_s=1e-4)},
+        "collectives": {c: {"tp2": sec(latency_s=5e-5, bus_bw_bytes_per_s=2e9)}
+                        for c in ("nccl_all_gather", "nccl_reduce_scatter", "nccl_all_reduce")},
+        "vllm_dispatch": {},
+        "asynctp": sec(barrier_s=5e-5, copy_engine_bw_bytes_per_s=2e9, copy_latency_s=5e-5, compute_slowdown=0.1,
+                       stream_concurrency=0.0),
+    }
+
+
+def prior_tree(device: str, device_name: str) -> dict:
+    if device == "cpu":
+        return cpu_prior(platform.node() or "host")
+    from .gpu_check import prior_for
+
+    return copy.deepcopy(dict(prior_for(device_name).raw))
+
+
+def _find_table(tree: dict, key: str):
+    """(table, leaf) holding dotted `key` in a profile tree (looking through `_group` sub-tables)."""
+    *path, leaf = key.split(".")
+    node = tree
+    for p in path:
+        node = node[p]
+    if leaf in node:
+        return node, leaf
+    for k, v in node.items():
+        if k.startswith("_") and isinstance(v, dict) and leaf in v:
+            return v, leaf
+    raise KeyError(key)
+
+
+def set_calibrated(tree: dict, key: str, value: float, unc_rel: float, source: str) -> None:
+    """Move `key` out of its prior table into its own calibrated table (its neighbours keep their sources)."""
+    table, leaf = _find_table(tree, key)
+    table.pop(leaf)
+    section = key.rsplit(".", 1)[0]
+    node = tree
+    for p in section.split("."):
+        node = node[p]
+    node[f"_calibrated_{leaf}"] = {leaf: float(value), "source": source, "tier": "calibrated",
+                                   "uncertainty_rel": {leaf: float(min(max(unc_rel, 1e-4), 1.0))}}
+
+
+def build_profile(records, prior: dict, prov: dict, world: int, gemm_dtype: str, name: str) -> tuple[dict, list, dict]:
+    """Fit everything the records constrain into a copy of the prior; returns (tree, not_measured, residuals)."""
+    from costmodel.profile import profile_from_dict
+
+    from .fit import fit_collective, fit_single_device
+
+    tree = copy.deepcopy(prior)
+    prior_vals = {k: p.value for k, p in profile_from_dict(prior, "prior").params.items()}
+    src = (f"calibrated by tpcost calibrate on {prov['host']} ({prov['device_name']}, world size {world}, "
+           f"torch {prov['torch']}, {prov['date']})")
+    params, residuals = fit_single_device(records, prior_vals, gemm_dtype)
+    for key, v in params.items():
+        set_calibrated(tree, key, v["value"], v["uncertainty_rel"], src)
+    for impl, name_ in (("all_gather", "nccl_all_gather"), ("reduce_scatter", "nccl_reduce_scatter"),
+                        ("all_reduce", "nccl_all_reduce")):
+        fits, res = fit_collective(records, impl, world)
+        if len(fits) == 2:
+            tree["collectives"].setdefault(name_, {})[f"tp{world}"] = {
+                "latency_s": fits["latency_s"]["value"], "bus_bw_bytes_per_s": fits["bus_bw_bytes_per_s"]["value"],
+                "source": src + f" ({prov.get('backend')} {impl})", "tier": "calibrated",
+                "uncertainty_rel": {k: min(1.0, f["uncertainty_rel"]) for k, f in fits.items()}}
+            residuals[f"collective_{impl}"] = res
+    p2p = [r for r in records if r["kind"] == "p2p"]
+    if len(p2p) >= 3:
+        from .fit import _fit
+
+        S = np.array([r["msg_bytes"] for r in p2p], float)
+        t = np.array([r["median_s"] for r in p2p])
+        fits, res = _fit(lambda x: np.log((x[0] + S / x[1]) / t), [float(t.min()) * 0.7, float(np.median(S / t))],
+                         [0.0, 1e3], [1.0, 1e14], ["asynctp.copy_latency_s", "asynctp.copy_engine_bw_bytes_per_s"])
+        for key, v in fits.items():
+            set_calibrated(tree, key, v["value"], v["uncertainty_rel"], src + " (one p2p pull, ring step 1)")
+        residuals["p2p"] = res
+    bar = [r for r in records if r["kind"] == "barrier"]
+    if bar:
+        b = bar[0]
+        set_calibrated(tree, "asynctp.barrier_s", b["median_s"],
+                       (b["p90_s"] - b["p10_s"]) / 2 / max(b["median_s"], 1e-12), src + " (dist.barrier)")
+    measured = set(params)
+    if bar:
+        measured.add("asynctp.barrier_s")
+    if p2p:
+        measured |= {"asynctp.copy_latency_s", "asynctp.copy_engine_bw_bytes_per_s"}
+    from costmodel.profile import REQUIRED_PARAMS
+
+    not_measured = sorted(k for k in REQUIRED_PARAMS if k not in measured and not k.startswith(("identity.", "interconnect.")))
+    tree["identity"]["name"] = name
+    tree["calibration"] = {**{k: str(v) for k, v in prov.items()},
+                           "not_measured_kept_prior": ", ".join(not_measured) or "none",
+                           "residuals_json": json.dumps(residuals, separators=(",", ":"))[:4000]}
+    return tree, not_measured, residuals
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def side_paths(out: Path):
+    return out.with_suffix(".samples.jsonl"), out.with_suffix(".ops.csv")
+
+
+def worker(args) -> None:
+    """Runs on every rank (under torchrun or spawned)."""
+    import torch
+    import torch.distributed as dist
+
+    from . import launch
+    from .distbench import AsyncTPOps, bench_barrier, bench_collectives, bench_comm_interference, bench_fused_ops, bench_p2p
+    from .gpu_check import provenance
+    from .microbench import bench_chunked, bench_gemms, bench_interference, bench_memory, gemm_dtypes
+    from .timing import Timer
+
+    rank, world, dev = launch.init(args.device)
+    t0 = time.perf_counter()
+    plan = PLANS[args.device]
+    models = args.models or ([CPU_MODEL] if args.device == "cpu" else None)
+    if models is None:
+        from costmodel.shapes import builtin_model_names
+
+        models = builtin_model_names()
+    shapes, fused_shapes = rank_shapes(models, world)
+    dtypes = gemm_dtypes(dev)
+    local = Timer(dev, warmup_s=plan["warmup_s"], rep_s=plan["rep_s"], min_reps=5, max_reps=50)
+    coll = Timer(dev, warmup_s=plan["warmup_s"], rep_s=plan["rep_s"], min_reps=11, max_reps=50, group=dist.group.WORLD)
+    ops = AsyncTPOps(dev, rank, world)
+    out = Path(args.out)
+    samples_path, ops_path = side_paths(out)
+    phases = [
+        ("gemm", lambda: bench_gemms(local, shapes, plan["gemm_ms"], dev, dtypes)),
+        ("memory", lambda: bench_memory(local, plan["mem"], dev, hidden=shapes[0][2])),
+        ("chunked", lambda: bench_chunked(local, shapes, plan["chunk_ms"], [world], dev, dtypes[0])),
+        ("interference", lambda: bench_interference(local, shapes[:2], plan["chunk_ms"][-1], dev, dtypes[0])),
+        ("comm_interference", lambda: bench_comm_interference(coll, shapes[:2], plan["chunk_ms"][-1], dev, rank, world, dtypes[0])),
+        ("collectives", lambda: bench_collectives(coll, plan["coll"], dev, world)),
+        ("p2p", lambda: bench_p2p(coll, plan["coll"], dev, rank, world)),
+        ("barrier", lambda: bench_barrier(coll, dev)),
+        ("fused_ops", lambda: bench_fused_ops(coll, ops, fused_shapes, plan["fused_ms"], dev, rank, world, dtypes[0])),
+    ]
+    records, skipped = [], []
+    bar = None
+    if rank == 0:
+        samples_path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(samples_path, "w")
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(phases), desc="tpcost calibrate", unit="phase")
+        except ImportError:
+            bar = None
+    flag = torch.zeros(1, device=dev)
+    hang = os.environ.get("TPCOST_CALIB_TEST_HANG_RANK")  # test hook: this rank stops answering
+    try:
+        for name, gen in phases:
+            if hang is not None and int(hang) == rank and name == "collectives":
+                time.sleep(3600)
+            flag.fill_(1.0 if time.perf_counter() - t0 < args.budget_s else 0.0)
+            dist.broadcast(flag, 0)  # every rank takes the same decision
+            if flag.item() == 0:
+                skipped.append(name)
+            else:
+                for rec in gen():
+                    rec.pop("samples_s", None)
+                    if rank == 0:
+                        records.append(rec)
+                        fh.write(json.dumps(rec) + "\n")
+                        fh.flush()
+            if bar is not None:
+                bar.set_postfix_str(name)
+                bar.update(1)
+    finally:
+        if rank == 0:
+            fh.close()
+            if bar is not None:
+                bar.close()
+    dist.barrier()
+    if rank != 0:
+        return
+    prov = {**provenance(), "world_size": world, "backend": "nccl" if args.device == "cuda" else "gloo",
+            "budget_s": args.budget_s, "wall_s": round(time.perf_counter() - t0, 1),
+            "skipped_phases": ",".join(skipped) or "none", "models": ",".join(Path(m).stem for m in models)}
+    if args.device == "cpu":
+        prov["device_name"] = f"{platform.processor() or platform.machine()} (1 thread per rank)"
+    prior = prior_tree(args.device, prov.get("device_name", ""))
+    name = args.name or f"calibrated-{prov['host']}-{args.device}-w{world}"
+    tree, not_measured, residuals = build_profile(records, prior, prov, world, dtypes[0], name)
+    from costmodel.profile import dump_profile, profile_from_dict
+
+    profile_from_dict(tree, str(out))  # validate before writing
+    write_atomic(out, "# Written by tpcost calibrate; raw samples: " + samples_path.name + "\n" + dump_profile(tree))
+    rows = ["hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source"]
+    for r in records:
+        if r["kind"] == "fused_op":
+            rows.append(f"{out},{world},{r['op']},{r['dtype']},{r['m']},{r['n']},{r['k']},"
+                        f"{r['baseline_s'] * 1e6:.3f},{r['overlap_s'] * 1e6:.3f},"
+                        f"tpcost calibrate {r['impl']} {prov['host']} {prov['date']}")
+    write_atomic(ops_path, "\n".join(rows) + "\n")
+    print(f"tpcost calibrate: {len(records)} records in {prov['wall_s']} s on {world} rank(s) ({prov['backend']})")
+    print(f"  profile: {out}\n  raw samples: {samples_path}\n  fused-vs-sequential ops: {ops_path}")
+    from costmodel.profile import load_profile
+
+    prof = load_profile(str(out))
+    for k, p in sorted(prof.params.items()):
+        if p.tier == "calibrated":
+            print(f"  {k:46s} {p.value:12.4g}  (±{100 * (p.uncertainty_rel or 0):.1f}%)")
+    print(f"  kept prior (not measured): {', '.join(not_measured) or 'none'}")
+    if skipped:
+        print(f"  skipped for the budget: {', '.join(skipped)}")
+
+
+def run(args) -> int:
+    from . import launch
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise TpcostError(f"{out} exists; pass --force to replace it")
+    if args.budget_s <= 0:
+        raise TpcostError("--budget-s must be > 0")
+    if args.models:
+        from costmodel.shapes import load_model
+
+        for m in args.models:
+            load_model(m)  # unknown model: one line, exit 2, before any process starts
+    launch.run(worker, args, args.device, args.nproc, "calibrate", wall_timeout_s=args.budget_s * 3 + 300)
+    return 0

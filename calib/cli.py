@@ -1,0 +1,51 @@
+"""`tpcost calibrate` and `tpcost validate` sub-commands (torch is imported only when they run)."""
+
+from __future__ import annotations
+
+
+def _common(p):
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--nproc", type=int, default=2, help="CPU ranks to start when not under torchrun (default 2)")
+
+
+def register(sub):
+    c = sub.add_parser("calibrate", help="microbenchmark this machine and write a profile (torchrun for GPUs)")
+    c.add_argument("--out", default="tpcost-calibrated.toml", help="profile to write (default tpcost-calibrated.toml)")
+    c.add_argument("--budget-s", type=float, default=480.0, help="stop starting new phases after this (default 480)")
+    c.add_argument("--models", nargs="+", help="models whose per-rank shapes size the benchmarks (default: built-in; CPU: calib/models/cpu-tiny.json)")
+    c.add_argument("--name", help="profile name (default calibrated-<host>-<device>-w<world>)")
+    c.add_argument("--force", action="store_true", help="replace an existing --out")
+    _common(c)
+    c.set_defaults(func=_calibrate)
+    v = sub.add_parser("validate", help="run one layer in the three schedules and compare with the model")
+    v.add_argument("--gpu", required=True, help="profile: built-in name or .toml path")
+    v.add_argument("--model", required=True, help="built-in model name or config.json path")
+    v.add_argument("--tokens", nargs="+", type=int, help="token counts N (default: a sweep per device)")
+    v.add_argument("--seq-len", type=int, default=1024)
+    v.add_argument("--margin", type=float, default=0.02)
+    v.add_argument("--out", default="validate.csv", help="CSV in evaluate's model-level schema (default validate.csv)")
+    _common(v)
+    v.set_defaults(func=_validate)
+
+
+def _need_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        from costmodel.errors import TpcostError
+
+        raise TpcostError("calibrate/validate need torch: pip install 'tpcost[torch]'") from None
+
+
+def _calibrate(args):
+    _need_torch()
+    from .calibrate import run
+
+    return run(args)
+
+
+def _validate(args):
+    _need_torch()
+    from .validate import run
+
+    return run(args)

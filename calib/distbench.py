@@ -1,0 +1,200 @@
+"""Multi-rank benchmarks: collectives, point-to-point pulls, barriers, and the AsyncTP ops — torch's fused
+symm_mem ops on CUDA, and on CPU a reference implementation of the same two algorithms in
+torch.distributed (same steps and order; pulls as async p2p overlapped with the chunk GEMMs, since
+gloo runs transfers on its own threads; final reduction). Same code for both backends otherwise."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .microbench import make_gemm
+from .timing import Timer
+
+
+def act_dtype(device: str):
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+def bench_collectives(timer: Timer, sizes_bytes, device, world):
+    """all_gather_into_tensor (output size S), reduce_scatter_tensor (input size S), all_reduce (size S)."""
+    dt = act_dtype(device)
+    esz = torch.tensor([], dtype=dt).element_size()
+    for S in sizes_bytes:
+        numel = max(world, (S // esz) // world * world)
+        full = torch.randn(numel, device=device, dtype=dt)
+        shard = torch.randn(numel // world, device=device, dtype=dt)
+        ops = {"all_gather": lambda: dist.all_gather_into_tensor(full, shard),
+               "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full),
+               "all_reduce": lambda: dist.all_reduce(full)}
+        for impl, fn in ops.items():
+            yield {"kind": "collective", "impl": impl, "world": world, "msg_bytes": numel * esz, **timer(fn).as_dict()}
+
+
+def pull_pairs(rank, world, step, send, recv):
+    """The transfers of AsyncTP step s: rank r pulls from (r+s) mod W, i.e. sends to (r−s) mod W."""
+    return [dist.P2POp(dist.isend, send, (rank - step) % world), dist.P2POp(dist.irecv, recv, (rank + step) % world)]
+
+
+def bench_p2p(timer: Timer, sizes_bytes, device, rank, world):
+    """One pull (step 1 of the ring) per size: latency + bandwidth of the transfer AsyncTP uses."""
+    dt = act_dtype(device)
+    esz = torch.tensor([], dtype=dt).element_size()
+    for S in sizes_bytes:
+        a = torch.randn(max(1, S // esz), device=device, dtype=dt)
+        b = torch.empty_like(a)
+
+        def pull():
+            for w in dist.batch_isend_irecv(pull_pairs(rank, world, 1, a, b)):
+                w.wait()
+
+        yield {"kind": "p2p", "world": world, "msg_bytes": a.numel() * esz, **timer(pull).as_dict()}
+
+
+def bench_barrier(timer: Timer, device):
+    yield {"kind": "barrier", **timer(lambda: dist.barrier()).as_dict()}
+
+
+def bench_comm_interference(timer: Timer, shapes, m, device, rank, world, dtype):
+    """CPU: GEMM alone vs while a large pull is in flight (gloo's transfer threads share the cores)."""
+    if device.startswith("cuda") or world < 2:
+        return
+    a = torch.randn(8 << 20, device=device)
+    b = torch.empty_like(a)
+    for (name, n, k) in shapes:
+        g = make_gemm(m, n, k, dtype, device)
+        alone = timer(g)
+        samples = []
+        import time
+
+        for _ in range(max(5, timer.min_reps)):
+            dist.barrier()
+            works = dist.batch_isend_irecv(pull_pairs(rank, world, 1, a, b))
+            t0 = time.perf_counter()
+            g()
+            samples.append(time.perf_counter() - t0)
+            for w in works:
+                w.wait()
+        t = torch.tensor(samples, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        from .timing import _summary
+
+        both = _summary(t.tolist())
+        yield {"kind": "interference", "name": name, "m": m, "n": n, "k": k, "dtype": dtype,
+               "t_gemm_alone_s": alone.median_s, **both.as_dict()}
+
+
+# ------------------------------------------------------------------ AsyncTP ops (reference + CUDA fused)
+
+
+def ag_gemm_reference(shard, B, rank, world, gathered):
+    """torch's _pipelined_all_gather_and_consume on torch.distributed: barrier; local copy; barrier; local chunk
+    GEMM; for s=1..W−1 pull shard (rank+s) mod W (async, overlapping the previous chunk's GEMM) then its
+    GEMM; second local copy (return_A); barrier. Returns (A_gathered, A_gathered @ B)."""
+    m = shard.shape[0]
+    out = torch.empty(m * world, B.shape[1], dtype=shard.dtype, device=shard.device)
+    dist.barrier()
+    buf = shard.clone()  # local copy into the "symmetric" buffer
+    dist.barrier()
+    chunks = gathered.view(world, m, -1)
+    pending = dist.batch_isend_irecv(pull_pairs(rank, world, 1, buf, chunks[(rank + 1) % world])) if world > 1 else []
+    torch.matmul(shard, B, out=out[rank * m:(rank + 1) * m])
+    for s in range(1, world):
+        src = (rank + s) % world
+        for w in pending:
+            w.wait()
+        pending = (dist.batch_isend_irecv(pull_pairs(rank, world, s + 1, buf, chunks[(rank + s + 1) % world]))
+                   if s + 1 < world else [])
+        torch.matmul(chunks[src], B, out=out[src * m:(src + 1) * m])
+    chunks[rank].copy_(shard)  # return_A: second local copy
+    dist.barrier()
+    return gathered, out
+
+
+def gemm_rs_reference(A, B, rank, world):
+    """torch's _pipelined_produce_and_all2all + reduction on torch.distributed: barrier; for s=1..W−1 the GEMM
+    of the chunk for rank (rank+s) into one of two buffers, then a pull of rank (rank−s)'s chunk into the
+    stacked output (async, overlapping the next GEMM); the local chunk's GEMM last; barrier; sum of W partials."""
+    m = A.shape[0] // world
+    n = B.shape[1]
+    stacked = torch.empty(world, m, n, dtype=A.dtype, device=A.device)
+    bufs = [torch.empty(m, n, dtype=A.dtype, device=A.device) for _ in range(2)]
+    dist.barrier()
+    pending = [[], []]
+    for s in range(1, world):
+        dst = (rank + s) % world
+        b = bufs[s % 2]
+        for w in pending[s % 2]:  # double buffer: wait until its previous send is done
+            w.wait()
+        torch.matmul(A[dst * m:(dst + 1) * m], B, out=b)
+        # my chunk for `dst` goes to dst; I pull the chunk rank−s made for me: send to (r+s), recv from (r−s)
+        ops = [dist.P2POp(dist.isend, b, dst), dist.P2POp(dist.irecv, stacked[s], (rank - s) % world)]
+        pending[s % 2] = dist.batch_isend_irecv(ops)
+    torch.matmul(A[rank * m:(rank + 1) * m], B, out=stacked[0])
+    for ws in pending:
+        for w in ws:
+            w.wait()
+    dist.barrier()
+    return stacked.sum(0)
+
+
+class AsyncTPOps:
+    """ag_gemm(shard, B) and gemm_rs(A, B): torch's fused symm_mem ops on CUDA, the references on CPU."""
+
+    def __init__(self, device, rank, world):
+        self.device, self.rank, self.world = device, rank, world
+        self.cuda = device.startswith("cuda")
+        self.kind = "reference"
+        if self.cuda:
+            import torch.distributed._symmetric_memory as symm_mem  # registers torch.ops.symm_mem
+
+            self.group_name = dist.group.WORLD.group_name
+            enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+            if enable is not None:  # torch 2.13 still recommends it for the fused ops' group
+                enable(self.group_name)
+            self.kind = "symm_mem"
+
+    def ag_gemm(self, shard, B, gathered):
+        """(A gathered, A @ B)."""
+        if self.cuda:
+            a, outs = torch.ops.symm_mem.fused_all_gather_matmul(shard, [B], gather_dim=0, group_name=self.group_name)
+            return a, outs[0]
+        return ag_gemm_reference(shard, B, self.rank, self.world, gathered)
+
+    def gemm_rs(self, A, B):
+        if self.cuda:
+            return torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B, "sum", scatter_dim=0, group_name=self.group_name)
+        return gemm_rs_reference(A, B, self.rank, self.world)
+
+
+def bench_fused_ops(timer: Timer, ops: AsyncTPOps, shapes, ms, device, rank, world, dtype_name):
+    """Fused (or reference) vs sequential (NCCL/gloo collective + whole GEMM), op-level schema rows."""
+    dt = act_dtype(device)
+    for (name, op, n, k) in shapes:
+        for m in ms:
+            if m % world:
+                continue
+            if op == "ag_gemm":
+                shard = torch.randn(m // world, k, device=device, dtype=dt)
+                B = torch.randn(k, n, device=device, dtype=dt)
+                full = torch.empty(m, k, device=device, dtype=dt)
+
+                def seq():
+                    dist.all_gather_into_tensor(full, shard)
+                    return full @ B
+
+                fused = lambda: ops.ag_gemm(shard, B, full)  # noqa: E731
+            else:
+                A = torch.randn(m, k, device=device, dtype=dt)
+                B = torch.randn(k, n, device=device, dtype=dt)
+                part = torch.empty(m // world, n, device=device, dtype=dt)
+
+                def seq():
+                    dist.reduce_scatter_tensor(part, A @ B)
+                    return part
+
+                fused = lambda: ops.gemm_rs(A, B)  # noqa: E731
+            t_seq, t_fused = timer(seq), timer(fused)
+            yield {"kind": "fused_op", "op": op, "name": name, "impl": ops.kind, "world": world, "m": m, "n": n,
+                   "k": k, "dtype": dtype_name, "baseline_s": t_seq.median_s, "overlap_s": t_fused.median_s,
+                   "baseline": t_seq.as_dict(), "overlap": t_fused.as_dict()}

@@ -1,0 +1,117 @@
+"""Process-group setup shared by calibrate and validate: torchrun's environment when present (any TP,
+multi-node through torchrun's rendezvous), else — CPU only — our own worker processes over gloo."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import socket
+import sys
+import traceback
+
+from costmodel.errors import TpcostError
+
+TIMEOUT_S = float(os.environ.get("TPCOST_CALIB_TIMEOUT_S", "180"))
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init(device: str):
+    """init_process_group for this process; returns (rank, world, device string for tensors)."""
+    import torch
+    import torch.distributed as dist
+
+    backend = "nccl" if device == "cuda" else "gloo"
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local)
+        dev = f"cuda:{local}"
+    else:
+        torch.set_num_threads(1)
+        dev = "cpu"
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    return rank, world, dev
+
+
+def _child(rank, world, port, target, args, errq):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    try:
+        target(args)
+    except KeyboardInterrupt:
+        errq.put((rank, "interrupted"))
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - reported by the parent as one line
+        msg = f"{type(e).__name__}: {e}".splitlines()[0]
+        if "timeout" in msg.lower() or "timed out" in msg.lower():
+            msg = f"a collective timed out after {TIMEOUT_S:.0f} s (a rank hung or died): {msg}"
+        errq.put((rank, msg))
+        if os.environ.get("TPCOST_DEBUG"):
+            traceback.print_exc()
+        sys.exit(1)
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def run(target, args, device: str, nproc: int, what: str, wall_timeout_s: float) -> None:
+    """Run target(args) on every rank: in this process under torchrun, else in `nproc` spawned CPU workers."""
+    if under_torchrun():
+        target(args)
+        return
+    if device == "cuda":
+        raise TpcostError(f"{what} --device cuda runs under torchrun: "
+                          f"torchrun --nproc-per-node=TP -m costmodel.cli {what} --device cuda ...")
+    if nproc < 1:
+        raise TpcostError("--nproc must be >= 1")
+    ctx = mp.get_context("spawn")
+    errq = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_child, args=(r, nproc, port, target, args, errq), daemon=False) for r in range(nproc)]
+    for p in procs:
+        p.start()
+    import time
+
+    deadline = time.monotonic() + wall_timeout_s
+    try:
+        while any(p.is_alive() for p in procs):
+            if any(p.exitcode not in (None, 0) for p in procs):  # one rank failed: the others would hang
+                time.sleep(2.0)  # let the peers report their own error first
+                break
+            if time.monotonic() > deadline:
+                hung = [r for r, p in enumerate(procs) if p.is_alive()]
+                for p in procs:
+                    p.kill()
+                raise TpcostError(f"{what}: rank(s) {hung} still running after {wall_timeout_s:.0f} s; killed "
+                                  "(raw samples kept; no profile written)")
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        for p in procs:
+            p.kill()
+        raise
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join()
+    errors = []
+    while not errq.empty():
+        errors.append(errq.get())
+    bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
+    if errors or bad:
+        first = sorted(errors)[0] if errors else (bad[0][0], f"exit code {bad[0][1]}")
+        raise TpcostError(f"{what}: rank {first[0]} failed: {first[1]}")

@@ -1,0 +1,137 @@
+"""Calibration job on real torch.distributed (gloo, 2 processes): the CPU loop
+calibrate → whatif → validate → evaluate, the reference AsyncTP algorithms, robustness."""
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from costmodel.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "calib" / "models" / "cpu-tiny.json")
+
+
+def test_cpu_loop_calibrate_whatif_validate_evaluate(tmp_path, capsys):
+    prof = tmp_path / "cpu.toml"
+    assert main(["calibrate", "--device", "cpu", "--nproc", "2", "--budget-s", "20", "--out", str(prof)]) == 0
+    capsys.readouterr()
+    samples, ops = prof.with_suffix(".samples.jsonl"), prof.with_suffix(".ops.csv")
+    assert prof.exists() and samples.exists() and ops.exists()
+    assert not list(tmp_path.glob("*.tmp*"))  # atomic writes leave no temporaries
+    from costmodel.profile import load_profile
+
+    p = load_profile(str(prof))
+    assert p.kind == "host" and any(x.tier == "calibrated" for x in p.params.values())
+    assert p.attrs["calibration.world_size"] == "2" and "torch" in " ".join(p.attrs)
+    # an existing profile is only replaced with --force
+    before = prof.read_text()
+    assert main(["calibrate", "--device", "cpu", "--out", str(prof)]) == 2
+    assert "--force" in capsys.readouterr().err and prof.read_text() == before
+
+    assert main(["whatif", "--gpu", str(prof), "--model", TINY, "--tp", "2", "--dtype", "fp32",
+                 "--max-num-batched-tokens", "2048", "--json"]) == 0
+    assert "cutoff_tokens" in json.loads(capsys.readouterr().out)
+
+    csv = tmp_path / "validate.csv"
+    tokens = ["64", "256", "1024"]
+    assert main(["validate", "--gpu", str(prof), "--model", TINY, "--device", "cpu", "--nproc", "2",
+                 "--tokens", *tokens, "--out", str(csv)]) == 0
+    capsys.readouterr()
+    lines = csv.read_text().strip().splitlines()
+    assert len(lines) == 1 + len(tokens)
+
+    assert main(["evaluate", str(csv), str(ops), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    n_ops = len(ops.read_text().strip().splitlines()) - 1
+    assert d["rows_skipped"] == 0 and d["rows_scored"] == len(tokens) + n_ops  # a prediction for every point
+    assert all(math.isfinite(r["s_predicted"]) and r["s_predicted"] > 0 for r in d["rows"])
+
+
+def _ref_worker(rank, world, port, q):
+    import torch.distributed as dist
+
+    from calib.distbench import ag_gemm_reference, gemm_rs_reference
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(rank)
+    shard, B = torch.randn(6, 5), torch.ones(5, 3) * 0.5
+    full = torch.empty(6 * world, 5)
+    a, out = ag_gemm_reference(shard, B, rank, world, full)
+    ref_a = torch.empty(6 * world, 5)
+    dist.all_gather_into_tensor(ref_a, shard)
+    A = torch.randn(4 * world, 5)
+    rs = gemm_rs_reference(A, B, rank, world)
+    ref_rs = torch.empty(4, 3)
+    dist.reduce_scatter_tensor(ref_rs, A @ B)
+    q.put((rank, torch.allclose(a, ref_a), torch.allclose(out, ref_a @ B, atol=1e-5),
+           torch.allclose(rs, ref_rs, atol=1e-5)))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_reference_asynctp_algorithms_match_collectives(world):
+    import multiprocessing as mp
+
+    from calib.launch import _free_port
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    ps = [ctx.Process(target=_ref_worker, args=(r, world, port, q)) for r in range(world)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join(120)
+    res = sorted(q.get(timeout=5) for _ in range(world))
+    assert all(all(r[1:]) for r in res), res
+
+
+def test_clean_samples_rejects_nan_and_outliers():
+    from calib.timing import clean_samples
+
+    kept, rejected = clean_samples([1.0, 1.1, 0.9, 1.0, float("nan"), 50.0, float("inf"), -1.0])
+    assert rejected == 4 and sorted(kept) == [0.9, 1.0, 1.0, 1.1]
+
+
+def test_gpu_check_fails_at_once_without_gpu(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    from calib.gpu_check import main as gpu_main
+
+    assert gpu_main([str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no CUDA GPU" in err
+
+
+def test_cuda_without_torchrun_is_one_line(capsys, monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(k, raising=False)
+    assert main(["calibrate", "--device", "cuda", "--out", "/nonexistent-dir/x.toml"]) == 2
+    assert "torchrun --nproc-per-node" in capsys.readouterr().err
+
+
+def test_hung_rank_times_out_with_clear_message(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TPCOST_CALIB_TEST_HANG_RANK", "1")
+    monkeypatch.setenv("TPCOST_CALIB_TIMEOUT_S", "4")
+    import importlib
+
+    import calib.launch
+
+    importlib.reload(calib.launch)
+    prof = tmp_path / "hang.toml"
+    try:
+        rc = main(["calibrate", "--device", "cpu", "--nproc", "2", "--budget-s", "20", "--out", str(prof)])
+    finally:
+        monkeypatch.delenv("TPCOST_CALIB_TIMEOUT_S")
+        importlib.reload(calib.launch)
+    err = capsys.readouterr().err
+    assert rc == 2 and "timed out" in err and err.count("\n") == 1
+    assert not prof.exists()  # no half-written profile
+    assert prof.with_suffix(".samples.jsonl").exists()  # raw samples kept
