@@ -8,6 +8,7 @@ broadcast against N (shape (n,)).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -40,11 +41,11 @@ class Schedule:
     nonlayer_ops: tuple[Op, ...]
     num_layers: int
 
-    @property
+    @functools.cached_property
     def t_layer_s(self):
         return sum(op.t_s * op.count for op in self.layer_ops)
 
-    @property
+    @functools.cached_property
     def t_forward_s(self):
         return self.num_layers * self.t_layer_s + sum(op.t_s * op.count for op in self.nonlayer_ops)
 
@@ -96,11 +97,65 @@ class _Hw:
         self.ce_lat = v("asynctp.copy_latency_s")
         self.slowdown = v("asynctp.compute_slowdown")
         self.kappa = v("asynctp.stream_concurrency")
+        self._memo: dict = {}
 
     def t_gemm(self, m, n, k, *, fp8_ok=True):
+        """F.t_gemm_s with this profile's values; memoised per (m array, n, k) within one prediction."""
+        key = (id(m), n, k, fp8_ok)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is m:
+            return hit[1]
         b = self.gemm_in_bytes if fp8_ok else self.act_bytes
         peak = self.peak if fp8_ok else self.peak_bf16
-        return F.t_gemm_s(m, n, k, peak_flops_per_s=peak, in_bytes=b, w_bytes=b, out_bytes=self.act_bytes, **self.gemm)
+        g = self.gemm
+        padded = self._padded_rows(m)
+        if padded is None:  # Monte Carlo draws or tiny inputs: the reference formula, fully broadcast
+            t = F.t_gemm_s(m, n, k, peak_flops_per_s=peak, in_bytes=b, w_bytes=b, out_bytes=self.act_bytes, **g)
+        else:
+            # compute time depends on m only through m padded to its row tile: evaluate it once per
+            # distinct padded m (a few hundred) and gather; identical to F.t_gemm_s (tests/test_model.py)
+            idx, reps = padded
+            t_comp = F.t_gemm_compute_s(reps, n, k, peak, g["max_efficiency"], g["tile_m"], g["tile_n"],
+                                        g["sm_count"])[idx]
+            bw = self.hbm * g["mem_efficiency"]
+            t_mem = m * ((k * b + n * self.act_bytes) / bw) + (k * n * b / bw + g["launch_overhead_s"])
+            t_comp += g["launch_overhead_s"]
+            t = np.maximum(t_comp, t_mem, out=t_comp)
+        self._memo[key] = (m, t)  # holding m keeps its id from being reused
+        return t
+
+    def _padded_rows(self, m):
+        """(index into reps, reps): m rounded up to its row tile (power of two below tile_m, else a multiple
+        of tile_m), as a dense table of distinct values; None when the gather path does not apply."""
+        key = ("pad", id(m))
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is m:
+            return hit[1]
+        tile_m = self.gemm["tile_m"]
+        out = None
+        if np.ndim(m) == 1 and m.size > 64 and all(np.ndim(v) == 0 for v in (
+                tile_m, self.gemm["max_efficiency"], self.gemm["sm_count"], self.peak, self.peak_bf16)):
+            tmin = float(min(64.0, tile_m))
+            n_small = int(round(np.log2(tile_m / tmin))) + 1  # tmin, 2·tmin, ..., tile_m
+            idx = np.ceil(m / tile_m)
+            r_max = max(1, int(idx.max()))
+            idx += n_small - 2
+            idx = idx.astype(np.intp)
+            sel = np.flatnonzero(m <= tile_m)  # rows below one full tile: power-of-two tiles
+            idx[sel] = np.log2(F.gemm_tile_m(m[sel], tile_m) / tmin).astype(np.intp)
+            reps = np.concatenate([tmin * np.exp2(np.arange(n_small)), np.arange(2, r_max + 1) * float(tile_m)])
+            out = (idx, reps)
+        self._memo[key] = (m, out)
+        return out
+
+    def rows(self, n_tok, divisor):
+        """n_tok / divisor, memoised so that chunk GEMMs of the same rows share t_gemm's memo."""
+        key = (id(n_tok), divisor)
+        hit = self._memo.get(key)
+        if hit is None or hit[0] is not n_tok:
+            hit = (n_tok, n_tok / divisor)
+            self._memo[key] = hit
+        return hit[1]
 
     def t_mem(self, nbytes):
         return F.t_memory_bound_s(nbytes, self.hbm, self.mem_eff, self.launch)
@@ -168,9 +223,9 @@ def _rs(hw, tp, in_bytes):
 def _fused_ag_gemm(hw: _Hw, n_tok, n_out, k, tp, a_bytes):
     """torch _pipelined_all_gather_and_consume (return_A=True): returns (time, terms) per call."""
     W = tp
-    mc = n_tok / W
+    mc = hw.rows(n_tok, W)
     g = hw.t_gemm(mc, n_out, k)
-    g2 = hw.t_gemm(2 * mc, n_out, k)
+    g2 = hw.t_gemm(hw.rows(n_tok, W / 2), n_out, k)
     g_conc = F.t_chunk_concurrent_s(g, g2, hw.kappa)
     p = F.t_pull_s(mc * k * a_bytes, hw.ce_bw, hw.ce_lat)
     frac = F.overlapped_fraction((W - 1) * p, W * g_conc)
@@ -184,9 +239,9 @@ def _fused_ag_gemm(hw: _Hw, n_tok, n_out, k, tp, a_bytes):
 def _fused_gemm_rs(hw: _Hw, n_tok, n_out, k, tp):
     """torch _pipelined_produce_and_all2all + exposed reduction: returns (time, terms) per call."""
     W = tp
-    mc = n_tok / W
+    mc = hw.rows(n_tok, W)
     g = hw.t_gemm(mc, n_out, k)
-    g2 = hw.t_gemm(2 * mc, n_out, k)
+    g2 = hw.t_gemm(hw.rows(n_tok, W / 2), n_out, k)
     g_conc = F.t_chunk_concurrent_s(g, g2, hw.kappa)
     p = F.t_pull_s(mc * n_out * hw.act_bytes, hw.ce_bw, hw.ce_lat)  # partials are bf16 even for fp8 GEMMs
     p_step = p + 2 * hw.barrier

@@ -135,3 +135,14 @@ def test_import_costmodel_pulls_no_torch_or_scipy():
             "bad=[m for m in ('torch','scipy','vllm','matplotlib') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_gathered_gemm_path_equals_reference_formula():
+    """_Hw.t_gemm evaluates compute time once per padded row count and gathers; it must equal F.t_gemm_s."""
+    from costmodel import formulas as F
+
+    hw = _Hw(H100, "bf16")
+    for arr in (np.arange(1, 5000, dtype=float), np.arange(1, 5000, dtype=float) / 4, np.array([5.0, 1, 300, 64, 65, 129] * 20)):
+        for n, k in ((2560, 8192), (8192, 7168), (1280, 8192)):
+            ref = F.t_gemm_s(arr, n, k, peak_flops_per_s=hw.peak, in_bytes=2, w_bytes=2, out_bytes=2, **hw.gemm)
+            np.testing.assert_allclose(hw.t_gemm(arr, n, k), ref, rtol=1e-12)
