@@ -1,0 +1,87 @@
+"""Cost-model speed: `import costmodel` + one cutoff in a fresh process (the config-time path), and a full
+sweep N = 1..65536 for one model without and with the Monte Carlo band. Prints a table, writes JSON.
+
+    python benchmarks/bench_costmodel.py [--json benchmarks/results/costmodel_speed.json]
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+COLD = r"""
+import time
+t0 = time.perf_counter()
+import costmodel
+from costmodel import analyse, load_model, load_profile
+t1 = time.perf_counter()
+a = analyse(load_profile("h100-sxm"), load_model("llama-3.1-70b"), 4, "bf16", band=False)
+t2 = time.perf_counter()
+import sys
+print(t1 - t0, t2 - t1, a.cutoff_tokens, int(any(m in sys.modules for m in ("torch", "scipy"))))
+"""
+
+
+def median_time(fn, reps):
+    fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts), min(ts), max(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--reps", type=int, default=20)
+    a = ap.parse_args()
+    from costmodel import load_model, load_profile, predict
+    from costmodel.analysis import cutoff_band, token_grid
+
+    cold = []
+    for _ in range(5):
+        out = subprocess.run([sys.executable, "-c", COLD], capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()
+        cold.append((float(out[0]), float(out[1])))
+        assert out[3] == "0", "costmodel imported torch or scipy"
+    p, m = load_profile("h100-sxm"), load_model("llama-3.1-70b")
+    N = np.arange(1, 65537, dtype=float)
+    sweep = median_time(lambda: predict(p, m, 4, "bf16", N).speedup_sp_asynctp, a.reps)
+    grid = token_grid(4, 8192)
+    cutoff = median_time(lambda: predict(p, m, 4, "bf16", grid).speedup_sp_asynctp, a.reps)
+    band = median_time(lambda: cutoff_band(p, m, 4, "bf16", 1024, grid, 0.02), 3)
+    band_sweep = median_time(lambda: cutoff_band(p, m, 4, "bf16", 1024, N, 0.02), 1)
+    res = {
+        "machine": f"{platform.machine()} {platform.processor()} python {platform.python_version()} numpy {np.__version__}",
+        "import_costmodel_s_median": statistics.median(c[0] for c in cold),
+        "first_cutoff_s_median": statistics.median(c[1] for c in cold),
+        "sweep_1_65536_no_band_s": sweep[0],
+        "cutoff_grid_2048_points_s": cutoff[0],
+        "band_200_draws_cutoff_grid_s": band[0],
+        "band_200_draws_sweep_1_65536_s": band_sweep[0],
+    }
+    print(f"{'measurement (llama-3.1-70b, h100-sxm, tp 4, bf16)':58s} {'median':>10s}")
+    print(f"{'import costmodel (fresh process)':58s} {res['import_costmodel_s_median'] * 1e3:8.1f} ms")
+    print(f"{'first analyse() incl. profile/model load, no band':58s} {res['first_cutoff_s_median'] * 1e3:8.1f} ms")
+    print(f"{'predict() on the cutoff grid (2048 multiples of tp)':58s} {res['cutoff_grid_2048_points_s'] * 1e3:8.2f} ms")
+    print(f"{'predict() full sweep N = 1..65536, no band':58s} {res['sweep_1_65536_no_band_s'] * 1e3:8.2f} ms  (goal <= 5 ms)")
+    print(f"{'cutoff band, 200 draws, cutoff grid':58s} {res['band_200_draws_cutoff_grid_s'] * 1e3:8.1f} ms")
+    print(f"{'cutoff band, 200 draws, full sweep N = 1..65536':58s} {res['band_200_draws_sweep_1_65536_s'] * 1e3:8.1f} ms")
+    print(f"machine: {res['machine']}")
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
