@@ -148,6 +148,9 @@ def build_profile(records, prior: dict, prov: dict, world: int, gemm_dtype: str,
     from costmodel.profile import REQUIRED_PARAMS
 
     not_measured = sorted(k for k in REQUIRED_PARAMS if k not in measured and not k.startswith(("identity.", "interconnect.")))
+    # collectives of the prior this run did not measure (vLLM's custom AR, symm-mem, FlashInfer, other TP sizes)
+    not_measured += sorted(f"collectives.{impl}.{tp}" for impl, per_tp in tree["collectives"].items()
+                           for tp, e in per_tp.items() if e.get("tier") != "calibrated")
     tree["identity"]["name"] = name
     tree["calibration"] = {**{k: str(v) for k, v in prov.items()},
                            "not_measured_kept_prior": ", ".join(not_measured) or "none",

@@ -48,8 +48,14 @@ def bench_gemms(timer: Timer, shapes, ms, device, dtypes=None):
     for dtype in dtypes or gemm_dtypes(device):
         for (name, n, k) in shapes:
             for m in ms:
-                fn = make_gemm(m, n, k, dtype, device)
-                yield {"kind": "gemm", "name": name, "m": m, "n": n, "k": k, "dtype": dtype, **timer(fn).as_dict()}
+                try:
+                    fn = make_gemm(m, n, k, dtype, device)
+                    t = timer(fn).as_dict()
+                except (RuntimeError, ValueError) as e:  # e.g. a shape an fp8 kernel rejects: recorded, not fatal
+                    yield {"kind": "gemm_error", "name": name, "m": m, "n": n, "k": k, "dtype": dtype,
+                           "error": str(e).splitlines()[0][:200]}
+                    continue
+                yield {"kind": "gemm", "name": name, "m": m, "n": n, "k": k, "dtype": dtype, **t}
 
 
 def bench_chunked(timer: Timer, shapes, ms, worlds, device, dtype):

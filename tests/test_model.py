@@ -146,3 +146,24 @@ def test_gathered_gemm_path_equals_reference_formula():
         for n, k in ((2560, 8192), (8192, 7168), (1280, 8192)):
             ref = F.t_gemm_s(arr, n, k, peak_flops_per_s=hw.peak, in_bytes=2, w_bytes=2, out_bytes=2, **hw.gemm)
             np.testing.assert_allclose(hw.t_gemm(arr, n, k), ref, rtol=1e-12)
+
+
+def test_gpu_check_fit_folds_into_profile(tmp_path):
+    """calib/gpu_check.py's fit.json becomes calibrated values of the built-in profile (tools/build_profiles.py)."""
+    import copy
+
+    from tools.build_profiles import calibrated_overrides, h100, h200
+
+    d = tmp_path / "calib" / "data" / "h200-sxm-gpu-check"
+    d.mkdir(parents=True)
+    d.joinpath("fit.json").write_text(json.dumps({
+        "provenance": {"device_name": "NVIDIA H200", "torch": "2.11.0", "date": "2026-11-29"},
+        "params": {"gemm.max_efficiency": {"value": 0.79, "uncertainty_rel": 0.02},
+                   "kernels.mem_efficiency": {"value": 0.9, "uncertainty_rel": 0.03},
+                   "asynctp.compute_slowdown": {"value": 0.08, "uncertainty_rel": 0.2}}}))
+    tree = calibrated_overrides(h200(copy.deepcopy(h100())), "h200-sxm", root=tmp_path)
+    p = profile_from_dict(tree, "h200-test")
+    for key, v in (("gemm.max_efficiency", 0.79), ("kernels.mem_efficiency", 0.9), ("asynctp.compute_slowdown", 0.08)):
+        assert p.params[key].value == v and p.params[key].tier == "calibrated" and "NVIDIA H200" in p.params[key].source
+    assert p.params["gemm.max_efficiency"].sigma_rel == 0.02
+    assert p.params["kernels.launch_overhead_s"].tier == "assumed"  # its neighbour keeps its own source

@@ -329,14 +329,14 @@ def mi300x():
     return p
 
 
-def calibrated_overrides(p, name):
+def calibrated_overrides(p, name, root=ROOT):
     """Fold single-GPU calibration results (calib/data/<name>-gpu-check/fit.json) into a profile."""
-    fit_path = ROOT / "calib" / "data" / f"{name}-gpu-check" / "fit.json"
+    fit_path = root / "calib" / "data" / f"{name}-gpu-check" / "fit.json"
     if not fit_path.exists():
         return p
     fit = json.loads(fit_path.read_text())
     prov = fit["provenance"]
-    where = f"calibrated: {fit_path.relative_to(ROOT)} ({prov.get('device_name')}, torch {prov.get('torch')}, {prov.get('date')})"
+    where = f"calibrated: {fit_path.relative_to(root)} ({prov.get('device_name')}, torch {prov.get('torch')}, {prov.get('date')})"
     for key, val in fit["params"].items():
         section, leaf = key.rsplit(".", 1)
         target = {"gemm.max_efficiency": ("gemm", "_efficiency"), "gemm.mem_efficiency": ("gemm", "_small_m"),
