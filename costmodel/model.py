@@ -220,40 +220,40 @@ def _rs(hw, tp, in_bytes):
     return F.t_reduce_scatter_s(in_bytes, lat, bw, tp)
 
 
+def _chunk_gemm_times(hw: _Hw, n_tok, n_out, k, W, t_pull_s):
+    """(g, g_c, g_eff): a chunk GEMM of n_tok/W rows alone, with two-stream concurrency, and slowed by the
+    W−1 pulls of t_pull_s each that overlap it (docs/model.md §6)."""
+    g = hw.t_gemm(hw.rows(n_tok, W), n_out, k)
+    g_conc = F.t_chunk_concurrent_s(g, hw.t_gemm(hw.rows(n_tok, W / 2), n_out, k), hw.kappa)
+    frac = F.overlapped_fraction((W - 1) * t_pull_s, W * g_conc)
+    return g, g_conc, g_conc * (1.0 + hw.slowdown * frac)
+
+
+def _terms(W, g, g_conc, g_eff, fixed):
+    return dict(chunk=W * g, conc=W * (g - g_conc), contention=W * (g_eff - g_conc), fixed=fixed)
+
+
 def _fused_ag_gemm(hw: _Hw, n_tok, n_out, k, tp, a_bytes):
     """torch _pipelined_all_gather_and_consume (return_A=True): returns (time, terms) per call."""
     W = tp
     mc = hw.rows(n_tok, W)
-    g = hw.t_gemm(mc, n_out, k)
-    g2 = hw.t_gemm(hw.rows(n_tok, W / 2), n_out, k)
-    g_conc = F.t_chunk_concurrent_s(g, g2, hw.kappa)
     p = F.t_pull_s(mc * k * a_bytes, hw.ce_bw, hw.ce_lat)
-    frac = F.overlapped_fraction((W - 1) * p, W * g_conc)
-    g_eff = g_conc * (1.0 + hw.slowdown * frac)
+    g, g_conc, g_eff = _chunk_gemm_times(hw, n_tok, n_out, k, W, p)
     t_copy = hw.t_mem(2.0 * mc * k * a_bytes)  # local shard -> symmetric buffer (read + write)
     fixed = 3 * hw.barrier + t_copy + np.maximum(0.0, t_copy - g_eff)  # 2nd copy hides behind last GEMM
-    t = fixed + F.t_ag_gemm_pipeline_s(W, g, g_eff, p)
-    return t, dict(chunk=W * g, conc=W * (g - g_conc), contention=W * (g_eff - g_conc), fixed=fixed)
+    return fixed + F.t_ag_gemm_pipeline_s(W, g, g_eff, p), _terms(W, g, g_conc, g_eff, fixed)
 
 
 def _fused_gemm_rs(hw: _Hw, n_tok, n_out, k, tp):
     """torch _pipelined_produce_and_all2all + exposed reduction: returns (time, terms) per call."""
     W = tp
-    mc = hw.rows(n_tok, W)
-    g = hw.t_gemm(mc, n_out, k)
-    g2 = hw.t_gemm(hw.rows(n_tok, W / 2), n_out, k)
-    g_conc = F.t_chunk_concurrent_s(g, g2, hw.kappa)
-    p = F.t_pull_s(mc * n_out * hw.act_bytes, hw.ce_bw, hw.ce_lat)  # partials are bf16 even for fp8 GEMMs
-    p_step = p + 2 * hw.barrier
-    frac = F.overlapped_fraction((W - 1) * p, W * g_conc)
-    g_eff = g_conc * (1.0 + hw.slowdown * frac)
+    p = F.t_pull_s(hw.rows(n_tok, W) * n_out * hw.act_bytes, hw.ce_bw, hw.ce_lat)  # partials bf16 even for fp8
+    g, g_conc, g_eff = _chunk_gemm_times(hw, n_tok, n_out, k, W, p)
     t_red = hw.t_mem(F.reduction_bytes(n_tok, n_out, hw.act_bytes, W))
-    pipe = F.t_gemm_rs_pipeline_s(W, g, g_eff, p_step)
     fixed = 2 * hw.barrier + t_red
-    # per-step barriers belong to the barrier/latency term, not to the hidden comm
-    steps_barrier = (W - 1) * 2 * hw.barrier
-    return fixed + pipe, dict(chunk=W * g, conc=W * (g - g_conc), contention=W * (g_eff - g_conc),
-                              fixed=fixed + steps_barrier)
+    t = fixed + F.t_gemm_rs_pipeline_s(W, g, g_eff, p + 2 * hw.barrier)
+    # the 2 barriers of each step belong to the barrier/latency term, not to the hidden communication
+    return t, _terms(W, g, g_conc, g_eff, fixed + (W - 1) * 2 * hw.barrier)
 
 
 def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens,
@@ -329,12 +329,14 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
                 Op("o_gemm", "gemm", hw.t_gemm(Np, H, h_rank * d)), *mlp_compute(Np))
 
     # ---------------------------------------------------------------- sp_asynctp
-    terms = dict(chunk=0.0, conc=0.0, contention=0.0, fixed=0.0, seq=0.0)
+    terms = dict(chunk=0.0, conc=0.0, contention=0.0, fixed=0.0, seq=0.0, whole=0.0)
 
-    def add_terms(tm, t_seq):
+    def add_terms(tm, t_whole_gemm, t_coll):
+        """Accumulate a fused op's terms and its sequential counterpart (whole GEMM + collective)."""
         for key in ("chunk", "conc", "contention", "fixed"):
             terms[key] = terms[key] + tm[key]
-        terms["seq"] = terms["seq"] + t_seq
+        terms["whole"] = terms["whole"] + t_whole_gemm
+        terms["seq"] = terms["seq"] + t_whole_gemm + t_coll
 
     ops = [Op("rms_norm_shard", "memory", t_norm_shard, 2)]
     # AG + QKV (fuses unless fp8-dynamic)
@@ -346,17 +348,17 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
             ops += [Op("all_gather", "comm", t_ag), quant(Np), Op(f"{name}_gemm", "gemm", hw.t_gemm(Np, n_out, H))]
         else:
             t_f, tm = _fused_ag_gemm(hw, Np, n_out, H, W, ag_bytes)
-            add_terms(tm, t_ag + hw.t_gemm(Np, n_out, H))
+            add_terms(tm, hw.t_gemm(Np, n_out, H), t_ag)
             ops.append(Op(f"fused_all_gather_{name}_gemm", "fused", t_f))
         if with_attn:
             ops.append(Op("attention", "attention", attention(Np)))
             t_f, tm = _fused_gemm_rs(hw, Np, H, h_rank * d, W)
-            add_terms(tm, hw.t_gemm(Np, H, h_rank * d) + t_rs)
+            add_terms(tm, hw.t_gemm(Np, H, h_rank * d), t_rs)
             ops.append(Op("fused_o_gemm_reduce_scatter", "fused", t_f))
     if not shape.is_moe:
         ops.append(Op("silu_mul", "memory", hw.t_mem(F.silu_mul_bytes(Np, I_rank, act, quant_bytes))))
         t_f, tm = _fused_gemm_rs(hw, Np, H, I_rank, W)
-        add_terms(tm, hw.t_gemm(Np, H, I_rank) + t_rs)
+        add_terms(tm, hw.t_gemm(Np, H, I_rank), t_rs)
         ops.append(Op("fused_down_gemm_reduce_scatter", "fused", t_f))
     else:
         ops.append(Op("reduce_scatter", "comm", t_rs))
@@ -382,17 +384,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     units = 2 * L + 1
     norm_saving = units * (np.where(fused_mask, 0.0, t_norm_full) - t_norm_shard)
     collective_change = units * (t_ar - (t_rs + t_ag))
-    # chunking loss: W chunk GEMMs vs the whole GEMM, summed over fused ops
-    seq_gemm = 0.0
-    n_fused_ag = 0 if (dtype == "fp8-dynamic") else (1 if shape.is_moe else 2)
-    if n_fused_ag:
-        seq_gemm = seq_gemm + hw.t_gemm(Np, qkv_n, H)
-        if n_fused_ag == 2:
-            seq_gemm = seq_gemm + hw.t_gemm(Np, 2 * I_rank, H)
-    seq_gemm = seq_gemm + hw.t_gemm(Np, H, h_rank * d)
-    if not shape.is_moe:
-        seq_gemm = seq_gemm + hw.t_gemm(Np, H, I_rank)
-    chunk_loss = L * (terms["chunk"] - seq_gemm)
+    chunk_loss = L * (terms["chunk"] - terms["whole"])  # W chunk GEMMs vs the whole GEMM, over fused ops
     concurrency = L * terms["conc"]
     contention = L * terms["contention"]
     barrier = L * terms["fixed"]
