@@ -96,7 +96,10 @@ def display_tokens(max_tokens: int = 65536) -> np.ndarray:
 
 def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *, seq_len: int = 1024,
             max_num_batched_tokens: int = 8192, margin: float = 0.02, band: bool = True,
-            display_max_tokens: int = 65536) -> Analysis:
+            display_max_tokens: int = 65536, tokens=None) -> Analysis:
+    """Cutoff, band and a table at `tokens` (default: powers of two up to display_max_tokens, plus the cutoff)."""
+    if tokens is not None and (len(tokens) == 0 or any(int(t) != t or t <= 0 for t in tokens)):
+        raise TpcostError("--tokens: token counts N must be integers > 0")
     if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
         raise TpcostError("--max-num-batched-tokens must be a positive integer")
     if not (0.0 <= margin < 1.0):
@@ -106,7 +109,7 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     cut = cutoff_from_speedup(grid, pred.speedup_sp_asynctp, margin)
     sp_cut = cutoff_from_speedup(grid, pred.speedup_sp, margin)
     band_v = cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin) if band else None
-    shown = display_tokens(display_max_tokens)
+    shown = display_tokens(display_max_tokens) if tokens is None else np.unique(np.asarray(tokens, dtype=float))
     if cut is not None:
         shown = np.union1d(shown, [cut])
     table = predict(profile, shape, tp, dtype, shown, seq_len)

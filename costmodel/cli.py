@@ -59,7 +59,8 @@ def cmd_whatif(args) -> int:
 
     prof, shape = resolve_inputs(args)
     a = analyse(prof, shape, args.tp, args.dtype, seq_len=args.seq_len,
-                max_num_batched_tokens=args.max_num_batched_tokens, margin=args.margin, band=not args.no_band)
+                max_num_batched_tokens=args.max_num_batched_tokens, margin=args.margin, band=not args.no_band,
+                tokens=args.tokens)
     out = analysis_json(a)
     if args.plot:
         from .plot import plot_whatif
@@ -146,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--json", action="store_true")
     w.add_argument("--plot", metavar="FILE.png")
     w.add_argument("--no-band", action="store_true", help="skip the Monte Carlo cutoff band")
+    w.add_argument("--tokens", type=_positive_int, nargs="+", metavar="N",
+                   help="token counts for the table (default: powers of two to 65536, plus the cutoff)")
     w.set_defaults(func=cmd_whatif)
     p = sub.add_parser("profiles", help="list built-in GPU profiles with provenance")
     p.add_argument("--json", action="store_true")

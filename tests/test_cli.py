@@ -31,6 +31,12 @@ def test_whatif_json_fields(capsys, tp):
     assert d["cutoff_tokens"] is None or d["cutoff_tokens"] % tp == 0
 
 
+def test_tokens_choose_the_rows(capsys):
+    rc, out, _ = run(capsys, "whatif", "--no-band", "--json", "--tokens", "100", "3000")
+    d = json.loads(out)
+    assert rc == 0 and {r["num_tokens"] for r in d["rows"]} == {100, 3000, d["cutoff_tokens"]}
+
+
 def test_set_marks_profile_modified(capsys):
     rc, out, _ = run(capsys, "whatif", "--no-band", "--json", "--set", "interconnect.link_bw_bytes_per_s=900e9",
                      "--set", "asynctp.copy_engine_bw_bytes_per_s=734e9")
@@ -78,6 +84,8 @@ def _bad(tmp_path):
         ["whatif", "--set", "nope=1"],
         ["whatif", "--set", "gemm.max_efficiency=abc"],
         ["whatif", "--margin", "-1"],
+        ["whatif", "--tokens", "0"],
+        ["whatif", "--tokens", "-5", "64"],
         ["whatif", "--model", "llama-3.1-8b", "--tp", "64"],
         ["frobnicate"],
     ]

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from costmodel import analyse, load_model, load_profile, predict
 from costmodel.analysis import cutoff_from_speedup, token_grid
@@ -131,6 +132,7 @@ def test_builtin_profiles_match_generator():
 
 def test_import_costmodel_pulls_no_torch_or_scipy():
     code = ("import sys, costmodel, costmodel.cli; from costmodel import analyse, load_model, load_profile;"
+            "costmodel.cli.build_parser();"
             "analyse(load_profile('h100-sxm'), load_model('llama-3.1-8b'), 2, 'bf16', band=False);"
             "bad=[m for m in ('torch','scipy','vllm','matplotlib') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -167,3 +169,15 @@ def test_gpu_check_fit_folds_into_profile(tmp_path):
         assert p.params[key].value == v and p.params[key].tier == "calibrated" and "NVIDIA H200" in p.params[key].source
     assert p.params["gemm.max_efficiency"].sigma_rel == 0.02
     assert p.params["kernels.launch_overhead_s"].tier == "assumed"  # its neighbour keeps its own source
+
+
+@settings(max_examples=25, deadline=None)
+@given(factor=st.floats(1.05, 20.0), tp=st.sampled_from([2, 4, 8]))
+def test_more_bandwidth_never_slows_anything(factor, tp):
+    """Monotonicity: scaling every link/collective bandwidth up never makes a schedule slower."""
+    keys = {k: v.value * factor for k, v in H100.params.items()
+            if k.endswith("bus_bw_bytes_per_s") or k == "asynctp.copy_engine_bw_bytes_per_s"}
+    fast = predict(H100.with_values(keys), L70, tp, "bf16", N)
+    base = predict(H100, L70, tp, "bf16", N)
+    for s in ("tp", "sp", "sp_asynctp"):
+        assert np.all(fast.t_forward_s(s) <= base.t_forward_s(s) * (1 + 1e-12))
