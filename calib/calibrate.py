@@ -191,7 +191,7 @@ def worker(args) -> None:
     dtypes = gemm_dtypes(dev)
     local = Timer(dev, warmup_s=plan["warmup_s"], rep_s=plan["rep_s"], min_reps=5, max_reps=50)
     coll = Timer(dev, warmup_s=plan["warmup_s"], rep_s=plan["rep_s"], min_reps=11, max_reps=50, group=dist.group.WORLD)
-    ops = AsyncTPOps(dev, rank, world)
+    ops = AsyncTPOps(dev, rank, world) if world > 1 else None
     out = Path(args.out)
     samples_path, ops_path = side_paths(out)
     phases = [
@@ -199,12 +199,16 @@ def worker(args) -> None:
         ("memory", lambda: bench_memory(local, plan["mem"], dev, hidden=shapes[0][2])),
         ("chunked", lambda: bench_chunked(local, shapes, plan["chunk_ms"], [world], dev, dtypes[0])),
         ("interference", lambda: bench_interference(local, shapes[:2], plan["chunk_ms"][-1], dev, dtypes[0])),
-        ("comm_interference", lambda: bench_comm_interference(coll, shapes[:2], plan["chunk_ms"][-1], dev, rank, world, dtypes[0])),
-        ("collectives", lambda: bench_collectives(coll, plan["coll"], dev, world)),
-        ("p2p", lambda: bench_p2p(coll, plan["coll"], dev, rank, world)),
-        ("barrier", lambda: bench_barrier(coll, dev)),
-        ("fused_ops", lambda: bench_fused_ops(coll, ops, fused_shapes, plan["fused_ms"], dev, rank, world, dtypes[0])),
     ]
+    if world > 1:  # a single rank has nothing to communicate with
+        phases += [
+            ("comm_interference", lambda: bench_comm_interference(coll, shapes[:2], plan["chunk_ms"][-1], dev, rank, world,
+                                                                  dtypes[0])),
+            ("collectives", lambda: bench_collectives(coll, plan["coll"], dev, world)),
+            ("p2p", lambda: bench_p2p(coll, plan["coll"], dev, rank, world)),
+            ("barrier", lambda: bench_barrier(coll, dev)),
+            ("fused_ops", lambda: bench_fused_ops(coll, ops, fused_shapes, plan["fused_ms"], dev, rank, world, dtypes[0])),
+        ]
     records, skipped = [], []
     bar = None
     if rank == 0:
