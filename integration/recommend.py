@@ -28,6 +28,7 @@ class Recommendation:
     worst_speedup_below_cutoff: float | None
     fi_fusion_max_size_mb: float | None  # set only where tpcost's verdict differs from vLLM's table
     fi_reason: str | None
+    interconnect_kind: str = ""
 
     @property
     def enable(self) -> bool:
@@ -37,7 +38,9 @@ class Recommendation:
         pc: dict = {"enable_sp": self.enable, "fuse_gemm_comms": self.enable}
         if self.enable:
             pc["sp_min_token_num"] = self.cutoff_tokens
-        if self.fi_fusion_max_size_mb is not None:
+        if self.fi_fusion_max_size_mb == 0.0:  # loses from the first token: turn the fusion pass off
+            pc["fuse_allreduce_rms"] = False
+        elif self.fi_fusion_max_size_mb is not None:
             pc["fi_allreduce_fusion_max_size_mb"] = self.fi_fusion_max_size_mb
         return pc
 
@@ -106,8 +109,9 @@ def fi_fusion_verdict(profile, shape, tp: int, dtype: str, max_num_batched_token
     if best_tokens >= table_tokens or table_tokens - best_tokens <= tolerance * max(table_tokens, 1):
         return None, None
     mb = round(best_tokens * shape.hidden * hw.act_bytes / MiB, 3)
-    return mb, (f"tpcost predicts the FlashInfer fused all-reduce+RMSNorm stops beating the next all-reduce + RMSNorm "
-                f"at {best_tokens} tokens ({mb} MiB); vLLM's table allows {d['fi_fusion_max_bytes'] / MiB:g} MiB "
+    where = "already at 1 token" if best_tokens == 0 else f"above {best_tokens} tokens ({mb} MiB)"
+    return mb, (f"tpcost predicts the FlashInfer fused all-reduce+RMSNorm loses to the next all-reduce + RMSNorm "
+                f"{where}; vLLM's table allows {d['fi_fusion_max_bytes'] / MiB:g} MiB "
                 f"({table_tokens} tokens here) for tp={tp}")
 
 
@@ -128,7 +132,8 @@ def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int =
         worst_below = float(s[:i].min()) if i > 0 else None
     fi_mb, fi_reason = fi_fusion_verdict(profile, shape, tp, dtype, max_num_batched_tokens)
     return Recommendation(profile.name, profile.tier, profile.origin, bool(profile.modified), tp, dtype,
-                          max_num_batched_tokens, cut, at_cut, float(s[-1]), worst_below, fi_mb, fi_reason)
+                          max_num_batched_tokens, cut, at_cut, float(s[-1]), worst_below, fi_mb, fi_reason,
+                          profile.kind)
 
 
 def explain(r: Recommendation) -> list[str]:
@@ -146,7 +151,12 @@ def explain(r: Recommendation) -> list[str]:
                      f"gain >= the margin for every larger batch (speedup at {r.max_num_batched_tokens}: "
                      f"{r.speedup_at_max_tokens:.3f}x)")
     if r.fi_reason:
-        lines.append(f"tpcost: fi_allreduce_fusion_max_size_mb={r.fi_fusion_max_size_mb}: {r.fi_reason}")
+        what = ("fuse_allreduce_rms=false" if r.fi_fusion_max_size_mb == 0.0
+                else f"fi_allreduce_fusion_max_size_mb={r.fi_fusion_max_size_mb}")
+        lines.append(f"tpcost: {what}: {r.fi_reason}")
+    if r.interconnect_kind == "pcie" and r.enable:
+        lines.append("tpcost: note: on PCIe-only GPUs the fused ops need CUDA peer access between the GPUs (torch "
+                     "symmetric memory); check `nvidia-smi topo -p2p r` before enabling AsyncTP")
     lines.append(f"tpcost: profile {r.profile_name} ({r.profile_origin}), weakest provenance tier {r.profile_tier}"
                  + (", MODIFIED by --set" if r.modified else ""))
     return lines
