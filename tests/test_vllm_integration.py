@@ -32,20 +32,24 @@ def scenarios():
     import io
     from contextlib import redirect_stdout
 
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        main(["vllm-config", "--model", "llama-3.1-70b", "--tp", "4", "--gpu", "h100-sxm", "--format", "json"])
-    cc_json = buf.getvalue().strip()
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_scenarios.py"), MODEL, cc_json], env=env,
+    jsons = []
+    for extra in (["--tp", "4", "--gpu", "h100-sxm"], ["--tp", "8", "--gpu", "h100-sxm"],
+                  ["--tp", "8", "--gpu", "b200", "--dtype", "fp8"], ["--tp", "8", "--gpu", "mi300x"]):
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            assert main(["vllm-config", "--model", "llama-3.1-70b", "--format", "json", *extra]) == 0
+        jsons.append(buf.getvalue().strip())
+    cc_json = jsons[0]
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_scenarios.py"), MODEL, *jsons], env=env,
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and line, r.stdout[-3000:] + r.stderr[-3000:]
-    return json.loads(line[0][7:]), r.stdout + r.stderr, cc_json
+    return json.loads(line[0][7:]), r.stdout + r.stderr, cc_json, jsons
 
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_plugin_value_is_whatif_cutoff_and_ranges_split(scenarios, capsys, tp):
-    res, log, _ = scenarios
+    res, log, _, _ = scenarios
     cut = _whatif_cutoff(capsys, tp)
     got = res[f"plugin_tp{tp}"]
     if cut is None or cut >= 8192:
@@ -58,13 +62,13 @@ def test_plugin_value_is_whatif_cutoff_and_ranges_split(scenarios, capsys, tp):
 
 
 def test_user_value_and_sp_off_untouched(scenarios):
-    res, _, _ = scenarios
+    res, _, _, _ = scenarios
     assert res["user_value_tp2"]["sp_min_token_num"] == 777 and 776 in res["user_value_tp2"]["endpoints"]
     assert res["sp_off_tp2"]["enable_sp"] is False and res["sp_off_tp2"]["sp_min_token_num"] is None
 
 
 def test_injected_failure_and_disable_leave_vllm_default(scenarios):
-    res, log, _ = scenarios
+    res, log, _, _ = scenarios
     for key in ("injected_failure_tp2", "disabled_tp2"):
         # vLLM's own table has no value on this platform: it disables SP ("hidden_size too small")
         assert res[key]["enable_sp"] is False and res[key]["sp_min_token_num"] is None, key
@@ -72,9 +76,11 @@ def test_injected_failure_and_disable_leave_vllm_default(scenarios):
 
 
 def test_vllm_config_json_accepted_by_compilation_config(scenarios, capsys):
-    res, _, cc_json = scenarios
+    res, _, cc_json, jsons = scenarios
     d = json.loads(cc_json)
-    assert res["vllm_config_json_accepted"] == {"sp_min_token_num": d["pass_config"]["sp_min_token_num"],
-                                                "enable_sp": True, "fuse_gemm_comms": True}
+    # every emitted pass_config (SP on, a lowered FlashInfer limit, fusion off, SP off) round-trips through vLLM
+    assert res["vllm_config_json_accepted"] == [json.loads(j)["pass_config"] for j in jsons]
+    assert {k for j in jsons for k in json.loads(j)["pass_config"]} >= {
+        "enable_sp", "fuse_gemm_comms", "sp_min_token_num", "fi_allreduce_fusion_max_size_mb", "fuse_allreduce_rms"}
     assert main(["whatif", "--gpu", "h100-sxm", "--model", "llama-3.1-70b", "--tp", "4", "--json", "--no-band"]) == 0
     assert json.loads(capsys.readouterr().out)["cutoff_tokens"] == d["pass_config"]["sp_min_token_num"]

@@ -32,8 +32,10 @@ del os.environ["TPCOST_PLUGIN_FAIL_FOR_TEST"]
 os.environ["TPCOST_DISABLE"] = "1"
 out["disabled_tp2"] = build(2, sp_on)
 del os.environ["TPCOST_DISABLE"]
-# `tpcost vllm-config --format json` output handed to vLLM's own CompilationConfig
-cc = CompilationConfig(**json.loads(sys.argv[2]))
-out["vllm_config_json_accepted"] = {"sp_min_token_num": cc.pass_config.sp_min_token_num,
-                                    "enable_sp": cc.pass_config.enable_sp, "fuse_gemm_comms": cc.pass_config.fuse_gemm_comms}
+# `tpcost vllm-config --format json` outputs handed to vLLM's own CompilationConfig
+out["vllm_config_json_accepted"] = []
+for text in sys.argv[2:]:
+    given = json.loads(text)["pass_config"]
+    pc = CompilationConfig(**json.loads(text)).pass_config
+    out["vllm_config_json_accepted"].append({k: getattr(pc, k) for k in given})
 print("RESULT " + json.dumps(out))
