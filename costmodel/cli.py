@@ -203,6 +203,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("tpcost: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `tpcost whatif | head`: the reader left; not an error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
