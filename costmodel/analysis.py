@@ -131,6 +131,7 @@ def analysis_json(a: Analysis) -> dict:
     rows = []
     for i, n in enumerate(t.num_tokens):
         rows.append({"num_tokens": int(n), **{f"t_{s}_s": float(t.t_forward_s(s)[i]) for s in SCHEDULES},
+                     **{f"t_{s}_layer_s": float(t.schedules[s].t_layer_s[i]) for s in SCHEDULES},
                      "speedup_sp": float(t.speedup_sp[i]), "speedup_sp_asynctp": float(t.speedup_sp_asynctp[i])})
     return {
         "gpu": a.profile.name, "model": a.shape.name, "tp": a.tp, "dtype": a.dtype, "seq_len": a.seq_len,

@@ -84,3 +84,21 @@ def test_vllm_config_json_accepted_by_compilation_config(scenarios, capsys):
         "enable_sp", "fuse_gemm_comms", "sp_min_token_num", "fi_allreduce_fusion_max_size_mb", "fuse_allreduce_rms"}
     assert main(["whatif", "--gpu", "h100-sxm", "--model", "llama-3.1-70b", "--tp", "4", "--json", "--no-band"]) == 0
     assert json.loads(capsys.readouterr().out)["cutoff_tokens"] == d["pass_config"]["sp_min_token_num"]
+
+
+def test_gpu_auto_detects_from_platform_name_and_capability(monkeypatch):
+    """--gpu auto: patched here are only the platform's get_device_name/get_device_capability (as vLLM's own
+    tests mock the capability); TPCOST_PROFILE overrides the detection."""
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    from integration.recommend import detect_profile_name
+
+    monkeypatch.delenv("TPCOST_PROFILE", raising=False)
+    monkeypatch.setattr(current_platform, "get_device_capability", lambda device_id=0: DeviceCapability(9, 0))
+    monkeypatch.setattr(current_platform, "get_device_name", lambda device_id=0: "NVIDIA H200")
+    assert detect_profile_name() == "h200-sxm"
+    monkeypatch.setattr(current_platform, "get_device_name", lambda device_id=0: "NVIDIA Hopper Engineering Sample")
+    assert detect_profile_name() == "h100-sxm"  # no name match: first profile with compute capability 9.0
+    monkeypatch.setenv("TPCOST_PROFILE", "b200")
+    assert detect_profile_name() == "b200"
