@@ -6,7 +6,6 @@ only the dtype set, sizes and backend-specific ops differ (see PLANS below)."""
 from __future__ import annotations
 
 import copy
-import datetime
 import json
 import os
 import platform

@@ -138,7 +138,7 @@ def bench_interference(timer: Timer, shapes, m, device, dtype, reps=30):
             torch.cuda.synchronize()
             samples.append(e0.elapsed_time(e1) * 1e-3)
         both = _summary(samples)
-        del src, dst
+        src = dst = None  # free the copy buffers before the next shape allocates its own
         yield {"kind": "interference", "name": name, "m": m, "n": n, "k": k, "dtype": dtype,
                "t_gemm_alone_s": alone.median_s, "t_copy_alone_s": t_copy.median_s, "copy_bytes": copy_bytes,
                **both.as_dict()}

@@ -12,7 +12,6 @@ Schedules (per rank, TP = world size):
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np

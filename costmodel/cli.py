@@ -83,7 +83,7 @@ def cmd_whatif(args) -> int:
     print(f"\ncutoff (SP+AsyncTP, margin {args.margin:.0%}, N <= {args.max_num_batched_tokens}): {cut}{band_s}")
     print(f"cutoff (SP alone): {a.sp_cutoff_tokens if a.sp_cutoff_tokens is not None else 'never (null)'}")
     if a.breakdown_at_cutoff:
-        print(f"\nbreakdown at the cutoff, per forward [ms] (positive = SP+AsyncTP saves):")
+        print("\nbreakdown at the cutoff, per forward [ms] (positive = SP+AsyncTP saves):")
         for k, v in a.breakdown_at_cutoff.items():
             sign = -1 if k in ("chunking_loss_s", "contention_s", "barrier_latency_s") else 1
             print(f"  {k[:-2]:24s} {sign * v * 1e3:+9.3f}")

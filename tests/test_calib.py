@@ -4,7 +4,6 @@ calibrate → whatif → validate → evaluate, the reference AsyncTP algorithms
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import pytest

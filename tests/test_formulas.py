@@ -1,6 +1,5 @@
 """Hand-computed values per formula, limits, and bounds (hypothesis)."""
 
-import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
