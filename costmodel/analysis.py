@@ -31,6 +31,8 @@ class Analysis:
     cutoff_band_tokens: tuple[int | None, int | None] | None
     table: Prediction  # at the display token counts
     breakdown_at_cutoff: dict[str, float] | None
+    grid_tokens: np.ndarray  # the multiples of tp the cutoff is decided on
+    grid_speedup_sp_asynctp: np.ndarray
 
 
 def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
@@ -118,7 +120,7 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
         i = int(np.searchsorted(grid, cut))
         bd = {k: float(pred.breakdown[k][i]) for k in BREAKDOWN_KEYS}
     return Analysis(profile, shape, tp, dtype, seq_len, max_num_batched_tokens, margin, cut, sp_cut, band_v,
-                    table, bd)
+                    table, bd, grid, pred.speedup_sp_asynctp)
 
 
 def provenance(profile: HardwareProfile) -> dict:

@@ -117,13 +117,11 @@ def fi_fusion_verdict(profile, shape, tp: int, dtype: str, max_num_batched_token
 
 def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int = 8192, margin: float = 0.02,
               seq_len: int = 1024) -> Recommendation:
-    from costmodel.analysis import analyse, token_grid
-    from costmodel.model import predict
+    from costmodel.analysis import analyse
 
     a = analyse(profile, shape, tp, dtype, seq_len=seq_len, max_num_batched_tokens=max_num_batched_tokens,
-                margin=margin, band=False, display_max_tokens=max(2, max_num_batched_tokens))
-    grid = token_grid(tp, max_num_batched_tokens)
-    s = predict(profile, shape, tp, dtype, grid, seq_len).speedup_sp_asynctp
+                margin=margin, band=False, tokens=[max_num_batched_tokens])
+    grid, s = a.grid_tokens, a.grid_speedup_sp_asynctp
     cut = a.cutoff_tokens
     at_cut = worst_below = None
     if cut is not None:
