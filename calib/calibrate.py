@@ -125,11 +125,11 @@ def build_profile(records, prior: dict, prov: dict, world: int, gemm_dtype: str,
             residuals[f"collective_{impl}"] = res
     p2p = [r for r in records if r["kind"] == "p2p"]
     if len(p2p) >= 3:
-        from .fit import _fit
+        from .fit import fit_log_space
 
         S = np.array([r["msg_bytes"] for r in p2p], float)
         t = np.array([r["median_s"] for r in p2p])
-        fits, res = _fit(lambda x: np.log((x[0] + S / x[1]) / t), [float(t.min()) * 0.7, float(np.median(S / t))],
+        fits, res = fit_log_space(lambda x: np.log((x[0] + S / x[1]) / t), [float(t.min()) * 0.7, float(np.median(S / t))],
                          [0.0, 1e3], [1.0, 1e14], ["asynctp.copy_latency_s", "asynctp.copy_engine_bw_bytes_per_s"])
         for key, v in fits.items():
             set_calibrated(tree, key, v["value"], v["uncertainty_rel"], src + " (one p2p pull, ring step 1)")

@@ -11,7 +11,7 @@ from scipy.optimize import least_squares
 from costmodel import formulas as F
 
 
-def _fit(resid, x0, lo, hi, names):
+def fit_log_space(resid, x0, lo, hi, names):
     """Fit positive parameters in log space (so that scales do not matter); σ_rel = σ of log(param)."""
     floor = 1e-15
     lo_l = np.log(np.maximum(lo, floor))
@@ -59,7 +59,7 @@ def fit_gemm(records, prior, dtype):
                           tile_n=prior["gemm.tile_n"], sm_count=prior["identity.sm_count"], launch_overhead_s=launch,
                           in_bytes=b, w_bytes=b, out_bytes=2.0 if dtype != "fp32" else 4.0)
 
-    return _fit(lambda x: np.log(model(x) / t), [0.7, 0.8, 3e-6], [0.05, 0.05, 0.0], [1.0, 1.0, 1e-3],
+    return fit_log_space(lambda x: np.log(model(x) / t), [0.7, 0.8, 3e-6], [0.05, 0.05, 0.0], [1.0, 1.0, 1e-3],
                 ["gemm.max_efficiency", "gemm.mem_efficiency", "gemm.launch_overhead_s"])
 
 
@@ -71,7 +71,7 @@ def fit_memory(records, prior):
     nb = np.array([r["bytes_moved"] for r in rs], float)
     t = np.array([r["median_s"] for r in rs])
     hbm = prior["memory.hbm_bw_bytes_per_s"]
-    return _fit(lambda x: np.log(F.t_memory_bound_s(nb, hbm, x[0], x[1]) / t), [0.7, 3e-6], [0.01, 0.0], [1.0, 1e-3],
+    return fit_log_space(lambda x: np.log(F.t_memory_bound_s(nb, hbm, x[0], x[1]) / t), [0.7, 3e-6], [0.01, 0.0], [1.0, 1e-3],
                 ["kernels.mem_efficiency", "kernels.launch_overhead_s"])
 
 
@@ -92,7 +92,7 @@ def fit_concurrency(records):
     if len(g) < 2:
         return {}, {}
     g, gc, g2 = map(np.array, (g, gc, g2))
-    return _fit(lambda x: np.log(F.t_chunk_concurrent_s(g, g2, x[0]) / gc), [0.3], [0.0], [1.0],
+    return fit_log_space(lambda x: np.log(F.t_chunk_concurrent_s(g, g2, x[0]) / gc), [0.3], [0.0], [1.0],
                 ["asynctp.stream_concurrency"])
 
 
@@ -117,7 +117,7 @@ def fit_collective(records, impl, world):
     t = np.array([r["median_s"] for r in rs])
     factor = {"all_reduce": 2.0 * (world - 1) / world}.get(impl, (world - 1) / world)
     x0 = [max(float(t.min()) * 0.7, 1e-7), float(np.median(factor * S / t))]
-    fits, res = _fit(lambda x: np.log((x[0] + factor * S / x[1]) / t), x0, [0.0, 1e3], [1.0, 1e14],
+    fits, res = fit_log_space(lambda x: np.log((x[0] + factor * S / x[1]) / t), x0, [0.0, 1e3], [1.0, 1e14],
                      ["latency_s", "bus_bw_bytes_per_s"])
     return fits, res
 
