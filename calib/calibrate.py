@@ -12,8 +12,6 @@ import platform
 import time
 from pathlib import Path
 
-import numpy as np
-
 from costmodel.errors import TpcostError
 
 KiB, MiB = 1024, 1024 * 1024
@@ -105,7 +103,7 @@ def build_profile(records, prior: dict, prov: dict, world: int, gemm_dtype: str,
     """Fit everything the records constrain into a copy of the prior; returns (tree, not_measured, residuals)."""
     from costmodel.profile import profile_from_dict
 
-    from .fit import fit_collective, fit_single_device
+    from .fit import fit_collective, fit_latency_bandwidth, fit_single_device
 
     tree = copy.deepcopy(prior)
     prior_vals = {k: p.value for k, p in profile_from_dict(prior, "prior").params.items()}
@@ -124,14 +122,9 @@ def build_profile(records, prior: dict, prov: dict, world: int, gemm_dtype: str,
                 "uncertainty_rel": {k: min(1.0, f["uncertainty_rel"]) for k, f in fits.items()}}
             residuals[f"collective_{impl}"] = res
     p2p = [r for r in records if r["kind"] == "p2p"]
-    if len(p2p) >= 3:
-        from .fit import fit_log_space
-
-        S = np.array([r["msg_bytes"] for r in p2p], float)
-        t = np.array([r["median_s"] for r in p2p])
-        fits, res = fit_log_space(lambda x: np.log((x[0] + S / x[1]) / t), [float(t.min()) * 0.7, float(np.median(S / t))],
-                         [0.0, 1e3], [1.0, 1e14], ["asynctp.copy_latency_s", "asynctp.copy_engine_bw_bytes_per_s"])
-        for key, v in fits.items():
+    p2p_fits, res = fit_latency_bandwidth(p2p, 1.0, ("asynctp.copy_latency_s", "asynctp.copy_engine_bw_bytes_per_s"))
+    if res:
+        for key, v in p2p_fits.items():
             set_calibrated(tree, key, v["value"], v["uncertainty_rel"], src + " (one p2p pull, ring step 1)")
         residuals["p2p"] = res
     bar = [r for r in records if r["kind"] == "barrier"]
@@ -142,8 +135,7 @@ def build_profile(records, prior: dict, prov: dict, world: int, gemm_dtype: str,
     measured = set(params)
     if bar:
         measured.add("asynctp.barrier_s")
-    if p2p:
-        measured |= {"asynctp.copy_latency_s", "asynctp.copy_engine_bw_bytes_per_s"}
+    measured |= set(p2p_fits)
     from costmodel.profile import REQUIRED_PARAMS
 
     not_measured = sorted(k for k in REQUIRED_PARAMS if k not in measured and not k.startswith(("identity.", "interconnect.")))

@@ -108,18 +108,20 @@ def fit_interference(records):
             {"points": len(rs), "ratios": ratio.round(4).tolist()})
 
 
-def fit_collective(records, impl, world):
-    """(latency_s, bus_bw_bytes_per_s) of one collective at one world size (nccl-tests busBW convention)."""
-    rs = [r for r in records if r["kind"] == "collective" and r["impl"] == impl and r["world"] == world]
+def fit_latency_bandwidth(rs, factor, names=("latency_s", "bus_bw_bytes_per_s")):
+    """t = α + factor·S/BW over records with msg_bytes and median_s; ({name: fit}, residuals), {} if < 3 points."""
     if len(rs) < 3:
         return {}, {}
     S = np.array([r["msg_bytes"] for r in rs], float)
     t = np.array([r["median_s"] for r in rs])
-    factor = {"all_reduce": 2.0 * (world - 1) / world}.get(impl, (world - 1) / world)
     x0 = [max(float(t.min()) * 0.7, 1e-7), float(np.median(factor * S / t))]
-    fits, res = fit_log_space(lambda x: np.log((x[0] + factor * S / x[1]) / t), x0, [0.0, 1e3], [1.0, 1e14],
-                     ["latency_s", "bus_bw_bytes_per_s"])
-    return fits, res
+    return fit_log_space(lambda x: np.log((x[0] + factor * S / x[1]) / t), x0, [0.0, 1e3], [1.0, 1e14], list(names))
+
+
+def fit_collective(records, impl, world):
+    """(latency_s, bus_bw_bytes_per_s) of one collective at one world size (nccl-tests busBW convention)."""
+    rs = [r for r in records if r["kind"] == "collective" and r["impl"] == impl and r["world"] == world]
+    return fit_latency_bandwidth(rs, {"all_reduce": 2.0 * (world - 1) / world}.get(impl, (world - 1) / world))
 
 
 def fit_single_device(records, prior, gemm_dtype):
