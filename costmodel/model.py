@@ -26,12 +26,16 @@ BREAKDOWN_KEYS = ("overlap_gain_s", "chunking_loss_s", "concurrency_recovery_s",
 
 @dataclasses.dataclass(frozen=True)
 class Op:
-    """One timed op of a schedule: per-call time (s) over N, and how many times it runs per forward."""
+    """One timed op of a schedule: per-call time (s) and how many times it runs per forward.
+
+    `t_s` is over the token counts N, or — for `padded` ops of the SP schedules — over the schedule's
+    `padded_tokens` (the distinct ⌈N/tp⌉·tp); `Schedule.t_layer_s`/`t_forward_s` are always over N."""
 
     name: str
     kind: str  # gemm | fused | comm | memory | attention
     t_s: Any
     count: int = 1
+    padded: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,14 +44,26 @@ class Schedule:
     layer_ops: tuple[Op, ...]
     nonlayer_ops: tuple[Op, ...]
     num_layers: int
+    padded_tokens: Any = None  # distinct padded counts the padded ops are evaluated on
+    padded_index: Any = None  # N -> position in padded_tokens (None: padded ops are already over N)
+
+    def _split_sum(self, ops):
+        padded = sum(op.t_s * op.count for op in ops if op.padded)
+        return padded, sum(op.t_s * op.count for op in ops if not op.padded)
+
+    def _expand(self, a):
+        return a[..., self.padded_index] if self.padded_index is not None and np.ndim(a) else a
 
     @functools.cached_property
     def t_layer_s(self):
-        return sum(op.t_s * op.count for op in self.layer_ops)
+        padded, plain = self._split_sum(self.layer_ops)
+        return self._expand(padded) + plain
 
     @functools.cached_property
     def t_forward_s(self):
-        return self.num_layers * self.t_layer_s + sum(op.t_s * op.count for op in self.nonlayer_ops)
+        lp, lq = self._split_sum(self.layer_ops)
+        npd, nq = self._split_sum(self.nonlayer_ops)
+        return self._expand(self.num_layers * lp + npd) + self.num_layers * lq + nq
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,6 +272,25 @@ def _fused_gemm_rs(hw: _Hw, n_tok, n_out, k, tp):
     return t, _terms(W, g, g_conc, g_eff, fixed + (W - 1) * 2 * hw.barrier)
 
 
+def distinct_padded_tokens(N, W):
+    """(⌈N/W⌉·W over its distinct values, index from N into them) for a sweep; (⌈N/W⌉·W, None) otherwise.
+
+    The SP schedules depend on N only through the padded count, so a sweep evaluates them W× less often."""
+    Np = np.ceil(N / W) * W
+    if W < 2 or N.ndim != 1 or N.size < 256:
+        return Np, None
+    if np.all(Np[1:] >= Np[:-1]):  # sorted sweep: linear-time distinct values
+        keep = np.empty(Np.size, dtype=bool)
+        keep[0] = True
+        np.not_equal(Np[1:], Np[:-1], out=keep[1:])
+        uniq, idx = Np[keep], np.cumsum(keep) - 1
+    else:
+        uniq, idx = np.unique(Np, return_inverse=True)
+    if uniq.size > 0.75 * Np.size:  # not worth the gather
+        return Np, None
+    return uniq, idx
+
+
 def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens,
             seq_len: int = 1024) -> Prediction:
     """Per-op times of tp / sp / sp_asynctp for one forward over token counts `num_tokens`."""
@@ -279,7 +314,10 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     quant_bytes = 1.0 if fp8 else act  # bytes/elem of a quantised GEMM input
     ag_bytes = 1.0 if dtype == "fp8" else act  # fp8 static quantises before the all-gather
     notes: list[str] = []
-    Np = np.ceil(N / W) * W  # SP pads N up to a multiple of tp
+    Np, pidx = distinct_padded_tokens(N, W)  # SP pads N up to a multiple of tp; evaluated once per value
+
+    def ex(a):  # over the distinct padded counts -> over N
+        return a[..., pidx] if pidx is not None and np.ndim(a) else a
     fusion_applies = True
 
     def attention(n):
@@ -371,27 +409,27 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     lm_head = Op("lm_head_gemm", "gemm", hw.t_gemm(n_seqs, shape.vocab / W, H, fp8_ok=False))
     logits = Op("logits_gather", "comm", _ag(hw, W, n_seqs * shape.vocab * 4.0))
     nonlayer_tp = (embed, Op("all_reduce+rms_norm", "comm", t_unit_tp), lm_head, logits)
-    embed_p = Op("embedding", "memory", hw.t_mem(2.0 * Np * H * act))
-    nonlayer_sp = (embed_p, Op("reduce_scatter", "comm", t_rs), Op("rms_norm_shard", "memory", t_norm_shard),
-                   Op("all_gather", "comm", t_ag), lm_head, logits)
+    padded = lambda ops: tuple(dataclasses.replace(op, padded=True) for op in ops)  # noqa: E731
+    nonlayer_sp = padded((Op("embedding", "memory", hw.t_mem(2.0 * Np * H * act)), Op("reduce_scatter", "comm", t_rs),
+                          Op("rms_norm_shard", "memory", t_norm_shard), Op("all_gather", "comm", t_ag))) + (lm_head, logits)
 
     scheds = {"tp": Schedule("tp", tp_layer, nonlayer_tp, L),
-              "sp": Schedule("sp", sp_layer, nonlayer_sp, L),
-              "sp_asynctp": Schedule("sp_asynctp", spa_layer, nonlayer_sp, L)}
+              "sp": Schedule("sp", padded(sp_layer), nonlayer_sp, L, Np, pidx),
+              "sp_asynctp": Schedule("sp_asynctp", padded(spa_layer), nonlayer_sp, L, Np, pidx)}
 
     # ---------------------------------------------------------------- breakdown (per forward)
     t_tp, t_sp, t_spa = (scheds[s].t_forward_s for s in SCHEDULES)
     units = 2 * L + 1
-    norm_saving = units * (np.where(fused_mask, 0.0, t_norm_full) - t_norm_shard)
-    collective_change = units * (t_ar - (t_rs + t_ag))
-    chunk_loss = L * (terms["chunk"] - terms["whole"])  # W chunk GEMMs vs the whole GEMM, over fused ops
-    concurrency = L * terms["conc"]
-    contention = L * terms["contention"]
-    barrier = L * terms["fixed"]
+    norm_saving = units * (np.where(fused_mask, 0.0, t_norm_full) - ex(t_norm_shard))
+    collective_change = units * (t_ar - ex(t_rs + t_ag))
+    chunk_loss = ex(L * (terms["chunk"] - terms["whole"]))  # W chunk GEMMs vs the whole GEMM, over fused ops
+    concurrency = ex(L * terms["conc"])
+    contention = ex(L * terms["contention"])
+    barrier = ex(L * terms["fixed"])
     # overlap gain: what the fused ops save against their sequential SP counterparts, net of the
     # other terms (so that the breakdown sums exactly to t_sp - t_sp_asynctp on the fused ops)
     fused_time = L * sum(op.t_s * op.count for op in spa_layer if op.kind == "fused")
-    overlap_gain = L * terms["seq"] - fused_time + chunk_loss - concurrency + contention + barrier
+    overlap_gain = ex(L * terms["seq"] - fused_time) + chunk_loss - concurrency + contention + barrier
     total = t_tp - t_spa
     other = total - (norm_saving + collective_change + overlap_gain - chunk_loss + concurrency - contention - barrier)
     breakdown = dict(overlap_gain_s=overlap_gain, chunking_loss_s=chunk_loss, concurrency_recovery_s=concurrency,

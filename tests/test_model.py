@@ -181,3 +181,16 @@ def test_more_bandwidth_never_slows_anything(factor, tp):
     base = predict(H100, L70, tp, "bf16", N)
     for s in ("tp", "sp", "sp_asynctp"):
         assert np.all(fast.t_forward_s(s) <= base.t_forward_s(s) * (1 + 1e-12))
+
+
+@pytest.mark.parametrize("tp,dtype", [(2, "bf16"), (4, "fp8"), (8, "fp8-dynamic")])
+def test_sweep_equals_pointwise(tp, dtype):
+    """A sweep evaluates the SP schedules once per distinct padded count; it must equal point-by-point values."""
+    sweep = np.arange(1, 3001, dtype=float)
+    pick = np.array([0, 1, tp - 1, tp, 999, 1000, 2047, 2999])
+    a, b = predict(H100, L70, tp, dtype, sweep), predict(H100, L70, tp, dtype, sweep[pick])
+    for s in ("tp", "sp", "sp_asynctp"):
+        np.testing.assert_allclose(a.t_forward_s(s)[pick], b.t_forward_s(s), rtol=1e-12)
+        np.testing.assert_allclose(a.schedules[s].t_layer_s[pick], b.schedules[s].t_layer_s, rtol=1e-12)
+    for k in a.breakdown:
+        np.testing.assert_allclose(a.breakdown[k][pick], b.breakdown[k], rtol=1e-9, atol=1e-15)
