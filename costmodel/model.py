@@ -186,44 +186,48 @@ def _all_reduce_dispatch(hw: _Hw, msg_bytes, tp: int, fusion_applies: bool, fi_m
     p, d = hw.p, hw.p.dispatch(tp)
     if fi_max_bytes is not None and "fi_fusion_max_bytes" in d:
         d = {**d, "fi_fusion_max_bytes": fi_max_bytes}
-    choices = []  # (mask, time, impl, fused)
-
-    def coll(impl):
-        lat, bw = p.collective(impl, tp)
-        return F.t_all_reduce_s(msg_bytes, lat, bw, tp)
-
+    choices = []  # (mask, impl, fused)
     remaining = np.ones(np.shape(msg_bytes), dtype=bool)
     if "fi_fusion_max_bytes" in d and p.has_collective("flashinfer_ar_rmsnorm"):
         m = msg_bytes <= d["fi_fusion_max_bytes"]
         one = msg_bytes <= d.get("fi_oneshot_max_bytes", d["fi_fusion_max_bytes"])
-        choices.append((m & one, coll("flashinfer_ar_rmsnorm"), "flashinfer_ar_rmsnorm", fusion_applies))
+        choices.append((m & one, "flashinfer_ar_rmsnorm", fusion_applies))
         if p.has_collective("flashinfer_ar_rmsnorm_twoshot"):
-            choices.append((m & ~one, coll("flashinfer_ar_rmsnorm_twoshot"), "flashinfer_ar_rmsnorm_twoshot",
-                            fusion_applies))
+            choices.append((m & ~one, "flashinfer_ar_rmsnorm_twoshot", fusion_applies))
         remaining &= ~m
     if "quick_reduce_max_bytes" in d and p.has_collective("quick_reduce"):
         m = remaining & (msg_bytes <= d["quick_reduce_max_bytes"])
-        choices.append((m, coll("quick_reduce"), "quick_reduce", False))
+        choices.append((m, "quick_reduce", False))
         remaining &= ~m
     if "custom_ar_max_bytes" in d and p.has_collective("custom_ar_2stage"):
         one = d.get("custom_ar_1stage_max_bytes", 0)
         m1 = remaining & (msg_bytes < d["custom_ar_max_bytes"]) & (msg_bytes < one)
         m2 = remaining & (msg_bytes < d["custom_ar_max_bytes"]) & ~m1
         if one:
-            choices.append((m1, coll("custom_ar_1stage"), "custom_ar_1stage", False))
-        choices.append((m2, coll("custom_ar_2stage"), "custom_ar_2stage", False))
+            choices.append((m1, "custom_ar_1stage", False))
+        choices.append((m2, "custom_ar_2stage", False))
         remaining &= ~(m1 | m2)
     if "symm_mem_max_bytes" in d:
         impl = "symm_mem_" + d.get("symm_mem_algo", "two_shot")
         if p.has_collective(impl):
             m = remaining & (msg_bytes <= d["symm_mem_max_bytes"])
-            choices.append((m, coll(impl), impl, False))
+            choices.append((m, impl, False))
             remaining &= ~m
-    choices.append((remaining, coll("nccl_all_reduce"), "nccl_all_reduce", False))
-    t = np.select([c[0] for c in choices], [c[1] for c in choices])
-    fused = np.select([c[0] for c in choices], [np.full(np.shape(msg_bytes), c[3]) for c in choices])
-    used = [c[2] for c in choices if np.any(c[0])]
-    return t, fused.astype(bool), used
+    choices.append((remaining, "nccl_all_reduce", False))
+    # each implementation's formula on its own sizes only
+    params = {impl: p.collective(impl, tp) for _, impl, _ in choices}
+    shape = np.broadcast_shapes(np.shape(msg_bytes), *(np.shape(v) for lb in params.values() for v in lb))
+    t = np.zeros(shape)
+    fused = np.zeros(np.shape(msg_bytes), dtype=bool)
+    used = []
+    for mask, impl, is_fused in choices:
+        if not mask.any():
+            continue
+        lat, bw = params[impl]
+        t[..., mask] = F.t_all_reduce_s(msg_bytes[mask], lat, bw, tp)
+        fused[mask] = is_fused
+        used.append(impl)
+    return t, fused, used
 
 
 def _ag(hw, tp, out_bytes):
