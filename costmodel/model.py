@@ -221,11 +221,14 @@ def _all_reduce_dispatch(hw: _Hw, msg_bytes, tp: int, fusion_applies: bool, fi_m
     fused = np.zeros(np.shape(msg_bytes), dtype=bool)
     used = []
     for mask, impl, is_fused in choices:
-        if not mask.any():
+        where = np.flatnonzero(mask)
+        if not where.size:
             continue
+        if where[-1] - where[0] + 1 == where.size:  # contiguous (a sorted sweep): a slice, no gather
+            where = slice(where[0], where[-1] + 1)
         lat, bw = params[impl]
-        t[..., mask] = F.t_all_reduce_s(msg_bytes[mask], lat, bw, tp)
-        fused[mask] = is_fused
+        t[..., where] = F.t_all_reduce_s(msg_bytes[where], lat, bw, tp)
+        fused[where] = is_fused
         used.append(impl)
     return t, fused, used
 
@@ -276,23 +279,27 @@ def _fused_gemm_rs(hw: _Hw, n_tok, n_out, k, tp):
     return t, _terms(W, g, g_conc, g_eff, fixed + (W - 1) * 2 * hw.barrier)
 
 
+def distinct_values(x):
+    """(distinct values of a 1-D sweep, index from x into them), or (x, None) when that saves little."""
+    if x.ndim != 1 or x.size < 256:
+        return x, None
+    if np.all(x[1:] >= x[:-1]):  # sorted sweep: linear-time distinct values
+        keep = np.empty(x.size, dtype=bool)
+        keep[0] = True
+        np.not_equal(x[1:], x[:-1], out=keep[1:])
+        uniq, idx = x[keep], np.cumsum(keep) - 1
+    else:
+        uniq, idx = np.unique(x, return_inverse=True)
+    if uniq.size > 0.75 * x.size:  # not worth the gather
+        return x, None
+    return uniq, idx
+
+
 def distinct_padded_tokens(N, W):
     """(⌈N/W⌉·W over its distinct values, index from N into them) for a sweep; (⌈N/W⌉·W, None) otherwise.
 
     The SP schedules depend on N only through the padded count, so a sweep evaluates them W× less often."""
-    Np = np.ceil(N / W) * W
-    if W < 2 or N.ndim != 1 or N.size < 256:
-        return Np, None
-    if np.all(Np[1:] >= Np[:-1]):  # sorted sweep: linear-time distinct values
-        keep = np.empty(Np.size, dtype=bool)
-        keep[0] = True
-        np.not_equal(Np[1:], Np[:-1], out=keep[1:])
-        uniq, idx = Np[keep], np.cumsum(keep) - 1
-    else:
-        uniq, idx = np.unique(Np, return_inverse=True)
-    if uniq.size > 0.75 * Np.size:  # not worth the gather
-        return Np, None
-    return uniq, idx
+    return distinct_values(np.ceil(N / W) * W)
 
 
 def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens,
@@ -408,10 +415,14 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     spa_layer = tuple(ops)
 
     # ---------------------------------------------------------------- non-layer parts
-    n_seqs = np.ceil(N / seq_len)
+    n_seqs, sidx = distinct_values(np.ceil(N / seq_len))  # a sweep has few distinct sequence counts
+
+    def ex_seqs(a):
+        return a[..., sidx] if sidx is not None and np.ndim(a) else a
+
     embed = Op("embedding", "memory", hw.t_mem(2.0 * N * H * act))
-    lm_head = Op("lm_head_gemm", "gemm", hw.t_gemm(n_seqs, shape.vocab / W, H, fp8_ok=False))
-    logits = Op("logits_gather", "comm", _ag(hw, W, n_seqs * shape.vocab * 4.0))
+    lm_head = Op("lm_head_gemm", "gemm", ex_seqs(hw.t_gemm(n_seqs, shape.vocab / W, H, fp8_ok=False)))
+    logits = Op("logits_gather", "comm", ex_seqs(_ag(hw, W, n_seqs * shape.vocab * 4.0)))
     nonlayer_tp = (embed, Op("all_reduce+rms_norm", "comm", t_unit_tp), lm_head, logits)
     padded = lambda ops: tuple(dataclasses.replace(op, padded=True) for op in ops)  # noqa: E731
     nonlayer_sp = padded((Op("embedding", "memory", hw.t_mem(2.0 * Np * H * act)), Op("reduce_scatter", "comm", t_rs),
