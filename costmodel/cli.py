@@ -37,13 +37,13 @@ def add_shape_args(p, gpu_help="built-in GPU profile name or a profile .toml pat
 
 
 def resolve_inputs(args):
-    from .profile import load_profile, parse_set
+    from .profile import load_profile, parse_set, with_overrides
     from .shapes import check_dtype, load_model
 
     prof = load_profile(args.gpu)
     overrides = parse_set(args.set)
     if overrides:
-        prof = prof.with_values(overrides)
+        prof = with_overrides(prof, overrides)
     shape = load_model(args.model)
     check_dtype(args.dtype)
     shape.check_tp(args.tp)
@@ -69,7 +69,11 @@ def cmd_whatif(args) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    mod = f"  [MODIFIED by --set: {', '.join(prof.modified)}]" if prof.modified else ""
+    from .profile import parse_set
+
+    given = list(parse_set(args.set))
+    mod = (f"  [MODIFIED by --set: {', '.join(given)}" + (f" (+{len(prof.modified) - len(given)} quantities that ride on "
+           "the link)" if len(prof.modified) > len(given) else "") + "]") if prof.modified else ""
     print(f"tpcost whatif: {shape.name} on {prof.name} x{args.tp}, {args.dtype}, seq_len {args.seq_len}{mod}")
     print(f"{'N tokens':>9} {'t_tp [ms]':>10} {'t_sp [ms]':>10} {'t_sp+async [ms]':>16} {'speedup sp':>11} {'speedup sp+async':>17}")
     for r in out["rows"]:

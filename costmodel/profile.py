@@ -167,6 +167,33 @@ class HardwareProfile:
         return dataclasses.replace(self, params=params, modified=modified)
 
 
+def with_overrides(profile: HardwareProfile, values: Mapping[str, float]) -> HardwareProfile:
+    """--set semantics: plain replacement, except that the link itself carries its dependants along.
+
+    `interconnect.link_bw_bytes_per_s` scales every collective's bus bandwidth and the copy-engine pull
+    bandwidth by new/old; `interconnect.latency_s` shifts every collective latency and the pull latency
+    by new − old (floored at 0). A dependant also given explicitly keeps the explicit value."""
+    values = dict(values)
+    derived: dict[str, Any] = {}
+    for k in values:
+        if k not in profile.params:
+            raise TpcostError(f"--set: unknown quantity {k!r} for profile {profile.name!r} "
+                              f"(see `tpcost profiles --keys {profile.name}`)")
+    if "interconnect.link_bw_bytes_per_s" in values:
+        old = profile.v("interconnect.link_bw_bytes_per_s")
+        ratio = values["interconnect.link_bw_bytes_per_s"] / old if old else 1.0
+        for k, p in profile.params.items():
+            if (k.startswith("collectives.") and k.endswith(".bus_bw_bytes_per_s")) or \
+                    k == "asynctp.copy_engine_bw_bytes_per_s":
+                derived[k] = p.value * ratio
+    if "interconnect.latency_s" in values:
+        delta = values["interconnect.latency_s"] - profile.v("interconnect.latency_s")
+        for k, p in profile.params.items():
+            if (k.startswith("collectives.") and k.endswith(".latency_s")) or k == "asynctp.copy_latency_s":
+                derived[k] = max(0.0, p.value + delta)
+    return profile.with_values({**derived, **values})
+
+
 def _flatten(tree: Mapping[str, Any], path: str, params: dict, attrs: dict, where: str) -> None:
     numeric = {k: v for k, v in tree.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}

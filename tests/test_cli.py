@@ -38,11 +38,27 @@ def test_tokens_choose_the_rows(capsys):
 
 
 def test_set_marks_profile_modified(capsys):
-    rc, out, _ = run(capsys, "whatif", "--no-band", "--json", "--set", "interconnect.link_bw_bytes_per_s=900e9",
+    rc, out, _ = run(capsys, "whatif", "--no-band", "--json", "--set", "gemm.max_efficiency=0.7",
                      "--set", "asynctp.copy_engine_bw_bytes_per_s=734e9")
     d = json.loads(out)
-    assert rc == 0 and d["provenance"]["modified"] == ["interconnect.link_bw_bytes_per_s", "asynctp.copy_engine_bw_bytes_per_s"]
+    assert rc == 0 and d["provenance"]["modified"] == ["gemm.max_efficiency", "asynctp.copy_engine_bw_bytes_per_s"]
     assert d["provenance"]["tier"] == "assumed"
+
+
+def test_faster_link_scales_what_rides_on_it(capsys):
+    """--set interconnect.link_bw_bytes_per_s=2x scales every collective busBW and the pull bandwidth by 2."""
+    from costmodel import load_profile
+    from costmodel.profile import with_overrides
+
+    p = load_profile("h100-sxm")
+    q = with_overrides(p, {"interconnect.link_bw_bytes_per_s": 900e9, "asynctp.copy_engine_bw_bytes_per_s": 1e12})
+    k = "collectives.nccl_all_reduce.tp4.bus_bw_bytes_per_s"
+    assert q.v(k) == pytest.approx(2 * p.v(k))
+    assert q.v("asynctp.copy_engine_bw_bytes_per_s") == 1e12  # explicit value wins
+    lat = with_overrides(p, {"interconnect.latency_s": p.v("interconnect.latency_s") + 1e-6})
+    assert lat.v("collectives.nccl_all_gather.tp8.latency_s") == pytest.approx(p.v("collectives.nccl_all_gather.tp8.latency_s") + 1e-6)
+    rc, out, _ = run(capsys, "whatif", "--no-band", "--set", "interconnect.link_bw_bytes_per_s=900e9")
+    assert rc == 0 and "MODIFIED by --set: interconnect.link_bw_bytes_per_s (+" in out
 
 
 def test_plot(tmp_path, capsys):
