@@ -150,7 +150,7 @@ class AsyncTPOps:
 
             self.group_name = dist.group.WORLD.group_name
             enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-            if enable is not None:  # torch 2.13 still recommends it for the fused ops' group
+            if enable is not None:  # torch 2.13: registers the group's store for symmetric memory (idempotent)
                 enable(self.group_name)
             self.kind = "symm_mem"
 
