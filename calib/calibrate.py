@@ -112,8 +112,9 @@ def build_profile(records, prior: dict, prov: dict, world: int, gemm_dtype: str,
     params, residuals = fit_single_device(records, prior_vals, gemm_dtype)
     for key, v in params.items():
         set_calibrated(tree, key, v["value"], v["uncertainty_rel"], src)
+    vllm_impls = sorted({r["impl"] for r in records if r["kind"] == "collective" and r.get("op") == "all_reduce"})
     for impl, name_ in (("all_gather", "nccl_all_gather"), ("reduce_scatter", "nccl_reduce_scatter"),
-                        ("all_reduce", "nccl_all_reduce")):
+                        ("all_reduce", "nccl_all_reduce"), *((i, i) for i in vllm_impls)):
         fits, res = fit_collective(records, impl, world)
         if len(fits) == 2:
             tree["collectives"].setdefault(name_, {})[f"tp{world}"] = {
@@ -165,7 +166,8 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     from . import launch
-    from .distbench import AsyncTPOps, bench_barrier, bench_collectives, bench_comm_interference, bench_fused_ops, bench_p2p
+    from .distbench import (AsyncTPOps, bench_barrier, bench_collectives, bench_comm_interference, bench_fused_ops,
+                            bench_p2p, bench_vllm_all_reduce)
     from .gpu_check import provenance
     from .microbench import bench_chunked, bench_gemms, bench_interference, bench_memory, gemm_dtypes
     from .timing import Timer
@@ -196,6 +198,7 @@ def worker(args) -> None:
             ("comm_interference", lambda: bench_comm_interference(coll, shapes[:2], plan["chunk_ms"][-1], dev, rank, world,
                                                                   dtypes[0])),
             ("collectives", lambda: bench_collectives(coll, plan["coll"], dev, world)),
+            ("vllm_all_reduce", lambda: bench_vllm_all_reduce(coll, plan["coll"], dev, world)),
             ("p2p", lambda: bench_p2p(coll, plan["coll"], dev, rank, world)),
             ("barrier", lambda: bench_barrier(coll, dev)),
             ("fused_ops", lambda: bench_fused_ops(coll, ops, fused_shapes, plan["fused_ms"], dev, rank, world, dtypes[0])),

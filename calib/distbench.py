@@ -198,3 +198,56 @@ def bench_fused_ops(timer: Timer, ops: AsyncTPOps, shapes, ms, device, rank, wor
             yield {"kind": "fused_op", "op": op, "name": name, "impl": ops.kind, "world": world, "m": m, "n": n,
                    "k": k, "dtype": dtype_name, "baseline_s": t_seq.median_s, "overlap_s": t_fused.median_s,
                    "baseline": t_seq.as_dict(), "overlap": t_fused.as_dict()}
+
+
+# ------------------------------------------------------------------ vLLM's own all-reduce implementations (CUDA)
+
+
+def _one_stage(world, nbytes):
+    """vLLM csrc/custom_all_reduce.cuh: the 1-stage kernel runs for W=2, or W<=4 and <512 KiB, or W<=8 and <256 KiB."""
+    return world == 2 or (world <= 4 and nbytes < 512 * 1024) or (world <= 8 and nbytes < 256 * 1024)
+
+
+def bench_vllm_all_reduce(timer: Timer, sizes_bytes, device, world, hidden=8192):
+    """vLLM's CustomAllreduce and SymmMemCommunicator (as CudaCommunicator builds them: on a gloo CPU group),
+    each over the sizes its own `should_*` accepts; records name the kernel vLLM runs at that size.
+    Needs a CUDA build of vLLM; anything that fails is recorded as skipped, never fatal."""
+    if not device.startswith("cuda"):
+        return
+    try:
+        from vllm.distributed.device_communicators.custom_all_reduce import CustomAllreduce
+        from vllm.distributed.device_communicators.symm_mem import SymmMemCommunicator
+    except Exception as e:  # noqa: BLE001 - vLLM absent or a CPU build
+        yield {"kind": "skipped", "what": "vllm all-reduce implementations", "why": f"{type(e).__name__}: {e}"[:200]}
+        return
+    cpu_group = dist.new_group(backend="gloo")  # collective: every rank creates it
+    dev = torch.device(device)
+    comms = {}
+    for name, make in (("custom_ar", lambda: CustomAllreduce(group=cpu_group, device=dev)),
+                       ("symm_mem", lambda: SymmMemCommunicator(group=cpu_group, device=dev))):
+        try:
+            c = make()
+            if not c.disabled:
+                comms[name] = c
+            else:
+                yield {"kind": "skipped", "what": f"vllm {name}", "why": "disabled on this device/world size"}
+        except Exception as e:  # noqa: BLE001
+            yield {"kind": "skipped", "what": f"vllm {name}", "why": f"{type(e).__name__}: {e}"[:200]}
+    for S in sizes_bytes:
+        x = torch.randn(max(1, S // (2 * hidden)), hidden, device=dev, dtype=torch.bfloat16)
+        nbytes = x.numel() * 2
+        for name, c in comms.items():
+            ok = c.should_custom_ar(x) if name == "custom_ar" else c.should_use_symm_mem(x)
+            ok_t = torch.tensor([1 if ok else 0], device=dev)
+            dist.all_reduce(ok_t, op=dist.ReduceOp.MIN)  # every rank must take the same branch
+            if not ok_t.item():
+                continue
+            if name == "custom_ar":
+                impl = "custom_ar_1stage" if _one_stage(world, nbytes) else "custom_ar_2stage"
+                fn = lambda c=c: c.custom_all_reduce(x)  # noqa: E731
+            else:
+                multimem = world in c._WORLD_SIZES_MULTIMEM.get(c.device_capability, [])
+                impl = "symm_mem_multimem" if multimem else "symm_mem_two_shot"
+                fn = lambda c=c: c.all_reduce(x)  # noqa: E731
+            yield {"kind": "collective", "impl": impl, "op": "all_reduce", "world": world, "msg_bytes": nbytes,
+                   **timer(fn).as_dict()}

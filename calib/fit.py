@@ -121,7 +121,8 @@ def fit_latency_bandwidth(rs, factor, names=("latency_s", "bus_bw_bytes_per_s"))
 def fit_collective(records, impl, world):
     """(latency_s, bus_bw_bytes_per_s) of one collective at one world size (nccl-tests busBW convention)."""
     rs = [r for r in records if r["kind"] == "collective" and r["impl"] == impl and r["world"] == world]
-    return fit_latency_bandwidth(rs, {"all_reduce": 2.0 * (world - 1) / world}.get(impl, (world - 1) / world))
+    op = rs[0].get("op", impl) if rs else impl
+    return fit_latency_bandwidth(rs, 2.0 * (world - 1) / world if op == "all_reduce" else (world - 1) / world)
 
 
 def fit_single_device(records, prior, gemm_dtype):
