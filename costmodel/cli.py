@@ -69,11 +69,12 @@ def cmd_whatif(args) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    from .profile import parse_set
+    from .profile import DERIVED_FROM_LINK
 
-    given = list(parse_set(args.set))
-    mod = (f"  [MODIFIED by --set: {', '.join(given)}" + (f" (+{len(prof.modified) - len(given)} quantities that ride on "
-           "the link)" if len(prof.modified) > len(given) else "") + "]") if prof.modified else ""
+    given = [k for k in prof.modified if prof.params[k].source != DERIVED_FROM_LINK]
+    n_derived = len(prof.modified) - len(given)
+    mod = (f"  [MODIFIED by --set: {', '.join(given)}" + (f" (+{n_derived} quantities that ride on the link)"
+           if n_derived else "") + "]") if prof.modified else ""
     print(f"tpcost whatif: {shape.name} on {prof.name} x{args.tp}, {args.dtype}, seq_len {args.seq_len}{mod}")
     print(f"{'N tokens':>9} {'t_tp [ms]':>10} {'t_sp [ms]':>10} {'t_sp+async [ms]':>16} {'speedup sp':>11} {'speedup sp+async':>17}")
     for r in out["rows"]:

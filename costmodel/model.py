@@ -52,7 +52,7 @@ class Schedule:
         return padded, sum(op.t_s * op.count for op in ops if not op.padded)
 
     def _expand(self, a):
-        return a[..., self.padded_index] if self.padded_index is not None and np.ndim(a) else a
+        return gather(a, self.padded_index)
 
     @functools.cached_property
     def t_layer_s(self):
@@ -115,12 +115,20 @@ class _Hw:
         self.kappa = v("asynctp.stream_concurrency")
         self._memo: dict = {}
 
+    def _memoised(self, key, arr, compute):
+        """compute() once per (array object, key) within one prediction; holding `arr` keeps its id unique."""
+        full = (id(arr),) + key
+        hit = self._memo.get(full)
+        if hit is None or hit[0] is not arr:
+            hit = (arr, compute())
+            self._memo[full] = hit
+        return hit[1]
+
     def t_gemm(self, m, n, k, *, fp8_ok=True):
         """F.t_gemm_s with this profile's values; memoised per (m array, n, k) within one prediction."""
-        key = (id(m), n, k, fp8_ok)
-        hit = self._memo.get(key)
-        if hit is not None and hit[0] is m:
-            return hit[1]
+        return self._memoised(("gemm", n, k, fp8_ok), m, lambda: self._t_gemm(m, n, k, fp8_ok))
+
+    def _t_gemm(self, m, n, k, fp8_ok):
         b = self.gemm_in_bytes if fp8_ok else self.act_bytes
         peak = self.peak if fp8_ok else self.peak_bf16
         g = self.gemm
@@ -137,16 +145,14 @@ class _Hw:
             t_mem = m * ((k * b + n * self.act_bytes) / bw) + (k * n * b / bw + g["launch_overhead_s"])
             t_comp += g["launch_overhead_s"]
             t = np.maximum(t_comp, t_mem, out=t_comp)
-        self._memo[key] = (m, t)  # holding m keeps its id from being reused
         return t
 
     def _padded_rows(self, m):
         """(index into reps, reps): m rounded up to its row tile (power of two below tile_m, else a multiple
         of tile_m), as a dense table of distinct values; None when the gather path does not apply."""
-        key = ("pad", id(m))
-        hit = self._memo.get(key)
-        if hit is not None and hit[0] is m:
-            return hit[1]
+        return self._memoised(("pad",), m, lambda: self._padded_rows_table(m))
+
+    def _padded_rows_table(self, m):
         tile_m = self.gemm["tile_m"]
         out = None
         if np.ndim(m) == 1 and m.size > 64 and all(np.ndim(v) == 0 for v in (
@@ -161,17 +167,11 @@ class _Hw:
             idx[sel] = np.log2(F.gemm_tile_m(m[sel], tile_m) / tmin).astype(np.intp)
             reps = np.concatenate([tmin * np.exp2(np.arange(n_small)), np.arange(2, r_max + 1) * float(tile_m)])
             out = (idx, reps)
-        self._memo[key] = (m, out)
         return out
 
     def rows(self, n_tok, divisor):
         """n_tok / divisor, memoised so that chunk GEMMs of the same rows share t_gemm's memo."""
-        key = (id(n_tok), divisor)
-        hit = self._memo.get(key)
-        if hit is None or hit[0] is not n_tok:
-            hit = (n_tok, n_tok / divisor)
-            self._memo[key] = hit
-        return hit[1]
+        return self._memoised(("rows", divisor), n_tok, lambda: n_tok / divisor)
 
     def t_mem(self, nbytes):
         return F.t_memory_bound_s(nbytes, self.hbm, self.mem_eff, self.launch)
@@ -279,6 +279,11 @@ def _fused_gemm_rs(hw: _Hw, n_tok, n_out, k, tp):
     return t, _terms(W, g, g_conc, g_eff, fixed + (W - 1) * 2 * hw.barrier)
 
 
+def gather(a, idx):
+    """a over distinct values -> a over the sweep (last axis; draws broadcast); a as is when idx is None."""
+    return a[..., idx] if idx is not None and np.ndim(a) else a
+
+
 def distinct_values(x):
     """(distinct values of a 1-D sweep, index from x into them), or (x, None) when that saves little."""
     if x.ndim != 1 or x.size < 256:
@@ -326,9 +331,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     ag_bytes = 1.0 if dtype == "fp8" else act  # fp8 static quantises before the all-gather
     notes: list[str] = []
     Np, pidx = distinct_padded_tokens(N, W)  # SP pads N up to a multiple of tp; evaluated once per value
-
-    def ex(a):  # over the distinct padded counts -> over N
-        return a[..., pidx] if pidx is not None and np.ndim(a) else a
+    ex = functools.partial(gather, idx=pidx)  # over the distinct padded counts -> over N
     fusion_applies = True
 
     def attention(n):
@@ -416,9 +419,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
 
     # ---------------------------------------------------------------- non-layer parts
     n_seqs, sidx = distinct_values(np.ceil(N / seq_len))  # a sweep has few distinct sequence counts
-
-    def ex_seqs(a):
-        return a[..., sidx] if sidx is not None and np.ndim(a) else a
+    ex_seqs = functools.partial(gather, idx=sidx)
 
     embed = Op("embedding", "memory", hw.t_mem(2.0 * N * H * act))
     lm_head = Op("lm_head_gemm", "gemm", ex_seqs(hw.t_gemm(n_seqs, shape.vocab / W, H, fp8_ok=False)))

@@ -167,18 +167,16 @@ class HardwareProfile:
         return dataclasses.replace(self, params=params, modified=modified)
 
 
+DERIVED_FROM_LINK = "--set on interconnect.* (derived: rides on the link)"
+
+
 def with_overrides(profile: HardwareProfile, values: Mapping[str, float]) -> HardwareProfile:
     """--set semantics: plain replacement, except that the link itself carries its dependants along.
 
     `interconnect.link_bw_bytes_per_s` scales every collective's bus bandwidth and the copy-engine pull
     bandwidth by new/old; `interconnect.latency_s` shifts every collective latency and the pull latency
     by new − old (floored at 0). A dependant also given explicitly keeps the explicit value."""
-    values = dict(values)
     derived: dict[str, Any] = {}
-    for k in values:
-        if k not in profile.params:
-            raise TpcostError(f"--set: unknown quantity {k!r} for profile {profile.name!r} "
-                              f"(see `tpcost profiles --keys {profile.name}`)")
     if "interconnect.link_bw_bytes_per_s" in values:
         old = profile.v("interconnect.link_bw_bytes_per_s")
         ratio = values["interconnect.link_bw_bytes_per_s"] / old if old else 1.0
@@ -191,7 +189,8 @@ def with_overrides(profile: HardwareProfile, values: Mapping[str, float]) -> Har
         for k, p in profile.params.items():
             if (k.startswith("collectives.") and k.endswith(".latency_s")) or k == "asynctp.copy_latency_s":
                 derived[k] = max(0.0, p.value + delta)
-    return profile.with_values({**derived, **values})
+    derived = {k: v for k, v in derived.items() if k not in values}
+    return profile.with_values(derived, source=DERIVED_FROM_LINK).with_values(values)
 
 
 def _flatten(tree: Mapping[str, Any], path: str, params: dict, attrs: dict, where: str) -> None:
