@@ -206,6 +206,15 @@ def b200():
         coll["flashinfer_ar_rmsnorm"][f"tp{w}"] = sec(
             f"TRTLLM_PR14534 GB200 4-rank one-shot fused AR+RMSNorm fit (rms rel err {err:.3f}); used for TP{w}",
             "published-measurement" if w == 4 else "assumed", latency_s=a, bus_bw_bytes_per_s=bw)
+    # TP2 up to vLLM's 64 MB limit: the B300 (same NVLink5) large-message points
+    fi2 = R.fi_tp2_b300()
+    one, two = fi2["flashinfer_ar_rmsnorm"], fi2["flashinfer_ar_rmsnorm_twoshot"]
+    coll["flashinfer_ar_rmsnorm"]["tp2"] = sec(
+        f"busBW: {one['source']} (B300 has B200's NVLink5); latency: TRTLLM_PR14534 GB200 4-rank one-shot fit",
+        "published-measurement", latency_s=a, bus_bw_bytes_per_s=one["bus_bw_bytes_per_s"])
+    coll["flashinfer_ar_rmsnorm_twoshot"]["tp2"] = sec(
+        two["source"] + " (B300 has B200's NVLink5)", "published-measurement",
+        latency_s=two["latency_s"], bus_bw_bytes_per_s=two["bus_bw_bytes_per_s"])
     return {
         "schema_version": SCHEMA_VERSION,
         "identity": {"name": "b200", "display_name": "NVIDIA B200 (HGX, 8 GPUs)", "vendor": "nvidia",
