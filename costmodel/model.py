@@ -74,8 +74,13 @@ class Prediction:
     tp: int
     dtype: str
     schedules: dict[str, Schedule]
-    breakdown: dict[str, Any]  # BREAKDOWN_KEYS -> per-forward seconds, positive = SP+AsyncTP saves
     notes: tuple[str, ...]
+    _breakdown: Any = dataclasses.field(default=None, repr=False, compare=False)  # () -> the breakdown dict
+
+    @functools.cached_property
+    def breakdown(self) -> dict[str, Any]:
+        """BREAKDOWN_KEYS -> per-forward seconds over N, positive = SP+AsyncTP saves (computed on first use)."""
+        return self._breakdown()
 
     def t_forward_s(self, schedule: str):
         return self.schedules[schedule].t_forward_s
@@ -139,8 +144,8 @@ class _Hw:
             # compute time depends on m only through m padded to its row tile: evaluate it once per
             # distinct padded m (a few hundred) and gather; identical to F.t_gemm_s (tests/test_model.py)
             idx, reps = padded
-            t_comp = F.t_gemm_compute_s(reps, n, k, peak, g["max_efficiency"], g["tile_m"], g["tile_n"],
-                                        g["sm_count"])[idx]
+            t_comp = gather(F.t_gemm_compute_s(reps, n, k, peak, g["max_efficiency"], g["tile_m"], g["tile_n"],
+                                               g["sm_count"]), idx)
             bw = self.hbm * g["mem_efficiency"]
             t_mem = m * ((k * b + n * self.act_bytes) / bw) + (k * n * b / bw + g["launch_overhead_s"])
             t_comp += g["launch_overhead_s"]
@@ -159,14 +164,17 @@ class _Hw:
                 tile_m, self.gemm["max_efficiency"], self.gemm["sm_count"], self.peak, self.peak_bf16)):
             tmin = float(min(64.0, tile_m))
             n_small = int(round(np.log2(tile_m / tmin))) + 1  # tmin, 2·tmin, ..., tile_m
-            idx = np.ceil(m / tile_m)
-            r_max = max(1, int(idx.max()))
-            idx += n_small - 2
-            idx = idx.astype(np.intp)
-            sel = np.flatnonzero(m <= tile_m)  # rows below one full tile: power-of-two tiles
-            idx[sel] = np.log2(F.gemm_tile_m(m[sel], tile_m) / tmin).astype(np.intp)
+            r_max = max(1, int(np.ceil(m.max() / tile_m)))
             reps = np.concatenate([tmin * np.exp2(np.arange(n_small)), np.arange(2, r_max + 1) * float(tile_m)])
-            out = (idx, reps)
+            if is_sorted(m):  # each m pads to the smallest rep >= m: run lengths from the rep boundaries
+                out = (Runs(np.diff(np.searchsorted(m, reps, side="right"), prepend=0)), reps)
+            else:
+                idx = np.ceil(m / tile_m)
+                idx += n_small - 2
+                idx = idx.astype(np.intp)
+                sel = np.flatnonzero(m <= tile_m)  # rows below one full tile: power-of-two tiles
+                idx[sel] = np.log2(F.gemm_tile_m(m[sel], tile_m) / tmin).astype(np.intp)
+                out = (idx, reps)
         return out
 
     def rows(self, n_tok, divisor):
@@ -220,12 +228,17 @@ def _all_reduce_dispatch(hw: _Hw, msg_bytes, tp: int, fusion_applies: bool, fi_m
     t = np.zeros(shape)
     fused = np.zeros(np.shape(msg_bytes), dtype=bool)
     used = []
+    sweep = np.ndim(msg_bytes) == 1 and is_sorted(msg_bytes)
     for mask, impl, is_fused in choices:
-        where = np.flatnonzero(mask)
-        if not where.size:
+        if sweep:  # every choice is an interval of a sorted sweep (thresholds cut it in order): a slice
+            count = int(np.count_nonzero(mask))
+            start = int(np.argmax(mask)) if count else 0
+            where = slice(start, start + count)
+        else:
+            where = np.flatnonzero(mask)
+            count = where.size
+        if not count:
             continue
-        if where[-1] - where[0] + 1 == where.size:  # contiguous (a sorted sweep): a slice, no gather
-            where = slice(where[0], where[-1] + 1)
         lat, bw = params[impl]
         t[..., where] = F.t_all_reduce_s(msg_bytes[where], lat, bw, tp)
         fused[where] = is_fused
@@ -279,20 +292,39 @@ def _fused_gemm_rs(hw: _Hw, n_tok, n_out, k, tp):
     return t, _terms(W, g, g_conc, g_eff, fixed + (W - 1) * 2 * hw.barrier)
 
 
+class Runs:
+    """Index of a sorted sweep into its distinct values, as run lengths: value i repeats counts[i] times."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self, counts):
+        self.counts = counts
+
+
+def is_sorted(x):
+    """True for a non-decreasing 1-D array."""
+    return bool(np.all(x[1:] >= x[:-1]))
+
+
 def gather(a, idx):
     """a over distinct values -> a over the sweep (last axis; draws broadcast); a as is when idx is None."""
-    return a[..., idx] if idx is not None and np.ndim(a) else a
+    if idx is None or not np.ndim(a):
+        return a
+    if isinstance(idx, Runs):
+        return np.repeat(a, idx.counts, axis=-1)
+    return a[..., idx]
 
 
 def distinct_values(x):
     """(distinct values of a 1-D sweep, index from x into them), or (x, None) when that saves little."""
     if x.ndim != 1 or x.size < 256:
         return x, None
-    if np.all(x[1:] >= x[:-1]):  # sorted sweep: linear-time distinct values
+    if is_sorted(x):  # sorted sweep: linear-time distinct values, run lengths instead of an index
         keep = np.empty(x.size, dtype=bool)
         keep[0] = True
         np.not_equal(x[1:], x[:-1], out=keep[1:])
-        uniq, idx = x[keep], np.cumsum(keep) - 1
+        starts = np.flatnonzero(keep)
+        uniq, idx = x[starts], Runs(np.diff(starts, append=x.size))
     else:
         uniq, idx = np.unique(x, return_inverse=True)
     if uniq.size > 0.75 * x.size:  # not worth the gather
@@ -434,21 +466,24 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
               "sp_asynctp": Schedule("sp_asynctp", padded(spa_layer), nonlayer_sp, L, Np, pidx)}
 
     # ---------------------------------------------------------------- breakdown (per forward)
-    t_tp, t_sp, t_spa = (scheds[s].t_forward_s for s in SCHEDULES)
-    units = 2 * L + 1
-    norm_saving = units * (np.where(fused_mask, 0.0, t_norm_full) - ex(t_norm_shard))
-    collective_change = units * (t_ar - ex(t_rs + t_ag))
-    chunk_loss = ex(L * (terms["chunk"] - terms["whole"]))  # W chunk GEMMs vs the whole GEMM, over fused ops
-    concurrency = ex(L * terms["conc"])
-    contention = ex(L * terms["contention"])
-    barrier = ex(L * terms["fixed"])
-    # overlap gain: what the fused ops save against their sequential SP counterparts, net of the
-    # other terms (so that the breakdown sums exactly to t_sp - t_sp_asynctp on the fused ops)
-    fused_time = L * sum(op.t_s * op.count for op in spa_layer if op.kind == "fused")
-    overlap_gain = ex(L * terms["seq"] - fused_time) + chunk_loss - concurrency + contention + barrier
-    total = t_tp - t_spa
-    other = total - (norm_saving + collective_change + overlap_gain - chunk_loss + concurrency - contention - barrier)
-    breakdown = dict(overlap_gain_s=overlap_gain, chunking_loss_s=chunk_loss, concurrency_recovery_s=concurrency,
-                     contention_s=contention, barrier_latency_s=barrier, norm_saving_s=norm_saving,
-                     collective_change_s=collective_change, padding_and_other_s=other)
-    return Prediction(num_tokens=N, tp=tp, dtype=dtype, schedules=scheds, breakdown=breakdown, notes=tuple(notes))
+    def breakdown():
+        t_tp, t_spa = scheds["tp"].t_forward_s, scheds["sp_asynctp"].t_forward_s
+        units = 2 * L + 1
+        norm_saving = units * (np.where(fused_mask, 0.0, t_norm_full) - ex(t_norm_shard))
+        collective_change = units * (t_ar - ex(t_rs + t_ag))
+        chunk_loss = ex(L * (terms["chunk"] - terms["whole"]))  # W chunk GEMMs vs the whole GEMM, over fused ops
+        concurrency = ex(L * terms["conc"])
+        contention = ex(L * terms["contention"])
+        barrier = ex(L * terms["fixed"])
+        # overlap gain: what the fused ops save against their sequential SP counterparts, net of the
+        # other terms (so that the breakdown sums exactly to t_sp - t_sp_asynctp on the fused ops)
+        fused_time = L * sum(op.t_s * op.count for op in spa_layer if op.kind == "fused")
+        overlap_gain = ex(L * terms["seq"] - fused_time) + chunk_loss - concurrency + contention + barrier
+        total = t_tp - t_spa
+        other = total - (norm_saving + collective_change + overlap_gain - chunk_loss + concurrency - contention - barrier)
+        return dict(overlap_gain_s=overlap_gain, chunking_loss_s=chunk_loss, concurrency_recovery_s=concurrency,
+                    contention_s=contention, barrier_latency_s=barrier, norm_saving_s=norm_saving,
+                    collective_change_s=collective_change, padding_and_other_s=other)
+
+    return Prediction(num_tokens=N, tp=tp, dtype=dtype, schedules=scheds, notes=tuple(notes),
+                      _breakdown=breakdown)

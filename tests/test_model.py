@@ -194,3 +194,10 @@ def test_sweep_equals_pointwise(tp, dtype):
         np.testing.assert_allclose(a.schedules[s].t_layer_s[pick], b.schedules[s].t_layer_s, rtol=1e-12)
     for k in a.breakdown:
         np.testing.assert_allclose(a.breakdown[k][pick], b.breakdown[k], rtol=1e-9, atol=1e-15)
+    # an unsorted sweep takes the index (not run-length) paths and must give the same numbers
+    perm = np.random.default_rng(0).permutation(sweep.size)
+    c = predict(H100, L70, tp, dtype, sweep[perm])
+    for s in ("tp", "sp", "sp_asynctp"):
+        np.testing.assert_allclose(c.t_forward_s(s), a.t_forward_s(s)[perm], rtol=1e-12)
+    for k in a.breakdown:
+        np.testing.assert_allclose(c.breakdown[k], a.breakdown[k][perm], rtol=1e-9, atol=1e-15)
