@@ -12,12 +12,12 @@ SPLIT_K_MIN_DEPTH = 512.0  # smallest K slice a split-K/stream-K kernel gives on
 
 def gemm_flops(m, n, k):
     """FLOP of C[m,n] = A[m,k] @ B[k,n]: 2·m·n·k (FLOP)."""
-    return 2.0 * m * n * k
+    return m * (2.0 * n * k)
 
 
 def gemm_bytes(m, n, k, in_bytes, w_bytes, out_bytes):
     """HBM traffic of one GEMM: m·k·b_in + k·n·b_w + m·n·b_out (bytes; each operand touched once)."""
-    return m * k * in_bytes + k * n * w_bytes + m * n * out_bytes
+    return m * (k * in_bytes + n * out_bytes) + k * n * w_bytes
 
 
 def gemm_tile_m(m, tile_m_max, tile_m_min=64.0):
@@ -65,17 +65,17 @@ def t_memory_bound_s(bytes_moved, hbm_bw_bytes_per_s, mem_efficiency, launch_ove
 def rms_norm_bytes(rows, hidden, act_bytes, out_bytes, fused_add=True):
     """(fused-add) RMSNorm traffic: read x (+ residual), write out (+ residual): rows·H·(b·(1+r)+b_out+b·r)."""
     r = 1.0 if fused_add else 0.0
-    return rows * hidden * (act_bytes * (1.0 + 2.0 * r) + out_bytes)
+    return rows * (hidden * (act_bytes * (1.0 + 2.0 * r) + out_bytes))
 
 
 def silu_mul_bytes(rows, intermediate_per_rank, act_bytes, out_bytes):
     """SiluAndMul traffic: read rows·2I/tp·b, write rows·I/tp·b_out (bytes)."""
-    return rows * intermediate_per_rank * (2.0 * act_bytes + out_bytes)
+    return rows * (intermediate_per_rank * (2.0 * act_bytes + out_bytes))
 
 
 def reduction_bytes(rows, n, out_bytes, world):
     """Sum of W partials [W, rows/W, n] → [rows/W, n]: reads rows·n·b, writes rows·n·b/W (bytes)."""
-    return rows * n * out_bytes * (1.0 + 1.0 / world)
+    return rows * (n * out_bytes * (1.0 + 1.0 / world))
 
 
 # --------------------------------------------------------------------------- collectives (§4)
@@ -83,12 +83,12 @@ def reduction_bytes(rows, n, out_bytes, world):
 
 def t_all_reduce_s(msg_bytes, latency_s, bus_bw_bytes_per_s, world):
     """All-reduce: α + 2(W−1)/W · S/busBW (s; nccl-tests PERFORMANCE.md bus-bandwidth convention)."""
-    return np.where(world > 1, latency_s + 2.0 * (world - 1) / world * msg_bytes / bus_bw_bytes_per_s, 0.0)
+    return (latency_s + msg_bytes * (2.0 * (world - 1) / world / bus_bw_bytes_per_s)) * (np.asarray(world) > 1)
 
 
 def t_all_gather_s(out_bytes, latency_s, bus_bw_bytes_per_s, world):
     """All-gather of an S-byte output: α + (W−1)/W · S/busBW (s; nccl-tests convention)."""
-    return np.where(world > 1, latency_s + (world - 1) / world * out_bytes / bus_bw_bytes_per_s, 0.0)
+    return (latency_s + out_bytes * ((world - 1) / world / bus_bw_bytes_per_s)) * (np.asarray(world) > 1)
 
 
 def t_reduce_scatter_s(in_bytes, latency_s, bus_bw_bytes_per_s, world):
@@ -101,12 +101,12 @@ def t_reduce_scatter_s(in_bytes, latency_s, bus_bw_bytes_per_s, world):
 
 def attention_flops(tokens, seq_len, heads_per_rank, head_dim):
     """Causal prefill attention FLOP: 4·d·h·Σ L²/2 = 2·d·h·N·min(N, L) for N tokens in sequences of L."""
-    return 2.0 * head_dim * heads_per_rank * tokens * np.minimum(tokens, seq_len)
+    return tokens * np.minimum(tokens, seq_len) * (2.0 * head_dim * heads_per_rank)
 
 
 def attention_bytes(tokens, heads_per_rank, kv_heads_per_rank, head_dim, act_bytes):
     """FlashAttention traffic: read Q,K,V and write O once: N·(2h + 2kv)·d·b (bytes)."""
-    return tokens * (2.0 * heads_per_rank + 2.0 * kv_heads_per_rank) * head_dim * act_bytes
+    return tokens * ((2.0 * heads_per_rank + 2.0 * kv_heads_per_rank) * head_dim * act_bytes)
 
 
 # --------------------------------------------------------------------------- AsyncTP (§6)

@@ -119,6 +119,9 @@ class _Hw:
         self.slowdown = v("asynctp.compute_slowdown")
         self.kappa = v("asynctp.stream_concurrency")
         self._memo: dict = {}
+        self.rows_hint = 0.0  # the largest row count this prediction will ask for (sizes the padded-row table)
+        self._reps = None  # distinct padded row counts, shared by every GEMM of this prediction
+        self._tables: dict = {}  # (n, k, fp8_ok) -> compute time (+ launch) over self._reps
 
     def _memoised(self, key, arr, compute):
         """compute() once per (array object, key) within one prediction; holding `arr` keeps its id unique."""
@@ -139,47 +142,64 @@ class _Hw:
         g = self.gemm
         padded = self._padded_rows(m)
         if padded is None:  # Monte Carlo draws or tiny inputs: the reference formula, fully broadcast
-            t = F.t_gemm_s(m, n, k, peak_flops_per_s=peak, in_bytes=b, w_bytes=b, out_bytes=self.act_bytes, **g)
-        else:
-            # compute time depends on m only through m padded to its row tile: evaluate it once per
-            # distinct padded m (a few hundred) and gather; identical to F.t_gemm_s (tests/test_model.py)
-            idx, reps = padded
-            t_comp = gather(F.t_gemm_compute_s(reps, n, k, peak, g["max_efficiency"], g["tile_m"], g["tile_n"],
-                                               g["sm_count"]), idx)
-            bw = self.hbm * g["mem_efficiency"]
-            t_mem = m * ((k * b + n * self.act_bytes) / bw) + (k * n * b / bw + g["launch_overhead_s"])
-            t_comp += g["launch_overhead_s"]
-            t = np.maximum(t_comp, t_mem, out=t_comp)
-        return t
+            return F.t_gemm_s(m, n, k, peak_flops_per_s=peak, in_bytes=b, w_bytes=b, out_bytes=self.act_bytes, **g)
+        # compute time depends on m only through m padded to its row tile: evaluate it once per distinct
+        # padded m (a few hundred, shared by all GEMMs of one (n, k)) and expand; identical to F.t_gemm_s
+        # (tests/test_model.py)
+        table = self._tables.get((n, k, fp8_ok))
+        if table is None:
+            table = F.t_gemm_compute_s(self._reps, n, k, peak, g["max_efficiency"], g["tile_m"], g["tile_n"],
+                                       g["sm_count"]) + g["launch_overhead_s"]
+            self._tables[(n, k, fp8_ok)] = table
+        bw = self.hbm * g["mem_efficiency"]
+        t = m * ((k * b + n * self.act_bytes) / bw)
+        t += k * n * b / bw + g["launch_overhead_s"]
+        return np.maximum(gather(table, padded), t, out=t)
 
     def _padded_rows(self, m):
-        """(index into reps, reps): m rounded up to its row tile (power of two below tile_m, else a multiple
-        of tile_m), as a dense table of distinct values; None when the gather path does not apply."""
-        return self._memoised(("pad",), m, lambda: self._padded_rows_table(m))
+        """Index of m into self._reps, m rounded up to its row tile (power of two below tile_m, else a
+        multiple of tile_m): run lengths for a sorted sweep, else an index; None when the table path
+        does not apply (draws, short inputs)."""
+        return self._memoised(("pad",), m, lambda: self._padded_rows_index(m))
 
-    def _padded_rows_table(self, m):
+    def _padded_rows_index(self, m):
         tile_m = self.gemm["tile_m"]
-        out = None
-        if np.ndim(m) == 1 and m.size > 64 and all(np.ndim(v) == 0 for v in (
-                tile_m, self.gemm["max_efficiency"], self.gemm["sm_count"], self.peak, self.peak_bf16)):
-            tmin = float(min(64.0, tile_m))
-            n_small = int(round(np.log2(tile_m / tmin))) + 1  # tmin, 2·tmin, ..., tile_m
-            r_max = max(1, int(np.ceil(m.max() / tile_m)))
-            reps = np.concatenate([tmin * np.exp2(np.arange(n_small)), np.arange(2, r_max + 1) * float(tile_m)])
-            if is_sorted(m):  # each m pads to the smallest rep >= m: run lengths from the rep boundaries
-                out = (Runs(np.diff(np.searchsorted(m, reps, side="right"), prepend=0)), reps)
-            else:
-                idx = np.ceil(m / tile_m)
-                idx += n_small - 2
-                idx = idx.astype(np.intp)
-                sel = np.flatnonzero(m <= tile_m)  # rows below one full tile: power-of-two tiles
-                idx[sel] = np.log2(F.gemm_tile_m(m[sel], tile_m) / tmin).astype(np.intp)
-                out = (idx, reps)
-        return out
+        if not (np.ndim(m) == 1 and m.size > 64 and all(np.ndim(v) == 0 for v in (
+                tile_m, self.gemm["max_efficiency"], self.gemm["sm_count"], self.peak, self.peak_bf16))):
+            return None
+        tmin = float(min(64.0, tile_m))
+        n_small = int(round(np.log2(tile_m / tmin))) + 1  # tmin, 2·tmin, ..., tile_m
+        m_max = float(m.max())
+        if self._reps is None or self._reps[-1] < m_max:  # (re)build the shared table of distinct rows
+            r_max = max(1, int(np.ceil(max(m_max, self.rows_hint) / tile_m)))
+            self._reps = np.concatenate([tmin * np.exp2(np.arange(n_small)), np.arange(2, r_max + 1) * float(tile_m)])
+            self._tables.clear()
+            self._memo = {key: hit for key, hit in self._memo.items() if key[1] != "pad"}
+        if self.is_sorted(m):  # each m pads to the smallest rep >= m: run lengths from the rep boundaries
+            return Runs(np.diff(np.searchsorted(m, self._reps, side="right"), prepend=0))
+        idx = np.ceil(m / tile_m)
+        idx += n_small - 2
+        idx = idx.astype(np.intp)
+        sel = np.flatnonzero(m <= tile_m)  # rows below one full tile: power-of-two tiles
+        idx[sel] = np.log2(F.gemm_tile_m(m[sel], tile_m) / tmin).astype(np.intp)
+        return idx
+
+    def is_sorted(self, m):
+        """is_sorted(m), memoised per array within one prediction."""
+        return self._memoised(("sorted",), m, lambda: is_sorted(m))
+
+    def mark_sorted(self, m):
+        """Record that m is known to be sorted (derived from a sorted sweep)."""
+        self._memoised(("sorted",), m, lambda: True)
 
     def rows(self, n_tok, divisor):
         """n_tok / divisor, memoised so that chunk GEMMs of the same rows share t_gemm's memo."""
-        return self._memoised(("rows", divisor), n_tok, lambda: n_tok / divisor)
+        def divide():
+            out = n_tok / divisor
+            if np.ndim(out) == 1 and self.is_sorted(n_tok):  # a positive divisor keeps the order
+                self.mark_sorted(out)
+            return out
+        return self._memoised(("rows", divisor), n_tok, divide)
 
     def t_mem(self, nbytes):
         return F.t_memory_bound_s(nbytes, self.hbm, self.mem_eff, self.launch)
@@ -228,7 +248,7 @@ def _all_reduce_dispatch(hw: _Hw, msg_bytes, tp: int, fusion_applies: bool, fi_m
     t = np.zeros(shape)
     fused = np.zeros(np.shape(msg_bytes), dtype=bool)
     used = []
-    sweep = np.ndim(msg_bytes) == 1 and is_sorted(msg_bytes)
+    sweep = np.ndim(msg_bytes) == 1 and hw.is_sorted(msg_bytes)
     for mask, impl, is_fused in choices:
         if sweep:  # every choice is an interval of a sorted sweep (thresholds cut it in order): a slice
             count = int(np.count_nonzero(mask))
@@ -273,9 +293,9 @@ def _fused_ag_gemm(hw: _Hw, n_tok, n_out, k, tp, a_bytes):
     """torch _pipelined_all_gather_and_consume (return_A=True): returns (time, terms) per call."""
     W = tp
     mc = hw.rows(n_tok, W)
-    p = F.t_pull_s(mc * k * a_bytes, hw.ce_bw, hw.ce_lat)
+    p = F.t_pull_s(mc * (k * a_bytes), hw.ce_bw, hw.ce_lat)
     g, g_conc, g_eff = _chunk_gemm_times(hw, n_tok, n_out, k, W, p)
-    t_copy = hw.t_mem(2.0 * mc * k * a_bytes)  # local shard -> symmetric buffer (read + write)
+    t_copy = hw.t_mem(mc * (2.0 * k * a_bytes))  # local shard -> symmetric buffer (read + write)
     fixed = 3 * hw.barrier + t_copy + np.maximum(0.0, t_copy - g_eff)  # 2nd copy hides behind last GEMM
     return fixed + F.t_ag_gemm_pipeline_s(W, g, g_eff, p), _terms(W, g, g_conc, g_eff, fixed)
 
@@ -283,7 +303,7 @@ def _fused_ag_gemm(hw: _Hw, n_tok, n_out, k, tp, a_bytes):
 def _fused_gemm_rs(hw: _Hw, n_tok, n_out, k, tp):
     """torch _pipelined_produce_and_all2all + exposed reduction: returns (time, terms) per call."""
     W = tp
-    p = F.t_pull_s(hw.rows(n_tok, W) * n_out * hw.act_bytes, hw.ce_bw, hw.ce_lat)  # partials bf16 even for fp8
+    p = F.t_pull_s(hw.rows(n_tok, W) * (n_out * hw.act_bytes), hw.ce_bw, hw.ce_lat)  # partials bf16 even for fp8
     g, g_conc, g_eff = _chunk_gemm_times(hw, n_tok, n_out, k, W, p)
     t_red = hw.t_mem(F.reduction_bytes(n_tok, n_out, hw.act_bytes, W))
     fixed = 2 * hw.barrier + t_red
@@ -346,10 +366,11 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     shape.check_tp(tp)
     if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
         raise TpcostError(f"--seq-len must be an integer >= 1, got {seq_len}")
-    N = np.asarray(num_tokens, dtype=float)
+    N = np.atleast_1d(np.asarray(num_tokens, dtype=float))  # a scalar N gives 1-element arrays
     if N.size == 0 or np.any(N <= 0) or not np.all(np.isfinite(N)):
         raise TpcostError("token counts N must be > 0")
     hw = _Hw(profile, dtype)
+    hw.rows_hint = float(N.max()) + tp  # SP pads N up to a multiple of tp
     act = hw.act_bytes
     W = tp
     H, L = shape.hidden, shape.num_layers
@@ -364,6 +385,8 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     notes: list[str] = []
     Np, pidx = distinct_padded_tokens(N, W)  # SP pads N up to a multiple of tp; evaluated once per value
     ex = functools.partial(gather, idx=pidx)  # over the distinct padded counts -> over N
+    if isinstance(pidx, Runs):
+        hw.mark_sorted(Np)
     fusion_applies = True
 
     def attention(n):
@@ -387,13 +410,22 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
                 Op("moe_experts", "gemm", t_exp)]
 
     def quant(n):  # dynamic per-token quantisation kernel after a bf16 all-gather
-        return Op("dynamic_quant", "memory", hw.t_mem(n * H * (act + 1.0)))
+        return Op("dynamic_quant", "memory", hw.t_mem(n * (H * (act + 1.0))))
 
     # ---------------------------------------------------------------- tp
-    msg = N * H * act
-    t_ar, fused_mask, impls = _all_reduce_dispatch(hw, msg, W, fusion_applies)
-    t_norm_full = hw.t_mem(F.rms_norm_bytes(N, H, act, quant_bytes))
-    t_unit_tp = t_ar + np.where(fused_mask, 0.0, t_norm_full)
+    def all_reduce_units(hw):
+        """(all-reduce time, RMSNorm time where not fused into it, implementations) over N."""
+        msg = N * (H * act)
+        if np.ndim(N) == 1 and hw.is_sorted(N):
+            hw.mark_sorted(msg)
+        t_ar, fused_mask, impls = _all_reduce_dispatch(hw, msg, W, fusion_applies)
+        t_norm = hw.t_mem(F.rms_norm_bytes(N, H, act, quant_bytes))
+        t_norm[..., fused_mask] = 0.0
+        return t_ar, t_norm, impls
+
+    t_ar, t_norm_unfused, impls = all_reduce_units(hw)
+    t_unit_tp = t_ar + t_norm_unfused
+    del t_ar, t_norm_unfused  # the breakdown recomputes them: a sweep keeps fewer full-size arrays
     notes.append("tp all-reduce implementations over this sweep (vLLM 0.31 dispatch): " + ", ".join(impls))
     attn_tp = [Op("qkv_gemm", "gemm", hw.t_gemm(N, qkv_n, H)), Op("attention", "attention", attention(N)),
                Op("o_gemm", "gemm", hw.t_gemm(N, H, h_rank * d))]
@@ -401,8 +433,8 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     tp_layer = tuple(attn_tp + mlp_compute(N) + [unit_tp])
 
     # ---------------------------------------------------------------- sp (RS -> norm(N/W) -> AG)
-    t_rs = _rs(hw, W, Np * H * act)
-    t_ag = _ag(hw, W, Np * H * ag_bytes)
+    t_rs = _rs(hw, W, Np * (H * act))
+    t_ag = _ag(hw, W, Np * (H * ag_bytes))
     t_norm_shard = hw.t_mem(F.rms_norm_bytes(Np / W, H, act, ag_bytes))
     dyn = [quant(Np)] if dtype == "fp8-dynamic" else []
     sp_layer = (Op("reduce_scatter", "comm", t_rs, 2),
@@ -413,14 +445,11 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
                 Op("o_gemm", "gemm", hw.t_gemm(Np, H, h_rank * d)), *mlp_compute(Np))
 
     # ---------------------------------------------------------------- sp_asynctp
-    terms = dict(chunk=0.0, conc=0.0, contention=0.0, fixed=0.0, seq=0.0, whole=0.0)
+    fused_calls = []  # (fused-op function, its arguments after hw, whole-GEMM (m, n, k), collective it hides)
 
-    def add_terms(tm, t_whole_gemm, t_coll):
-        """Accumulate a fused op's terms and its sequential counterpart (whole GEMM + collective)."""
-        for key in ("chunk", "conc", "contention", "fixed"):
-            terms[key] = terms[key] + tm[key]
-        terms["whole"] = terms["whole"] + t_whole_gemm
-        terms["seq"] = terms["seq"] + t_whole_gemm + t_coll
+    def fused(fn, args, whole, t_coll):
+        fused_calls.append((fn, args, whole, t_coll))
+        return fn(hw, *args)[0]
 
     ops = [Op("rms_norm_shard", "memory", t_norm_shard, 2)]
     # AG + QKV (fuses unless fp8-dynamic)
@@ -431,18 +460,15 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
         if dtype == "fp8-dynamic":
             ops += [Op("all_gather", "comm", t_ag), quant(Np), Op(f"{name}_gemm", "gemm", hw.t_gemm(Np, n_out, H))]
         else:
-            t_f, tm = _fused_ag_gemm(hw, Np, n_out, H, W, ag_bytes)
-            add_terms(tm, hw.t_gemm(Np, n_out, H), t_ag)
+            t_f = fused(_fused_ag_gemm, (Np, n_out, H, W, ag_bytes), (n_out, H), t_ag)
             ops.append(Op(f"fused_all_gather_{name}_gemm", "fused", t_f))
         if with_attn:
             ops.append(Op("attention", "attention", attention(Np)))
-            t_f, tm = _fused_gemm_rs(hw, Np, H, h_rank * d, W)
-            add_terms(tm, hw.t_gemm(Np, H, h_rank * d), t_rs)
+            t_f = fused(_fused_gemm_rs, (Np, H, h_rank * d, W), (H, h_rank * d), t_rs)
             ops.append(Op("fused_o_gemm_reduce_scatter", "fused", t_f))
     if not shape.is_moe:
         ops.append(Op("silu_mul", "memory", hw.t_mem(F.silu_mul_bytes(Np, I_rank, act, quant_bytes))))
-        t_f, tm = _fused_gemm_rs(hw, Np, H, I_rank, W)
-        add_terms(tm, hw.t_gemm(Np, H, I_rank), t_rs)
+        t_f = fused(_fused_gemm_rs, (Np, H, I_rank, W), (H, I_rank), t_rs)
         ops.append(Op("fused_down_gemm_reduce_scatter", "fused", t_f))
     else:
         ops.append(Op("reduce_scatter", "comm", t_rs))
@@ -453,12 +479,12 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     n_seqs, sidx = distinct_values(np.ceil(N / seq_len))  # a sweep has few distinct sequence counts
     ex_seqs = functools.partial(gather, idx=sidx)
 
-    embed = Op("embedding", "memory", hw.t_mem(2.0 * N * H * act))
+    embed = Op("embedding", "memory", hw.t_mem(N * (2.0 * H * act)))
     lm_head = Op("lm_head_gemm", "gemm", ex_seqs(hw.t_gemm(n_seqs, shape.vocab / W, H, fp8_ok=False)))
     logits = Op("logits_gather", "comm", ex_seqs(_ag(hw, W, n_seqs * shape.vocab * 4.0)))
     nonlayer_tp = (embed, Op("all_reduce+rms_norm", "comm", t_unit_tp), lm_head, logits)
     padded = lambda ops: tuple(dataclasses.replace(op, padded=True) for op in ops)  # noqa: E731
-    nonlayer_sp = padded((Op("embedding", "memory", hw.t_mem(2.0 * Np * H * act)), Op("reduce_scatter", "comm", t_rs),
+    nonlayer_sp = padded((Op("embedding", "memory", hw.t_mem(Np * (2.0 * H * act))), Op("reduce_scatter", "comm", t_rs),
                           Op("rms_norm_shard", "memory", t_norm_shard), Op("all_gather", "comm", t_ag))) + (lm_head, logits)
 
     scheds = {"tp": Schedule("tp", tp_layer, nonlayer_tp, L),
@@ -467,9 +493,20 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
 
     # ---------------------------------------------------------------- breakdown (per forward)
     def breakdown():
+        hw = _Hw(profile, dtype)  # recompute what predict() did not keep
+        hw.rows_hint = float(N.max()) + tp
+        t_ar, t_norm_unfused, _ = all_reduce_units(hw)
+        terms = dict(chunk=0.0, conc=0.0, contention=0.0, fixed=0.0, seq=0.0, whole=0.0)
+        for fn, args, (n_out, k), t_coll in fused_calls:
+            tm = fn(hw, *args)[1]
+            t_whole = hw.t_gemm(Np, n_out, k)
+            for key in ("chunk", "conc", "contention", "fixed"):
+                terms[key] = terms[key] + tm[key]
+            terms["whole"] = terms["whole"] + t_whole
+            terms["seq"] = terms["seq"] + t_whole + t_coll
         t_tp, t_spa = scheds["tp"].t_forward_s, scheds["sp_asynctp"].t_forward_s
         units = 2 * L + 1
-        norm_saving = units * (np.where(fused_mask, 0.0, t_norm_full) - ex(t_norm_shard))
+        norm_saving = units * (t_norm_unfused - ex(t_norm_shard))
         collective_change = units * (t_ar - ex(t_rs + t_ag))
         chunk_loss = ex(L * (terms["chunk"] - terms["whole"]))  # W chunk GEMMs vs the whole GEMM, over fused ops
         concurrency = ex(L * terms["conc"])

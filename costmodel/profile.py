@@ -16,6 +16,7 @@ interconnect, collectives, vllm_dispatch, asynctp (see docs/model.md for each qu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import tomllib
 from importlib import resources
@@ -121,12 +122,17 @@ class HardwareProfile:
         return lat, bw
 
     def collective_tps(self, impl: str) -> list[int]:
-        prefix = f"collectives.{impl}.tp"
-        out = set()
+        return self._collective_index.get(impl, [])
+
+    @functools.cached_property
+    def _collective_index(self) -> dict[str, list[int]]:
+        """impl -> sorted TP sizes with an entry (from keys collectives.<impl>.tp<W>.<field>), built once."""
+        out: dict[str, set[int]] = {}
         for k in self.params:
-            if k.startswith(prefix):
-                out.add(int(k[len(prefix):].split(".")[0]))
-        return sorted(out)
+            parts = k.split(".")
+            if len(parts) == 4 and parts[0] == "collectives" and parts[2].startswith("tp"):
+                out.setdefault(parts[1], set()).add(int(parts[2][2:]))
+        return {impl: sorted(tps) for impl, tps in out.items()}
 
     def has_collective(self, impl: str) -> bool:
         return bool(self.collective_tps(impl))

@@ -201,3 +201,12 @@ def test_sweep_equals_pointwise(tp, dtype):
         np.testing.assert_allclose(c.t_forward_s(s), a.t_forward_s(s)[perm], rtol=1e-12)
     for k in a.breakdown:
         np.testing.assert_allclose(c.breakdown[k], a.breakdown[k][perm], rtol=1e-9, atol=1e-15)
+
+
+def test_scalar_token_count():
+    """A scalar N works and equals the same point inside a sweep."""
+    one = predict(H100, L70, 4, "bf16", 1024)
+    many = predict(H100, L70, 4, "bf16", np.array([512.0, 1024.0, 2048.0]))
+    assert one.speedup_sp_asynctp.shape == (1,)
+    np.testing.assert_allclose(one.speedup_sp_asynctp[0], many.speedup_sp_asynctp[1], rtol=1e-12)
+    np.testing.assert_allclose(one.breakdown["overlap_gain_s"][0], many.breakdown["overlap_gain_s"][1], rtol=1e-9)
