@@ -7,6 +7,7 @@ sweep N = 1..65536 for one model without and with the Monte Carlo band. Prints a
 import argparse
 import json
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -56,7 +57,9 @@ def main():
         assert out[3] == "0", "costmodel imported torch or scipy"
     p, m = load_profile("h100-sxm"), load_model("llama-3.1-70b")
     N = np.arange(1, 65537, dtype=float)
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     sweep = median_time(lambda: predict(p, m, 4, "bf16", N).speedup_sp_asynctp, a.reps)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / (a.reps + 1)
     grid = token_grid(4, 8192)
     cutoff = median_time(lambda: predict(p, m, 4, "bf16", grid).speedup_sp_asynctp, a.reps)
     band = median_time(lambda: cutoff_band(p, m, 4, "bf16", 1024, grid, 0.02), 3)
@@ -66,6 +69,7 @@ def main():
         "import_costmodel_s_median": statistics.median(c[0] for c in cold),
         "first_cutoff_s_median": statistics.median(c[1] for c in cold),
         "sweep_1_65536_no_band_s": sweep[0],
+        "sweep_minor_page_faults_per_call": faults,
         "cutoff_grid_2048_points_s": cutoff[0],
         "band_200_draws_cutoff_grid_s": band[0],
         "band_200_draws_sweep_1_65536_s": band_sweep[0],
@@ -75,6 +79,7 @@ def main():
     print(f"{'first analyse() incl. profile/model load, no band':58s} {res['first_cutoff_s_median'] * 1e3:8.1f} ms")
     print(f"{'predict() on the cutoff grid (2048 multiples of tp)':58s} {res['cutoff_grid_2048_points_s'] * 1e3:8.2f} ms")
     print(f"{'predict() full sweep N = 1..65536, no band':58s} {res['sweep_1_65536_no_band_s'] * 1e3:8.2f} ms  (goal <= 5 ms)")
+    print(f"{'  minor page faults per sweep (getrusage)':58s} {faults:8.0f}")
     print(f"{'cutoff band, 200 draws, cutoff grid':58s} {res['band_200_draws_cutoff_grid_s'] * 1e3:8.1f} ms")
     print(f"{'cutoff band, 200 draws, full sweep N = 1..65536':58s} {res['band_200_draws_sweep_1_65536_s'] * 1e3:8.1f} ms")
     print(f"machine: {res['machine']}")
