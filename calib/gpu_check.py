@@ -81,27 +81,33 @@ def main(argv=None) -> int:
         print("gpu_check: error: no CUDA GPU visible (torch.cuda.is_available() is False); run it on a GPU node",
               file=sys.stderr)
         return 2
+    return run_check(Path(args.out_dir), "cuda", args.budget_s)
+
+
+def run_check(out: Path, device: str, budget_s: float, shapes=SHAPES, ms=MS, chunk_ms=CHUNK_MS, worlds=WORLDS,
+              mem_sizes=MEM_SIZES, interference_m=4096) -> int:
+    """The check itself, on `device`; the CLI runs it on CUDA. The sizes are parameters so that the tests
+    can run the same pipeline on CPU with small shapes (there the interference phase yields nothing)."""
     from .fit import fit_single_device
     from .microbench import bench_chunked, bench_gemms, bench_interference, bench_memory, gemm_dtypes
     from .timing import Timer
 
-    out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prov = provenance()
     prior = prior_for(prov["device_name"])
     t0 = time.perf_counter()
-    timer = Timer("cuda", warmup_s=0.01, rep_s=0.04, min_reps=5, max_reps=50)
+    timer = Timer(device, warmup_s=0.01, rep_s=0.04, min_reps=5, max_reps=50)
     records, skipped = [], []
-    dtypes = gemm_dtypes("cuda")
-    phases = [("gemm", lambda: bench_gemms(timer, SHAPES, MS, "cuda", dtypes)),
-              ("memory", lambda: bench_memory(timer, MEM_SIZES, "cuda")),
-              *[(f"chunked_{d}", (lambda d=d: bench_chunked(timer, SHAPES[:4], CHUNK_MS, WORLDS, "cuda", d)))
+    dtypes = gemm_dtypes(device)
+    phases = [("gemm", lambda: bench_gemms(timer, shapes, ms, device, dtypes)),
+              ("memory", lambda: bench_memory(timer, mem_sizes, device)),
+              *[(f"chunked_{d}", (lambda d=d: bench_chunked(timer, shapes[:4], chunk_ms, worlds, device, d)))
                 for d in dtypes],
-              *[(f"interference_{d}", (lambda d=d: bench_interference(timer, SHAPES[:4], 4096, "cuda", d)))
+              *[(f"interference_{d}", (lambda d=d: bench_interference(timer, shapes[:4], interference_m, device, d)))
                 for d in dtypes]]
     with open(out / "samples.jsonl", "w") as f:
         for name, gen in phases:
-            if time.perf_counter() - t0 > args.budget_s:
+            if time.perf_counter() - t0 > budget_s:
                 skipped.append(name)
                 continue
             print(f"[{time.perf_counter() - t0:6.1f}s] {name}", flush=True)
@@ -110,7 +116,7 @@ def main(argv=None) -> int:
                 records.append(rec)
                 f.write(json.dumps(rec) + "\n")
                 f.flush()
-                if time.perf_counter() - t0 > args.budget_s:
+                if time.perf_counter() - t0 > budget_s:
                     skipped.append(f"{name} (partial)")
                     break
     prior_vals = {k: p.value for k, p in prior.params.items()}
@@ -120,16 +126,19 @@ def main(argv=None) -> int:
         fits[d] = {"params": params, "residuals": residuals}
     result = {"provenance": {**prov, "prior_profile": prior.name, "wall_s": round(time.perf_counter() - t0, 1),
                              "skipped_phases": skipped, "records": len(records)},
-              # profile parameters come from the bf16 fit (the model keeps one GEMM efficiency per GPU)
-              "params": fits["bf16"]["params"], "fits_by_dtype": fits}
+              # profile parameters come from the first GEMM dtype's fit (bf16 on GPU): the model keeps one
+              # GEMM efficiency per GPU
+              "params": fits[dtypes[0]]["params"], "fits_by_dtype": fits}
     (out / "fit.json").write_text(json.dumps(result, indent=2))
-    lines = [f"gpu_check on {prov['device_name']} (cc {prov['compute_capability']}, torch {prov['torch']}, "
-             f"driver {prov.get('driver')}), {len(records)} records in {result['provenance']['wall_s']} s"]
+    lines = [f"gpu_check on {prov['device_name']} (cc {prov.get('compute_capability', 'n/a')}, torch {prov['torch']}, "
+             f"driver {prov.get('driver', 'n/a')}), {len(records)} records in {result['provenance']['wall_s']} s"]
     for d, fd in fits.items():
         for k, v in fd["params"].items():
             lines.append(f"  [{d}] {k} = {v['value']:.4g} (±{100 * v['uncertainty_rel']:.1f}%)")
         for k, v in fd["residuals"].items():
             lines.append(f"  [{d}] fit {k}: {json.dumps(v)[:160]}")
+    if skipped:
+        lines.append(f"  skipped (budget): {', '.join(skipped)}")
     (out / "summary.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

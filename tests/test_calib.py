@@ -134,3 +134,34 @@ def test_hung_rank_times_out_with_clear_message(tmp_path, capsys, monkeypatch):
     assert rc == 2 and "timed out" in err and err.count("\n") == 1
     assert not prof.exists()  # no half-written profile
     assert prof.with_suffix(".samples.jsonl").exists()  # raw samples kept
+
+
+def test_gpu_check_pipeline_runs_on_cpu_and_folds_into_a_profile(tmp_path, capsys):
+    """calib/gpu_check.py's pipeline (phases → samples.jsonl → fit.json → summary.txt) is the same code on
+    CPU with small shapes; its fit.json is what tools/build_profiles.py folds into the h200-sxm profile."""
+    import copy
+
+    from calib.gpu_check import run_check
+    from costmodel.profile import profile_from_dict
+    from tools.build_profiles import calibrated_overrides, h100, h200
+
+    out = tmp_path / "calib" / "data" / "h200-sxm-gpu-check"
+    shapes = [("tiny_qkv", 96, 128), ("tiny_o", 128, 64), ("tiny_gate_up", 256, 128), ("tiny_down", 128, 128)]
+    assert run_check(out, "cpu", 60.0, shapes=shapes, ms=[1, 8, 32, 64, 128, 256], chunk_ms=[64, 128],
+                     worlds=[2, 4], mem_sizes=[2**16, 2**18]) == 0
+    recs = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    kinds = {r["kind"] for r in recs}
+    assert {"gemm", "chunked_gemm", "copy", "rms_norm", "partial_sum"} <= kinds
+    assert {r["variant"] for r in recs if r["kind"] == "chunked_gemm"} == {"one_stream", "two_streams"}
+    assert all(r["median_s"] > 0 for r in recs if "median_s" in r)
+    fit = json.loads((out / "fit.json").read_text())
+    assert fit["provenance"]["records"] == len(recs) and fit["provenance"]["prior_profile"] == "h200-sxm"
+    assert set(fit["fits_by_dtype"]) == {"fp32"} and fit["params"], fit["fits_by_dtype"]
+    assert (out / "summary.txt").read_text().startswith("gpu_check on ")
+    capsys.readouterr()
+    tree = calibrated_overrides(h200(copy.deepcopy(h100())), "h200-sxm", root=tmp_path)
+    p = profile_from_dict(tree, "h200-cpu-fold")
+    folded = [k for k, v in p.params.items() if v.tier == "calibrated"]
+    assert folded and set(folded) <= set(fit["params"])
+    for k in folded:
+        assert p.params[k].value == pytest.approx(fit["params"][k]["value"], rel=1e-3)  # profiles keep 4 digits
