@@ -445,7 +445,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
                 Op("o_gemm", "gemm", hw.t_gemm(Np, H, h_rank * d)), *mlp_compute(Np))
 
     # ---------------------------------------------------------------- sp_asynctp
-    fused_calls = []  # (fused-op function, its arguments after hw, whole-GEMM (m, n, k), collective it hides)
+    fused_calls = []  # (fused-op function, its arguments after hw, (n, k) of the whole GEMM, collective it hides)
 
     def fused(fn, args, whole, t_coll):
         fused_calls.append((fn, args, whole, t_coll))
