@@ -10,6 +10,7 @@ from .errors import TpcostError
 from .model import BREAKDOWN_KEYS, SCHEDULES, Prediction, predict
 from .profile import UNPERTURBED_PREFIXES, HardwareProfile
 from .shapes import ModelShape
+from .vllm_rules import vllm_sp_min_token_num
 
 BAND_DRAWS = 200
 BAND_SEED = 0
@@ -33,6 +34,8 @@ class Analysis:
     breakdown_at_cutoff: dict[str, float] | None
     grid_tokens: np.ndarray  # the multiples of tp the cutoff is decided on
     grid_speedup_sp_asynctp: np.ndarray
+    sensitivity: list[dict] | None = None  # cutoff_sensitivity(): the inputs that move the cutoff, largest first
+    vllm_default_tokens: int | None = None  # vLLM 0.31's own sp_min_token_num here (None: SP off)
 
 
 def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
@@ -92,6 +95,52 @@ def cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, draws=BAND_DRA
     return as_int(lo), as_int(hi)
 
 
+def model_inputs(profile: HardwareProfile, tp: int) -> list[str]:
+    """The perturbable inputs the model reads at this TP size (collective entries of other TP sizes dropped)."""
+    keys = []
+    for key in sorted(profile.params):
+        if key.startswith(UNPERTURBED_PREFIXES) or profile.params[key].value == 0:
+            continue
+        parts = key.split(".")
+        if parts[0] == "collectives" and len(parts) == 4 and parts[2] != f"tp{profile.collective_entry_tp(parts[1], tp)}":
+            continue
+        keys.append(key)
+    return keys
+
+
+def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin) -> list[dict]:
+    """One at a time, each model input × e^(−σ) and × e^(+σ) (σ of its tier; efficiencies capped at 1): the
+    cutoff with each. Returned for the inputs that move it, largest move first ("never" = beyond the grid)."""
+    base = cutoff_from_speedup(grid, predict(profile, shape, tp, dtype, grid, seq_len).speedup_sp_asynctp, margin)
+    keys = model_inputs(profile, tp)
+    variants = [(k, sign) for k in keys for sign in (-1.0, 1.0)]
+    cuts = []
+    for lo in range(0, len(variants), BAND_CHUNK):
+        part = variants[lo:lo + BAND_CHUNK]
+        vals: dict[str, np.ndarray] = {}
+        for i, (k, sign) in enumerate(part):
+            prm = profile.params[k]
+            row = vals.setdefault(k, np.full((len(part), 1), prm.value))
+            x = prm.value * np.exp(sign * prm.sigma_rel)
+            row[i, 0] = min(x, 1.0) if k.rsplit(".", 1)[-1] in EFFICIENCY_KEYS else x
+        pred = predict(profile.with_values(vals, mark_modified=False), shape, tp, dtype, grid, seq_len)
+        cuts.append(cutoff_from_speedup(grid, pred.speedup_sp_asynctp, margin))
+    c = np.concatenate(cuts)
+    beyond = grid[-1] + tp
+    b = beyond if base is None else base
+    out = []
+    for j, k in enumerate(keys):
+        lo_c, hi_c = c[2 * j], c[2 * j + 1]
+        move = max(abs(min(lo_c, beyond) - b), abs(min(hi_c, beyond) - b))
+        if move > 0:
+            prm = profile.params[k]
+            out.append({"quantity": k, "tier": prm.tier, "sigma_rel": prm.sigma_rel, "source": prm.source,
+                        "cutoff_minus_sigma_tokens": None if np.isinf(lo_c) else int(lo_c),
+                        "cutoff_plus_sigma_tokens": None if np.isinf(hi_c) else int(hi_c), "_move": move})
+    out.sort(key=lambda r: -r.pop("_move"))
+    return out
+
+
 def display_tokens(max_tokens: int = 65536) -> np.ndarray:
     return 2.0 ** np.arange(0, int(np.log2(max_tokens)) + 1)
 
@@ -111,6 +160,7 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     cut = cutoff_from_speedup(grid, pred.speedup_sp_asynctp, margin)
     sp_cut = cutoff_from_speedup(grid, pred.speedup_sp, margin)
     band_v = cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin) if band else None
+    sens = cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin) if band else None
     shown = display_tokens(display_max_tokens) if tokens is None else np.unique(np.asarray(tokens, dtype=float))
     if cut is not None:
         shown = np.union1d(shown, [cut])
@@ -119,8 +169,10 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     if cut is not None:
         i = int(np.searchsorted(grid, cut))
         bd = {k: float(pred.breakdown[k][i]) for k in BREAKDOWN_KEYS}
+    vllm_default = vllm_sp_min_token_num(profile.attrs.get("identity.vendor", ""),
+                                         profile.attrs.get("identity.compute_capability", ""), shape.hidden, tp)
     return Analysis(profile, shape, tp, dtype, seq_len, max_num_batched_tokens, margin, cut, sp_cut, band_v,
-                    table, bd, grid, pred.speedup_sp_asynctp)
+                    table, bd, grid, pred.speedup_sp_asynctp, sens, vllm_default)
 
 
 def provenance(profile: HardwareProfile) -> dict:
@@ -142,6 +194,8 @@ def analysis_json(a: Analysis) -> dict:
         "cutoff_band_tokens": list(a.cutoff_band_tokens) if a.cutoff_band_tokens else None,
         "sp_cutoff_tokens": a.sp_cutoff_tokens,
         "breakdown_at_cutoff_s": a.breakdown_at_cutoff,
+        "cutoff_sensitivity": a.sensitivity,
+        "vllm_default_sp_min_token_num": a.vllm_default_tokens,
         "notes": list(t.notes),
         "provenance": provenance(a.profile),
         "rows": rows,

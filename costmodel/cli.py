@@ -9,6 +9,7 @@ import sys
 from .errors import TpcostError
 
 DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TP, DEFAULT_DTYPE = "h100-sxm", "llama-3.1-70b", 4, "bf16"
+SENSITIVITY_SHOWN = 5
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,6 +88,16 @@ def cmd_whatif(args) -> int:
     cut = a.cutoff_tokens if a.cutoff_tokens is not None else "never (null)"
     print(f"\ncutoff (SP+AsyncTP, margin {args.margin:.0%}, N <= {args.max_num_batched_tokens}): {cut}{band_s}")
     print(f"cutoff (SP alone): {a.sp_cutoff_tokens if a.sp_cutoff_tokens is not None else 'never (null)'}")
+    vd = a.vllm_default_tokens
+    print("vLLM 0.31's own default here: " + (f"sp_min_token_num {vd}" if vd is not None else
+          "SP off (its table covers sm90/sm100 with hidden >= 8192 and XPU with hidden >= 4096)"))
+    if a.sensitivity:
+        never = lambda x: "never" if x is None else str(x)  # noqa: E731
+        print(f"\nwhat moves the cutoff (each input alone scaled by e^-s and e^+s, s = its tier's sigma; top {SENSITIVITY_SHOWN}):")
+        print(f"  {'quantity':56s} {'tier':22s} {'x e^-s':>7s} {'x e^+s':>7s}")
+        for r in a.sensitivity[:SENSITIVITY_SHOWN]:
+            print(f"  {r['quantity']:56s} {r['tier']:22s} {never(r['cutoff_minus_sigma_tokens']):>7s} "
+                  f"{never(r['cutoff_plus_sigma_tokens']):>7s}")
     if a.breakdown_at_cutoff:
         print("\nbreakdown at the cutoff, per forward [ms] (positive = SP+AsyncTP saves):")
         for k, v in a.breakdown_at_cutoff.items():
@@ -151,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_shape_args(w)
     w.add_argument("--json", action="store_true")
     w.add_argument("--plot", metavar="FILE.png")
-    w.add_argument("--no-band", action="store_true", help="skip the Monte Carlo cutoff band")
+    w.add_argument("--no-band", action="store_true", help="skip the Monte Carlo cutoff band and the sensitivity table")
     w.add_argument("--tokens", type=_positive_int, nargs="+", metavar="N",
                    help="token counts for the table (default: powers of two to 65536, plus the cutoff)")
     w.set_defaults(func=cmd_whatif)

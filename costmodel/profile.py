@@ -108,10 +108,7 @@ class HardwareProfile:
 
         Uses the entry for `tp` if present, else the nearest listed TP size (larger preferred);
         beyond the interconnect domain the internode link caps the bandwidth and adds latency."""
-        tps = self.collective_tps(impl)
-        if not tps:
-            raise TpcostError(f"profile {self.name!r} has no collective {impl!r}")
-        pick = tp if tp in tps else min(tps, key=lambda t: (abs(t - tp), -t))
+        pick = self.collective_entry_tp(impl, tp)
         lat = self.v(f"collectives.{impl}.tp{pick}.latency_s")
         bw = self.v(f"collectives.{impl}.tp{pick}.bus_bw_bytes_per_s")
         if tp > self.v("interconnect.domain_size"):
@@ -120,6 +117,13 @@ class HardwareProfile:
             bw = np.minimum(bw, self.v("interconnect.internode_bw_bytes_per_s"))
             lat = lat + self.v("interconnect.internode_latency_s")
         return lat, bw
+
+    def collective_entry_tp(self, impl: str, tp: int) -> int:
+        """The TP size whose `collectives.<impl>` entry serves `tp`: tp itself, else the nearest (larger preferred)."""
+        tps = self.collective_tps(impl)
+        if not tps:
+            raise TpcostError(f"profile {self.name!r} has no collective {impl!r}")
+        return tp if tp in tps else min(tps, key=lambda t: (abs(t - tp), -t))
 
     def collective_tps(self, impl: str) -> list[int]:
         return self._collective_index.get(impl, [])

@@ -23,8 +23,12 @@ def test_whatif_json_fields(capsys, tp):
     rc, out, _ = run(capsys, "whatif", "--gpu", "h100-sxm", "--model", "llama-3.1-70b", "--tp", str(tp), "--json")
     d = json.loads(out)
     assert rc == 0
-    for key in ("cutoff_tokens", "cutoff_band_tokens", "sp_cutoff_tokens", "provenance", "rows"):
+    for key in ("cutoff_tokens", "cutoff_band_tokens", "sp_cutoff_tokens", "provenance", "rows",
+                "cutoff_sensitivity", "vllm_default_sp_min_token_num"):
         assert key in d
+    assert d["vllm_default_sp_min_token_num"] == {2: 1024, 4: 2048, 8: 4096}[tp]  # vLLM 0.31's H100 rule, hidden 8192
+    for r in d["cutoff_sensitivity"]:
+        assert set(r) >= {"quantity", "tier", "sigma_rel", "cutoff_minus_sigma_tokens", "cutoff_plus_sigma_tokens"}
     assert set(d["provenance"]) >= {"tier", "profile", "sources"}
     r = d["rows"][0]
     assert set(r) >= {"num_tokens", "t_tp_s", "t_sp_s", "t_sp_asynctp_s", "speedup_sp", "speedup_sp_asynctp"}

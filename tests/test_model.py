@@ -210,3 +210,26 @@ def test_scalar_token_count():
     assert one.speedup_sp_asynctp.shape == (1,)
     np.testing.assert_allclose(one.speedup_sp_asynctp[0], many.speedup_sp_asynctp[1], rtol=1e-12)
     np.testing.assert_allclose(one.breakdown["overlap_gain_s"][0], many.breakdown["overlap_gain_s"][1], rtol=1e-9)
+
+
+def test_cutoff_sensitivity_rows_are_single_input_what_ifs():
+    """Each sensitivity row equals the cutoff of the profile with only that input scaled by e^(±σ); inputs
+    of other TP sizes, or that the model does not read here, never appear."""
+    from costmodel.analysis import cutoff_sensitivity, model_inputs
+
+    tp, grid = 2, token_grid(2, 8192)
+    rows = cutoff_sensitivity(H100, L70, tp, "bf16", 1024, grid, 0.02)
+    assert rows, "at TP 2 on H100 the cutoff sits on a thin margin: something must move it"
+    inputs = model_inputs(H100, tp)
+    for k in (k for k in inputs if k.startswith("collectives.")):
+        impl, entry = k.split(".")[1:3]
+        assert entry == f"tp{H100.collective_entry_tp(impl, tp)}"
+    assert "interconnect.internode_bw_bytes_per_s" not in {r["quantity"] for r in rows}  # tp 2 stays in the domain
+    for r in rows[:3]:
+        prm = H100.params[r["quantity"]]
+        for sign, key in ((-1, "cutoff_minus_sigma_tokens"), (1, "cutoff_plus_sigma_tokens")):
+            x = prm.value * np.exp(sign * prm.sigma_rel)
+            if r["quantity"].endswith(("efficiency", "concurrency")):
+                x = min(x, 1.0)
+            s = predict(H100.with_values({r["quantity"]: x}), L70, tp, "bf16", grid).speedup_sp_asynctp
+            assert cutoff_from_speedup(grid, s, 0.02) == r[key]
