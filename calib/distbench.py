@@ -11,21 +11,27 @@ import torch.distributed as dist
 from .microbench import make_gemm
 from .timing import Timer
 
+# torch 2.13 renamed the flat-tensor collectives (all_gather_into_tensor → all_gather_single, reduce_scatter_tensor
+# → reduce_scatter_single; same signatures) and deprecates the old names; older torch has only those.
+all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def act_dtype(device: str):
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
 def bench_collectives(timer: Timer, sizes_bytes, device, world):
-    """all_gather_into_tensor (output size S), reduce_scatter_tensor (input size S), all_reduce (size S)."""
+    """all_gather_into_tensor (output size S), reduce_scatter_tensor (input size S), all_reduce (size S);
+    on torch ≥ 2.13 under their new names all_gather_single / reduce_scatter_single."""
     dt = act_dtype(device)
     esz = torch.tensor([], dtype=dt).element_size()
     for S in sizes_bytes:
         numel = max(world, (S // esz) // world * world)
         full = torch.randn(numel, device=device, dtype=dt)
         shard = torch.randn(numel // world, device=device, dtype=dt)
-        ops = {"all_gather": lambda: dist.all_gather_into_tensor(full, shard),
-               "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full),
+        ops = {"all_gather": lambda: all_gather_flat(full, shard),
+               "reduce_scatter": lambda: reduce_scatter_flat(shard, full),
                "all_reduce": lambda: dist.all_reduce(full)}
         for impl, fn in ops.items():
             yield {"kind": "collective", "impl": impl, "world": world, "msg_bytes": numel * esz, **timer(fn).as_dict()}
@@ -180,7 +186,7 @@ def bench_fused_ops(timer: Timer, ops: AsyncTPOps, shapes, ms, device, rank, wor
                 full = torch.empty(m, k, device=device, dtype=dt)
 
                 def seq():
-                    dist.all_gather_into_tensor(full, shard)
+                    all_gather_flat(full, shard)
                     return full @ B
 
                 fused = lambda: ops.ag_gemm(shard, B, full)  # noqa: E731
@@ -190,7 +196,7 @@ def bench_fused_ops(timer: Timer, ops: AsyncTPOps, shapes, ms, device, rank, wor
                 part = torch.empty(m // world, n, device=device, dtype=dt)
 
                 def seq():
-                    dist.reduce_scatter_tensor(part, A @ B)
+                    reduce_scatter_flat(part, A @ B)
                     return part
 
                 fused = lambda: ops.gemm_rs(A, B)  # noqa: E731

@@ -69,6 +69,28 @@ def _child(rank, world, port, target, args, errq):
             pass
 
 
+def _stop_interrupted(procs) -> None:
+    """After Ctrl-C: the workers got the terminal's SIGINT too and close their files and progress bar; give
+    them 1 s, then forward SIGINT (only this process was interrupted) and give them 5 s, then kill."""
+    import signal
+    import time
+
+    for step, grace_s in (("wait", 1.0), ("sigint", 5.0), ("kill", 5.0)):
+        if step == "sigint":
+            for p in procs:
+                if p.is_alive():
+                    os.kill(p.pid, signal.SIGINT)
+        elif step == "kill":
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+        deadline = time.monotonic() + grace_s
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        if not any(p.is_alive() for p in procs):
+            return
+
+
 def run(target, args, device: str, nproc: int, what: str, wall_timeout_s: float) -> None:
     """Run target(args) on every rank: in this process under torchrun, else in `nproc` spawned CPU workers."""
     if under_torchrun():
@@ -101,8 +123,7 @@ def run(target, args, device: str, nproc: int, what: str, wall_timeout_s: float)
                                   "(raw samples kept; no profile written)")
             time.sleep(0.1)
     except KeyboardInterrupt:
-        for p in procs:
-            p.kill()
+        _stop_interrupted(procs)
         raise
     for p in procs:
         if p.is_alive():

@@ -26,6 +26,8 @@ def _layer_fns(shape, world, rank, dev, seq_len, ops):
     import torch.distributed as dist
     import torch.nn.functional as Fn
 
+    from .distbench import all_gather_flat, reduce_scatter_flat
+
     dt = torch.bfloat16 if dev.startswith("cuda") else torch.float32
     H, d = shape.hidden, shape.head_dim
     h, kv = shape.num_heads // world, shape.kv_heads_per_rank(world)
@@ -63,13 +65,13 @@ def _layer_fns(shape, world, rank, dev, seq_len, ops):
         return y
 
     def sp_layer(xs, full):
-        dist.all_gather_into_tensor(full, norm(xs))
+        all_gather_flat(full, norm(xs))
         y = attention(full @ Wqkv) @ Wo
         ys = torch.empty_like(xs)
-        dist.reduce_scatter_tensor(ys, y)
-        dist.all_gather_into_tensor(full, norm(ys))
+        reduce_scatter_flat(ys, y)
+        all_gather_flat(full, norm(ys))
         y = silu_mul(full @ Wgu) @ Wd
-        dist.reduce_scatter_tensor(ys, y)
+        reduce_scatter_flat(ys, y)
         return ys
 
     def spa_layer(xs, full):
