@@ -94,6 +94,37 @@ class Prediction:
         return self.t_forward_s("tp") / self.t_forward_s("sp_asynctp")
 
 
+class _Arena:
+    """Rows of a few large blocks, one set per sweep length, that hold the per-op times of a large sweep.
+
+    Each op's times are copied in as soon as they are made, so their temporaries are freed at once and
+    reused by the next op, instead of every op's array keeping fresh pages of its own. A 65 536-point
+    sweep keeps ~10 MB of results; allocated one array at a time, glibc returns those pages to the OS
+    after every call and each comes back as a page fault (benchmarks/bench_costmodel.py counts them)."""
+
+    BLOCK_ROWS = 16
+    MIN_ROW_BYTES = 64 * 1024  # shorter sweeps (the cutoff grid) gain nothing
+
+    def __init__(self, lengths):
+        self.blocks = {n: [] for n in set(lengths) if n * 8 >= self.MIN_ROW_BYTES}
+        self.free = dict.fromkeys(self.blocks, 0)
+
+    def keep(self, a):
+        """a itself, or a copy of it in a row of this arena's blocks (1-D float64 arrays of a sweep length)."""
+        if not (isinstance(a, np.ndarray) and a.ndim == 1 and a.dtype == np.float64 and a.shape[0] in self.blocks):
+            return a
+        n = a.shape[0]
+        if any(a.base is b for b in self.blocks[n]):
+            return a  # already a row
+        if self.free[n] == 0:
+            self.blocks[n].append(np.empty((self.BLOCK_ROWS, n)))
+            self.free[n] = self.BLOCK_ROWS
+        row = self.blocks[n][-1][self.BLOCK_ROWS - self.free[n]]
+        self.free[n] -= 1
+        row[...] = a
+        return row
+
+
 class _Hw:
     """Profile values pulled out once (floats or draw arrays) for the formulas."""
 
@@ -122,6 +153,7 @@ class _Hw:
         self.rows_hint = 0.0  # the largest row count this prediction will ask for (sizes the padded-row table)
         self._reps = None  # distinct padded row counts, shared by every GEMM of this prediction
         self._tables: dict = {}  # (n, k, fp8_ok) -> compute time (+ launch) over self._reps
+        self.arena: _Arena | None = None  # set by predict() for a large sweep
 
     def _memoised(self, key, arr, compute):
         """compute() once per (array object, key) within one prediction; holding `arr` keeps its id unique."""
@@ -132,9 +164,13 @@ class _Hw:
             self._memo[full] = hit
         return hit[1]
 
+    def keep(self, a):
+        """a, or its copy in this prediction's arena (see _Arena); for the per-op times a Prediction holds."""
+        return a if self.arena is None else self.arena.keep(a)
+
     def t_gemm(self, m, n, k, *, fp8_ok=True):
         """F.t_gemm_s with this profile's values; memoised per (m array, n, k) within one prediction."""
-        return self._memoised(("gemm", n, k, fp8_ok), m, lambda: self._t_gemm(m, n, k, fp8_ok))
+        return self._memoised(("gemm", n, k, fp8_ok), m, lambda: self.keep(self._t_gemm(m, n, k, fp8_ok)))
 
     def _t_gemm(self, m, n, k, fp8_ok):
         b = self.gemm_in_bytes if fp8_ok else self.act_bytes
@@ -387,19 +423,21 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     ex = functools.partial(gather, idx=pidx)  # over the distinct padded counts -> over N
     if isinstance(pidx, Runs):
         hw.mark_sorted(Np)
+    hw.arena = _Arena((N.size, Np.size))
+    keep = hw.keep
     fusion_applies = True
 
     def attention(n):
         flops = F.attention_flops(n, seq_len, h_rank, d)
         t = np.maximum(flops / (hw.peak_bf16 * hw.attn_eff),
                        F.attention_bytes(n, h_rank, kv_rank, d, act) / (hw.hbm * hw.mem_eff))
-        return hw.launch + t
+        return keep(hw.launch + t)
 
     def mlp_compute(n):
         """Dense: gate_up GEMM, SiluMul, down GEMM. MoE: router + grouped experts (roofline)."""
         if not shape.is_moe:
             return [Op("gate_up_gemm", "gemm", hw.t_gemm(n, 2 * I_rank, H)),
-                    Op("silu_mul", "memory", hw.t_mem(F.silu_mul_bytes(n, I_rank, act, quant_bytes))),
+                    Op("silu_mul", "memory", keep(hw.t_mem(F.silu_mul_bytes(n, I_rank, act, quant_bytes)))),
                     Op("down_gemm", "gemm", hw.t_gemm(n, H, I_rank))]
         E, k = shape.num_experts, shape.experts_per_token
         flops = F.gemm_flops(n * k, 3 * I_rank, H)
@@ -407,10 +445,10 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
         t_exp = hw.gemm["launch_overhead_s"] * 3 + np.maximum(
             flops / (hw.peak * hw.gemm["max_efficiency"]), w_bytes / (hw.hbm * hw.gemm["mem_efficiency"]))
         return [Op("router_gemm", "gemm", hw.t_gemm(n, E, H, fp8_ok=False)),
-                Op("moe_experts", "gemm", t_exp)]
+                Op("moe_experts", "gemm", keep(t_exp))]
 
     def quant(n):  # dynamic per-token quantisation kernel after a bf16 all-gather
-        return Op("dynamic_quant", "memory", hw.t_mem(n * (H * (act + 1.0))))
+        return Op("dynamic_quant", "memory", keep(hw.t_mem(n * (H * (act + 1.0)))))
 
     # ---------------------------------------------------------------- tp
     def all_reduce_units(hw):
@@ -424,7 +462,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
         return t_ar, t_norm, impls
 
     t_ar, t_norm_unfused, impls = all_reduce_units(hw)
-    t_unit_tp = t_ar + t_norm_unfused
+    t_unit_tp = keep(t_ar + t_norm_unfused)
     del t_ar, t_norm_unfused  # the breakdown recomputes them: a sweep keeps fewer full-size arrays
     notes.append("tp all-reduce implementations over this sweep (vLLM 0.31 dispatch): " + ", ".join(impls))
     attn_tp = [Op("qkv_gemm", "gemm", hw.t_gemm(N, qkv_n, H)), Op("attention", "attention", attention(N)),
@@ -433,9 +471,9 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     tp_layer = tuple(attn_tp + mlp_compute(N) + [unit_tp])
 
     # ---------------------------------------------------------------- sp (RS -> norm(N/W) -> AG)
-    t_rs = _rs(hw, W, Np * (H * act))
-    t_ag = _ag(hw, W, Np * (H * ag_bytes))
-    t_norm_shard = hw.t_mem(F.rms_norm_bytes(Np / W, H, act, ag_bytes))
+    t_rs = keep(_rs(hw, W, Np * (H * act)))
+    t_ag = keep(_ag(hw, W, Np * (H * ag_bytes)))
+    t_norm_shard = keep(hw.t_mem(F.rms_norm_bytes(Np / W, H, act, ag_bytes)))
     dyn = [quant(Np)] if dtype == "fp8-dynamic" else []
     sp_layer = (Op("reduce_scatter", "comm", t_rs, 2),
                 Op("rms_norm_shard", "memory", t_norm_shard, 2),
@@ -449,7 +487,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
 
     def fused(fn, args, whole, t_coll):
         fused_calls.append((fn, args, whole, t_coll))
-        return fn(hw, *args)[0]
+        return keep(fn(hw, *args)[0])
 
     ops = [Op("rms_norm_shard", "memory", t_norm_shard, 2)]
     # AG + QKV (fuses unless fp8-dynamic)
@@ -467,7 +505,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
             t_f = fused(_fused_gemm_rs, (Np, H, h_rank * d, W), (H, h_rank * d), t_rs)
             ops.append(Op("fused_o_gemm_reduce_scatter", "fused", t_f))
     if not shape.is_moe:
-        ops.append(Op("silu_mul", "memory", hw.t_mem(F.silu_mul_bytes(Np, I_rank, act, quant_bytes))))
+        ops.append(Op("silu_mul", "memory", keep(hw.t_mem(F.silu_mul_bytes(Np, I_rank, act, quant_bytes)))))
         t_f = fused(_fused_gemm_rs, (Np, H, I_rank, W), (H, I_rank), t_rs)
         ops.append(Op("fused_down_gemm_reduce_scatter", "fused", t_f))
     else:
@@ -479,12 +517,12 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     n_seqs, sidx = distinct_values(np.ceil(N / seq_len))  # a sweep has few distinct sequence counts
     ex_seqs = functools.partial(gather, idx=sidx)
 
-    embed = Op("embedding", "memory", hw.t_mem(N * (2.0 * H * act)))
-    lm_head = Op("lm_head_gemm", "gemm", ex_seqs(hw.t_gemm(n_seqs, shape.vocab / W, H, fp8_ok=False)))
-    logits = Op("logits_gather", "comm", ex_seqs(_ag(hw, W, n_seqs * shape.vocab * 4.0)))
+    embed = Op("embedding", "memory", keep(hw.t_mem(N * (2.0 * H * act))))
+    lm_head = Op("lm_head_gemm", "gemm", keep(ex_seqs(hw.t_gemm(n_seqs, shape.vocab / W, H, fp8_ok=False))))
+    logits = Op("logits_gather", "comm", keep(ex_seqs(_ag(hw, W, n_seqs * shape.vocab * 4.0))))
     nonlayer_tp = (embed, Op("all_reduce+rms_norm", "comm", t_unit_tp), lm_head, logits)
     padded = lambda ops: tuple(dataclasses.replace(op, padded=True) for op in ops)  # noqa: E731
-    nonlayer_sp = padded((Op("embedding", "memory", hw.t_mem(Np * (2.0 * H * act))), Op("reduce_scatter", "comm", t_rs),
+    nonlayer_sp = padded((Op("embedding", "memory", keep(hw.t_mem(Np * (2.0 * H * act)))), Op("reduce_scatter", "comm", t_rs),
                           Op("rms_norm_shard", "memory", t_norm_shard), Op("all_gather", "comm", t_ag))) + (lm_head, logits)
 
     scheds = {"tp": Schedule("tp", tp_layer, nonlayer_tp, L),
