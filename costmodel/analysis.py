@@ -62,18 +62,21 @@ def cutoff_from_speedup(grid: np.ndarray, speedup: np.ndarray, margin: float):
     return vals
 
 
+def perturbed(profile: HardwareProfile, key: str, z):
+    """The value of `key` moved by z standard deviations of its tier: x·e^(σ·z), efficiencies capped at 1."""
+    p = profile.params[key]
+    x = p.value * np.exp(p.sigma_rel * np.asarray(z, dtype=float))
+    return np.minimum(x, 1.0) if key.rsplit(".", 1)[-1] in EFFICIENCY_KEYS else x
+
+
 def perturbed_values(profile: HardwareProfile, draws: int, seed: int) -> dict[str, np.ndarray]:
     """Lognormal draws (median = profile value, σ by provenance tier) as (draws, 1) arrays."""
     rng = np.random.default_rng(seed)
     out = {}
     for key in sorted(profile.params):
-        p = profile.params[key]
-        if key.startswith(UNPERTURBED_PREFIXES) or p.value == 0:
+        if key.startswith(UNPERTURBED_PREFIXES) or profile.params[key].value == 0:
             continue
-        x = p.value * np.exp(p.sigma_rel * rng.standard_normal(draws))
-        if key.rsplit(".", 1)[-1] in EFFICIENCY_KEYS:
-            x = np.minimum(x, 1.0)
-        out[key] = x[:, None]
+        out[key] = perturbed(profile, key, rng.standard_normal(draws))[:, None]
     return out
 
 
@@ -108,10 +111,10 @@ def model_inputs(profile: HardwareProfile, tp: int) -> list[str]:
     return keys
 
 
-def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin) -> list[dict]:
+def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, base_cutoff) -> list[dict]:
     """One at a time, each model input × e^(−σ) and × e^(+σ) (σ of its tier; efficiencies capped at 1): the
-    cutoff with each. Returned for the inputs that move it, largest move first ("never" = beyond the grid)."""
-    base = cutoff_from_speedup(grid, predict(profile, shape, tp, dtype, grid, seq_len).speedup_sp_asynctp, margin)
+    cutoff with each. Returned for the inputs that move it away from `base_cutoff` (the profile's own),
+    largest move first ("never" = beyond the grid)."""
     keys = model_inputs(profile, tp)
     variants = [(k, sign) for k in keys for sign in (-1.0, 1.0)]
     cuts = []
@@ -119,15 +122,13 @@ def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin) -> list
         part = variants[lo:lo + BAND_CHUNK]
         vals: dict[str, np.ndarray] = {}
         for i, (k, sign) in enumerate(part):
-            prm = profile.params[k]
-            row = vals.setdefault(k, np.full((len(part), 1), prm.value))
-            x = prm.value * np.exp(sign * prm.sigma_rel)
-            row[i, 0] = min(x, 1.0) if k.rsplit(".", 1)[-1] in EFFICIENCY_KEYS else x
+            row = vals.setdefault(k, np.full((len(part), 1), profile.params[k].value))
+            row[i, 0] = perturbed(profile, k, sign)
         pred = predict(profile.with_values(vals, mark_modified=False), shape, tp, dtype, grid, seq_len)
         cuts.append(cutoff_from_speedup(grid, pred.speedup_sp_asynctp, margin))
     c = np.concatenate(cuts)
     beyond = grid[-1] + tp
-    b = beyond if base is None else base
+    b = beyond if base_cutoff is None else base_cutoff
     out = []
     for j, k in enumerate(keys):
         lo_c, hi_c = c[2 * j], c[2 * j + 1]
@@ -160,7 +161,7 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     cut = cutoff_from_speedup(grid, pred.speedup_sp_asynctp, margin)
     sp_cut = cutoff_from_speedup(grid, pred.speedup_sp, margin)
     band_v = cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin) if band else None
-    sens = cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin) if band else None
+    sens = cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, cut) if band else None
     shown = display_tokens(display_max_tokens) if tokens is None else np.unique(np.asarray(tokens, dtype=float))
     if cut is not None:
         shown = np.union1d(shown, [cut])

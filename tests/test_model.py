@@ -218,7 +218,8 @@ def test_cutoff_sensitivity_rows_are_single_input_what_ifs():
     from costmodel.analysis import cutoff_sensitivity, model_inputs
 
     tp, grid = 2, token_grid(2, 8192)
-    rows = cutoff_sensitivity(H100, L70, tp, "bf16", 1024, grid, 0.02)
+    base = cutoff_from_speedup(grid, predict(H100, L70, tp, "bf16", grid).speedup_sp_asynctp, 0.02)
+    rows = cutoff_sensitivity(H100, L70, tp, "bf16", 1024, grid, 0.02, base)
     assert rows, "at TP 2 on H100 the cutoff sits on a thin margin: something must move it"
     inputs = model_inputs(H100, tp)
     for k in (k for k in inputs if k.startswith("collectives.")):
@@ -227,8 +228,9 @@ def test_cutoff_sensitivity_rows_are_single_input_what_ifs():
     assert "interconnect.internode_bw_bytes_per_s" not in {r["quantity"] for r in rows}  # tp 2 stays in the domain
     for r in rows[:3]:
         prm = H100.params[r["quantity"]]
+        assert r["cutoff_minus_sigma_tokens"] != base or r["cutoff_plus_sigma_tokens"] != base  # it moves
         for sign, key in ((-1, "cutoff_minus_sigma_tokens"), (1, "cutoff_plus_sigma_tokens")):
-            x = prm.value * np.exp(sign * prm.sigma_rel)
+            x = prm.value * np.exp(sign * prm.sigma_rel)  # by hand: e^(±σ), efficiencies capped at 1
             if r["quantity"].endswith(("efficiency", "concurrency")):
                 x = min(x, 1.0)
             s = predict(H100.with_values({r["quantity"]: x}), L70, tp, "bf16", grid).speedup_sp_asynctp
