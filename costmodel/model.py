@@ -99,8 +99,10 @@ class _Arena:
 
     Each op's times are copied in as soon as they are made, so their temporaries are freed at once and
     reused by the next op, instead of every op's array keeping fresh pages of its own. A 65 536-point
-    sweep keeps ~10 MB of results; allocated one array at a time, glibc returns those pages to the OS
-    after every call and each comes back as a page fault (benchmarks/bench_costmodel.py counts them)."""
+    sweep keeps ~10 MB of results. Allocated one array at a time, glibc returns those pages to the OS after
+    every call and each comes back as a page fault. Freeing the large blocks also raises glibc's adaptive
+    mmap/trim thresholds (its default behaviour), so the next sweep finds its memory still mapped
+    (benchmarks/bench_costmodel.py counts the faults; README "Speed")."""
 
     BLOCK_ROWS = 16
     MIN_ROW_BYTES = 64 * 1024  # shorter sweeps (the cutoff grid) gain nothing
