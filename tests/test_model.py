@@ -154,7 +154,7 @@ def test_gpu_check_fit_folds_into_profile(tmp_path):
     """calib/gpu_check.py's fit.json becomes calibrated values of the built-in profile (tools/build_profiles.py)."""
     import copy
 
-    from tools.build_profiles import calibrated_overrides, h100, h200
+    from tools.build_profiles import SAME_DIE_KEYS, calibrated_overrides, h100, h200
 
     d = tmp_path / "calib" / "data" / "h200-sxm-gpu-check"
     d.mkdir(parents=True)
@@ -162,13 +162,20 @@ def test_gpu_check_fit_folds_into_profile(tmp_path):
         "provenance": {"device_name": "NVIDIA H200", "torch": "2.11.0", "date": "2026-11-29"},
         "params": {"gemm.max_efficiency": {"value": 0.79, "uncertainty_rel": 0.02},
                    "kernels.mem_efficiency": {"value": 0.9, "uncertainty_rel": 0.03},
-                   "asynctp.compute_slowdown": {"value": 0.08, "uncertainty_rel": 0.2}}}))
+                   "asynctp.compute_slowdown": {"value": 0.08, "uncertainty_rel": 0.2},
+                   "asynctp.stream_concurrency": {"value": 0.85, "uncertainty_rel": 0.1}}}))
     tree = calibrated_overrides(h200(copy.deepcopy(h100())), "h200-sxm", root=tmp_path)
     p = profile_from_dict(tree, "h200-test")
     for key, v in (("gemm.max_efficiency", 0.79), ("kernels.mem_efficiency", 0.9), ("asynctp.compute_slowdown", 0.08)):
         assert p.params[key].value == v and p.params[key].tier == "calibrated" and "NVIDIA H200" in p.params[key].source
     assert p.params["gemm.max_efficiency"].sigma_rel == 0.02
     assert p.params["kernels.launch_overhead_s"].tier == "assumed"  # its neighbour keeps its own source
+    # the H100 takes only what belongs to the shared GH100 die: the two-stream concurrency
+    h = profile_from_dict(calibrated_overrides(h100(), "h200-sxm", root=tmp_path, keys=SAME_DIE_KEYS,
+                                               note="; same die"), "h100-test")
+    assert h.params["asynctp.stream_concurrency"].value == 0.85
+    assert h.params["asynctp.stream_concurrency"].tier == "calibrated" and "same die" in h.params["asynctp.stream_concurrency"].source
+    assert h.params["gemm.max_efficiency"].tier != "calibrated" and h.params["asynctp.compute_slowdown"].value != 0.08
 
 
 @settings(max_examples=25, deadline=None)

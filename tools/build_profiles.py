@@ -338,15 +338,23 @@ def mi300x():
     return p
 
 
-def calibrated_overrides(p, name, root=ROOT):
-    """Fold single-GPU calibration results (calib/data/<name>-gpu-check/fit.json) into a profile."""
+# measured on one Hopper part, a property of the GH100 die (132 SMs) that H100 and H800 share
+SAME_DIE_KEYS = {"asynctp.stream_concurrency"}
+
+
+def calibrated_overrides(p, name, root=ROOT, keys=None, note=""):
+    """Fold single-GPU calibration results (calib/data/<name>-gpu-check/fit.json) into a profile: every
+    fitted key, or only `keys` (with `note` saying why they carry over from that GPU)."""
     fit_path = root / "calib" / "data" / f"{name}-gpu-check" / "fit.json"
     if not fit_path.exists():
         return p
     fit = json.loads(fit_path.read_text())
     prov = fit["provenance"]
-    where = f"calibrated: {fit_path.relative_to(root)} ({prov.get('device_name')}, torch {prov.get('torch')}, {prov.get('date')})"
+    where = (f"calibrated: {fit_path.relative_to(root)} ({prov.get('device_name')}, torch {prov.get('torch')}, "
+             f"{prov.get('date')}){note}")
     for key, val in fit["params"].items():
+        if keys is not None and key not in keys:
+            continue
         section, leaf = key.rsplit(".", 1)
         target = {"gemm.max_efficiency": ("gemm", "_efficiency"), "gemm.mem_efficiency": ("gemm", "_small_m"),
                   "gemm.launch_overhead_s": ("gemm", "_small_m"), "kernels.mem_efficiency": ("kernels",),
@@ -366,7 +374,8 @@ def calibrated_overrides(p, name, root=ROOT):
 
 
 def build_all():
-    h = h100()
+    h = calibrated_overrides(h100(), "h200-sxm", keys=SAME_DIE_KEYS,
+                             note="; measured on an H200, which has the H100's GH100 die and 132 SMs")
     b = b200()
     profiles = {"h100-sxm": h, "h200-sxm": calibrated_overrides(h200(h), "h200-sxm"), "h800": h800(h), "b200": b,
                 "gb200-nvl72": gb200(b), "a100-sxm-80gb": a100(), "a800": a800(), "l40s": l40s(), "mi300x": mi300x()}
