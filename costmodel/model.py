@@ -130,7 +130,7 @@ class _Arena:
 class _Hw:
     """Profile values pulled out once (floats or draw arrays) for the formulas."""
 
-    def __init__(self, p: HardwareProfile, dtype: str):
+    def __init__(self, p: HardwareProfile, dtype: str, rows_hint: float = 0.0):
         v = p.v
         gemm_dtype = dtype if dtype in ("bf16", "fp32") else "fp8"
         act_dtype = "fp32" if dtype == "fp32" else "bf16"
@@ -152,7 +152,7 @@ class _Hw:
         self.slowdown = v("asynctp.compute_slowdown")
         self.kappa = v("asynctp.stream_concurrency")
         self._memo: dict = {}
-        self.rows_hint = 0.0  # the largest row count this prediction will ask for (sizes the padded-row table)
+        self.rows_hint = rows_hint  # the largest row count this prediction will ask for (sizes the padded-row table)
         self._reps = None  # distinct padded row counts, shared by every GEMM of this prediction
         self._tables: dict = {}  # (n, k, fp8_ok) -> compute time (+ launch) over self._reps
         self.arena: _Arena | None = None  # set by predict() for a large sweep
@@ -407,8 +407,8 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     N = np.atleast_1d(np.asarray(num_tokens, dtype=float))  # a scalar N gives 1-element arrays
     if N.size == 0 or np.any(N <= 0) or not np.all(np.isfinite(N)):
         raise TpcostError("token counts N must be > 0")
-    hw = _Hw(profile, dtype)
-    hw.rows_hint = float(N.max()) + tp  # SP pads N up to a multiple of tp
+    rows_hint = float(N.max()) + tp  # SP pads N up to a multiple of tp
+    hw = _Hw(profile, dtype, rows_hint)
     act = hw.act_bytes
     W = tp
     H, L = shape.hidden, shape.num_layers
@@ -533,8 +533,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
 
     # ---------------------------------------------------------------- breakdown (per forward)
     def breakdown():
-        hw = _Hw(profile, dtype)  # recompute what predict() did not keep
-        hw.rows_hint = float(N.max()) + tp
+        hw = _Hw(profile, dtype, rows_hint)  # recompute what predict() did not keep
         t_ar, t_norm_unfused, _ = all_reduce_units(hw)
         terms = dict(chunk=0.0, conc=0.0, contention=0.0, fixed=0.0, seq=0.0, whole=0.0)
         for fn, args, (n_out, k), t_coll in fused_calls:
