@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def tpcost(*argv):
-    from costmodel.cli import main
+    from integration.cli import main
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):

@@ -35,7 +35,7 @@ def provenance(device_name=None):
 
     import costmodel
 
-    prov = {"host": platform.node(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    prov = {"host": platform.node(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "torch": torch.__version__, "tpcost": costmodel.__version__, "python": platform.python_version()}
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)

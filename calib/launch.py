@@ -98,7 +98,7 @@ def run(target, args, device: str, nproc: int, what: str, wall_timeout_s: float)
         return
     if device == "cuda":
         raise TpcostError(f"{what} --device cuda runs under torchrun: "
-                          f"torchrun --nproc-per-node=TP -m costmodel.cli {what} --device cuda ...")
+                          f"torchrun --nproc-per-node=TP --no-python tpcost {what} --device cuda ...")
     if nproc < 1:
         raise TpcostError("--nproc must be >= 1")
     ctx = mp.get_context("spawn")

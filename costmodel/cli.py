@@ -3,36 +3,64 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+import math
 
 from .errors import TpcostError
+from .io import dumps_json
+
+JSON_SCHEMA_VERSION = 1  # of every --json output
 
 DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TP, DEFAULT_DTYPE = "h100-sxm", "llama-3.1-70b", 4, "bf16"
 SENSITIVITY_SHOWN = 5
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse's own convention, without the usage dump)
-        raise TpcostError(message)
+MAX_TOKENS = 2**20  # vLLM's largest useful token budget is ~1e5; the arrays of 2^20 points take ~100 MB
+MAX_SEQ_LEN = 2**24  # 16 M tokens: beyond any context window served today
+MAX_TP = 4096
 
 
-def _positive_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
-    return v
+def bounded_int(name, lo, hi, why):
+    """argparse type: an integer in [lo, hi], with the reason for the bound in the error."""
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: {s!r} is not an integer") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{name} must be in [{lo}, {hi}] ({why}), got {v}")
+        return v
+    return parse
+
+
+def fraction(name, lo=0.0, hi=1.0):
+    """argparse type: a finite float in [lo, hi)."""
+    def parse(s):
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: {s!r} is not a number") from None
+        if not (math.isfinite(v) and lo <= v < hi):
+            raise argparse.ArgumentTypeError(f"{name} must be a finite number in [{lo:g}, {hi:g}), got {s}")
+        return v
+    return parse
+
+
+_tokens = bounded_int("token count", 1, MAX_TOKENS, f"at most 2^20 = {MAX_TOKENS} points fit a sweep in memory")
 
 
 def add_shape_args(p, gpu_help="built-in GPU profile name or a profile .toml path"):
     p.add_argument("--gpu", default=DEFAULT_GPU, help=f"{gpu_help} (default {DEFAULT_GPU})")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in model name or a config.json path (default {DEFAULT_MODEL})")
-    p.add_argument("--tp", type=_positive_int, default=DEFAULT_TP, help=f"tensor-parallel size (default {DEFAULT_TP})")
+    p.add_argument("--tp", type=bounded_int("--tp", 1, MAX_TP, "tensor-parallel sizes beyond that are not built"),
+                   default=DEFAULT_TP, help=f"tensor-parallel size (default {DEFAULT_TP})")
     p.add_argument("--dtype", default=DEFAULT_DTYPE, help="bf16 | fp8 | fp8-dynamic | fp32 (CPU runs) (default bf16)")
-    p.add_argument("--seq-len", type=_positive_int, default=1024, help="prefill sequence length (default 1024)")
-    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192, help="vLLM's token budget (default 8192)")
-    p.add_argument("--margin", type=float, default=0.02, help="required speedup margin above 1 (default 0.02)")
+    p.add_argument("--seq-len", type=bounded_int("--seq-len", 1, MAX_SEQ_LEN, "16 M tokens, beyond any context window"),
+                   default=1024, help="prefill sequence length (default 1024)")
+    p.add_argument("--max-num-batched-tokens", type=bounded_int("--max-num-batched-tokens", 1, MAX_TOKENS,
+                   "the cutoff search evaluates every multiple of tp up to it"), default=8192,
+                   help="vLLM's token budget (default 8192)")
+    p.add_argument("--margin", type=fraction("--margin"), default=0.02,
+                   help="required speedup margin above 1, in [0, 1) (default 0.02)")
     p.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE",
                    help="override one profile quantity, e.g. interconnect.link_bw_bytes_per_s=900e9")
 
@@ -43,12 +71,37 @@ def resolve_inputs(args):
 
     prof = load_profile(args.gpu)
     overrides = parse_set(args.set)
-    if overrides:
-        prof = with_overrides(prof, overrides)
     shape = load_model(args.model)
     check_dtype(args.dtype)
     shape.check_tp(args.tp)
+    if overrides:
+        prof = with_overrides(prof, overrides)
+        check_overrides_take_effect(prof, overrides, shape, args)
     return prof, shape
+
+
+def check_overrides_take_effect(prof, overrides, shape, args) -> None:
+    """Refuse a --set key the model does not read for this (model, tp, dtype): it would be marked
+    MODIFIED while changing nothing. The reads are recorded over the sweep the command evaluates."""
+    import numpy as np
+
+    from .model import predict
+    from .profile import recording_reads
+
+    grid = np.arange(args.tp, args.max_num_batched_tokens + args.tp, args.tp, dtype=float)
+    with recording_reads() as reads:
+        predict(prof, shape, args.tp, args.dtype, grid, seq_len=args.seq_len)
+    from .profile import DERIVED_FROM_LINK
+
+    rides_on_link = any(prof.params[k].source == DERIVED_FROM_LINK for k in reads if k in prof.params)
+    for key in overrides:
+        if key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s") and rides_on_link:
+            continue  # its dependants (collectives, pulls) were read
+        if key not in reads:
+            why = "the model does not read it"
+            if key.startswith(("collectives.", "vllm_dispatch.")):
+                why = f"it is not the entry used at tp={args.tp}"
+            raise TpcostError(f"--set {key}: no effect for {shape.name} at tp={args.tp}, {args.dtype} ({why})")
 
 
 def _fmt_ms(x):
@@ -58,6 +111,10 @@ def _fmt_ms(x):
 def cmd_whatif(args) -> int:
     from .analysis import analyse, analysis_json
 
+    if args.plot:
+        from .io import check_output_path
+
+        check_output_path(args.plot, args.force, "--plot")
     prof, shape = resolve_inputs(args)
     a = analyse(prof, shape, args.tp, args.dtype, seq_len=args.seq_len,
                 max_num_batched_tokens=args.max_num_batched_tokens, margin=args.margin, band=not args.no_band,
@@ -68,7 +125,7 @@ def cmd_whatif(args) -> int:
 
         plot_whatif(a, args.plot)
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, **out}, indent=2))
         return 0
     from .profile import DERIVED_FROM_LINK
 
@@ -127,7 +184,7 @@ def cmd_profiles(args) -> int:
     if args.keys:
         raise TpcostError(f"unknown GPU profile {args.keys!r}; built-in: {', '.join(r['name'] for r in rows)}")
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "profiles": rows}, indent=2))
         return 0
     print(f"{'name':14s} {'device':40s} {'cc':5s} {'interconnect':12s} {'weakest tier':22s} values by tier")
     for r in rows:
@@ -146,7 +203,7 @@ def cmd_models(args) -> int:
                      "intermediate": s.intermediate, "heads": s.num_heads, "kv_heads": s.num_kv_heads,
                      "head_dim": s.head_dim, "layers": s.num_layers, "vocab": s.vocab, "moe": s.is_moe})
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "models": rows}, indent=2))
         return 0
     print(f"{'name':16s} {'hidden':>6s} {'inter':>6s} {'heads':>5s} {'kv':>3s} {'hd':>4s} {'layers':>6s} {'vocab':>7s}  config from")
     for r in rows:
@@ -155,76 +212,21 @@ def cmd_models(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="tpcost", description="When does SP + AsyncTP pay off? A calibrated cost model for vLLM.")
-    sub = ap.add_subparsers(dest="cmd", parser_class=_Parser)
+def register(sub) -> None:
+    """Add whatif, profiles and models to the CLI root's subparsers."""
     w = sub.add_parser("whatif", help="predict speedups and the cutoff for one (GPU, model, TP, dtype)")
     add_shape_args(w)
-    w.add_argument("--json", action="store_true")
-    w.add_argument("--plot", metavar="FILE.png")
+    w.add_argument("--json", action="store_true", help="print JSON (schema_version 1) instead of the table")
+    w.add_argument("--plot", metavar="FILE.png", help="also write the speedup curve to this PNG")
+    w.add_argument("--force", action="store_true", help="replace an existing --plot file")
     w.add_argument("--no-band", action="store_true", help="skip the Monte Carlo cutoff band and the sensitivity table")
-    w.add_argument("--tokens", type=_positive_int, nargs="+", metavar="N",
+    w.add_argument("--tokens", type=_tokens, nargs="+", metavar="N",
                    help="token counts for the table (default: powers of two to 65536, plus the cutoff)")
     w.set_defaults(func=cmd_whatif)
     p = sub.add_parser("profiles", help="list built-in GPU profiles with provenance")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--keys", metavar="NAME", help="list every quantity of one profile with its source")
     p.set_defaults(func=cmd_profiles)
     m = sub.add_parser("models", help="list built-in model shapes")
-    m.add_argument("--json", action="store_true")
+    m.add_argument("--json", action="store_true", help="print JSON instead of the table")
     m.set_defaults(func=cmd_models)
-    for register in _extra_commands():
-        register(sub)
-    return ap
-
-
-def _extra_commands():
-    """Sub-commands living in other packages (imported lazily when they run)."""
-    regs = []
-    try:
-        from .evaluate import register as reg_eval
-
-        regs.append(reg_eval)
-    except ImportError:
-        pass
-    try:
-        from integration.cli import register as reg_vllm
-
-        regs.append(reg_vllm)
-    except ImportError:
-        pass
-    try:
-        from calib.cli import register as reg_calib
-
-        regs.append(reg_calib)
-    except ImportError:
-        pass
-    return regs
-
-
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        ap = build_parser()
-        if not argv:
-            argv = ["whatif"]
-        args = ap.parse_args(argv)
-        if not getattr(args, "func", None):
-            ap.print_help()
-            return 2
-        return int(args.func(args) or 0)
-    except TpcostError as e:
-        print(f"tpcost: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("tpcost: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # e.g. `tpcost whatif | head`: the reader left; not an error of ours
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

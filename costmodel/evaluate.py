@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from .errors import TpcostError
+from .io import savefig_atomic
 
 OP_COLUMNS = ("hardware", "tp", "op", "dtype", "m", "n", "k", "baseline_us", "overlap_us", "source")
 MODEL_COLUMNS = ("hardware", "tp", "model", "dtype", "num_tokens", "baseline_us", "overlap_us", "scope", "source")
@@ -239,8 +240,10 @@ def plot_evaluation(scored, path):
     ax.set_ylabel("predicted speedup")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        savefig_atomic(fig, path, dpi=110)
+    finally:
+        plt.close(fig)
 
 
 def cmd_evaluate(args) -> int:

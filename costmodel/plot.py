@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import TpcostError
+from .io import savefig_atomic
 
 
 def _plt():
@@ -44,8 +45,6 @@ def plot_whatif(a, path: str) -> None:
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise TpcostError(f"cannot write plot {path}: {e.strerror}") from None
+        savefig_atomic(fig, path, dpi=110)
     finally:
         plt.close(fig)

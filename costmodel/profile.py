@@ -15,15 +15,19 @@ interconnect, collectives, vllm_dispatch, asynctp (see docs/model.md for each qu
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import functools
 import math
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from .errors import TpcostError
+from .io import read_text
 
 SCHEMA_VERSION = 1
 TIERS = ("assumed", "datasheet", "published-measurement", "calibrated")
@@ -58,7 +62,27 @@ REQUIRED_PARAMS = (
     "asynctp.stream_concurrency",
 )
 REQUIRED_COLLECTIVES = ("nccl_all_gather", "nccl_reduce_scatter", "nccl_all_reduce")
+# Ranges a value must lie in to be physical (checked on load and after every override; docs/model.md §7).
+UNIT_INTERVAL_OPEN = ("gemm.max_efficiency", "gemm.mem_efficiency", "kernels.mem_efficiency", "attention.efficiency")
+UNIT_INTERVAL_CLOSED = ("asynctp.stream_concurrency", "asynctp.compute_slowdown")
+INTEGER_PARAMS = ("identity.sm_count", "gemm.tile_m", "gemm.tile_n", "interconnect.domain_size")
+# may be 0: latencies and fixed costs (an ideal part), the two fractions above
+MAY_BE_ZERO_SUFFIXES = ("latency_s", "launch_overhead_s", "barrier_s", "host_op_s", "setup_s")
 INTERCONNECT_KINDS = ("nvswitch", "nvlink-mesh", "pcie", "xgmi", "host")
+
+
+_READS: set | None = None  # keys read through HardwareProfile.v/dispatch while recording_reads() is active
+
+
+@contextlib.contextmanager
+def recording_reads():
+    """Collect the parameter keys the model reads inside the block (how --set finds keys with no effect)."""
+    global _READS
+    outer, _READS = _READS, set()
+    try:
+        yield _READS
+    finally:
+        _READS = outer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +114,8 @@ class HardwareProfile:
 
     def v(self, key: str):
         """Value of parameter `key` (float, or array of draws)."""
+        if _READS is not None:
+            _READS.add(key)
         try:
             return self.params[key].value
         except KeyError:
@@ -142,10 +168,14 @@ class HardwareProfile:
         return bool(self.collective_tps(impl))
 
     def dispatch(self, tp: int) -> dict[str, Any]:
-        """vLLM's implementation-switch limits for `tp` (bytes) and string choices, from vllm_dispatch."""
-        table = self.raw.get("vllm_dispatch", {})
-        entry = table.get(f"tp{tp}", {})
-        return {k: v for k, v in entry.items() if k not in ("source", "tier")}
+        """vLLM's implementation-switch limits for `tp` (bytes) and string choices, from vllm_dispatch
+        (read from the parameters, so that --set on them takes effect)."""
+        pre = f"vllm_dispatch.tp{tp}."
+        out: dict[str, Any] = {k[len(pre):]: p.value for k, p in self.params.items() if k.startswith(pre)}
+        if _READS is not None:
+            _READS.update(pre + k for k in out)
+        out.update({k[len(pre):]: v for k, v in self.attrs.items() if k.startswith(pre)})
+        return out
 
     @property
     def tier(self) -> str:
@@ -163,7 +193,7 @@ class HardwareProfile:
         return sorted({p.source for p in self.params.values()})
 
     def with_values(self, values: Mapping[str, Any], *, source: str = "--set by user",
-                    tier: str = "assumed", mark_modified: bool = True) -> "HardwareProfile":
+                    tier: str = "assumed", mark_modified: bool = True) -> HardwareProfile:
         """A copy with some parameter values replaced (used by --set and the Monte Carlo band)."""
         params = dict(self.params)
         for k, v in values.items():
@@ -173,7 +203,9 @@ class HardwareProfile:
             old = params[k]
             params[k] = Param(v, source if mark_modified else old.source,
                               tier if mark_modified else old.tier, old.uncertainty_rel)
-        modified = self.modified + tuple(values) if mark_modified else self.modified
+        modified = self.modified + tuple(k for k in values if k not in self.modified) if mark_modified else self.modified
+        if mark_modified:  # the Monte Carlo band perturbs within the tiers' sigmas; a user's values are checked
+            check_params(params, f"profile {self.name!r} after --set")
         return dataclasses.replace(self, params=params, modified=modified)
 
 
@@ -201,6 +233,36 @@ def with_overrides(profile: HardwareProfile, values: Mapping[str, float]) -> Har
                 derived[k] = max(0.0, p.value + delta)
     derived = {k: v for k, v in derived.items() if k not in values}
     return profile.with_values(derived, source=DERIVED_FROM_LINK).with_values(values)
+
+
+def check_params(params: Mapping[str, Param], where: str) -> None:
+    """One validation path for every profile value, run on load and after every override: finite; > 0
+    unless a latency or fixed cost; efficiencies in (0, 1]; concurrency and slowdown in [0, 1]; counts and
+    tile sizes integers >= 1."""
+    for k, p in params.items():
+        v = p.value
+        if hasattr(v, "shape"):  # Monte Carlo draws: checked where they are made
+            continue
+        fv = float(v)
+        if not math.isfinite(fv):
+            raise TpcostError(f"{where}: {k} = {v!r} must be finite")
+        if k in UNIT_INTERVAL_OPEN:
+            if not 0.0 < fv <= 1.0:
+                raise TpcostError(f"{where}: {k} = {v:g} is an efficiency and must lie in (0, 1]")
+        elif k in UNIT_INTERVAL_CLOSED:
+            if not 0.0 <= fv <= 1.0:
+                raise TpcostError(f"{where}: {k} = {v:g} is a fraction and must lie in [0, 1]")
+        elif k in INTEGER_PARAMS:
+            if fv < 1 or fv != int(fv):
+                raise TpcostError(f"{where}: {k} = {v:g} must be an integer >= 1")
+        elif k.startswith("vllm_dispatch."):
+            if fv < 0:
+                raise TpcostError(f"{where}: {k} = {v:g} is a size limit in bytes and must be >= 0")
+        elif k.endswith(MAY_BE_ZERO_SUFFIXES) or k.endswith("_rel"):
+            if fv < 0:
+                raise TpcostError(f"{where}: {k} = {v:g} must be >= 0")
+        elif fv <= 0:
+            raise TpcostError(f"{where}: {k} = {v:g} must be > 0")
 
 
 def _flatten(tree: Mapping[str, Any], path: str, params: dict, attrs: dict, where: str) -> None:
@@ -255,13 +317,7 @@ def profile_from_dict(tree: Mapping[str, Any], origin: str) -> HardwareProfile:
     for c in REQUIRED_COLLECTIVES:
         if not any(k.startswith(f"collectives.{c}.tp") for k in params):
             raise TpcostError(f"{where}: missing [collectives.{c}.tpN] entries")
-    for k, p in params.items():
-        if k.startswith("collectives.") and k.endswith("bus_bw_bytes_per_s") and p.value <= 0:
-            raise TpcostError(f"{where}: {k} must be > 0")
-    for k in ("compute.peak_flops_per_s.bf16", "memory.hbm_bw_bytes_per_s", "gemm.tile_m", "gemm.tile_n",
-              "identity.sm_count", "gemm.max_efficiency", "kernels.mem_efficiency", "attention.efficiency"):
-        if params[k].value <= 0:
-            raise TpcostError(f"{where}: {k} must be > 0")
+    check_params(params, where)
     return HardwareProfile(name=ident["name"], origin=origin, params=params, attrs=attrs, raw=tree)
 
 
@@ -269,26 +325,46 @@ def builtin_profile_names() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("costmodel.profiles").iterdir() if p.name.endswith(".toml"))
 
 
+@functools.lru_cache(maxsize=32)
+def _builtin_tree(name: str) -> Mapping[str, Any]:
+    return tomllib.loads(resources.files("costmodel.profiles").joinpath(f"{name}.toml").read_text())
+
+
 def load_profile(name_or_path: str) -> HardwareProfile:
     """Load a built-in profile by name or a TOML file by path (read with tomllib; never eval/pickle)."""
     names = builtin_profile_names()
     if name_or_path in names:
-        text = resources.files("costmodel.profiles").joinpath(f"{name_or_path}.toml").read_text()
-        origin = f"built-in:{name_or_path}"
-    else:
-        path = Path(name_or_path)
-        if not path.suffix == ".toml" and not path.exists():
-            raise TpcostError(f"unknown GPU profile {name_or_path!r}; built-in: {', '.join(names)} (or a path to a .toml)")
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise TpcostError(f"cannot read profile {name_or_path}: {e.strerror}") from None
-        origin = str(path)
+        return profile_from_dict(copy.deepcopy(_builtin_tree(name_or_path)), f"built-in:{name_or_path}")
+    path = Path(name_or_path)
+    if not path.suffix == ".toml" and not path.exists():
+        raise TpcostError(f"unknown GPU profile {name_or_path!r}; built-in: {', '.join(names)} (or a path to a .toml)")
+    text = read_text(path, "profile")
+    origin = str(path)
+    if _toml_depth(text) > MAX_TOML_DEPTH:
+        raise TpcostError(f"{origin}: tables or arrays nested deeper than {MAX_TOML_DEPTH} levels")
     try:
         tree = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise TpcostError(f"{origin}: malformed TOML: {e}") from None
+    except RecursionError:
+        raise TpcostError(f"{origin}: TOML nested too deeply") from None
     return profile_from_dict(tree, origin)
+
+
+MAX_TOML_DEPTH = 32
+
+
+def _toml_depth(text: str) -> int:
+    """A cheap upper bound on TOML nesting: dotted table-header depth and inline bracket depth."""
+    best = depth = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+    headers = [ln.count(".") + 1 for ln in text.splitlines() if ln.lstrip().startswith("[")]
+    return max([best, *headers])
 
 
 def dump_profile(tree: Mapping[str, Any]) -> str:
@@ -309,7 +385,9 @@ def parse_set(items: list[str]) -> dict[str, float]:
             fv = float(val)
         except ValueError:
             raise TpcostError(f"--set {key}: {val!r} is not a number") from None
-        if not math.isfinite(fv) or fv < 0:
-            raise TpcostError(f"--set {key}: value must be a finite number >= 0")
+        if not math.isfinite(fv):
+            raise TpcostError(f"--set {key}: value must be a finite number, got {val!r}")
+        if key.strip() in out:
+            raise TpcostError(f"--set {key.strip()} given twice")
         out[key.strip()] = fv
     return out

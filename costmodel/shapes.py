@@ -6,9 +6,11 @@ import dataclasses
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from .errors import TpcostError
+from .io import read_json
 
 DTYPES = ("bf16", "fp8", "fp8-dynamic", "fp32")  # fp32: CPU calibration/validation runs
 
@@ -55,12 +57,25 @@ class ModelShape:
         return max(1, self.num_kv_heads // tp)
 
 
+# Largest value accepted per field: beyond these a config.json is a mistake (today's largest models are
+# 1-2 orders of magnitude below), and the model's arrays would not fit in memory.
+MAX_FIELD = {"hidden_size": 2**17, "num_attention_heads": 2**12, "num_key_value_heads": 2**12, "head_dim": 2**12,
+             "intermediate_size": 2**20, "moe_intermediate_size": 2**20, "num_hidden_layers": 2**12,
+             "vocab_size": 2**23, "experts": 2**14, "num_experts_per_tok": 2**14}
+# DeepSeek-V2/V3 and Kimi-K2 (MLA attention, dense first layers, shared experts): not modelled yet.
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+              "first_k_dense_replace", "n_shared_experts")
+
+
 def _int(cfg: Mapping[str, Any], key: str, where: str, default=None) -> int:
     v = cfg.get(key, default)
     if v is None:
         raise TpcostError(f"{where}: config.json has no {key!r}")
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise TpcostError(f"{where}: {key} must be a positive integer, got {v!r}")
+    cap = MAX_FIELD.get(key)
+    if cap is not None and v > cap:
+        raise TpcostError(f"{where}: {key} = {v} is above {cap}, which no model this tool knows comes near")
     return v
 
 
@@ -72,16 +87,34 @@ def shape_from_config(cfg: Mapping[str, Any], name: str, where: str | None = Non
     if isinstance(cfg.get("text_config"), dict):
         outer_q = cfg.get("quantization_config")
         cfg = {**cfg["text_config"], **({"quantization_config": outer_q} if outer_q else {})}
+    mla = [f for f in MLA_FIELDS if cfg.get(f) not in (None, 0)]
+    if mla:
+        raise TpcostError(f"{where}: DeepSeek-style fields are not modelled yet ({', '.join(mla)}); "
+                          "refusing rather than treating it as a dense llama")
     hidden = _int(cfg, "hidden_size", where)
     heads = _int(cfg, "num_attention_heads", where)
     kv = _int(cfg, "num_key_value_heads", where, default=heads)
-    head_dim = cfg.get("head_dim") or hidden // heads
-    head_dim = _int({"head_dim": head_dim}, "head_dim", where)
+    if kv > heads or heads % kv:
+        raise TpcostError(f"{where}: num_key_value_heads {kv} must divide num_attention_heads {heads}")
+    if cfg.get("head_dim") is None:
+        if hidden % heads:
+            raise TpcostError(f"{where}: head_dim is not given and hidden_size {hidden} / num_attention_heads "
+                              f"{heads} is not an integer")
+        head_dim = hidden // heads
+    else:
+        head_dim = _int(cfg, "head_dim", where)
     n_exp = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
-    if isinstance(n_exp, bool) or not isinstance(n_exp, int) or n_exp < 0:
-        raise TpcostError(f"{where}: number of experts must be a non-negative integer, got {n_exp!r}")
-    top_k = cfg.get("num_experts_per_tok") or cfg.get("num_selected_experts") or (2 if n_exp else 0)
+    if isinstance(n_exp, bool) or not isinstance(n_exp, int) or n_exp < 0 or n_exp > MAX_FIELD["experts"]:
+        raise TpcostError(f"{where}: number of experts must be an integer in [0, {MAX_FIELD['experts']}], got {n_exp!r}")
+    top_k = cfg.get("num_experts_per_tok", cfg.get("num_selected_experts"))
+    if n_exp:
+        top_k = 2 if top_k is None else top_k
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= n_exp:
+            raise TpcostError(f"{where}: num_experts_per_tok must be an integer in [1, {n_exp}] "
+                              f"(the expert count), got {top_k!r}")
     moe_inter = cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") if n_exp else 0) or 0
+    if n_exp:
+        moe_inter = _int({"moe_intermediate_size": moe_inter}, "moe_intermediate_size", where)
     inter = cfg.get("intermediate_size") or moe_inter
     q = cfg.get("quantization_config")
     quant = q.get("quant_method") if isinstance(q, dict) else None
@@ -120,13 +153,12 @@ def load_model(name_or_path: str) -> ModelShape:
     if not path.exists():
         raise TpcostError(f"unknown model {name_or_path!r}; built-in: {', '.join(builtin_model_names())} "
                           "(or a path to a config.json)")
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise TpcostError(f"cannot read {path}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise TpcostError(f"{path}: malformed config.json: {e.msg} at line {e.lineno}") from None
-    return shape_from_config(cfg, cfg.get("_name_or_path") or path.parent.name or str(path), str(path))
+    cfg = read_json(path, "config.json")
+    if not isinstance(cfg, dict):
+        raise TpcostError(f"{path}: config.json must hold a JSON object at its top level, got {type(cfg).__name__}")
+    name = cfg.get("_name_or_path")
+    name = name if isinstance(name, str) and name else (path.parent.name or str(path))
+    return shape_from_config(cfg, name, str(path))
 
 
 def check_dtype(dtype: str) -> str:

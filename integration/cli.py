@@ -1,33 +1,61 @@
-"""`tpcost vllm-config`: print exactly what to give vLLM (stdout), and why (stderr)."""
+"""The `tpcost` command line: the one root that registers every package's subcommands.
+
+    costmodel: whatif, profiles, models, evaluate      calib: calibrate, validate
+    integration: vllm-config
+
+Used by the console script and by `python -m integration`. Importing a subcommand module is not
+optional: an ImportError there is a bug and fails loudly, never a silently missing command (torch and
+vllm themselves are imported only inside the commands that need them).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
+from costmodel import cli as costmodel_cli
+from costmodel import evaluate as costmodel_evaluate
+from costmodel.errors import TpcostError
+from costmodel.io import dumps_json
 
-def register(sub):
-    from costmodel.cli import add_shape_args
+from calib import cli as calib_cli
 
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse's own convention, without the usage dump)
+        raise TpcostError(message)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tpcost")
+    except PackageNotFoundError:  # a source checkout that was never installed
+        return "unknown (not installed)"
+
+
+def register(sub) -> None:
     p = sub.add_parser("vllm-config", help="the --compilation-config value for vLLM (SP/AsyncTP pass config)")
-    add_shape_args(p, gpu_help="built-in GPU profile, a profile .toml path, or 'auto' (local GPU; $TPCOST_PROFILE overrides)")
-    p.add_argument("--format", choices=("json", "args", "python"), default="json")
+    costmodel_cli.add_shape_args(p, gpu_help="built-in GPU profile, a profile .toml path, or 'auto' (local GPU; "
+                                             "$TPCOST_PROFILE overrides)")
+    p.add_argument("--format", choices=("json", "args", "python"), default="json",
+                   help="json: the value alone; args: a vllm serve flag; python: a keyword argument (default json)")
     p.set_defaults(func=cmd_vllm_config)
 
 
 def cmd_vllm_config(args) -> int:
-    from costmodel.cli import resolve_inputs
-
     from .recommend import detect_profile_name, explain, recommend
 
     if args.gpu == "auto":
         args.gpu = detect_profile_name()
-    prof, shape = resolve_inputs(args)
+    prof, shape = costmodel_cli.resolve_inputs(args)
     r = recommend(prof, shape, args.tp, args.dtype, args.max_num_batched_tokens, args.margin, args.seq_len)
     cc = {"pass_config": r.pass_config()}
     text = json.dumps(cc, separators=(",", ":"))
     if args.format == "json":
-        print(json.dumps(cc))
+        print(dumps_json(cc))
     elif args.format == "args":
         print(f"--compilation-config '{text}'")
     else:
@@ -35,3 +63,43 @@ def cmd_vllm_config(args) -> int:
     for line in explain(r):
         print(line, file=sys.stderr)
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="tpcost", description="When does SP + AsyncTP pay off? A calibrated cost model for vLLM.")
+    ap.add_argument("--version", action="version", version=f"tpcost {_version()}")
+    sub = ap.add_subparsers(dest="cmd", parser_class=_Parser)
+    costmodel_cli.register(sub)
+    costmodel_evaluate.register(sub)
+    register(sub)
+    calib_cli.register(sub)
+    return ap
+
+
+def main(argv=None) -> int:
+    """Run one tpcost command; returns its exit code (0 ok, 2 bad input, 130 interrupted)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        ap = build_parser()
+        if not argv:
+            argv = ["whatif"]
+        args = ap.parse_args(argv)
+        if not getattr(args, "func", None):
+            ap.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    except TpcostError as e:
+        print(f"tpcost: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tpcost: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `tpcost whatif | head`: the reader left; not an error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

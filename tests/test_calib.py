@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from costmodel.cli import main  # noqa: E402
+from integration.cli import main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "calib" / "models" / "cpu-tiny.json")
@@ -177,7 +177,7 @@ def test_ctrl_c_keeps_samples_and_writes_no_profile(tmp_path):
 
     prof = tmp_path / "int.toml"
     samples = prof.with_suffix(".samples.jsonl")
-    proc = subprocess.Popen([sys.executable, "-m", "costmodel.cli", "calibrate", "--device", "cpu", "--nproc", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "integration", "calibrate", "--device", "cpu", "--nproc", "2",
                              "--budget-s", "120", "--out", str(prof)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 90

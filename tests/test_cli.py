@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from costmodel.cli import main
+from integration.cli import main
 
 
 def run(capsys, *argv):
@@ -73,10 +73,12 @@ def test_plot(tmp_path, capsys):
 
 def test_profiles_and_models(capsys):
     rc, out, _ = run(capsys, "profiles", "--json")
-    names = {p["name"] for p in json.loads(out)}
+    d = json.loads(out)
+    assert d["schema_version"] == 1
+    names = {p["name"] for p in d["profiles"]}
     assert names == {"h100-sxm", "h200-sxm", "h800", "b200", "gb200-nvl72", "a100-sxm-80gb", "a800", "l40s", "mi300x"}
     rc, out, _ = run(capsys, "models", "--json")
-    assert {m["name"] for m in json.loads(out)} == {"llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen2.5-32b",
+    assert {m["name"] for m in json.loads(out)["models"]} == {"llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen2.5-32b",
                                                     "qwen2.5-72b", "mistral-large-2"}
     rc, out, _ = run(capsys, "profiles", "--keys", "h100-sxm")
     assert rc == 0 and "gemm.max_efficiency" in out and "MLENG_MAMF" in out

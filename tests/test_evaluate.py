@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.cli import main
+from integration.cli import main
 
 FIX = Path(__file__).parent / "fixtures"
 

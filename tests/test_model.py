@@ -131,10 +131,24 @@ def test_builtin_profiles_match_generator():
 
 
 def test_import_costmodel_pulls_no_torch_or_scipy():
-    code = ("import sys, costmodel, costmodel.cli; from costmodel import analyse, load_model, load_profile;"
-            "costmodel.cli.build_parser();"
+    """costmodel imports no torch/scipy/vllm/matplotlib, and nothing of calib or integration (the layers
+    run one way); every costmodel module is imported, then a whole analysis runs."""
+    code = ("import sys, pkgutil, importlib, costmodel;"
+            "[importlib.import_module(m.name) for m in pkgutil.walk_packages(costmodel.__path__, 'costmodel.')];"
+            "from costmodel import analyse, load_model, load_profile;"
             "analyse(load_profile('h100-sxm'), load_model('llama-3.1-8b'), 2, 'bf16', band=False);"
-            "bad=[m for m in ('torch','scipy','vllm','matplotlib') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+            "bad=[m for m in sys.modules if m.split('.')[0] in ('torch','scipy','vllm','matplotlib','calib','integration')];"
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_cli_root_imports_every_subcommand_without_torch_or_vllm():
+    code = ("import sys; from integration.cli import build_parser; ap = build_parser();"
+            "cmds = set(ap._subparsers._group_actions[0].choices); print(sorted(cmds));"
+            "need = {'whatif','profiles','models','evaluate','vllm-config','calibrate','validate'};"
+            "bad=[m for m in sys.modules if m.split('.')[0] in ('torch','scipy','vllm')];"
+            "sys.exit(0 if need <= cmds and not bad else 1)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 

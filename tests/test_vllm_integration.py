@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.cli import main
+from integration.cli import main
 
 vllm = pytest.importorskip("vllm")
 ROOT = Path(__file__).resolve().parents[1]

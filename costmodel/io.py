@@ -1,0 +1,159 @@
+"""File input and output shared by every subcommand: bounded UTF-8 reads, atomic writes that never
+replace a file unless asked to, and JSON that is always valid (no NaN, no Infinity).
+
+Every failure is a TpcostError: one line naming the file, exit code 2 from the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from .errors import TpcostError
+
+MAX_INPUT_BYTES = 64 * 1024 * 1024  # a profile, config.json, CSV or metrics file larger than this is not ours
+MAX_JSON_DEPTH = 64  # config.json / fit.json nest a few levels; thousands deep is an attack or a mistake
+
+
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """The UTF-8 text of `path` (a BOM is dropped), or one clear TpcostError."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise TpcostError(f"{what} {path} is a directory, not a file")
+        size = p.stat().st_size
+        if size > MAX_INPUT_BYTES:
+            raise TpcostError(f"{what} {path} is {size / 2**20:.0f} MiB; at most {MAX_INPUT_BYTES // 2**20} MiB is accepted")
+        data = p.read_bytes()
+    except OSError as e:
+        raise TpcostError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if b"\x00" in data:
+        raise TpcostError(f"{what} {path} is binary (it contains NUL bytes), not text")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise TpcostError(f"{what} {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+
+
+def _depth(text: str) -> int:
+    """Deepest bracket nesting of a JSON text, counted outside strings (linear, no recursion)."""
+    depth = best = 0
+    in_str = esc = False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif ch in "]}":
+            depth -= 1
+    return best
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads_json(text: str, where: str) -> Any:
+    """json.loads that refuses NaN/Infinity and nesting deeper than MAX_JSON_DEPTH, with one-line errors."""
+    if _depth(text) > MAX_JSON_DEPTH:
+        raise TpcostError(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except ValueError as e:  # JSONDecodeError is a ValueError
+        raise TpcostError(f"{where}: malformed JSON: {e}") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
+    return loads_json(read_text(path, what), str(path))
+
+
+def finite_json(obj: Any) -> Any:
+    """obj with every non-finite float replaced by None, so that json.dumps writes valid JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 1) == 0:  # numpy scalar
+        return finite_json(obj.item())
+    return obj
+
+
+def dumps_json(obj: Any, **kw) -> str:
+    """json.dumps of finite_json(obj), refusing NaN/Infinity outright (allow_nan=False)."""
+    return json.dumps(finite_json(obj), allow_nan=False, **kw)
+
+
+def check_output_path(path: str | os.PathLike, force: bool, flag: str, protect: tuple = ()) -> Path:
+    """A path a command may write: not a directory, its folder exists, not one of the files it reads
+    (`protect`), and not an existing file unless `force`."""
+    p = Path(path)
+    if str(path).strip() == "":
+        raise TpcostError(f"{flag}: empty path")
+    if p.is_dir():
+        raise TpcostError(f"{flag} {path} is a directory; give a file path")
+    if not p.parent.is_dir():
+        raise TpcostError(f"{flag} {path}: folder {p.parent} does not exist")
+    for q in protect:
+        try:
+            if q is not None and p.exists() and Path(q).exists() and p.samefile(q):
+                raise TpcostError(f"{flag} {path} is also an input of this command; it would be destroyed")
+        except OSError:
+            pass
+    if p.exists() and not force:
+        raise TpcostError(f"{flag} {path} exists; pass --force to replace it")
+    return p
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, fsync it, then rename it over `path`: readers see
+    the old file or the whole new one. The temporary is removed if anything fails."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except OSError as e:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise TpcostError(f"cannot write {path}: {e.strerror or e}") from None
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def savefig_atomic(fig, path: str | os.PathLike, **kw) -> None:
+    """matplotlib savefig through an in-memory buffer and an atomic rename (a PNG appears whole or not at all)."""
+    import io as _io
+
+    buf = _io.BytesIO()
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    try:
+        fig.savefig(buf, format=fmt, **kw)
+    except ValueError as e:
+        raise TpcostError(f"cannot write plot {path}: {e}") from None
+    atomic_write_bytes(path, buf.getvalue())
