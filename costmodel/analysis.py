@@ -36,6 +36,9 @@ class Analysis:
     grid_speedup_sp_asynctp: np.ndarray
     sensitivity: list[dict] | None = None  # cutoff_sensitivity(): the inputs that move the cutoff, largest first
     vllm_default_tokens: int | None = None  # vLLM 0.31's own sp_min_token_num here (None: SP off)
+    decision_value: dict | None = None  # decision_value(): expected times and savings on the workload
+    asynctp_available: bool = True
+    workload: str = ""  # what the decision was weighted by
 
 
 def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
@@ -46,20 +49,62 @@ def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
     return np.arange(tp, top + 1, tp, dtype=float)
 
 
-def cutoff_from_speedup(grid: np.ndarray, speedup: np.ndarray, margin: float):
-    """Smallest N on the grid from which speedup ≥ 1+margin holds for every larger N; None if none.
+def uniform_workload(grid: np.ndarray) -> np.ndarray:
+    """The default workload: every multiple of tp up to max_num_batched_tokens equally likely (weights sum to 1)."""
+    return np.full(grid.shape, 1.0 / grid.size)
 
-    `speedup` may be (n,) or (draws, n); returns an int/None or an array of floats (inf = never)."""
-    ok = speedup >= 1.0 + margin
-    ok2 = np.atleast_2d(ok)
-    # index of the last failing point per row; the cutoff is the next grid point
-    rev_fail = np.argmax(~ok2[:, ::-1], axis=1)
-    any_fail = (~ok2).any(axis=1)
-    first_ok = np.where(any_fail, ok2.shape[1] - rev_fail, 0)
-    vals = np.where(first_ok < ok2.shape[1], grid[np.minimum(first_ok, ok2.shape[1] - 1)], np.inf)
-    if ok.ndim == 1:
-        return None if np.isinf(vals[0]) else int(vals[0])
+
+def expected_time_by_threshold_s(t_off_s, t_on_s, weights, margin: float):
+    """E[forward time] for each threshold c = grid[i] (steps with N ≥ c run the overlapped schedule at
+    (1+margin)·t_on, the others t_off), and for 'never' in the last column (s). Shapes (..., n) -> (..., n+1)."""
+    w = np.asarray(weights, dtype=float)
+    with np.errstate(invalid="ignore"):  # an unavailable schedule (inf) at a zero-weight N costs nothing
+        off = np.where(w > 0, np.asarray(t_off_s) * w, 0.0)
+        on = np.where(w > 0, np.asarray(t_on_s) * ((1.0 + margin) * w), 0.0)
+    below = np.concatenate([np.zeros(off.shape[:-1] + (1,)), np.cumsum(off, axis=-1)], axis=-1)  # Σ_{j<i} off
+    above = np.concatenate([np.cumsum(on[..., ::-1], axis=-1)[..., ::-1], np.zeros(on.shape[:-1] + (1,))], axis=-1)
+    return below + above
+
+
+def decide_cutoff(grid: np.ndarray, t_off_s, t_on_s, margin: float, weights=None):
+    """The threshold that minimises the expected forward time over the workload (docs/model.md §9).
+
+    c ∈ grid (multiples of tp) or None (never); steps with N ≥ c pay (1+margin)·t_on, the rest t_off;
+    ties go to the larger c. For (draws, n) inputs returns a float array (inf = never)."""
+    w = uniform_workload(grid) if weights is None else weights
+    cost = expected_time_by_threshold_s(t_off_s, t_on_s, w, margin)
+    cost = np.where(np.isfinite(cost), cost, np.inf)
+    # ties to the larger c: search the reversed candidates (never first) for the first minimum
+    rev = cost[..., ::-1]
+    i = cost.shape[-1] - 1 - np.argmin(rev, axis=-1)
+    cands = np.append(grid, np.inf)
+    vals = cands[i]
+    if np.ndim(vals) == 0:
+        return None if np.isinf(vals) else int(vals)
     return vals
+
+
+def decision_value(grid, t_off_s, t_on_s, margin, cutoff, weights=None, vllm_default=None) -> dict:
+    """What the cutoff is worth on the workload: expected forward time (s) at it, at never, at vLLM's default
+    and at the best threshold in hindsight (the oracle: no risk premium), and the savings between them."""
+    w = uniform_workload(grid) if weights is None else weights
+    true = expected_time_by_threshold_s(t_off_s, t_on_s, w, 0.0)  # what each threshold really costs
+
+    def at(c):
+        if c is None:
+            return float(true[-1])
+        return float(true[int(np.searchsorted(grid, c, side="left"))])
+
+    t_never, t_cut = at(None), at(cutoff)
+    i_best = int(true.size - 1 - np.argmin(true[::-1]))
+    oracle = None if i_best == grid.size else int(grid[i_best])
+    out = {"expected_forward_s": t_cut, "expected_forward_never_s": t_never,
+           "saving_vs_never_s": t_never - t_cut, "saving_vs_never_rel": (t_never - t_cut) / t_never,
+           "oracle_cutoff_tokens": oracle, "regret_vs_oracle_s": t_cut - float(true[i_best])}
+    if vllm_default is not None:
+        vd = None if vllm_default > grid[-1] else int(grid[int(np.searchsorted(grid, vllm_default))])
+        out["saving_vs_vllm_default_s"] = at(vd) - t_cut
+    return out
 
 
 def perturbed(profile: HardwareProfile, key: str, z):
@@ -80,15 +125,15 @@ def perturbed_values(profile: HardwareProfile, draws: int, seed: int) -> dict[st
     return out
 
 
-def cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, draws=BAND_DRAWS, seed=BAND_SEED):
-    """5th–95th percentile of the cutoff over a fixed-seed Monte Carlo of the profile (never = +inf)."""
+def cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, draws=BAND_DRAWS, seed=BAND_SEED, weights=None):
+    """5th–95th percentile of the cutoff decision over a fixed-seed Monte Carlo of the profile (never = +inf)."""
     vals = perturbed_values(profile, draws, seed)
     cuts = []
     for lo in range(0, draws, BAND_CHUNK):
         chunk = {k: v[lo:lo + BAND_CHUNK] for k, v in vals.items()}
         prof = profile.with_values(chunk, mark_modified=False)
         pred = predict(prof, shape, tp, dtype, grid, seq_len)
-        cuts.append(cutoff_from_speedup(grid, pred.speedup_sp_asynctp, margin))
+        cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights))
     c = np.concatenate(cuts)
     lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
 
@@ -111,7 +156,7 @@ def model_inputs(profile: HardwareProfile, tp: int) -> list[str]:
     return keys
 
 
-def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, base_cutoff) -> list[dict]:
+def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, base_cutoff, weights=None) -> list[dict]:
     """One at a time, each model input × e^(−σ) and × e^(+σ) (σ of its tier; efficiencies capped at 1): the
     cutoff with each. Returned for the inputs that move it away from `base_cutoff` (the profile's own),
     largest move first ("never" = beyond the grid)."""
@@ -125,7 +170,7 @@ def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, base_cu
             row = vals.setdefault(k, np.full((len(part), 1), profile.params[k].value))
             row[i, 0] = perturbed(profile, k, sign)
         pred = predict(profile.with_values(vals, mark_modified=False), shape, tp, dtype, grid, seq_len)
-        cuts.append(cutoff_from_speedup(grid, pred.speedup_sp_asynctp, margin))
+        cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights))
     c = np.concatenate(cuts)
     beyond = grid[-1] + tp
     b = beyond if base_cutoff is None else base_cutoff
@@ -148,8 +193,9 @@ def display_tokens(max_tokens: int = 65536) -> np.ndarray:
 
 def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *, seq_len: int = 1024,
             max_num_batched_tokens: int = 8192, margin: float = 0.02, band: bool = True,
-            display_max_tokens: int = 65536, tokens=None) -> Analysis:
-    """Cutoff, band and a table at `tokens` (default: powers of two up to display_max_tokens, plus the cutoff)."""
+            display_max_tokens: int = 65536, tokens=None, weights=None, workload_name: str = "") -> Analysis:
+    """Cutoff decision, band and a table at `tokens` (default: powers of two up to display_max_tokens, plus the
+    cutoff). `weights` over the grid of multiples of tp (default uniform) is the workload the decision serves."""
     if tokens is not None and (len(tokens) == 0 or any(int(t) != t or t <= 0 for t in tokens)):
         raise TpcostError("--tokens: token counts N must be integers > 0")
     if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
@@ -158,10 +204,11 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
         raise TpcostError(f"--margin must be in [0, 1), got {margin}")
     grid = token_grid(tp, max_num_batched_tokens)
     pred = predict(profile, shape, tp, dtype, grid, seq_len)
-    cut = cutoff_from_speedup(grid, pred.speedup_sp_asynctp, margin)
-    sp_cut = cutoff_from_speedup(grid, pred.speedup_sp, margin)
-    band_v = cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin) if band else None
-    sens = cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, cut) if band else None
+    t_tp, t_spa = pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp")
+    cut = decide_cutoff(grid, t_tp, t_spa, margin, weights)
+    sp_cut = decide_cutoff(grid, t_tp, pred.t_forward_s("sp"), margin, weights)
+    band_v = cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, weights=weights) if band else None
+    sens = cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, cut, weights) if band else None
     shown = display_tokens(display_max_tokens) if tokens is None else np.unique(np.asarray(tokens, dtype=float))
     if cut is not None:
         shown = np.union1d(shown, [cut])
@@ -172,8 +219,10 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
         bd = {k: float(pred.breakdown[k][i]) for k in BREAKDOWN_KEYS}
     vllm_default = vllm_sp_min_token_num(profile.attrs.get("identity.vendor", ""),
                                          profile.attrs.get("identity.compute_capability", ""), shape.hidden, tp)
+    value = decision_value(grid, t_tp, t_spa, margin, cut, weights, vllm_default)
     return Analysis(profile, shape, tp, dtype, seq_len, max_num_batched_tokens, margin, cut, sp_cut, band_v,
-                    table, bd, grid, pred.speedup_sp_asynctp, sens, vllm_default)
+                    table, bd, grid, pred.speedup_sp_asynctp, sens, vllm_default, value, pred.asynctp_available,
+                    "uniform over the multiples of tp" if weights is None else workload_name)
 
 
 def provenance(profile: HardwareProfile) -> dict:
@@ -197,6 +246,9 @@ def analysis_json(a: Analysis) -> dict:
         "breakdown_at_cutoff_s": a.breakdown_at_cutoff,
         "cutoff_sensitivity": a.sensitivity,
         "vllm_default_sp_min_token_num": a.vllm_default_tokens,
+        "decision_value": a.decision_value,
+        "workload": a.workload,
+        "asynctp_available": a.asynctp_available,
         "notes": list(t.notes),
         "provenance": provenance(a.profile),
         "rows": rows,

@@ -143,7 +143,8 @@ def cmd_whatif(args) -> int:
     band = a.cutoff_band_tokens
     band_s = "" if band is None else f"  band (5-95%): [{band[0]}, {band[1] if band[1] is not None else 'never'}]"
     cut = a.cutoff_tokens if a.cutoff_tokens is not None else "never (null)"
-    print(f"\ncutoff (SP+AsyncTP, margin {args.margin:.0%}, N <= {args.max_num_batched_tokens}): {cut}{band_s}")
+    print(f"\ncutoff (SP+AsyncTP; the threshold minimising the expected forward time over N <= "
+          f"{args.max_num_batched_tokens}, {a.workload}, risk premium {args.margin:.0%}): {cut}{band_s}")
     print(f"cutoff (SP alone): {a.sp_cutoff_tokens if a.sp_cutoff_tokens is not None else 'never (null)'}")
     vd = a.vllm_default_tokens
     print("vLLM 0.31's own default here: " + (f"sp_min_token_num {vd}" if vd is not None else
@@ -155,11 +156,21 @@ def cmd_whatif(args) -> int:
         for r in a.sensitivity[:SENSITIVITY_SHOWN]:
             print(f"  {r['quantity']:56s} {r['tier']:22s} {never(r['cutoff_minus_sigma_tokens']):>7s} "
                   f"{never(r['cutoff_plus_sigma_tokens']):>7s}")
+    dv = a.decision_value
+    if dv:
+        ms = lambda x: f"{x * 1e3:.3f} ms"  # noqa: E731
+        line = (f"value of the decision (expected forward {ms(dv['expected_forward_s'])}): saves "
+                f"{ms(dv['saving_vs_never_s'])} ({dv['saving_vs_never_rel']:.1%}) against never")
+        if "saving_vs_vllm_default_s" in dv:
+            line += f", {ms(dv['saving_vs_vllm_default_s'])} against vLLM's default"
+        oc = dv["oracle_cutoff_tokens"]
+        line += f"; regret against the best threshold in hindsight ({'never' if oc is None else oc}): {ms(dv['regret_vs_oracle_s'])}"
+        print(line)
     if a.breakdown_at_cutoff:
-        print("\nbreakdown at the cutoff, per forward [ms] (positive = SP+AsyncTP saves):")
+        print("\nbreakdown at the cutoff, per forward [ms] (every term: positive = SP+AsyncTP saves; they sum to "
+              "t_tp - t_sp+async):")
         for k, v in a.breakdown_at_cutoff.items():
-            sign = -1 if k in ("chunking_loss_s", "contention_s", "barrier_latency_s") else 1
-            print(f"  {k[:-2]:24s} {sign * v * 1e3:+9.3f}")
+            print(f"  {k[:-2]:24s} {v * 1e3:+9.3f}")
     for n in a.table.notes:
         print(f"note: {n}")
     pv = out["provenance"]

@@ -112,14 +112,29 @@ def attention_bytes(tokens, heads_per_rank, kv_heads_per_rank, head_dim, act_byt
 # --------------------------------------------------------------------------- AsyncTP (§6)
 
 
-def t_pull_s(chunk_bytes, copy_engine_bw_bytes_per_s, copy_latency_s):
-    """Copy-engine pull of one peer's chunk over the link: latency + bytes/CE bandwidth (s)."""
-    return copy_latency_s + chunk_bytes / copy_engine_bw_bytes_per_s
+def bus_bw_factor(collective, world):
+    """nccl-tests bus-bandwidth factor: all_reduce 2(W−1)/W; all_gather, reduce_scatter (W−1)/W (dimensionless)."""
+    f = (np.asarray(world, dtype=float) - 1.0) / world
+    return 2.0 * f if collective == "all_reduce" else f
 
 
-def t_chunk_concurrent_s(t_chunk_s, t_pair_s, stream_concurrency):
-    """Per-chunk GEMM time on two streams: (1−κ)·g + κ·g₂/2, g₂ = one GEMM of both chunks' rows (s)."""
-    return (1.0 - stream_concurrency) * t_chunk_s + stream_concurrency * 0.5 * t_pair_s
+def t_link_s(total_bytes, world, link_bw_bytes_per_s):
+    """Least time the link needs for a rank's share of a gather/scatter: (W−1)/W·S / link peak (s)."""
+    return total_bytes * ((world - 1.0) / world / link_bw_bytes_per_s)
+
+
+def t_pull_s(chunk_bytes, copy_engine_bw_bytes_per_s, link_bw_bytes_per_s, copy_latency_s):
+    """Copy-engine pull of one peer's chunk: latency + bytes/min(copy-engine bw, link bw) (s); no faster than the link."""
+    return copy_latency_s + chunk_bytes / np.minimum(copy_engine_bw_bytes_per_s, link_bw_bytes_per_s)
+
+
+def t_chunk_concurrent_s(t_mem_s, t_comp_s, t_pair_comp_s, launch_s, stream_concurrency):
+    """Chunk GEMM on two streams: launch + max(t_mem, (1−κ)·t_comp + κ·t_comp(2 chunks)/2) (s).
+
+    Two streams recover only tile/wave quantisation of compute; two memory-bound chunks share HBM, so each
+    still re-streams its whole weight matrix (docs/model.md §6)."""
+    comp = (1.0 - stream_concurrency) * t_comp_s + stream_concurrency * 0.5 * t_pair_comp_s
+    return launch_s + np.maximum(t_mem_s, comp)
 
 
 def overlapped_fraction(t_comm_total_s, t_comp_total_s):
@@ -127,13 +142,33 @@ def overlapped_fraction(t_comm_total_s, t_comp_total_s):
     return np.minimum(1.0, t_comm_total_s / np.maximum(t_comp_total_s, 1e-30))
 
 
-def t_ag_gemm_pipeline_s(world, t_chunk_s, t_chunk_eff_s, t_pull_s_):
-    """AG+GEMM main loop: max(W·g_c, (W−1)·p + g) — compute-bound vs pull-bound, last GEMM alone (s)."""
-    return np.maximum(world * t_chunk_eff_s, (world - 1) * t_pull_s_ + t_chunk_s)
+def t_ag_gemm_gpu_s(world, t_chunk_s, t_chunk_eff_s, t_whole_s, t_pull_s_, t_copy_s, barrier_s):
+    """AG+GEMM on the GPU: 3·b + t_copy + max(0, t_copy − g_eff) + max(W·g_eff, t_whole, (W−1)·p + g) (s).
+
+    The main loop is compute-bound (never cheaper than the whole GEMM) or pull-bound with the last GEMM alone."""
+    pipe = np.maximum(np.maximum(world * t_chunk_eff_s, t_whole_s), (world - 1) * t_pull_s_ + t_chunk_s)
+    return 3.0 * barrier_s + t_copy_s + np.maximum(0.0, t_copy_s - t_chunk_eff_s) + pipe
 
 
-def t_gemm_rs_pipeline_s(world, t_chunk_s, t_chunk_eff_s, t_step_comm_s):
-    """GEMM+RS main loop: max((W−1)·g_c + max(g_c, p_s), g + (W−1)·p_s); p_s = pull + 2 barriers (s)."""
-    compute_bound = (world - 1) * t_chunk_eff_s + np.maximum(t_chunk_eff_s, t_step_comm_s)
-    comm_bound = t_chunk_s + (world - 1) * t_step_comm_s
-    return np.maximum(compute_bound, comm_bound)
+def t_gemm_rs_gpu_s(world, t_chunk_s, t_chunk_eff_s, t_whole_s, t_pull_s_, t_reduction_s, barrier_s):
+    """GEMM+RS on the GPU: 2W·b + max(W·g_eff, t_whole, g + (W−1)·p) + t_red (s).
+
+    The 2 barriers of each step queue behind the other stream's chunk GEMM (a barrier kernel gets no SM
+    while a full-occupancy GEMM runs), so they add; the pulls hide behind the GEMMs up to the pull-bound path."""
+    pipe = np.maximum(np.maximum(world * t_chunk_eff_s, t_whole_s), t_chunk_s + (world - 1) * t_pull_s_)
+    return 2.0 * world * barrier_s + pipe + t_reduction_s
+
+
+def host_ops_ag_gemm(world):
+    """Host-issued torch calls of fused_all_gather_matmul (torch 2.13, return_A): 4(W−1) + 16 (count; docs §6)."""
+    return 4.0 * (world - 1) + 16.0
+
+
+def host_ops_gemm_rs(world):
+    """Host-issued torch calls of fused_matmul_reduce_scatter (torch 2.13, + reduction): 6(W−1) + 16 (count; docs §6)."""
+    return 6.0 * (world - 1) + 16.0
+
+
+def t_eager_s(t_gpu_s, t_host_s, t_tail_s):
+    """An eagerly issued op: max(GPU time, host issue time + the GPU work left after the last issue) (s)."""
+    return np.maximum(t_gpu_s, t_host_s + t_tail_s)

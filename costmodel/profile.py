@@ -60,6 +60,7 @@ REQUIRED_PARAMS = (
     "asynctp.copy_latency_s",
     "asynctp.compute_slowdown",
     "asynctp.stream_concurrency",
+    "asynctp.host_op_s",
 )
 REQUIRED_COLLECTIVES = ("nccl_all_gather", "nccl_reduce_scatter", "nccl_all_reduce")
 # Ranges a value must lie in to be physical (checked on load and after every override; docs/model.md §7).
@@ -96,7 +97,8 @@ class Param:
 
     @property
     def sigma_rel(self) -> float:
-        if self.tier == "calibrated" and self.uncertainty_rel is not None:
+        """The fit's own relative sigma where one was recorded (calibrated or fitted values), else the tier's."""
+        if self.uncertainty_rel is not None and self.tier in ("calibrated", "published-measurement"):
             return float(self.uncertainty_rel)
         return SIGMA_REL_BY_TIER[self.tier]
 

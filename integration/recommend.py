@@ -91,17 +91,17 @@ def fi_fusion_verdict(profile, shape, tp: int, dtype: str, max_num_batched_token
     """(MiB, reason) when tpcost predicts FlashInfer AR+RMSNorm stops beating the next implementation + RMSNorm
     more than `tolerance` below vLLM's table limit (within the sizes vLLM can run); else (None, None)."""
     from costmodel import formulas as F
-    from costmodel.model import _all_reduce_dispatch, _Hw
+    from costmodel import ops
 
     d = profile.dispatch(tp)
     if "fi_fusion_max_bytes" not in d or not profile.has_collective("flashinfer_ar_rmsnorm"):
         return None, None
-    hw = _Hw(profile, dtype)
+    hw = ops.Hw(profile, dtype)
     n = np.arange(1, max_num_batched_tokens + 1, dtype=float)
     msg = n * shape.hidden * hw.act_bytes
-    t_fi, _, _ = _all_reduce_dispatch(hw, msg, tp, True, fi_max_bytes=np.inf)
-    t_alt, _, _ = _all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0)
-    t_alt = t_alt + hw.t_mem(F.rms_norm_bytes(n, shape.hidden, hw.act_bytes, hw.act_bytes))
+    t_fi, _, _ = ops.all_reduce_dispatch(hw, msg, tp, True, fi_max_bytes=np.inf)
+    t_alt, _, _ = ops.all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0)
+    t_alt = t_alt + hw.t_mem(F.rms_norm_bytes(n, shape.hidden, hw.act_bytes, hw.mode.quant_bytes))
     loses = t_fi > t_alt
     best_tokens = int(np.argmax(loses)) if loses.any() else max_num_batched_tokens  # last N before it loses
     table_tokens = min(int(d["fi_fusion_max_bytes"] // (shape.hidden * hw.act_bytes)), max_num_batched_tokens)
@@ -145,8 +145,8 @@ def explain(r: Recommendation) -> list[str]:
                          f"by tp dropped); had SP+AsyncTP run there, the worst predicted speedup is "
                          f"{r.worst_speedup_below_cutoff:.3f}x")
     else:
-        lines.append(f"tpcost: SP+AsyncTP off: no token count <= {r.max_num_batched_tokens} where it is predicted to "
-                     f"gain >= the margin for every larger batch (speedup at {r.max_num_batched_tokens}: "
+        lines.append(f"tpcost: SP+AsyncTP off: no threshold <= {r.max_num_batched_tokens} lowers the expected forward "
+                     f"time over the workload with the margin's risk premium (speedup at {r.max_num_batched_tokens}: "
                      f"{r.speedup_at_max_tokens:.3f}x)")
     if r.fi_reason:
         what = ("fuse_allreduce_rms=false" if r.fi_fusion_max_size_mb == 0.0

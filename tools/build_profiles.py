@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from costmodel.io import atomic_write_text  # noqa: E402
 from costmodel.profile import SCHEMA_VERSION, dump_profile, profile_from_dict  # noqa: E402
+from costmodel import formulas as F  # noqa: E402
 from tools import reference_fits as R  # noqa: E402
 
 MiB = 1024 * 1024
@@ -195,9 +196,28 @@ def b200():
     for impl, lat_key, bw_key in (("nccl_all_reduce", "all_reduce_latency_median", "all_reduce_peak_busbw"),
                                   ("nccl_all_gather", "all_gather_latency_median", "all_gather_peak_busbw"),
                                   ("nccl_reduce_scatter", "reduce_scatter_latency_median", "reduce_scatter_peak_busbw")):
-        coll[impl]["tp8"] = sec(f"MLENG_NET_README 8xB200: 1 KiB median latency {readme[lat_key]['baseline_value']} us, 16 GiB busBW {readme[bw_key]['baseline_value']} GB/s",
-                                "published-measurement", latency_s=float(readme[lat_key]["baseline_value"]) * 1e-6,
-                                bus_bw_bytes_per_s=float(readme[bw_key]["baseline_value"]) * 1e9)
+        lat, peak_bw = float(readme[lat_key]["baseline_value"]) * 1e-6, float(readme[bw_key]["baseline_value"]) * 1e9
+        half = R.size_in_notes(readme[bw_key]["notes"].replace("half-peak payload", "payload"))
+        f = F.bus_bw_factor("all_reduce" if impl == "nccl_all_reduce" else "all_gather", 8)
+        S = [1024.0, half, 16 * 1024.0**3]
+        t = [lat, f * half / (peak_bw / 2), f * S[2] / peak_bw]
+        a, bw, err = R.fit_alpha_beta(S, t, f)
+        coll[impl]["tp8"] = sec(f"MLENG_NET_README 8xB200: alpha-beta fit to the 1 KiB median latency {readme[lat_key]['baseline_value']} us, "
+                                f"half of the 16 GiB busBW {readme[bw_key]['baseline_value']} GB/s at its half-peak payload "
+                                f"{half / 2**20:.0f} MiB, and that busBW at 16 GiB; rms log err {err:.3f} (tools/reference_fits.py)",
+                                "published-measurement", latency_s=a, bus_bw_bytes_per_s=bw)
+    # TP2 reduce-scatter / all-gather: stock NCCL at 4 MiB (NCCL_PR2307 'default' 29.4 us) with the TP2 all-reduce
+    # latency; the prototype's tuned 1-16 MiB rows are not the NCCL vLLM runs
+    stock = next(r for r in R.rows("NCCL_PR2307") if "default vs tuned" in r["workload"])
+    t4 = float(stock["baseline_value"]) * 1e-6
+    ar2 = R.fit_vllm_bench("VLLM_PR42324", 2, "allreduce_time_pynccl", gpu_match="B200")
+    bw2 = F.bus_bw_factor("all_gather", 2) * 4 * 2**20 / (t4 - ar2["latency_s"])
+    for impl in ("nccl_reduce_scatter", "nccl_all_gather"):
+        coll[impl]["tp2"] = sec(f"NCCL_PR2307 B200 TP2 stock reduce-scatter 4 MiB {stock['baseline_value']} us, latency from the "
+                                "VLLM_PR42324 TP2 all-reduce fit" + ("" if impl == "nccl_reduce_scatter" else
+                                "; all-gather assumed = reduce-scatter (same ring, no reduction)"),
+                                "published-measurement" if impl == "nccl_reduce_scatter" else "assumed",
+                                latency_s=ar2["latency_s"], bus_bw_bytes_per_s=bw2)
     for impl, metric in (("nccl_all_reduce", "allreduce_time_pynccl"), ("symm_mem_multimem", "allreduce_time_torch_symm_mem_multimem"),
                          ("symm_mem_two_shot", "allreduce_time_torch_symm_mem_two_shot")):
         f = R.fit_vllm_bench("VLLM_PR42324", 2, metric, gpu_match="B200")
@@ -249,6 +269,44 @@ def b200():
                              "tier": "assumed"},
         },
     }
+
+
+NV_B300 = ("https://www.nvidia.com/en-us/data-center/hgx/ (HGX B300 datasheet, per GPU, dense: 2.25 PFLOP/s bf16, "
+           "4.5 PFLOP/s fp8, 288 GB HBM3e at 8 TB/s, NVLink5 1.8 TB/s bidirectional); Blackwell Ultra: 160 SMs, "
+           "compute capability 10.3 (vLLM's tables list sm_103 on their own)")
+
+
+def b300():
+    """B300 (Blackwell Ultra, HGX 8-GPU): the B200 profile's structure with B300's datasheet numbers. Its
+    GEMM and collective fits stay B200's (same SM100 family and NVLink5) and say so."""
+    p = copy.deepcopy(b200())
+    p["identity"].update(name="b300", display_name="NVIDIA B300 (HGX, 8 GPUs)", compute_capability="10.3",
+                         device_name_patterns="B300", sm_count=160, source=NV_B300)
+    p["compute"]["peak_flops_per_s"] = sec(NV_B300 + "; fp32 non-tensor assumed as B200", "datasheet",
+                                           bf16=2250e12, fp8=4500e12, fp32=75e12)
+    p["memory"] = sec(NV_B300, "datasheet", hbm_bw_bytes_per_s=8e12)
+    for part in ("_efficiency", "_small_m"):
+        p["gemm"][part]["source"] = "B200 value (same SM100 tensor cores): " + p["gemm"][part]["source"]
+        p["gemm"][part]["tier"] = "assumed"
+    for impl, per_tp in p["collectives"].items():
+        for tp, e in per_tp.items():
+            if "B300" in e["source"] and impl.startswith("flashinfer") and tp == "tp2":
+                e["tier"] = "published-measurement"
+                e["source"] = e["source"].replace("assumed: busBW = ", "busBW: ").replace("assumed: = ", "")
+            elif e["tier"] != "assumed":
+                e["source"] = "B200 value (same NVLink5/NVSwitch): " + e["source"]
+                e["tier"] = "assumed"
+    # B300's own NCCL reduce-scatter at 1-12 MiB: the sequential arm of PT_ISSUE179770 (scaled_mm + NCCL RS) fixes the
+    # latency (the busBW stays the 16 GiB value); the B200 fit's 1 KiB latency is far below NCCL's mid-size cost
+    rs = p["collectives"]["nccl_reduce_scatter"]["tp8"]
+    fit = R.fit_fused_param(asynctp_section(copy.deepcopy(p), (BARRIER_PRIOR_S, "fit start", "assumed"), HOST_OP),
+                            R.fused_op_rows("PT_ISSUE179770"), "collectives.nccl_reduce_scatter.tp8.latency_s", "b300",
+                            arm="sequential")
+    p["collectives"]["nccl_reduce_scatter"]["tp8"] = sec(
+        f"latency: {fit['source']} (1-12 MiB messages); busBW: {rs['source']}", "published-measurement",
+        latency_s=fit["value"], bus_bw_bytes_per_s=rs["bus_bw_bytes_per_s"])
+    p["collectives"]["nccl_reduce_scatter"]["tp8"]["uncertainty_rel"] = {"latency_s": _round(fit["sigma_rel"])}
+    return p
 
 
 def gb200(b):
@@ -362,7 +420,7 @@ def calibrated_overrides(p, name, root=ROOT, keys=None, note=""):
         section, leaf = key.rsplit(".", 1)
         target = {"gemm.max_efficiency": ("gemm", "_efficiency"), "gemm.mem_efficiency": ("gemm", "_small_m"),
                   "gemm.launch_overhead_s": ("gemm", "_small_m"), "kernels.mem_efficiency": ("kernels",),
-                  "kernels.launch_overhead_s": ("kernels",), "asynctp.stream_concurrency": ("asynctp", "_sync"),
+                  "kernels.launch_overhead_s": ("kernels",), "asynctp.stream_concurrency": ("asynctp", "_streams"),
                   "asynctp.compute_slowdown": ("asynctp", "_interference")}.get(key)
         if target is None:
             continue
@@ -377,12 +435,86 @@ def calibrated_overrides(p, name, root=ROOT, keys=None, note=""):
     return p
 
 
+def nccl_ag_busbw(p, tp=8):
+    """The NCCL all-gather bus bandwidth of a profile tree at `tp` (or its largest listed TP)."""
+    per_tp = p["collectives"]["nccl_all_gather"]
+    key = f"tp{tp}" if f"tp{tp}" in per_tp else max(per_tp, key=lambda k: int(k[2:]))
+    return per_tp[key]["bus_bw_bytes_per_s"], key
+
+
+def asynctp_section(p, sync, host, streams=None):
+    """The [asynctp] tables of a profile tree (docs/model.md §6): `sync` = (barrier_s, source, tier), `host` =
+    (host_op_s, source, tier). The copy-engine pull is capped at NCCL's all-gather busBW on the same link: no
+    measurement says a single copy engine beats NCCL there (each value says where it comes from)."""
+    old = p["asynctp"]
+    ce_old = old["_copy"]["copy_engine_bw_bytes_per_s"]
+    ag_bw, ag_tp = nccl_ag_busbw(p)
+    ce = min(ce_old, ag_bw)
+    why = ("NCCL all-gather busBW at " + ag_tp.upper() + " (no faster than NCCL on the same link)" if ce == ag_bw
+           else old["_copy"]["source"])
+    def table(spec, key):
+        t = sec(spec[1], spec[2], **{key: spec[0]})
+        if len(spec) > 3 and spec[3] is not None:
+            t["uncertainty_rel"] = {key: _round(spec[3])}
+        return t
+
+    out = {
+        "_sync": table(sync, "barrier_s"),
+        "_host": table(host, "host_op_s"),
+        "_pull": sec(f"assumed: copy-engine pull bandwidth = {why}; pull start latency ~3 us", "assumed",
+                     copy_engine_bw_bytes_per_s=ce, copy_latency_s=3e-6),
+        "_streams": streams or sec("assumed: two-stream chunk GEMMs recover half of the compute-side tile/wave "
+                                   "quantisation (memory-bound chunks recover nothing: docs/model.md §6)", "assumed",
+                                   stream_concurrency=0.5),
+        "_interference": old["_interference"],
+    }
+    p["asynctp"] = out
+    return p
+
+
+HOST_OP = (3e-6, "assumed: one eager torch call (Python -> dispatcher -> launch) ~3 us on a current server CPU; "
+           "PT_ISSUE179770 bounds it above: at its 58 calls per fused GEMM+RS, more than ~4 us would put the B300 "
+           "small-M floor above the measured 0.25 ms; KRAKEN_PR19 (GPU-bound) does not identify it", "assumed")
+BARRIER_PRIOR_S = 4e-6  # fit start: signal-pad put + wait (SYMMMEM_RECIPES_PR3: one-shot AR with 2 barriers 10.8 us)
+
+
+def asynctp_fits():
+    """Least-squares fits of the AsyncTP terms to the published fused-op timings (tools/reference_fits.py):
+    the per-barrier synchronisation cost on B300 from PT_ISSUE179770 and on H100 from KRAKEN_PR19, both
+    GPU-bound (the host issue time stays assumed). Returns {name: {value, sigma_rel, source}}."""
+    b3 = asynctp_section(b300(), (BARRIER_PRIOR_S, "fit start", "assumed"), HOST_OP)
+    bar_b3 = R.fit_fused_param(b3, R.fused_op_rows("PT_ISSUE179770"), "asynctp.barrier_s", "b300")
+    h1 = asynctp_section(h100(), (BARRIER_PRIOR_S, "fit start", "assumed"), HOST_OP)
+    bar_h1 = R.fit_fused_param(h1, R.fused_op_rows("KRAKEN_PR19"), "asynctp.barrier_s", "h100-sxm")
+    return {"h100_barrier": bar_h1, "b300_barrier": bar_b3}
+
+
 def build_all():
-    h = calibrated_overrides(h100(), "h200-sxm", keys=SAME_DIE_KEYS,
+    fits = asynctp_fits()
+    bh, bb = fits["h100_barrier"], fits["b300_barrier"]
+    sync_h100 = (bh["value"], bh["source"], "published-measurement", bh["sigma_rel"])
+    sync_h100_assumed = (bh["value"], "assumed: = H100 fit (" + bh["source"] + ")", "assumed")
+    sync_b300 = (bb["value"], bb["source"], "published-measurement", bb["sigma_rel"])
+    sync_b300_assumed = (bb["value"], "assumed: scaled from B300 (same NVLink5/NVSwitch, SM100 family): " + bb["source"],
+                         "assumed")
+    host_assumed = host_b300 = HOST_OP
+    h = asynctp_section(h100(), sync_h100, host_assumed)
+    h = calibrated_overrides(h, "h200-sxm", keys=SAME_DIE_KEYS,
                              note="; measured on an H200, which has the H100's GH100 die and 132 SMs")
     b = b200()
-    profiles = {"h100-sxm": h, "h200-sxm": calibrated_overrides(h200(h), "h200-sxm"), "h800": h800(h), "b200": b,
-                "gb200-nvl72": gb200(b), "a100-sxm-80gb": a100(), "a800": a800(), "l40s": l40s(), "mi300x": mi300x()}
+    profiles = {"h100-sxm": h,
+                "h200-sxm": calibrated_overrides(asynctp_section(h200(h100()), sync_h100_assumed, host_assumed), "h200-sxm"),
+                "h800": asynctp_section(h800(h100()), sync_h100_assumed, host_assumed),
+                "b200": asynctp_section(b, sync_b300_assumed, host_assumed),
+                "b300": asynctp_section(b300(), sync_b300, host_b300),
+                "gb200-nvl72": asynctp_section(gb200(b200()), sync_b300_assumed, host_assumed),
+                "a100-sxm-80gb": asynctp_section(a100(), sync_h100_assumed, host_assumed),
+                "a800": asynctp_section(a800(), sync_h100_assumed, host_assumed),
+                "l40s": asynctp_section(l40s(), sync_h100_assumed, host_assumed),
+                "mi300x": asynctp_section(mi300x(), sync_h100_assumed, host_assumed)}
+    for name in ("h800",):
+        profiles[name] = calibrated_overrides(profiles[name], "h200-sxm", keys=SAME_DIE_KEYS,
+                                              note="; measured on an H200, which has the H100's GH100 die and 132 SMs")
     return profiles
 
 

@@ -254,3 +254,76 @@ def asynctp_slowdown_h100(peak_bf16, max_eff):
     t_mm = F.gemm_flops(8192, 8192, 8192) / (peak_bf16 * max_eff)
     t_ag = t_seq - t_mm
     return max(0.0, t_ce / max(t_mm, t_ag) - 1.0)
+
+
+# --------------------------------------------------------------------------- fused AsyncTP ops
+
+FUSED_CSV = CSV.with_name("fused_ops.csv")
+FUSED_HARDWARE = {"H100": "h100-sxm", "B300": "b300"}  # gpu column -> built-in profile
+FUSED_DTYPES = {"bf16": "bf16", "fp8 (scaled_mm)": "fp8"}  # dtype column -> tpcost dtype mode
+
+
+def fused_op_rows(source_id=None):
+    """The published fused-op timings of data/reference/fused_ops.csv (a copy of ../shared/reference; sources in
+    FUSED_OPS_SOURCES.md) as dicts: hardware, tp, op, dtype, m, n, k, baseline_s, overlap_s, source, line.
+    Rows without N and K (the NVFP4 native path) come back with n = k = None and dtype 'nvfp4'."""
+    out = []
+    with open(FUSED_CSV, newline="", encoding="utf-8-sig") as f:
+        for line, r in enumerate(csv.DictReader(f), start=2):
+            if source_id and r["source_id"] != source_id:
+                continue
+            scale = {"ms": 1e-3, "us": 1e-6}[r["unit"]]
+            gpu = next((v for k, v in FUSED_HARDWARE.items() if r["gpu"].startswith(k)), None)
+            op = "gemm_rs" if "ReduceScatter" in r["workload"] or "reduce-scatter" in r["workload"] else "ag_gemm"
+            out.append(dict(hardware=gpu or r["gpu"], tp=int(r["num_gpus"]), op=op,
+                            dtype=FUSED_DTYPES.get(r["dtype"], r["dtype"]), m=int(r["M_or_tokens"]),
+                            n=int(r["N"]) if r["N"] else None, k=int(r["K"]) if r["K"] else None,
+                            baseline_s=float(r["baseline_value"]) * scale, overlap_s=float(r["overlap_value"]) * scale,
+                            source=r["source_id"], line=line))
+    return out
+
+
+def predict_fused_row(profile, r, eager=True):
+    """(predicted sequential s, predicted fused s, the FusedOp) for one fused-op row (costmodel.ops)."""
+    from costmodel import ops
+
+    hw = ops.Hw(profile, r["dtype"])
+    m, n, k, tp = float(r["m"]), r["n"], r["k"], r["tp"]
+    if r["op"] == "gemm_rs":
+        return ops.sequential_gemm_rs_s(hw, m, n, k, tp), None, ops.fused_gemm_rs(hw, m, n, k, tp, eager=eager)
+    a_bytes = hw.mode.ag_bytes
+    return ops.sequential_ag_gemm_s(hw, m, n, k, tp, a_bytes), None, ops.fused_ag_gemm(hw, m, n, k, tp, a_bytes, eager=eager)
+
+
+def fit_fused_param(tree, rows, key, name, arm="fused"):
+    """Least squares (log residuals of the fused time, or of the sequential arm's with arm="sequential"; soft-L1)
+    of one profile parameter `key` to fused-op rows, the profile tree giving every other value. Returns value,
+    sigma_rel (from the Jacobian), rms and a source."""
+    from costmodel.profile import profile_from_dict
+
+    base = profile_from_dict(tree, f"fit:{name}")
+    rows = [r for r in rows if r["n"] and r["k"]]
+    meas = np.array([r["overlap_s" if arm == "fused" else "baseline_s"] for r in rows])
+
+    def one(prof, r):
+        seq, _, f = predict_fused_row(prof, r)
+        return float(np.asarray(f.t_s if arm == "fused" else seq).ravel()[0])
+
+    def resid(x):
+        prof = base.with_values({key: float(np.exp(x[0]))}, mark_modified=False)
+        return np.log(np.array([one(prof, r) for r in rows]) / meas)
+
+    x0 = np.log([max(base.v(key), 1e-7)])
+    r = least_squares(resid, x0, loss="soft_l1", f_scale=0.1, x_scale=1.0, diff_step=1e-3)
+    dof = max(1, len(rows) - 1)
+    s2 = float(np.sum(r.fun**2)) / dof
+    J = r.jac
+    jtj = float((J.T @ J)[0, 0])
+    sigma = float(np.sqrt(s2 / jtj)) if jtj > 0 else float("inf")
+    rms = float(np.sqrt(np.mean(r.fun**2)))
+    src = rows[0]["source"]
+    ms = sorted({r_["m"] for r_ in rows})
+    return dict(value=float(np.exp(r.x[0])), sigma_rel=sigma, rms_log=rms, n=len(rows),
+                source=(f"least-squares fit to the {arm} arm of {src} ({len(rows)} {rows[0]['op']} {rows[0]['dtype']} rows, "
+                        f"M={ms[0]}..{ms[-1]}): rms log residual {rms:.3f}, sigma_rel {sigma:.2f} "
+                        "(tools/reference_fits.py fit_fused_param)"))

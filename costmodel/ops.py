@@ -1,0 +1,326 @@
+"""The public ops API: every op of the three schedules as a time over row counts, from one profile.
+
+`model.predict()` composes these into schedules; `evaluate` scores the fused ops against measured rows;
+`integration.recommend` uses the all-reduce dispatch. Formulas: costmodel.formulas; derivations:
+docs/model.md (section numbers below). Values may be Monte Carlo draw arrays of shape (D, 1) that
+broadcast against row counts of shape (n,).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from . import formulas as F
+from .errors import TpcostError
+from .profile import HardwareProfile
+
+
+@dataclasses.dataclass(frozen=True)
+class DtypeMode:
+    """How one vLLM dtype mode moves and computes data (docs/model.md §7); bytes per element."""
+
+    gemm_dtype: str  # which compute.peak_flops_per_s.<x> the quantised GEMMs run at
+    act_dtype: str  # peak of unquantised GEMMs (router, lm_head) and attention
+    act_bytes: float  # activations, residual stream, GEMM outputs, reduce-scatter partials
+    gemm_in_bytes: float  # quantised GEMM inputs and weights
+    quant_bytes: float  # what the norm / SiluMul write for the next GEMM
+    ag_bytes: float  # what the SP all-gather moves
+    ag_gemm_fuses: bool  # AG + GEMM fuses (not with per-token fp8: a quant kernel sits between)
+
+
+DTYPE_MODES: dict[str, DtypeMode] = {
+    "bf16": DtypeMode("bf16", "bf16", 2.0, 2.0, 2.0, 2.0, True),
+    "fp8": DtypeMode("fp8", "bf16", 2.0, 1.0, 1.0, 1.0, True),  # static scales: quantised before the AG
+    "fp8-dynamic": DtypeMode("fp8", "bf16", 2.0, 1.0, 1.0, 2.0, False),
+    "fp32": DtypeMode("fp32", "fp32", 4.0, 4.0, 4.0, 4.0, True),  # CPU calibration runs; not a vLLM mode
+}
+
+
+def dtype_mode(dtype: str) -> DtypeMode:
+    try:
+        return DTYPE_MODES[dtype]
+    except KeyError:
+        raise TpcostError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_MODES)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedOp:
+    """One fused AsyncTP call: its time and the parts it is made of (all s, per call, over rows)."""
+
+    t_s: Any  # what the call costs: max(t_gpu_s, t_host_s + t_tail_s) when eager, else t_gpu_s
+    t_gpu_s: Any  # GPU critical path
+    t_host_s: Any  # host issue time of torch's Python pipeline (0 under CUDA-graph replay)
+    t_tail_s: Any  # GPU work left after the last host issue (last chunk GEMM + what follows)
+    t_chunks_s: Any  # W chunk GEMMs, each alone (W·g)
+    t_chunks_concurrent_s: Any  # W chunk GEMMs on two streams (W·g_c)
+    t_chunks_contended_s: Any  # ... slowed by concurrent pulls (W·g_eff)
+    t_pulls_s: Any  # (W−1) pulls
+    t_sync_s: Any  # barriers
+    t_memory_s: Any  # local copies / the exposed partial-sum reduction
+
+
+class Hw:
+    """Profile values pulled out once (floats or draw arrays) for the formulas, for one dtype mode.
+
+    GEMM times are memoised per (row array, n, k) within one prediction, and for a sweep the compute
+    time is evaluated once per distinct padded row count (identical to F.t_gemm_s; tests/test_model.py)."""
+
+    def __init__(self, p: HardwareProfile, dtype: str, rows_hint: float = 0.0):
+        mode = dtype_mode(dtype)
+        v = p.v
+        self.p = p
+        self.mode = mode
+        self.act_bytes = mode.act_bytes
+        self.peak = v(f"compute.peak_flops_per_s.{mode.gemm_dtype}")
+        self.peak_act = v(f"compute.peak_flops_per_s.{mode.act_dtype}")  # unquantised GEMMs and attention
+        self.hbm = v("memory.hbm_bw_bytes_per_s")
+        self.mem_eff = v("kernels.mem_efficiency")
+        self.launch = v("kernels.launch_overhead_s")
+        self.gemm = dict(max_efficiency=v("gemm.max_efficiency"), mem_efficiency=v("gemm.mem_efficiency"),
+                         hbm_bw_bytes_per_s=self.hbm, tile_m=v("gemm.tile_m"), tile_n=v("gemm.tile_n"),
+                         sm_count=v("identity.sm_count"), launch_overhead_s=v("gemm.launch_overhead_s"))
+        self.gemm_in_bytes = mode.gemm_in_bytes
+        self.attn_eff = v("attention.efficiency")
+        self._memo: dict = {}
+        self.rows_hint = rows_hint  # the largest row count this prediction will ask for (sizes the padded-row table)
+        self._reps = None  # distinct padded row counts, shared by every GEMM of this prediction
+        self._tables: dict = {}  # (n, k, fp8_ok) -> compute time over self._reps
+
+    @property
+    def asynctp(self):
+        """The AsyncTP values, read only when a fused op is evaluated (so --set knows what the model reads)."""
+        v = self.p.v
+        return dict(barrier_s=v("asynctp.barrier_s"), ce_bw=v("asynctp.copy_engine_bw_bytes_per_s"),
+                    ce_lat=v("asynctp.copy_latency_s"), slowdown=v("asynctp.compute_slowdown"),
+                    kappa=v("asynctp.stream_concurrency"), host_op_s=v("asynctp.host_op_s"),
+                    link_bw=v("interconnect.link_bw_bytes_per_s"))
+
+    def _memoised(self, key, arr, compute):
+        """compute() once per (array object, key) within one prediction; holding `arr` keeps its id unique."""
+        full = (id(arr),) + key
+        hit = self._memo.get(full)
+        if hit is None or hit[0] is not arr:
+            hit = (arr, compute())
+            self._memo[full] = hit
+        return hit[1]
+
+    # ------------------------------------------------------------------ GEMM (docs §2)
+    def _bytes(self, fp8_ok):
+        return (self.gemm_in_bytes, self.peak) if fp8_ok else (self.act_bytes, self.peak_act)
+
+    def t_gemm_mem(self, m, n, k, *, fp8_ok=True):
+        """Memory-bound time of one GEMM: its bytes / (HBM · gemm.mem_efficiency) (s)."""
+        b, _ = self._bytes(fp8_ok)
+        return F.gemm_bytes(m, n, k, b, b, self.act_bytes) / (self.hbm * self.gemm["mem_efficiency"])
+
+    def t_gemm_comp(self, m, n, k, *, fp8_ok=True):
+        """Tile- and wave-quantised compute time of one GEMM, without launch (s); memoised."""
+        return self._memoised(("comp", n, k, fp8_ok), m, lambda: self._t_gemm_comp(m, n, k, fp8_ok))
+
+    def _t_gemm_comp(self, m, n, k, fp8_ok):
+        _, peak = self._bytes(fp8_ok)
+        g = self.gemm
+        padded = self._padded_rows(m)
+        if padded is None:  # draws or short inputs: the reference formula, fully broadcast
+            return F.t_gemm_compute_s(m, n, k, peak, g["max_efficiency"], g["tile_m"], g["tile_n"], g["sm_count"])
+        table = self._tables.get((n, k, fp8_ok))
+        if table is None:
+            table = F.t_gemm_compute_s(self._reps, n, k, peak, g["max_efficiency"], g["tile_m"], g["tile_n"],
+                                       g["sm_count"])
+            self._tables[(n, k, fp8_ok)] = table
+        return gather(table, padded)
+
+    def t_gemm(self, m, n, k, *, fp8_ok=True):
+        """F.t_gemm_s with this profile's values: launch + max(compute, memory) (s); memoised."""
+        def compute():
+            t = np.maximum(self.t_gemm_comp(m, n, k, fp8_ok=fp8_ok), self.t_gemm_mem(m, n, k, fp8_ok=fp8_ok))
+            return np.where(np.asarray(m) > 0, self.gemm["launch_overhead_s"] + t, 0.0)
+        return self._memoised(("gemm", n, k, fp8_ok), m, compute)
+
+    def _padded_rows(self, m):
+        """Index of m into self._reps (m rounded up to its row tile), or None where the table does not apply."""
+        return self._memoised(("pad",), m, lambda: self._padded_rows_index(m))
+
+    def _padded_rows_index(self, m):
+        tile_m = self.gemm["tile_m"]
+        if not (np.ndim(m) == 1 and m.size > 64 and all(np.ndim(v) == 0 for v in (
+                tile_m, self.gemm["max_efficiency"], self.gemm["sm_count"], self.peak, self.peak_act))):
+            return None
+        tmin = float(min(64.0, tile_m))
+        n_small = int(round(np.log2(tile_m / tmin))) + 1  # tmin, 2·tmin, ..., tile_m
+        m_max = float(m.max())
+        if self._reps is None or self._reps[-1] < m_max:  # (re)build the shared table of distinct rows
+            r_max = max(1, int(np.ceil(max(m_max, self.rows_hint) / tile_m)))
+            self._reps = np.concatenate([tmin * np.exp2(np.arange(n_small)), np.arange(2, r_max + 1) * float(tile_m)])
+            self._tables.clear()
+            self._memo = {key: hit for key, hit in self._memo.items() if key[1] not in ("pad", "comp", "gemm")}
+        idx = np.ceil(m / tile_m)
+        idx += n_small - 2
+        idx = idx.astype(np.intp)
+        sel = np.flatnonzero(m <= tile_m)  # rows below one full tile: power-of-two tiles
+        idx[sel] = np.log2(F.gemm_tile_m(m[sel], tile_m) / tmin).astype(np.intp)
+        return idx
+
+    def rows(self, n_tok, divisor):
+        """n_tok / divisor, memoised so that chunk GEMMs of the same rows share the GEMM memo."""
+        return self._memoised(("rows", divisor), n_tok, lambda: n_tok / divisor)
+
+    # ------------------------------------------------------------------ memory-bound kernels (§3)
+    def t_mem(self, nbytes):
+        return F.t_memory_bound_s(nbytes, self.hbm, self.mem_eff, self.launch)
+
+
+def gather(a, idx):
+    """a over distinct values -> a over the sweep (last axis; draws broadcast); a as is when idx is None."""
+    if idx is None or not np.ndim(a):
+        return a
+    return a[..., idx]
+
+
+# ---------------------------------------------------------------------- collectives (§4)
+
+
+def t_all_gather_s(hw: Hw, tp: int, out_bytes):
+    """NCCL all-gather of an out_bytes output at this TP (s)."""
+    lat, bw = hw.p.collective("nccl_all_gather", tp)
+    return F.t_all_gather_s(out_bytes, lat, bw, tp)
+
+
+def t_reduce_scatter_s(hw: Hw, tp: int, in_bytes):
+    """NCCL reduce-scatter of an in_bytes input at this TP (s)."""
+    lat, bw = hw.p.collective("nccl_reduce_scatter", tp)
+    return F.t_reduce_scatter_s(in_bytes, lat, bw, tp)
+
+
+def all_reduce_dispatch(hw: Hw, msg_bytes, tp: int, fusion_applies: bool, fi_max_bytes=None):
+    """(time of all-reduce [+ the RMSNorm when fused], fused?, implementation names) as vLLM 0.31 picks.
+
+    Order as in CudaCommunicator.all_reduce: FlashInfer (fused AR+RMSNorm when the fusion pass applies)
+    ≤ fi limit; quick-reduce (ROCm); custom AR < its max (1-stage below the 1-stage limit); torch
+    symm-mem ≤ its max; else (Py)NCCL. `fi_max_bytes` overrides the FlashInfer limit (0 = off)."""
+    p, d = hw.p, hw.p.dispatch(tp)
+    msg_bytes = np.asarray(msg_bytes, dtype=float)
+    if fi_max_bytes is not None and "fi_fusion_max_bytes" in d:
+        d = {**d, "fi_fusion_max_bytes": fi_max_bytes}
+    choices = []  # (mask, impl, fused)
+    remaining = np.ones(np.shape(msg_bytes), dtype=bool)
+    if "fi_fusion_max_bytes" in d and p.has_collective("flashinfer_ar_rmsnorm"):
+        m = msg_bytes <= d["fi_fusion_max_bytes"]
+        one = msg_bytes <= d.get("fi_oneshot_max_bytes", d["fi_fusion_max_bytes"])
+        choices.append((m & one, "flashinfer_ar_rmsnorm", fusion_applies))
+        if p.has_collective("flashinfer_ar_rmsnorm_twoshot"):
+            choices.append((m & ~one, "flashinfer_ar_rmsnorm_twoshot", fusion_applies))
+        remaining &= ~m
+    if "quick_reduce_max_bytes" in d and p.has_collective("quick_reduce"):
+        m = remaining & (msg_bytes <= d["quick_reduce_max_bytes"])
+        choices.append((m, "quick_reduce", False))
+        remaining &= ~m
+    if "custom_ar_max_bytes" in d and p.has_collective("custom_ar_2stage"):
+        one = d.get("custom_ar_1stage_max_bytes", 0)
+        m1 = remaining & (msg_bytes < d["custom_ar_max_bytes"]) & (msg_bytes < one)
+        m2 = remaining & (msg_bytes < d["custom_ar_max_bytes"]) & ~m1
+        if one:
+            choices.append((m1, "custom_ar_1stage", False))
+        choices.append((m2, "custom_ar_2stage", False))
+        remaining &= ~(m1 | m2)
+    if "symm_mem_max_bytes" in d:
+        impl = "symm_mem_" + d.get("symm_mem_algo", "two_shot")
+        if p.has_collective(impl):
+            m = remaining & (msg_bytes <= d["symm_mem_max_bytes"])
+            choices.append((m, impl, False))
+            remaining &= ~m
+    choices.append((remaining, "nccl_all_reduce", False))
+    params = {impl: p.collective(impl, tp) for _, impl, _ in choices}
+    shape = np.broadcast_shapes(np.shape(msg_bytes), *(np.shape(v) for lb in params.values() for v in lb))
+    t = np.zeros(shape)
+    fused = np.zeros(np.shape(msg_bytes), dtype=bool)
+    used = []
+    for mask, impl, is_fused in choices:
+        where = np.flatnonzero(mask)
+        if not where.size:
+            continue
+        lat, bw = params[impl]
+        t[..., where] = F.t_all_reduce_s(msg_bytes.ravel()[where] if msg_bytes.ndim else msg_bytes, lat, bw, tp)
+        fused.ravel()[where] = is_fused
+        used.append(impl)
+    return t, fused, used
+
+
+# ---------------------------------------------------------------------- AsyncTP (§6)
+
+
+def fused_ops_available(profile: HardwareProfile, tp: int) -> str | None:
+    """None if torch's symmetric-memory fused ops can run at this TP, else why not (one line).
+
+    Symmetric memory maps peer HBM over NVLink/xGMI: all ranks must share one interconnect domain."""
+    domain = int(profile.v("interconnect.domain_size"))
+    if tp > domain:
+        return (f"SP+AsyncTP not available at tp={tp} on {profile.name} ({domain} GPUs per "
+                f"{'NVLink' if profile.attrs.get('identity.vendor') == 'nvidia' else 'interconnect'} domain; "
+                "symmetric memory cannot span nodes)")
+    if tp < 2:
+        return "SP+AsyncTP needs tp >= 2"
+    return None
+
+
+def _chunk_gemms(hw: Hw, a: dict, m_c, n, k, W, t_pull_one_s):
+    """(g, g_c, g_eff) of one chunk GEMM of m_c rows: alone, on two streams, and slowed by the W−1 pulls."""
+    g = hw.t_gemm(m_c, n, k)
+    m2 = hw.rows(m_c, 0.5)
+    g_c = F.t_chunk_concurrent_s(hw.t_gemm_mem(m_c, n, k), hw.t_gemm_comp(m_c, n, k), hw.t_gemm_comp(m2, n, k),
+                                 hw.gemm["launch_overhead_s"], a["kappa"])
+    g_c = np.minimum(g_c, g)  # a second stream never slows a chunk down
+    frac = F.overlapped_fraction((W - 1) * t_pull_one_s, W * g_c)
+    return g, g_c, g_c * (1.0 + a["slowdown"] * frac)
+
+
+def fused_ag_gemm(hw: Hw, m, n, k, tp: int, a_bytes: float, eager: bool) -> FusedOp:
+    """torch fused_all_gather_matmul (_pipelined_all_gather_and_consume, return_A=True) on m gathered rows."""
+    a = hw.asynctp
+    W = tp
+    m_c = hw.rows(m, W)
+    p = F.t_pull_s(m_c * (k * a_bytes), a["ce_bw"], a["link_bw"], a["ce_lat"])
+    g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p)
+    t_whole = hw.t_gemm(m, n, k)
+    t_copy = hw.t_mem(m_c * (2.0 * k * a_bytes))  # local shard -> symmetric buffer (read + write)
+    t_gpu = F.t_ag_gemm_gpu_s(W, g, g_eff, t_whole, p, t_copy, a["barrier_s"])
+    t_host = F.host_ops_ag_gemm(W) * a["host_op_s"] if eager else 0.0
+    t_tail = g_eff + a["barrier_s"]  # the last chunk GEMM, the join and the closing barrier
+    t = F.t_eager_s(t_gpu, t_host, t_tail) if eager else t_gpu
+    return FusedOp(t, t_gpu, t_host, t_tail, W * g, W * g_c, W * g_eff, (W - 1) * p, 3.0 * a["barrier_s"],
+                   t_copy + np.maximum(0.0, t_copy - g_eff))
+
+
+def fused_gemm_rs(hw: Hw, m, n, k, tp: int, eager: bool) -> FusedOp:
+    """torch fused_matmul_reduce_scatter (_pipelined_produce_and_all2all + the partial sum) on m rows."""
+    a = hw.asynctp
+    W = tp
+    m_c = hw.rows(m, W)
+    p = F.t_pull_s(m_c * (n * hw.act_bytes), a["ce_bw"], a["link_bw"], a["ce_lat"])  # partials bf16 even for fp8
+    g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p)
+    t_whole = hw.t_gemm(m, n, k)
+    t_red = hw.t_mem(F.reduction_bytes(m, n, hw.act_bytes, W))
+    t_gpu = F.t_gemm_rs_gpu_s(W, g, g_eff, t_whole, p, t_red, a["barrier_s"])
+    t_host = F.host_ops_gemm_rs(W) * a["host_op_s"] if eager else 0.0
+    t_tail = g_eff + a["barrier_s"] + t_red  # the local chunk GEMM, the closing barrier, the reduction
+    t = F.t_eager_s(t_gpu, t_host, t_tail) if eager else t_gpu
+    return FusedOp(t, t_gpu, t_host, t_tail, W * g, W * g_c, W * g_eff, (W - 1) * p, 2.0 * W * a["barrier_s"], t_red)
+
+
+def sequential_ag_gemm_s(hw: Hw, m, n, k, tp: int, a_bytes: float):
+    """What AG+GEMM replaces: NCCL all-gather of m·k·b_A, then the whole GEMM (s)."""
+    return t_all_gather_s(hw, tp, m * (k * a_bytes)) + hw.t_gemm(m, n, k)
+
+
+def sequential_gemm_rs_s(hw: Hw, m, n, k, tp: int):
+    """What GEMM+RS replaces: the whole GEMM, then NCCL reduce-scatter of its m·n bf16 partials (s)."""
+    return hw.t_gemm(m, n, k) + t_reduce_scatter_s(hw, tp, m * (n * hw.act_bytes))
+
+
+def fused_op_bound_s(hw: Hw, op: str, m, n, k, tp: int, a_bytes: float | None = None):
+    """Least time any fused op can take: max(whole GEMM, (W−1)/W of the moved tensor / link peak) (s)."""
+    moved = m * (k * a_bytes) if op == "ag_gemm" else m * (n * hw.act_bytes)
+    return np.maximum(hw.t_gemm(m, n, k), F.t_link_s(moved, tp, hw.p.v("interconnect.link_bw_bytes_per_s")))
