@@ -5,16 +5,31 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import math
 
 import numpy as np
 
+from . import ops
 from .errors import TpcostError
+from .io import check_output_path, dumps_json, read_text
 from .io import savefig_atomic
 
 OP_COLUMNS = ("hardware", "tp", "op", "dtype", "m", "n", "k", "baseline_us", "overlap_us", "source")
 MODEL_COLUMNS = ("hardware", "tp", "model", "dtype", "num_tokens", "baseline_us", "overlap_us", "scope", "source")
+OPTIONAL_MODEL_COLUMNS = ("baseline_schedule", "seq_len")  # tp (default) | sp; default 1024
+TIE_BAND = 0.02  # a measured speedup within 2 % of 1 is a tie: either verdict counts as right
+INT_LIMITS = {"tp": 4096, "m": 2**24, "n": 2**20, "k": 2**20, "num_tokens": 2**24, "seq_len": 2**24}
+OP_DTYPES = ("bf16", "fp8", "fp8-dynamic", "fp32")
+
+
+def op_csv_header() -> str:
+    """The header calibrate writes for its fused-vs-sequential ops (the op-level schema)."""
+    return ",".join(OP_COLUMNS)
+
+
+def model_csv_header() -> str:
+    """The header validate writes for its layer timings (the model-level schema)."""
+    return ",".join(MODEL_COLUMNS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +37,7 @@ class Scored:
     file: str
     line: int
     label: str
+    source: str
     s_measured: float
     s_predicted: float
     verdict_measured: bool
@@ -34,6 +50,18 @@ class Scored:
     def abs_error(self) -> float:
         return abs(self.s_predicted - self.s_measured)
 
+    @property
+    def tie(self) -> bool:
+        return abs(self.s_measured - 1.0) <= TIE_BAND
+
+    @property
+    def right(self) -> bool:
+        return self.tie or self.verdict_predicted == self.verdict_measured
+
+    @property
+    def vllm_right(self) -> bool:
+        return self.tie or self.vllm_verdict == self.verdict_measured
+
 
 def _regret(choose_overlap: bool, base: float, over: float) -> float:
     """100·(time of the chosen schedule − time of the better one)/time of the better one (%)."""
@@ -41,49 +69,72 @@ def _regret(choose_overlap: bool, base: float, over: float) -> float:
     return 100.0 * ((over if choose_overlap else base) - best) / best
 
 
-def read_rows(path: str):
-    """(schema, rows with line numbers). Whole-file problems raise TpcostError (exit 2)."""
+def _int_cell(path, line, col, text):
+    """A cell that must hold a positive integer literal (no 4.0, NaN, inf, 1e400): the int, or exit 2."""
+    t = text.strip()
+    if not t.isdigit():
+        raise TpcostError(f"{path}:{line}: {col} {text!r} is not a positive integer")
+    v = int(t)
+    if v <= 0 or v > INT_LIMITS[col]:
+        raise TpcostError(f"{path}:{line}: {col} = {v} must be in [1, {INT_LIMITS[col]}]")
+    return v
+
+
+def _time_cell(path, line, col, text):
     try:
-        with open(path, newline="") as f:
-            text = f.read()
-    except OSError as e:
-        raise TpcostError(f"cannot read {path}: {e.strerror}") from None
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
+        v = float(text)
+    except ValueError:
+        raise TpcostError(f"{path}:{line}: {col} {text!r} is not a number") from None
+    if not math.isfinite(v) or v <= 0:
+        raise TpcostError(f"{path}:{line}: {col} must be a finite time > 0 us, got {text}")
+    return v
+
+
+def read_rows(path: str):
+    """(schema, rows with line numbers): every cell checked; a malformed one is exit 2 naming file:line.
+
+    A file with only a header gives (schema, []); the caller reports it."""
+    text = read_text(path, "CSV")
+    lines = text.splitlines()
+    numbered = [(i, ln) for i, ln in enumerate(lines, start=1) if ln.strip()]
+    if not numbered:
         raise TpcostError(f"{path}: empty file (expected a header row)")
-    reader = csv.DictReader(lines)
-    header = [h.strip() for h in (reader.fieldnames or [])]
+    try:
+        parsed = list(csv.reader([ln for _, ln in numbered], strict=True))
+    except csv.Error as e:
+        raise TpcostError(f"{path}: malformed CSV: {e}") from None
+    header = [h.strip() for h in parsed[0]]
     schema = "model" if "model" in header else "op" if "op" in header else None
     if schema is None:
         raise TpcostError(f"{path}: header has neither an 'op' nor a 'model' column: cannot tell the schema")
     cols = OP_COLUMNS if schema == "op" else MODEL_COLUMNS
+    allowed = cols + (OPTIONAL_MODEL_COLUMNS if schema == "model" else ())
+    dup = sorted({h for h in header if header.count(h) > 1})
+    if dup:
+        raise TpcostError(f"{path}:{numbered[0][0]}: duplicate column {dup[0]!r}")
     for h in header:
-        if h not in cols:
-            raise TpcostError(f"{path}: unknown column {h!r} for the {schema}-level schema ({','.join(cols)})")
+        if h not in allowed:
+            raise TpcostError(f"{path}: unknown column {h!r} for the {schema}-level schema ({','.join(allowed)})")
     for c in cols:
         if c not in header:
             raise TpcostError(f"{path}: missing column {c!r} for the {schema}-level schema")
     rows = []
-    for i, r in enumerate(reader, start=2):
-        r = {k.strip(): (v or "").strip() for k, v in r.items() if k is not None}
+    for (line, _), cells in zip(numbered[1:], parsed[1:]):
+        if len(cells) != len(header):
+            raise TpcostError(f"{path}:{line}: {len(cells)} cells for {len(header)} columns")
+        r = {h: c.strip() for h, c in zip(header, cells)}
         for c in ("baseline_us", "overlap_us"):
-            if r[c] == "":
-                continue
-            try:
-                v = float(r[c])
-            except ValueError:
-                raise TpcostError(f"{path}:{i}: {c} {r[c]!r} is not a number") from None
-            if not math.isfinite(v) or v <= 0:
-                raise TpcostError(f"{path}:{i}: {c} must be a time > 0 us, got {r[c]}")
-        for c in ("tp", "m", "n", "k", "num_tokens"):
-            if c in r and r[c] != "":
-                try:
-                    float(r[c])
-                except ValueError:
-                    raise TpcostError(f"{path}:{i}: {c} {r[c]!r} is not a number") from None
-        rows.append((i, r))
-    if not rows:
-        raise TpcostError(f"{path}: no data rows")
+            if r[c] != "":
+                r[c] = _time_cell(path, line, c, r[c])
+        for c in ("tp", "m", "n", "k", "num_tokens", "seq_len"):
+            if r.get(c, "") != "":
+                r[c] = _int_cell(path, line, c, r[c])
+        if schema == "model":
+            if r.get("baseline_schedule", "") not in ("", "tp", "sp"):
+                raise TpcostError(f"{path}:{line}: baseline_schedule must be tp or sp, got {r['baseline_schedule']!r}")
+            if r["scope"] not in ("layer", "forward"):
+                raise TpcostError(f"{path}:{line}: scope must be layer or forward, got {r['scope']!r}")
+        rows.append((line, r))
     return schema, rows
 
 
@@ -91,13 +142,10 @@ class _Skip(Exception):
     pass
 
 
-def _int(r, c):
-    if r.get(c, "") == "":
-        raise _Skip(f"missing {c}")
-    v = float(r[c])
-    if v != int(v) or v <= 0:
-        raise _Skip(f"{c} must be a positive integer, got {r[c]}")
-    return int(v)
+def _need(r, *cols):
+    for c in cols:
+        if r.get(c, "") == "":
+            raise _Skip(f"missing {c}")
 
 
 def _profile(cache, name):
@@ -113,92 +161,116 @@ def _profile(cache, name):
     return cache[name]
 
 
-def _predict_op(prof, r):
-    """(predicted speedup, hidden size vLLM's rule sees, tokens) for an op-level row."""
-    from .model import _ag, _fused_ag_gemm, _fused_gemm_rs, _Hw, _rs
-
-    tp, m, n, k = _int(r, "tp"), _int(r, "m"), _int(r, "n"), _int(r, "k")
-    dtype, op = r["dtype"], r["op"]
-    from .shapes import DTYPES
-
-    if dtype not in DTYPES:
-        raise _Skip(f"unknown dtype {dtype!r}")
+def predict_op_row(prof, op: str, dtype: str, tp: int, m: int, n: int, k: int):
+    """(predicted speedup of the fused op over its sequential arm, hidden size vLLM's rule sees) for one
+    microbenchmark row; the fused op runs eagerly (a Python loop issued per call, as in the benchmarks)."""
+    if dtype not in OP_DTYPES:
+        raise _Skip(f"dtype {dtype!r} is out of scope (modelled: {', '.join(OP_DTYPES)}; torch's NVFP4 native "
+                    "path is a different kernel, docs/model.md §6)")
     if tp < 2:
         raise _Skip("tp must be >= 2 for a collective")
+    why = ops.fused_ops_available(prof, tp)
+    if why:
+        raise _Skip(why)
     if m % tp:
         raise _Skip(f"m={m} not divisible by tp={tp}")
-    hw = _Hw(prof, dtype)
+    hw = ops.Hw(prof, dtype)
     if op == "ag_gemm":
-        if dtype == "fp8-dynamic":
+        if not hw.mode.ag_gemm_fuses:
             raise _Skip("ag_gemm does not fuse with per-token (dynamic) fp8 in vLLM 0.31")
-        a_bytes = 1.0 if dtype == "fp8" else hw.act_bytes
-        base = _ag(hw, tp, m * k * a_bytes) + hw.t_gemm(m, n, k)
-        over, _ = _fused_ag_gemm(hw, float(m), n, k, tp, a_bytes)
+        a_bytes = hw.mode.ag_bytes
+        base = ops.sequential_ag_gemm_s(hw, float(m), n, k, tp, a_bytes)
+        over = ops.fused_ag_gemm(hw, float(m), n, k, tp, a_bytes, eager=True).t_s
         hidden = k
     elif op == "gemm_rs":
-        base = hw.t_gemm(m, n, k) + _rs(hw, tp, m * n * hw.act_bytes)
-        over, _ = _fused_gemm_rs(hw, float(m), n, k, tp)
+        base = ops.sequential_gemm_rs_s(hw, float(m), n, k, tp)
+        over = ops.fused_gemm_rs(hw, float(m), n, k, tp, eager=True).t_s
         hidden = n
     else:
         raise _Skip(f"unknown op {op!r} (ag_gemm | gemm_rs)")
-    return float(base / over), hidden, m
+    return float(np.ravel(base)[0] / np.ravel(over)[0]), hidden
 
 
-def _predict_model(prof, r, models):
-    from .model import predict
+def _model_groups(rows, profiles, models, skipped, path):
+    """Model-level rows grouped by everything but N, so that each group is one predict() over its N."""
     from .shapes import load_model
 
-    tp, n_tok = _int(r, "tp"), _int(r, "num_tokens")
-    if r["scope"] not in ("layer", "forward"):
-        raise _Skip(f"scope must be layer or forward, got {r['scope']!r}")
-    if r["model"] not in models:
+    groups: dict = {}
+    for line, r in rows:
+        where = f"{path}:{line}"
         try:
-            models[r["model"]] = load_model(r["model"])
-        except TpcostError as e:
-            models[r["model"]] = e
-    shape = models[r["model"]]
-    if isinstance(shape, TpcostError):
-        raise _Skip(str(shape))
-    try:
-        pred = predict(prof, shape, tp, r["dtype"], np.array([float(n_tok)]))
-    except TpcostError as e:
-        raise _Skip(str(e)) from None
-    attr = "t_layer_s" if r["scope"] == "layer" else "t_forward_s"
-    s = getattr(pred.schedules["tp"], attr) / getattr(pred.schedules["sp_asynctp"], attr)
-    return float(np.asarray(s).ravel()[0]), shape.hidden, n_tok
+            _need(r, "baseline_us", "overlap_us", "hardware", "tp", "num_tokens", "model", "dtype")
+            prof = _profile(profiles, r["hardware"])
+            if r["model"] not in models:
+                try:
+                    models[r["model"]] = load_model(r["model"])
+                except TpcostError as e:
+                    models[r["model"]] = e
+            shape = models[r["model"]]
+            if isinstance(shape, TpcostError):
+                raise _Skip(str(shape))
+            try:
+                shape.check_tp(r["tp"])
+                from .shapes import check_dtype
+
+                check_dtype(r["dtype"])
+            except TpcostError as e:
+                raise _Skip(str(e)) from None
+            key = (r["hardware"], r["model"], r["tp"], r["dtype"], r["scope"], r.get("baseline_schedule") or "tp",
+                   r.get("seq_len") or 1024)
+            groups.setdefault(key, (prof, shape, []))[2].append((line, r))
+        except _Skip as e:
+            skipped.append({"where": where, "reason": str(e)})
+    return groups
 
 
 def evaluate_files(paths):
+    from .model import predict
     from .vllm_rules import vllm_sp_min_token_num
 
     scored, skipped = [], []
     profiles, models = {}, {}
-    for path in paths:
-        schema, rows = read_rows(path)
-        for line, r in rows:
-            where = f"{path}:{line}"
-            try:
-                if r["baseline_us"] == "" or r["overlap_us"] == "":
-                    raise _Skip("missing baseline_us or overlap_us")
-                if r["hardware"] == "":
-                    raise _Skip("missing hardware")
-                prof = _profile(profiles, r["hardware"])
-                if schema == "op":
-                    s_hat, hidden, tokens = _predict_op(prof, r)
-                    label = f"{r['hardware']} tp{r['tp']} {r['op']} {r['dtype']} m={r['m']} n={r['n']} k={r['k']}"
-                else:
-                    s_hat, hidden, tokens = _predict_model(prof, r, models)
-                    label = f"{r['hardware']} tp{r['tp']} {r['model']} {r['dtype']} N={r['num_tokens']} {r['scope']}"
-            except _Skip as e:
-                skipped.append({"where": where, "reason": str(e)})
-                continue
-            base, over = float(r["baseline_us"]), float(r["overlap_us"])
-            thr = vllm_sp_min_token_num(prof.attrs.get("identity.vendor", ""),
-                                        prof.attrs.get("identity.compute_capability", ""), hidden, int(r["tp"]), 2)
-            v_vllm = thr is not None and tokens >= thr
-            v_pred = s_hat > 1.0
-            scored.append(Scored(path, line, label, base / over, s_hat, over < base, v_pred,
-                                 _regret(v_pred, base, over), v_vllm, _regret(v_vllm, base, over)))
+    parsed = [(path, *read_rows(path)) for path in paths]
+    if all(not rows for _, _, rows in parsed):
+        raise TpcostError(f"{', '.join(paths)}: no data rows (only a header)")
+
+    def vllm_verdict(prof, hidden, tp, tokens):
+        thr = vllm_sp_min_token_num(prof.attrs.get("identity.vendor", ""),
+                                    prof.attrs.get("identity.compute_capability", ""), hidden, tp, 2)
+        return thr is not None and tokens >= thr
+
+    def add(path, line, r, label, prof, s_hat, hidden, tokens):
+        base, over = r["baseline_us"], r["overlap_us"]
+        v_vllm = vllm_verdict(prof, hidden, r["tp"], tokens)
+        v_pred = s_hat > 1.0
+        scored.append(Scored(path, line, label, r["source"], base / over, s_hat, over < base, v_pred,
+                             _regret(v_pred, base, over), v_vllm, _regret(v_vllm, base, over)))
+
+    for path, schema, rows in parsed:
+        if not rows:
+            skipped.append({"where": path, "reason": "only a header: no data rows"})
+            continue
+        if schema == "op":
+            for line, r in rows:
+                try:
+                    _need(r, "baseline_us", "overlap_us", "hardware", "tp", "m", "n", "k", "op", "dtype")
+                    prof = _profile(profiles, r["hardware"])
+                    s_hat, hidden = predict_op_row(prof, r["op"], r["dtype"], r["tp"], r["m"], r["n"], r["k"])
+                except _Skip as e:
+                    skipped.append({"where": f"{path}:{line}", "reason": str(e)})
+                    continue
+                label = f"{r['hardware']} tp{r['tp']} {r['op']} {r['dtype']} m={r['m']} n={r['n']} k={r['k']}"
+                add(path, line, r, label, prof, s_hat, hidden, r["m"])
+            continue
+        for (hwname, model, tp, dtype, scope, base_sched, seq_len), (prof, shape, members) in \
+                _model_groups(rows, profiles, models, skipped, path).items():
+            n_tok = np.array([float(r["num_tokens"]) for _, r in members])
+            pred = predict(prof, shape, tp, dtype, n_tok, seq_len)
+            attr = "t_layer_s" if scope == "layer" else "t_forward_s"
+            s_all = np.ravel(getattr(pred.schedules[base_sched], attr) / getattr(pred.schedules["sp_asynctp"], attr))
+            for (line, r), s_hat in zip(members, s_all):
+                label = f"{hwname} tp{tp} {model} {dtype} N={r['num_tokens']} {scope} vs {base_sched}"
+                add(path, line, r, label, prof, float(s_hat), shape.hidden, r["num_tokens"])
     return scored, skipped
 
 
@@ -207,16 +279,17 @@ def summarise(scored, skipped) -> dict:
         err = np.array([s.abs_error for s in scored])
         reg = np.array([s.regret_pct for s in scored])
         vreg = np.array([s.vllm_regret_pct for s in scored])
-        acc = float(np.mean([s.verdict_predicted == s.verdict_measured for s in scored]))
-        vacc = float(np.mean([s.vllm_verdict == s.verdict_measured for s in scored]))
+        acc = float(np.mean([s.right for s in scored]))
+        vacc = float(np.mean([s.vllm_right for s in scored]))
         out = {"verdict_accuracy": acc, "median_abs_speedup_error": float(np.median(err)),
-               "p90_abs_speedup_error": float(np.percentile(err, 90)), "mean_regret_pct": float(reg.mean()),
+               "p90_abs_speedup_error": float(np.percentile(err, 90)), "max_abs_speedup_error": float(err.max()),
+               "ties": int(sum(s.tie for s in scored)), "mean_regret_pct": float(reg.mean()),
                "max_regret_pct": float(reg.max()),
                "vllm_rule": {"verdict_accuracy": vacc, "mean_regret_pct": float(vreg.mean()),
                              "max_regret_pct": float(vreg.max())}}
     else:
         out = {k: None for k in ("verdict_accuracy", "median_abs_speedup_error", "p90_abs_speedup_error",
-                                 "mean_regret_pct", "max_regret_pct")}
+                                 "max_abs_speedup_error", "ties", "mean_regret_pct", "max_regret_pct")}
         out["vllm_rule"] = {"verdict_accuracy": None, "mean_regret_pct": None, "max_regret_pct": None}
     out.update(rows_scored=len(scored), rows_skipped=len(skipped), skipped=skipped)
     return out
@@ -229,7 +302,7 @@ def plot_evaluation(scored, path):
     fig, ax = plt.subplots(figsize=(5.5, 5))
     s = np.array([x.s_measured for x in scored])
     p = np.array([x.s_predicted for x in scored])
-    wrong = np.array([x.verdict_measured != x.verdict_predicted for x in scored], dtype=bool)
+    wrong = np.array([not x.right for x in scored], dtype=bool)
     ax.scatter(s[~wrong], p[~wrong], s=18, label="verdict right")
     ax.scatter(s[wrong], p[wrong], s=30, marker="x", color="C3", label="verdict wrong")
     lo, hi = min(s.min(), p.min(), 0.9) * 0.95, max(s.max(), p.max(), 1.1) * 1.05
@@ -247,13 +320,15 @@ def plot_evaluation(scored, path):
 
 
 def cmd_evaluate(args) -> int:
+    if args.plot:
+        check_output_path(args.plot, args.force, "--plot", protect=tuple(args.files))
     scored, skipped = evaluate_files(args.files)
     summ = summarise(scored, skipped)
     if args.plot and scored:
         plot_evaluation(scored, args.plot)
     if args.json:
-        summ["rows"] = [{**dataclasses.asdict(s), "abs_error": s.abs_error} for s in scored]
-        print(json.dumps(summ, indent=2))
+        summ["rows"] = [{**dataclasses.asdict(s), "abs_error": s.abs_error, "tie": s.tie} for s in scored]
+        print(dumps_json({"schema_version": 1, **summ}, indent=2))
         return 0
     print(f"{'row':60s} {'s meas':>7s} {'s pred':>7s} {'meas':>5s} {'pred':>5s} {'|err|':>6s} {'regret%':>8s} {'vLLM':>5s}")
     yn = lambda b: "on" if b else "off"  # noqa: E731
@@ -276,7 +351,8 @@ def cmd_evaluate(args) -> int:
 
 def register(sub):
     p = sub.add_parser("evaluate", help="score the model against measured overlap CSVs (op- or model-level)")
-    p.add_argument("files", nargs="+", metavar="FILE.csv")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--plot", metavar="FILE.png")
+    p.add_argument("files", nargs="+", metavar="FILE.csv", help="op-level or model-level CSVs (see README)")
+    p.add_argument("--json", action="store_true", help="print JSON (schema_version 1) instead of the table")
+    p.add_argument("--plot", metavar="FILE.png", help="also write measured vs predicted speedups to this PNG")
+    p.add_argument("--force", action="store_true", help="replace an existing --plot file")
     p.set_defaults(func=cmd_evaluate)

@@ -266,9 +266,12 @@ def fused_ops_available(profile: HardwareProfile, tp: int) -> str | None:
     return None
 
 
-def _chunk_gemms(hw: Hw, a: dict, m_c, n, k, W, t_pull_one_s):
-    """(g, g_c, g_eff) of one chunk GEMM of m_c rows: alone, on two streams, and slowed by the W−1 pulls."""
-    g = hw.t_gemm(m_c, n, k)
+def _chunk_gemms(hw: Hw, a: dict, m_c, n, k, W, t_pull_one_s, t_whole_s):
+    """(g, g_c, g_eff) of one chunk GEMM of m_c rows: alone, on two streams, and slowed by the W−1 pulls.
+
+    W chunks never cost less than the whole GEMM (W·g ≥ t_whole: the same FLOPs and at least the same bytes;
+    the tile model alone can round a chunk below its share)."""
+    g = np.maximum(hw.t_gemm(m_c, n, k), t_whole_s / W)
     m2 = hw.rows(m_c, 0.5)
     g_c = F.t_chunk_concurrent_s(hw.t_gemm_mem(m_c, n, k), hw.t_gemm_comp(m_c, n, k), hw.t_gemm_comp(m2, n, k),
                                  hw.gemm["launch_overhead_s"], a["kappa"])
@@ -283,8 +286,8 @@ def fused_ag_gemm(hw: Hw, m, n, k, tp: int, a_bytes: float, eager: bool) -> Fuse
     W = tp
     m_c = hw.rows(m, W)
     p = F.t_pull_s(m_c * (k * a_bytes), a["ce_bw"], a["link_bw"], a["ce_lat"])
-    g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p)
     t_whole = hw.t_gemm(m, n, k)
+    g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p, t_whole)
     t_copy = hw.t_mem(m_c * (2.0 * k * a_bytes))  # local shard -> symmetric buffer (read + write)
     t_gpu = F.t_ag_gemm_gpu_s(W, g, g_eff, t_whole, p, t_copy, a["barrier_s"])
     t_host = F.host_ops_ag_gemm(W) * a["host_op_s"] if eager else 0.0
@@ -300,8 +303,8 @@ def fused_gemm_rs(hw: Hw, m, n, k, tp: int, eager: bool) -> FusedOp:
     W = tp
     m_c = hw.rows(m, W)
     p = F.t_pull_s(m_c * (n * hw.act_bytes), a["ce_bw"], a["link_bw"], a["ce_lat"])  # partials bf16 even for fp8
-    g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p)
     t_whole = hw.t_gemm(m, n, k)
+    g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p, t_whole)
     t_red = hw.t_mem(F.reduction_bytes(m, n, hw.act_bytes, W))
     t_gpu = F.t_gemm_rs_gpu_s(W, g, g_eff, t_whole, p, t_red, a["barrier_s"])
     t_host = F.host_ops_gemm_rs(W) * a["host_op_s"] if eager else 0.0

@@ -60,14 +60,23 @@ def test_attention_by_hand():
 
 
 def test_asynctp_pipelines_by_hand():
-    # AG: W=4, g=10, g_c=8, p=3 -> max(32, 9+10) = 32 ; comm-bound p=20 -> 60+10 = 70
-    assert F.t_ag_gemm_pipeline_s(4, 10.0, 8.0, 3.0) == 32.0
-    assert F.t_ag_gemm_pipeline_s(4, 10.0, 8.0, 20.0) == 70.0
-    # RS: W=4, g=10, g_c=8, p_s=5 -> max(3*8+8, 10+15) = 32 ; p_s=20 -> max(24+20, 10+60) = 70
-    assert F.t_gemm_rs_pipeline_s(4, 10.0, 8.0, 5.0) == 32.0
-    assert F.t_gemm_rs_pipeline_s(4, 10.0, 8.0, 20.0) == 70.0
-    assert F.t_chunk_concurrent_s(10.0, 16.0, 0.5) == 9.0
+    # AG: W=4, g=10, g_eff=8, whole=30, p=3, copy=2, b=1 -> 3 + 2 + 0 + max(32, 30, 9+10) = 37
+    assert F.t_ag_gemm_gpu_s(4, 10.0, 8.0, 30.0, 3.0, 2.0, 1.0) == 37.0
+    # pull-bound: p=20 -> 3 + 2 + max(32, 30, 60+10) = 75
+    assert F.t_ag_gemm_gpu_s(4, 10.0, 8.0, 30.0, 20.0, 2.0, 1.0) == 75.0
+    # never below the whole GEMM: W·g_eff = 32 < whole 40 -> 3 + 2 + 40
+    assert F.t_ag_gemm_gpu_s(4, 10.0, 8.0, 40.0, 3.0, 2.0, 1.0) == 45.0
+    # RS: W=4, 2W=8 barriers of 1, reduction 5: 8 + max(32, 30, 10 + 15) + 5 = 45 ; p=20: 8 + 70 + 5
+    assert F.t_gemm_rs_gpu_s(4, 10.0, 8.0, 30.0, 5.0, 5.0, 1.0) == 45.0
+    assert F.t_gemm_rs_gpu_s(4, 10.0, 8.0, 30.0, 20.0, 5.0, 1.0) == 83.0
+    # two streams: compute 10 alone, 16 for both chunks -> (0.5·10 + 0.5·8) = 9 ; memory-bound 12 stays 12
+    assert F.t_chunk_concurrent_s(1.0, 10.0, 16.0, 0.0, 0.5) == 9.0
+    assert F.t_chunk_concurrent_s(12.0, 10.0, 16.0, 0.0, 0.5) == 12.0
     assert F.overlapped_fraction(5.0, 10.0) == 0.5 and F.overlapped_fraction(50.0, 10.0) == 1.0
+    assert F.t_pull_s(900.0, 300.0, 100.0, 1.0) == 10.0  # no faster than the link
+    assert F.host_ops_gemm_rs(8) == 58 and F.host_ops_ag_gemm(8) == 44
+    assert F.t_eager_s(5.0, 3.0, 1.0) == 5.0 and F.t_eager_s(2.0, 3.0, 1.0) == 4.0
+    assert F.bus_bw_factor("all_reduce", 4) == 1.5 and F.bus_bw_factor("all_gather", 4) == 0.75
 
 
 @settings(max_examples=200, deadline=None)
@@ -75,7 +84,7 @@ def test_asynctp_pipelines_by_hand():
 def test_pipeline_bounded_by_overlap_limit(w, g, p):
     """Per-op overlap speedup ≤ (t_comp + t_comm) / max(t_comp, t_comm) (no concurrency, no overheads)."""
     comp, comm = w * g, (w - 1) * p
-    for fused in (F.t_ag_gemm_pipeline_s(w, g, g, p), F.t_gemm_rs_pipeline_s(w, g, g, p)):
+    for fused in (F.t_ag_gemm_gpu_s(w, g, g, comp, p, 0.0, 0.0), F.t_gemm_rs_gpu_s(w, g, g, comp, p, 0.0, 0.0)):
         assert fused >= max(comp, comm) * (1 - 1e-12)
         assert (comp + comm) / fused <= (comp + comm) / max(comp, comm) + 1e-12
 

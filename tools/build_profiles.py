@@ -489,7 +489,8 @@ def asynctp_fits():
     return {"h100_barrier": bar_h1, "b300_barrier": bar_b3}
 
 
-def build_all():
+def build_all(root=ROOT):
+    """Every built-in profile tree; single-GPU calibration results under `root`/calib/data are folded in."""
     fits = asynctp_fits()
     bh, bb = fits["h100_barrier"], fits["b300_barrier"]
     sync_h100 = (bh["value"], bh["source"], "published-measurement", bh["sigma_rel"])
@@ -499,11 +500,12 @@ def build_all():
                          "assumed")
     host_assumed = host_b300 = HOST_OP
     h = asynctp_section(h100(), sync_h100, host_assumed)
-    h = calibrated_overrides(h, "h200-sxm", keys=SAME_DIE_KEYS,
+    h = calibrated_overrides(h, "h200-sxm", root=root, keys=SAME_DIE_KEYS,
                              note="; measured on an H200, which has the H100's GH100 die and 132 SMs")
     b = b200()
     profiles = {"h100-sxm": h,
-                "h200-sxm": calibrated_overrides(asynctp_section(h200(h100()), sync_h100_assumed, host_assumed), "h200-sxm"),
+                "h200-sxm": calibrated_overrides(asynctp_section(h200(h100()), sync_h100_assumed, host_assumed), "h200-sxm",
+                                                 root=root),
                 "h800": asynctp_section(h800(h100()), sync_h100_assumed, host_assumed),
                 "b200": asynctp_section(b, sync_b300_assumed, host_assumed),
                 "b300": asynctp_section(b300(), sync_b300, host_b300),
@@ -513,7 +515,7 @@ def build_all():
                 "l40s": asynctp_section(l40s(), sync_h100_assumed, host_assumed),
                 "mi300x": asynctp_section(mi300x(), sync_h100_assumed, host_assumed)}
     for name in ("h800",):
-        profiles[name] = calibrated_overrides(profiles[name], "h200-sxm", keys=SAME_DIE_KEYS,
+        profiles[name] = calibrated_overrides(profiles[name], "h200-sxm", root=root, keys=SAME_DIE_KEYS,
                                               note="; measured on an H200, which has the H100's GH100 die and 132 SMs")
     return profiles
 
