@@ -103,8 +103,8 @@ def decision_value(grid, t_off_s, t_on_s, margin, cutoff, weights=None, vllm_def
            "oracle_cutoff_tokens": oracle, "regret_vs_oracle_s": t_cut - float(true[i_best])}
     if vllm_default is not None:
         vd = None if vllm_default > grid[-1] else int(grid[int(np.searchsorted(grid, vllm_default))])
-        out["saving_vs_vllm_default_s"] = at(vd) - t_cut
-    return out
+        out["saving_vs_vllm_default_s"] = at(vd) - t_cut  # inf where vLLM would enable what cannot run
+    return {k: (v if not isinstance(v, float) or np.isfinite(v) else None) for k, v in out.items()}
 
 
 def perturbed(profile: HardwareProfile, key: str, z):
@@ -253,3 +253,29 @@ def analysis_json(a: Analysis) -> dict:
         "provenance": provenance(a.profile),
         "rows": rows,
     }
+
+
+def ops_view(pred: Prediction) -> dict[str, list[dict]]:
+    """Every op of each schedule at the first N of `pred`: count, per-call GPU and host time, achieved
+    rates, the bound it hits (the largest of its parts) and the formula that times it (docs/model.md §k)."""
+    def first(x):
+        return float(np.ravel(x)[0]) if np.ndim(x) else float(x)
+
+    out = {}
+    for name, sched in pred.schedules.items():
+        rows = []
+        for where, group, mult in (("layer", sched.layer_ops, sched.num_layers), ("once", sched.nonlayer_ops, 1)):
+            for o in group:
+                t = first(o.t_s)
+                parts = {k: first(v) for k, v in (o.parts or {}).items()}
+                bound = max(parts, key=parts.get) if parts else None
+                if o.fused is not None and first(o.fused.t_s) > t * (1 + 1e-12):
+                    bound = "host"  # an eager call waits for torch's Python loop
+                rows.append({"op": o.name, "where": where, "calls_per_forward": o.count * mult, "t_s": t,
+                             "t_host_s": first(o.t_host_s),
+                             "achieved_flops_per_s": first(o.flops) / t if t > 0 and first(o.flops) else None,
+                             "achieved_hbm_bytes_per_s": first(o.hbm_bytes) / t if t > 0 and first(o.hbm_bytes) else None,
+                             "achieved_bus_bytes_per_s": first(o.link_bytes) / t if t > 0 and first(o.link_bytes) else None,
+                             "bound": bound, "parts_s": parts, "formula": o.formula, "docs": f"docs/model.md {o.section}"})
+        out[name] = rows
+    return out

@@ -116,6 +116,8 @@ def cmd_whatif(args) -> int:
 
         check_output_path(args.plot, args.force, "--plot")
     prof, shape = resolve_inputs(args)
+    if args.ops is not None:
+        return _print_ops(prof, shape, args)
     a = analyse(prof, shape, args.tp, args.dtype, seq_len=args.seq_len,
                 max_num_batched_tokens=args.max_num_batched_tokens, margin=args.margin, band=not args.no_band,
                 tokens=args.tokens)
@@ -135,11 +137,16 @@ def cmd_whatif(args) -> int:
            if n_derived else "") + "]") if prof.modified else ""
     print(f"tpcost whatif: {shape.name} on {prof.name} x{args.tp}, {args.dtype}, seq_len {args.seq_len}{mod}")
     print(f"{'N tokens':>9} {'t_tp [ms]':>10} {'t_sp [ms]':>10} {'t_sp+async [ms]':>16} {'speedup sp':>11} {'speedup sp+async':>17}")
+    na = lambda x, f: "n/a" if x is None or not math.isfinite(x) or (f == "s" and x == 0) else None  # noqa: E731
     for r in out["rows"]:
         mark = "  <- cutoff" if r["num_tokens"] == a.cutoff_tokens else ""
-        print(f"{r['num_tokens']:9d} {_fmt_ms(r['t_tp_s'])} {_fmt_ms(r['t_sp_s'])} {_fmt_ms(r['t_sp_asynctp_s']):>16} "
-              f"{r['speedup_sp']:11.3f} {r['speedup_sp_asynctp']:17.3f}{mark}")
+        spa_t = na(r["t_sp_asynctp_s"], "t") or _fmt_ms(r["t_sp_asynctp_s"])
+        spa_s = na(r["speedup_sp_asynctp"], "s") or f"{r['speedup_sp_asynctp']:.3f}"
+        print(f"{r['num_tokens']:9d} {_fmt_ms(r['t_tp_s'])} {_fmt_ms(r['t_sp_s'])} {spa_t:>16} "
+              f"{r['speedup_sp']:11.3f} {spa_s:>17}{mark}")
     print("(times per forward pass; speedup = t_tp / t_schedule)")
+    if not a.asynctp_available:
+        print("\n" + next(n for n in a.table.notes if "not available" in n))
     band = a.cutoff_band_tokens
     band_s = "" if band is None else f"  band (5-95%): [{band[0]}, {band[1] if band[1] is not None else 'never'}]"
     cut = a.cutoff_tokens if a.cutoff_tokens is not None else "never (null)"
@@ -162,7 +169,9 @@ def cmd_whatif(args) -> int:
         line = (f"value of the decision (expected forward {ms(dv['expected_forward_s'])}): saves "
                 f"{ms(dv['saving_vs_never_s'])} ({dv['saving_vs_never_rel']:.1%}) against never")
         if "saving_vs_vllm_default_s" in dv:
-            line += f", {ms(dv['saving_vs_vllm_default_s'])} against vLLM's default"
+            v = dv["saving_vs_vllm_default_s"]
+            line += (f", {ms(v)} against vLLM's default" if v is not None else
+                     ", and vLLM's default would enable an op that cannot run here")
         oc = dv["oracle_cutoff_tokens"]
         line += f"; regret against the best threshold in hindsight ({'never' if oc is None else oc}): {ms(dv['regret_vs_oracle_s'])}"
         print(line)
@@ -176,6 +185,36 @@ def cmd_whatif(args) -> int:
     pv = out["provenance"]
     counts = ", ".join(f"{k} {v}" for k, v in pv["tier_counts"].items() if v)
     print(f"\nprovenance: profile {pv['profile']} ({pv['origin']}), weakest tier used: {pv['tier']}; values by tier: {counts}")
+    return 0
+
+
+def _print_ops(prof, shape, args) -> int:
+    """whatif --ops N: every op of each schedule at N, with the formula that times it."""
+    from .analysis import ops_view
+    from .model import predict
+
+    pred = predict(prof, shape, args.tp, args.dtype, [float(args.ops)], seq_len=args.seq_len)
+    view = ops_view(pred)
+    if args.json:
+        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "gpu": prof.name, "model": shape.name, "tp": args.tp,
+                          "dtype": args.dtype, "num_tokens": args.ops, "notes": list(pred.notes),
+                          "t_forward_s": {s: float(pred.t_forward_s(s)[0]) for s in pred.schedules}, "ops": view},
+                         indent=2))
+        return 0
+    print(f"tpcost whatif --ops {args.ops}: {shape.name} on {prof.name} x{args.tp}, {args.dtype}")
+    for name, rows in view.items():
+        t = float(pred.t_forward_s(name)[0])
+        print(f"\n[{name}]  t_forward {t * 1e3:.3f} ms")
+        print(f"  {'op':32s} {'calls':>6s} {'t/call [us]':>12s} {'TFLOP/s':>8s} {'HBM GB/s':>9s} {'bus GB/s':>9s} "
+              f"{'bound':>8s}  formula")
+        for r in rows:
+            f = lambda x, sc: "" if x is None else f"{x / sc:.1f}"  # noqa: E731
+            t_us = "n/a" if not math.isfinite(r["t_s"]) else f"{r['t_s'] * 1e6:.2f}"
+            print(f"  {r['op'][:32]:32s} {r['calls_per_forward']:6d} {t_us:>12s} {f(r['achieved_flops_per_s'], 1e12):>8s} "
+                  f"{f(r['achieved_hbm_bytes_per_s'], 1e9):>9s} {f(r['achieved_bus_bytes_per_s'], 1e9):>9s} "
+                  f"{r['bound'] or '':>8s}  {r['formula']} ({r['docs']})")
+    for n in pred.notes:
+        print(f"note: {n}")
     return 0
 
 
@@ -231,6 +270,9 @@ def register(sub) -> None:
     w.add_argument("--plot", metavar="FILE.png", help="also write the speedup curve to this PNG")
     w.add_argument("--force", action="store_true", help="replace an existing --plot file")
     w.add_argument("--no-band", action="store_true", help="skip the Monte Carlo cutoff band and the sensitivity table")
+    w.add_argument("--ops", type=_tokens, metavar="N",
+                   help="instead of the sweep: every op of each schedule at N tokens with its time, achieved rate, bound "
+                        "and formula")
     w.add_argument("--tokens", type=_tokens, nargs="+", metavar="N",
                    help="token counts for the table (default: powers of two to 65536, plus the cutoff)")
     w.set_defaults(func=cmd_whatif)

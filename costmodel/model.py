@@ -43,6 +43,10 @@ class Op:
     section: str = ""  # docs/model.md section
     t_host_s: Any = 0.0  # host issue time per call when the forward runs eagerly
     fused: ops.FusedOp | None = None  # the parts of a fused AsyncTP op
+    flops: Any = 0.0  # FLOP per call (for achieved TFLOP/s)
+    hbm_bytes: Any = 0.0  # HBM bytes per call (for achieved GB/s)
+    link_bytes: Any = 0.0  # bus bytes per call: factor·S of a collective, bytes pulled by a fused op
+    parts: Any = None  # {bound: time} whose largest names the bound the op hits (compute, HBM, link, latency, host)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,20 +149,32 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     notes: list[str] = []
     unavailable = ops.fused_ops_available(profile, tp)
 
-    def op(name, kind, t, count=1, formula="", section="", fused=None, host_calls=1.0, t_host=None):
-        return Op(name, kind, t, count, formula, section, host_calls * host_op if t_host is None else t_host, fused)
+    def op(name, kind, t, count=1, formula="", section="", fused=None, host_calls=1.0, t_host=None, **work):
+        return Op(name, kind, t, count, formula, section, host_calls * host_op if t_host is None else t_host, fused,
+                  **work)
 
     def gemm(name, n_rows, n, k, fp8_ok=True):
-        return op(name, "gemm", hw.t_gemm(n_rows, n, k, fp8_ok=fp8_ok), formula="formulas.t_gemm_s", section="§2")
+        b = hw.gemm_in_bytes if fp8_ok else act
+        return op(name, "gemm", hw.t_gemm(n_rows, n, k, fp8_ok=fp8_ok), formula="formulas.t_gemm_s", section="§2",
+                  flops=F.gemm_flops(n_rows, n, k), hbm_bytes=F.gemm_bytes(n_rows, n, k, b, b, act),
+                  parts={"compute": hw.t_gemm_comp(n_rows, n, k, fp8_ok=fp8_ok),
+                         "HBM": hw.t_gemm_mem(n_rows, n, k, fp8_ok=fp8_ok), "latency": hw.gemm["launch_overhead_s"]})
 
     def mem(name, nbytes, formula, count=1):
-        return op(name, "memory", hw.t_mem(nbytes), count, f"formulas.t_memory_bound_s({formula})", "§3")
+        return op(name, "memory", hw.t_mem(nbytes), count, f"formulas.t_memory_bound_s({formula})", "§3",
+                  hbm_bytes=nbytes, parts={"HBM": nbytes / (hw.hbm * hw.mem_eff), "latency": hw.launch})
+
+    def comm(name, t, msg_bytes, factor, latency, count, formula):
+        return op(name, "comm", t, count, formula, "§4", link_bytes=factor * msg_bytes,
+                  parts={"link": t - latency, "latency": latency})
 
     def attention(n):
         flops = F.attention_flops(n, seq_len, h_rank, d)
-        t = hw.launch + np.maximum(flops / (hw.peak_act * hw.attn_eff),
-                                   F.attention_bytes(n, h_rank, kv_rank, d, act) / (hw.hbm * hw.mem_eff))
-        return op("attention", "attention", t, formula="formulas.attention_flops/attention_bytes", section="§5")
+        nbytes = F.attention_bytes(n, h_rank, kv_rank, d, act)
+        t_c, t_m = flops / (hw.peak_act * hw.attn_eff), nbytes / (hw.hbm * hw.mem_eff)
+        return op("attention", "attention", hw.launch + np.maximum(t_c, t_m),
+                  formula="formulas.attention_flops/attention_bytes", section="§5", flops=flops, hbm_bytes=nbytes,
+                  parts={"compute": t_c, "HBM": t_m, "latency": hw.launch})
 
     def mlp_compute(n):
         """Dense: gate_up GEMM, SiluMul, down GEMM. MoE: router + grouped experts (roofline)."""
@@ -181,18 +197,25 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     # ---------------------------------------------------------------- tp
     msg = N * (H * act)
     t_ar, fused_mask, impls = ops.all_reduce_dispatch(hw, msg, W, True)
-    t_norm_unfused = np.where(fused_mask, 0.0, hw.t_mem(F.rms_norm_bytes(N, H, act, mode.quant_bytes)))
+    lat_ar = ops.all_reduce_dispatch.last_latency_s
+    norm_bytes = np.where(fused_mask, 0.0, F.rms_norm_bytes(N, H, act, mode.quant_bytes))
+    t_norm_unfused = np.where(fused_mask, 0.0, hw.t_mem(norm_bytes))
     notes.append("tp all-reduce implementations over this sweep (vLLM 0.31 dispatch): " + ", ".join(impls))
-    unit_tp = [op("all_reduce", "comm", t_ar, 2, "ops.all_reduce_dispatch -> formulas.t_all_reduce_s", "§4"),
-               op("rms_norm", "memory", t_norm_unfused, 2, "formulas.t_memory_bound_s(rms_norm_bytes); 0 where fused", "§3")]
+    unit_tp = [comm("all_reduce", t_ar, msg, F.bus_bw_factor("all_reduce", W), lat_ar, 2,
+                    "ops.all_reduce_dispatch -> formulas.t_all_reduce_s"),
+               op("rms_norm", "memory", t_norm_unfused, 2, "formulas.t_memory_bound_s(rms_norm_bytes); 0 where fused", "§3",
+                  hbm_bytes=norm_bytes, parts={"HBM": norm_bytes / (hw.hbm * hw.mem_eff),
+                                               "latency": np.where(fused_mask, 0.0, hw.launch)})]
     tp_layer = tuple([gemm("qkv_gemm", N, qkv_n, H), attention(N), gemm("o_gemm", N, H, h_rank * d)]
                      + mlp_compute(N) + unit_tp)
 
     # ---------------------------------------------------------------- sp (RS -> norm(N/W) -> AG)
     t_rs = ops.t_reduce_scatter_s(hw, W, Np * (H * act))
     t_ag = ops.t_all_gather_s(hw, W, Np * (H * mode.ag_bytes))
-    rs = op("reduce_scatter", "comm", t_rs, 2, "ops.t_reduce_scatter_s -> formulas.t_reduce_scatter_s", "§4")
-    ag = op("all_gather", "comm", t_ag, 2, "ops.t_all_gather_s -> formulas.t_all_gather_s", "§4")
+    rs = comm("reduce_scatter", t_rs, Np * (H * act), F.bus_bw_factor("reduce_scatter", W),
+              ops.collective_latency_s(hw, "nccl_reduce_scatter", W), 2, "ops.t_reduce_scatter_s -> formulas.t_reduce_scatter_s")
+    ag = comm("all_gather", t_ag, Np * (H * mode.ag_bytes), F.bus_bw_factor("all_gather", W),
+              ops.collective_latency_s(hw, "nccl_all_gather", W), 2, "ops.t_all_gather_s -> formulas.t_all_gather_s")
     norm_shard = mem("rms_norm_shard", F.rms_norm_bytes(Np / W, H, act, mode.ag_bytes), "rms_norm_bytes on N/tp rows", 2)
     dyn = [quant(Np, 2)] if dtype == "fp8-dynamic" else []
     sp_layer = (rs, norm_shard, ag, *dyn, gemm("qkv_gemm", Np, qkv_n, H), attention(Np),
@@ -201,8 +224,11 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     # ---------------------------------------------------------------- sp_asynctp
     once = lambda o: dataclasses.replace(o, count=1)  # noqa: E731
     if unavailable is None:
-        def fused(name, f, formula):
-            return op(name, "fused", f.t_gpu_s, formula=formula, section="§6", fused=f, t_host=f.t_host_s)
+        def fused(name, f, formula, n_out, k, moved_bytes):
+            return op(name, "fused", f.t_gpu_s, formula=formula, section="§6", fused=f, t_host=f.t_host_s,
+                      flops=F.gemm_flops(Np, n_out, k), link_bytes=F.bus_bw_factor("all_gather", W) * moved_bytes,
+                      parts={"compute": f.t_chunks_contended_s, "link": f.t_pulls_s, "latency": f.t_sync_s,
+                             "HBM": f.t_memory_s})
         spa = [norm_shard]
         for name, n_out, with_attn in (("qkv", qkv_n, True), ("gate_up", 2 * I_rank, False)):
             if name == "gate_up" and shape.is_moe:
@@ -212,15 +238,18 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
                 spa += [once(ag), quant(Np), gemm(f"{name}_gemm", Np, n_out, H)]
             else:
                 f = ops.fused_ag_gemm(hw, Np, n_out, H, W, mode.ag_bytes, eager=True)
-                spa.append(fused(f"fused_all_gather_{name}_gemm", f, "ops.fused_ag_gemm -> formulas.t_ag_gemm_gpu_s"))
+                spa.append(fused(f"fused_all_gather_{name}_gemm", f, "ops.fused_ag_gemm -> formulas.t_ag_gemm_gpu_s",
+                                 n_out, H, Np * (H * mode.ag_bytes)))
             if with_attn:
                 spa.append(attention(Np))
                 f = ops.fused_gemm_rs(hw, Np, H, h_rank * d, W, eager=True)
-                spa.append(fused("fused_o_gemm_reduce_scatter", f, "ops.fused_gemm_rs -> formulas.t_gemm_rs_gpu_s"))
+                spa.append(fused("fused_o_gemm_reduce_scatter", f, "ops.fused_gemm_rs -> formulas.t_gemm_rs_gpu_s",
+                                 H, h_rank * d, Np * (H * act)))
         if not shape.is_moe:
             spa.append(mem("silu_mul", F.silu_mul_bytes(Np, I_rank, act, mode.quant_bytes), "silu_mul_bytes"))
             f = ops.fused_gemm_rs(hw, Np, H, I_rank, W, eager=True)
-            spa.append(fused("fused_down_gemm_reduce_scatter", f, "ops.fused_gemm_rs -> formulas.t_gemm_rs_gpu_s"))
+            spa.append(fused("fused_down_gemm_reduce_scatter", f, "ops.fused_gemm_rs -> formulas.t_gemm_rs_gpu_s",
+                             H, I_rank, Np * (H * act)))
         else:
             spa.append(once(rs))
             notes.append(f"{shape.name} is MoE: its MoE block gets SP (RS/AG) but no GEMM fusion in vLLM 0.31")
@@ -237,8 +266,9 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     n_seqs = np.ceil(N / seq_len)
     embed = mem("embedding", N * (2.0 * H * act), "N·2H·b")
     lm_head = gemm("lm_head_gemm", n_seqs, shape.vocab / W, H, fp8_ok=False)
-    logits = op("logits_gather", "comm", ops.t_all_gather_s(hw, W, n_seqs * shape.vocab * 4.0), 1,
-                "ops.t_all_gather_s", "§4")
+    logit_bytes = n_seqs * shape.vocab * 4.0
+    logits = comm("logits_gather", ops.t_all_gather_s(hw, W, logit_bytes), logit_bytes, F.bus_bw_factor("all_gather", W),
+                  ops.collective_latency_s(hw, "nccl_all_gather", W), 1, "ops.t_all_gather_s")
     nonlayer_tp = (embed, *[once(o) for o in unit_tp], lm_head, logits)
     nonlayer_sp = (mem("embedding", Np * (2.0 * H * act), "N_p·2H·b"), once(rs), once(norm_shard), once(ag),
                    lm_head, logits)

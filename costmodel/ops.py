@@ -183,6 +183,11 @@ def gather(a, idx):
 # ---------------------------------------------------------------------- collectives (§4)
 
 
+def collective_latency_s(hw: Hw, impl: str, tp: int):
+    """α of one collective implementation at this TP (s)."""
+    return hw.p.collective(impl, tp)[0]
+
+
 def t_all_gather_s(hw: Hw, tp: int, out_bytes):
     """NCCL all-gather of an out_bytes output at this TP (s)."""
     lat, bw = hw.p.collective("nccl_all_gather", tp)
@@ -236,6 +241,7 @@ def all_reduce_dispatch(hw: Hw, msg_bytes, tp: int, fusion_applies: bool, fi_max
     params = {impl: p.collective(impl, tp) for _, impl, _ in choices}
     shape = np.broadcast_shapes(np.shape(msg_bytes), *(np.shape(v) for lb in params.values() for v in lb))
     t = np.zeros(shape)
+    lat_out = np.zeros(shape)
     fused = np.zeros(np.shape(msg_bytes), dtype=bool)
     used = []
     for mask, impl, is_fused in choices:
@@ -244,8 +250,10 @@ def all_reduce_dispatch(hw: Hw, msg_bytes, tp: int, fusion_applies: bool, fi_max
             continue
         lat, bw = params[impl]
         t[..., where] = F.t_all_reduce_s(msg_bytes.ravel()[where] if msg_bytes.ndim else msg_bytes, lat, bw, tp)
+        lat_out[..., where] = lat
         fused.ravel()[where] = is_fused
         used.append(impl)
+    all_reduce_dispatch.last_latency_s = lat_out  # the α of each element's implementation (for the per-op view)
     return t, fused, used
 
 

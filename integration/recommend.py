@@ -29,6 +29,7 @@ class Recommendation:
     fi_fusion_max_size_mb: float | None  # set only where tpcost's verdict differs from vLLM's table
     fi_reason: str | None
     interconnect_kind: str = ""
+    asynctp_unavailable: str | None = None  # why torch's fused ops cannot run at this TP (None: they can)
 
     @property
     def enable(self) -> bool:
@@ -129,9 +130,11 @@ def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int =
         at_cut = float(s[i])
         worst_below = float(s[:i].min()) if i > 0 else None
     fi_mb, fi_reason = fi_fusion_verdict(profile, shape, tp, dtype, max_num_batched_tokens)
+    from costmodel.ops import fused_ops_available
+
     return Recommendation(profile.name, profile.tier, profile.origin, bool(profile.modified), tp, dtype,
                           max_num_batched_tokens, cut, at_cut, float(s[-1]), worst_below, fi_mb, fi_reason,
-                          profile.kind)
+                          profile.kind, fused_ops_available(profile, tp))
 
 
 def explain(r: Recommendation) -> list[str]:
@@ -144,6 +147,8 @@ def explain(r: Recommendation) -> list[str]:
                          f"(full-graph compilation, N padded to a multiple of tp={r.tp}, capture sizes not divisible "
                          f"by tp dropped); had SP+AsyncTP run there, the worst predicted speedup is "
                          f"{r.worst_speedup_below_cutoff:.3f}x")
+    elif r.asynctp_unavailable:
+        lines.append(f"tpcost: SP+AsyncTP off: {r.asynctp_unavailable}")
     else:
         lines.append(f"tpcost: SP+AsyncTP off: no threshold <= {r.max_num_batched_tokens} lowers the expected forward "
                      f"time over the workload with the margin's risk premium (speedup at {r.max_num_batched_tokens}: "
