@@ -39,6 +39,7 @@ class Analysis:
     decision_value: dict | None = None  # decision_value(): expected times and savings on the workload
     asynctp_available: bool = True
     workload: str = ""  # what the decision was weighted by
+    cutoff_by_spread: dict | None = None  # histogram workloads: the cutoff under each way of spreading a bucket
 
 
 def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
@@ -193,9 +194,10 @@ def display_tokens(max_tokens: int = 65536) -> np.ndarray:
 
 def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *, seq_len: int = 1024,
             max_num_batched_tokens: int = 8192, margin: float = 0.02, band: bool = True,
-            display_max_tokens: int = 65536, tokens=None, weights=None, workload_name: str = "") -> Analysis:
+            display_max_tokens: int = 65536, tokens=None, workload=None) -> Analysis:
     """Cutoff decision, band and a table at `tokens` (default: powers of two up to display_max_tokens, plus the
-    cutoff). `weights` over the grid of multiples of tp (default uniform) is the workload the decision serves."""
+    cutoff). `workload` (costmodel.workload.Workload; default uniform over the multiples of tp) is the traffic
+    the decision serves; its histogram buckets are spread uniformly, and the other spreads are reported."""
     if tokens is not None and (len(tokens) == 0 or any(int(t) != t or t <= 0 for t in tokens)):
         raise TpcostError("--tokens: token counts N must be integers > 0")
     if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
@@ -203,8 +205,15 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     if not (0.0 <= margin < 1.0):
         raise TpcostError(f"--margin must be in [0, 1), got {margin}")
     grid = token_grid(tp, max_num_batched_tokens)
+    weights, by_spread = None, None
+    if workload is not None:
+        from .workload import SPREADS, grid_weights
+
+        weights = grid_weights(workload, grid, "uniform")
     pred = predict(profile, shape, tp, dtype, grid, seq_len)
     t_tp, t_spa = pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp")
+    if workload is not None and workload.buckets:
+        by_spread = {sp: decide_cutoff(grid, t_tp, t_spa, margin, grid_weights(workload, grid, sp)) for sp in SPREADS}
     cut = decide_cutoff(grid, t_tp, t_spa, margin, weights)
     sp_cut = decide_cutoff(grid, t_tp, pred.t_forward_s("sp"), margin, weights)
     band_v = cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, weights=weights) if band else None
@@ -222,7 +231,7 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     value = decision_value(grid, t_tp, t_spa, margin, cut, weights, vllm_default)
     return Analysis(profile, shape, tp, dtype, seq_len, max_num_batched_tokens, margin, cut, sp_cut, band_v,
                     table, bd, grid, pred.speedup_sp_asynctp, sens, vllm_default, value, pred.asynctp_available,
-                    "uniform over the multiples of tp" if weights is None else workload_name)
+                    "uniform over the multiples of tp" if workload is None else workload.name, by_spread)
 
 
 def provenance(profile: HardwareProfile) -> dict:
@@ -248,6 +257,7 @@ def analysis_json(a: Analysis) -> dict:
         "vllm_default_sp_min_token_num": a.vllm_default_tokens,
         "decision_value": a.decision_value,
         "workload": a.workload,
+        "cutoff_by_spread": a.cutoff_by_spread,
         "asynctp_available": a.asynctp_available,
         "notes": list(t.notes),
         "provenance": provenance(a.profile),

@@ -61,6 +61,8 @@ def add_shape_args(p, gpu_help="built-in GPU profile name or a profile .toml pat
                    help="vLLM's token budget (default 8192)")
     p.add_argument("--margin", type=fraction("--margin"), default=0.02,
                    help="required speedup margin above 1, in [0, 1) (default 0.02)")
+    p.add_argument("--workload", metavar="FILE", help="your traffic: a scrape of vLLM's /metrics "
+                   "(vllm:iteration_tokens_total) or a CSV num_tokens,count (default: uniform over the multiples of tp)")
     p.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE",
                    help="override one profile quantity, e.g. interconnect.link_bw_bytes_per_s=900e9")
 
@@ -78,6 +80,15 @@ def resolve_inputs(args):
         prof = with_overrides(prof, overrides)
         check_overrides_take_effect(prof, overrides, shape, args)
     return prof, shape
+
+
+def load_workload_arg(args):
+    """The --workload file, parsed (None: the uniform default)."""
+    if not getattr(args, "workload", None):
+        return None
+    from .workload import read_workload
+
+    return read_workload(args.workload)
 
 
 def check_overrides_take_effect(prof, overrides, shape, args) -> None:
@@ -120,7 +131,7 @@ def cmd_whatif(args) -> int:
         return _print_ops(prof, shape, args)
     a = analyse(prof, shape, args.tp, args.dtype, seq_len=args.seq_len,
                 max_num_batched_tokens=args.max_num_batched_tokens, margin=args.margin, band=not args.no_band,
-                tokens=args.tokens)
+                tokens=args.tokens, workload=load_workload_arg(args))
     out = analysis_json(a)
     if args.plot:
         from .plot import plot_whatif
@@ -152,6 +163,10 @@ def cmd_whatif(args) -> int:
     cut = a.cutoff_tokens if a.cutoff_tokens is not None else "never (null)"
     print(f"\ncutoff (SP+AsyncTP; the threshold minimising the expected forward time over N <= "
           f"{args.max_num_batched_tokens}, {a.workload}, risk premium {args.margin:.0%}): {cut}{band_s}")
+    if a.cutoff_by_spread:
+        never = lambda x: "never" if x is None else str(x)  # noqa: E731
+        print("  the same decision with each histogram bucket spread otherwise: " +
+              ", ".join(f"{k} {never(v)}" for k, v in a.cutoff_by_spread.items()))
     print(f"cutoff (SP alone): {a.sp_cutoff_tokens if a.sp_cutoff_tokens is not None else 'never (null)'}")
     vd = a.vllm_default_tokens
     print("vLLM 0.31's own default here: " + (f"sp_min_token_num {vd}" if vd is not None else

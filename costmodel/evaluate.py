@@ -253,6 +253,9 @@ def evaluate_files(paths):
         if schema == "op":
             for line, r in rows:
                 try:
+                    if r["dtype"] not in OP_DTYPES:
+                        raise _Skip(f"dtype {r['dtype']!r} is out of scope (modelled: {', '.join(OP_DTYPES)}; torch's "
+                                    "NVFP4 native path is a different kernel, docs/model.md §6)")
                     _need(r, "baseline_us", "overlap_us", "hardware", "tp", "m", "n", "k", "op", "dtype")
                     prof = _profile(profiles, r["hardware"])
                     s_hat, hidden = predict_op_row(prof, r["op"], r["dtype"], r["tp"], r["m"], r["n"], r["k"])

@@ -62,10 +62,18 @@ REQUIRED_PARAMS = (
     "asynctp.stream_concurrency",
     "asynctp.host_op_s",
 )
+# Quantities added after schema 1 was first written: a profile without them gets this value (tier assumed).
+OPTIONAL_DEFAULTS = {
+    "asynctp.host_op_s": (3e-6, "default (not in this profile): one eager torch call ~3 us on a server CPU, the "
+                                "built-in profiles' assumption (docs/model.md §6)"),
+}
 REQUIRED_COLLECTIVES = ("nccl_all_gather", "nccl_reduce_scatter", "nccl_all_reduce")
 # Ranges a value must lie in to be physical (checked on load and after every override; docs/model.md §7).
 UNIT_INTERVAL_OPEN = ("gemm.max_efficiency", "gemm.mem_efficiency", "kernels.mem_efficiency", "attention.efficiency")
-UNIT_INTERVAL_CLOSED = ("asynctp.stream_concurrency", "asynctp.compute_slowdown")
+UNIT_INTERVAL_CLOSED = ("asynctp.stream_concurrency",)
+# relative slowdown σ of a GEMM while pulls run (g_eff = g_c·(1 + σ·f)): >= 0; above 10 (11x slower) is no GPU's
+# behaviour (a 2-core CPU sharing its cores with gloo's threads measured 1.3)
+SLOWDOWN_RANGE = {"asynctp.compute_slowdown": (0.0, 10.0)}
 INTEGER_PARAMS = ("identity.sm_count", "gemm.tile_m", "gemm.tile_n", "interconnect.domain_size")
 # may be 0: latencies and fixed costs (an ideal part), the two fractions above
 MAY_BE_ZERO_SUFFIXES = ("latency_s", "launch_overhead_s", "barrier_s", "host_op_s", "setup_s")
@@ -254,6 +262,10 @@ def check_params(params: Mapping[str, Param], where: str) -> None:
         elif k in UNIT_INTERVAL_CLOSED:
             if not 0.0 <= fv <= 1.0:
                 raise TpcostError(f"{where}: {k} = {v:g} is a fraction and must lie in [0, 1]")
+        elif k in SLOWDOWN_RANGE:
+            lo, hi = SLOWDOWN_RANGE[k]
+            if not lo <= fv <= hi:
+                raise TpcostError(f"{where}: {k} = {v:g} is a relative slowdown and must lie in [{lo:g}, {hi:g}]")
         elif k in INTEGER_PARAMS:
             if fv < 1 or fv != int(fv):
                 raise TpcostError(f"{where}: {k} = {v:g} must be an integer >= 1")
@@ -309,6 +321,9 @@ def profile_from_dict(tree: Mapping[str, Any], origin: str) -> HardwareProfile:
     attrs: dict[str, str] = {}
     body = {k: v for k, v in tree.items() if k != "schema_version"}
     _flatten(body, "", params, attrs, where)
+    for key, (value, source) in OPTIONAL_DEFAULTS.items():
+        if key not in params:  # profiles written before the quantity existed keep loading, and say so
+            params[key] = Param(value, source, "assumed")
     missing = [k for k in REQUIRED_PARAMS if k not in params]
     if missing:
         raise TpcostError(f"{where}: missing required quantity {missing[0]}" +

@@ -51,7 +51,8 @@ def cmd_vllm_config(args) -> int:
     if args.gpu == "auto":
         args.gpu = detect_profile_name()
     prof, shape = costmodel_cli.resolve_inputs(args)
-    r = recommend(prof, shape, args.tp, args.dtype, args.max_num_batched_tokens, args.margin, args.seq_len)
+    r = recommend(prof, shape, args.tp, args.dtype, args.max_num_batched_tokens, args.margin, args.seq_len,
+                  workload=costmodel_cli.load_workload_arg(args))
     cc = {"pass_config": r.pass_config()}
     text = json.dumps(cc, separators=(",", ":"))
     if args.format == "json":

@@ -30,10 +30,24 @@ class Recommendation:
     fi_reason: str | None
     interconnect_kind: str = ""
     asynctp_unavailable: str | None = None  # why torch's fused ops cannot run at this TP (None: they can)
+    decision_value: dict | None = None  # costmodel.analysis.decision_value on the workload
+    workload: str = ""
+
+    def saving_line(self) -> str:
+        """The expected saving of this decision on the workload, in one line."""
+        dv = self.decision_value or {}
+        if not dv:
+            return ""
+        ms = lambda x: "n/a" if x is None else f"{x * 1e3:.3f} ms"  # noqa: E731
+        out = (f"expected forward {ms(dv.get('expected_forward_s'))} on {self.workload}: saves "
+               f"{ms(dv.get('saving_vs_never_s'))} against never")
+        if "saving_vs_vllm_default_s" in dv:
+            out += f", {ms(dv['saving_vs_vllm_default_s'])} against vLLM's default"
+        return out + f", regret {ms(dv.get('regret_vs_oracle_s'))} against the best threshold in hindsight"
 
     @property
     def enable(self) -> bool:
-        return self.cutoff_tokens is not None and self.cutoff_tokens < self.max_num_batched_tokens
+        return self.cutoff_tokens is not None
 
     def pass_config(self) -> dict:
         pc: dict = {"enable_sp": self.enable, "fuse_gemm_comms": self.enable}
@@ -117,11 +131,11 @@ def fi_fusion_verdict(profile, shape, tp: int, dtype: str, max_num_batched_token
 
 
 def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int = 8192, margin: float = 0.02,
-              seq_len: int = 1024) -> Recommendation:
+              seq_len: int = 1024, workload=None) -> Recommendation:
     from costmodel.analysis import analyse
 
     a = analyse(profile, shape, tp, dtype, seq_len=seq_len, max_num_batched_tokens=max_num_batched_tokens,
-                margin=margin, band=False, tokens=[max_num_batched_tokens])
+                margin=margin, band=False, tokens=[max_num_batched_tokens], workload=workload)
     grid, s = a.grid_tokens, a.grid_speedup_sp_asynctp
     cut = a.cutoff_tokens
     at_cut = worst_below = None
@@ -134,7 +148,7 @@ def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int =
 
     return Recommendation(profile.name, profile.tier, profile.origin, bool(profile.modified), tp, dtype,
                           max_num_batched_tokens, cut, at_cut, float(s[-1]), worst_below, fi_mb, fi_reason,
-                          profile.kind, fused_ops_available(profile, tp))
+                          profile.kind, fused_ops_available(profile, tp), a.decision_value, a.workload)
 
 
 def explain(r: Recommendation) -> list[str]:
@@ -160,6 +174,8 @@ def explain(r: Recommendation) -> list[str]:
     if r.interconnect_kind == "pcie" and r.enable:
         lines.append("tpcost: note: on PCIe-only GPUs the fused ops need CUDA peer access between the GPUs (torch "
                      "symmetric memory); check `nvidia-smi topo -p2p r` before enabling AsyncTP")
+    if r.saving_line():
+        lines.append("tpcost: " + r.saving_line())
     lines.append(f"tpcost: profile {r.profile_name} ({r.profile_origin}), weakest provenance tier {r.profile_tier}"
                  + (", MODIFIED by --set" if r.modified else ""))
     return lines

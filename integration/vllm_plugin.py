@@ -80,12 +80,18 @@ def _apply(cfg) -> None:
         mc = cfg.model_config
         shape = shape_from_config(mc.hf_text_config.to_dict(), str(mc.model))
         max_tokens = cfg.scheduler_config.max_num_batched_tokens or 8192
-        r = recommend(prof, shape, tp, _dtype_mode(mc), int(max_tokens))
+        workload = None
+        if os.environ.get("TPCOST_WORKLOAD"):
+            from costmodel.workload import read_workload
+
+            workload = read_workload(os.environ["TPCOST_WORKLOAD"])
+        r = recommend(prof, shape, tp, _dtype_mode(mc), int(max_tokens), workload=workload)
         if r.enable:
             pc.sp_min_token_num = r.cutoff_tokens
             logger.info("tpcost: sp_min_token_num=%d (predicted SP+AsyncTP speedup %.3fx at the cutoff, %.3fx at %d "
-                        "tokens; profile %s, provenance tier %s)", r.cutoff_tokens, r.speedup_at_cutoff,
-                        r.speedup_at_max_tokens, r.max_num_batched_tokens, r.profile_name, r.profile_tier)
+                        "tokens; %s; profile %s, provenance tier %s)", r.cutoff_tokens, r.speedup_at_cutoff,
+                        r.speedup_at_max_tokens, r.max_num_batched_tokens, r.saving_line(), r.profile_name,
+                        r.profile_tier)
         else:
             # no gain predicted up to max_num_batched_tokens: SP would only cost (full graphs, padding), so turn it
             # off the way vLLM does when its own table has no value (docs/vllm-plugin.md)

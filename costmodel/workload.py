@@ -1,0 +1,155 @@
+"""The operator's traffic: how often each token count per engine step occurs (docs/model.md §9).
+
+Two inputs:
+- a Prometheus text exposition scraped from vLLM's `/metrics`: the cumulative buckets of
+  `vllm:iteration_tokens_total` (tokens per engine step, vllm/v1/metrics/loggers.py), summed over engines
+  and every other label;
+- a CSV `num_tokens,count`.
+
+The decision is taken on the multiples of tp (SP pads a step of N tokens to ⌈N/tp⌉·tp), so every count
+lands on the grid point of its padded size. A histogram bucket (lo, hi] is spread over the grid points
+inside it: uniformly by default; "upper" puts it all at hi, "lower" all at the first point above lo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import numpy as np
+
+from .errors import TpcostError
+from .io import read_text
+
+METRIC = "vllm:iteration_tokens_total"
+SPREADS = ("uniform", "upper", "lower")
+_SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$')
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """Counts of engine steps: `buckets` (lo, hi, count) from a histogram, or `points` (n, count)."""
+
+    name: str
+    buckets: tuple[tuple[float, float, float], ...] = ()
+    points: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def total(self) -> float:
+        return sum(c for *_, c in self.buckets) + sum(c for _, c in self.points)
+
+
+def _labels(text: str, where: str) -> dict[str, str]:
+    out, pos = {}, 0
+    text = text.strip()
+    while pos < len(text):
+        m = _LABEL.match(text, pos)
+        if not m:
+            raise TpcostError(f"{where}: malformed labels {{{text}}}")
+        out[m.group(1)] = m.group(2)
+        pos = m.end()
+    return out
+
+
+def parse_prometheus(text: str, where: str) -> Workload:
+    """The `vllm:iteration_tokens_total` histogram of a /metrics scrape, summed over all label sets."""
+    cum: dict[float, float] = {}
+    for i, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            raise TpcostError(f"{where}:{i}: not a Prometheus sample line")
+        if m.group("name") != METRIC + "_bucket":
+            continue
+        labels = _labels(m.group("labels") or "", f"{where}:{i}")
+        if "le" not in labels:
+            raise TpcostError(f"{where}:{i}: {METRIC}_bucket without an le label")
+        try:
+            le = math.inf if labels["le"] in ("+Inf", "Inf", "inf") else float(labels["le"])
+            v = float(m.group("value"))
+        except ValueError:
+            raise TpcostError(f"{where}:{i}: bucket bound or count is not a number") from None
+        if not (math.isfinite(v) and v >= 0) or not (le > 0):
+            raise TpcostError(f"{where}:{i}: bucket counts must be finite and >= 0, bounds > 0")
+        cum[le] = cum.get(le, 0.0) + v
+    if not cum:
+        raise TpcostError(f"{where}: no {METRIC}_bucket samples (scrape vLLM's /metrics endpoint)")
+    bounds = sorted(cum)
+    counts = [cum[b] for b in bounds]
+    if any(b < a - 1e-9 * max(1.0, a) for a, b in zip(counts, counts[1:])):
+        raise TpcostError(f"{where}: {METRIC} buckets are not cumulative (a count decreases with le)")
+    buckets, lo, prev = [], 0.0, 0.0
+    for b, c in zip(bounds, counts):
+        if c - prev > 0:
+            buckets.append((lo, b, c - prev))
+        lo, prev = b, c
+    if not buckets:
+        raise TpcostError(f"{where}: {METRIC} has no observations yet")
+    return Workload(name=f"{where} ({METRIC}, {prev:.0f} steps)", buckets=tuple(buckets))
+
+
+def parse_csv(text: str, where: str) -> Workload:
+    """A CSV with a header `num_tokens,count` (counts may be fractions: weights)."""
+    import csv
+
+    rows = [r for r in csv.reader(text.splitlines()) if any(c.strip() for c in r)]
+    if not rows or [c.strip() for c in rows[0]] != ["num_tokens", "count"]:
+        raise TpcostError(f"{where}: expected a header 'num_tokens,count'")
+    pts: dict[int, float] = {}
+    for i, r in enumerate(rows[1:], start=2):
+        if len(r) != 2:
+            raise TpcostError(f"{where}:{i}: expected 2 cells, got {len(r)}")
+        n, c = r[0].strip(), r[1].strip()
+        if not n.isdigit() or int(n) < 1:
+            raise TpcostError(f"{where}:{i}: num_tokens {n!r} is not a positive integer")
+        try:
+            cv = float(c)
+        except ValueError:
+            raise TpcostError(f"{where}:{i}: count {c!r} is not a number") from None
+        if not math.isfinite(cv) or cv < 0:
+            raise TpcostError(f"{where}:{i}: count must be finite and >= 0, got {c}")
+        pts[int(n)] = pts.get(int(n), 0.0) + cv
+    if sum(pts.values()) <= 0:
+        raise TpcostError(f"{where}: no steps counted")
+    return Workload(name=f"{where} (num_tokens,count, {sum(pts.values()):g} steps)", points=tuple(sorted(pts.items())))
+
+
+def read_workload(path: str) -> Workload:
+    """A workload file: Prometheus text (it names vllm:iteration_tokens_total) or a num_tokens,count CSV."""
+    text = read_text(path, "workload")
+    if METRIC in text or text.lstrip().startswith("#"):
+        return parse_prometheus(text, str(path))
+    return parse_csv(text, str(path))
+
+
+def grid_weights(w: Workload, grid: np.ndarray, spread: str = "uniform") -> np.ndarray:
+    """The workload as weights on the grid of multiples of tp (sum 1). Steps above the grid's top count at
+    the top (vLLM never runs more than max_num_batched_tokens per step)."""
+    if spread not in SPREADS:
+        raise TpcostError(f"unknown spread {spread!r}; one of {', '.join(SPREADS)}")
+    tp = float(grid[0])
+    out = np.zeros(grid.size)
+
+    def index(n):
+        return int(min(grid.size - 1, max(0, math.ceil(n / tp) - 1)))
+
+    for n, c in w.points:
+        out[index(n)] += c
+    for lo, hi, c in w.buckets:
+        hi_eff = min(hi, grid[-1])
+        lo_eff = min(lo, grid[-1] - 1)
+        first, last = index(math.floor(lo_eff) + 1), index(hi_eff)
+        if spread == "upper":
+            out[last] += c
+        elif spread == "lower":
+            out[first] += c
+        else:
+            out[first:last + 1] += c / (last - first + 1)
+    total = out.sum()
+    if total <= 0:
+        raise TpcostError(f"{w.name}: no steps within the grid")
+    return out / total

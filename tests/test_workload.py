@@ -1,0 +1,92 @@
+"""The cutoff decision on the operator's traffic: a /metrics scrape rendered by vLLM's own metric classes
+(its iteration-tokens buckets and histogram class), a num_tokens,count CSV, and malformed files."""
+
+import json
+
+import numpy as np
+import pytest
+
+from costmodel import load_model, load_profile, predict
+from costmodel.analysis import decide_cutoff, token_grid
+from costmodel.workload import grid_weights, read_workload
+from integration.cli import main
+
+
+def _scrape(tmp_path, observations):
+    """Render vllm:iteration_tokens_total as vLLM 0.31's PrometheusStatLogger would (two engines)."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    pytest.importorskip("vllm")
+    from vllm.v1.metrics.buckets import histogram_buckets
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    reg = prometheus_client.CollectorRegistry()
+    h = PrometheusStatLogger._histogram_cls(name="vllm:iteration_tokens_total",
+                                            documentation="Histogram of number of tokens per engine_step.",
+                                            buckets=histogram_buckets("iteration_tokens"),
+                                            labelnames=["model_name", "engine"], registry=reg)
+    for engine, values in observations.items():
+        for v in values:
+            h.labels("llama", str(engine)).observe(v)
+    path = tmp_path / "metrics.txt"
+    path.write_bytes(prometheus_client.generate_latest(reg))
+    return path
+
+
+def _whatif(capsys, *argv):
+    assert main(["whatif", "--no-band", "--json", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_metrics_scrape_decision_matches_hand_computation(tmp_path, capsys):
+    # 300 decode steps of 8 tokens and 40 prefill steps of 6000 (bucket (4096, 8192]), over two engines
+    path = _scrape(tmp_path, {0: [8] * 200 + [6000] * 30, 1: [8] * 100 + [6000] * 10})
+    d = _whatif(capsys, "--workload", str(path))
+    tp, grid = 4, token_grid(4, 8192)
+    # by hand: the 8-token steps land on grid point 8; the 40 steps spread evenly over 4100..8192 (1024 points)
+    w = np.zeros(grid.size)
+    w[1] = 300
+    w[1024:] += 40 / 1024
+    w /= w.sum()
+    pred = predict(load_profile("h100-sxm"), load_model("llama-3.1-70b"), tp, "bf16", grid)
+    off, on = pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp")
+    cost = [np.sum(w[:i] * off[:i]) + 1.02 * np.sum(w[i:] * on[i:]) for i in range(grid.size)] + [np.sum(w * off)]
+    cost = np.array(cost)
+    best = max(i for i in range(cost.size) if cost[i] == cost.min())  # ties go to the larger threshold
+    expect = None if best == grid.size else int(grid[best])
+    assert d["cutoff_tokens"] == expect
+    assert set(d["cutoff_by_spread"]) == {"uniform", "upper", "lower"}
+    assert d["cutoff_by_spread"]["uniform"] == expect
+    dv = d["decision_value"]
+    assert dv["saving_vs_never_s"] == pytest.approx(float(np.sum(w * off) - cost[best] + 0.02 * np.sum(w[best:] * on[best:])),
+                                                    rel=1e-6)
+    assert dv["regret_vs_oracle_s"] >= 0 and "saving_vs_vllm_default_s" in dv
+
+
+def test_csv_workload_and_weights(tmp_path, capsys):
+    f = tmp_path / "hist.csv"
+    f.write_text("num_tokens,count\n64,90\n8192,10\n")
+    w = grid_weights(read_workload(str(f)), token_grid(4, 8192))
+    assert w[15] == pytest.approx(0.9) and w[-1] == pytest.approx(0.1) and w.sum() == pytest.approx(1)
+    d = _whatif(capsys, "--workload", str(f))
+    pred = predict(load_profile("h100-sxm"), load_model("llama-3.1-70b"), 4, "bf16", token_grid(4, 8192))
+    assert d["cutoff_tokens"] == decide_cutoff(token_grid(4, 8192), pred.t_forward_s("tp"),
+                                               pred.t_forward_s("sp_asynctp"), 0.02, w)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("num_tokens,count\n64,abc\n", "not a number"),
+    ("num_tokens,count\n-4,1\n", "positive integer"),
+    ("num_tokens,count\n64,nan\n", "finite"),
+    ("tokens,n\n1,2\n", "num_tokens,count"),
+    ("# HELP x\nvllm:iteration_tokens_total_bucket{le=\"8.0\"} 5\nvllm:iteration_tokens_total_bucket{le=\"16.0\"} 3\n",
+     "not cumulative"),
+    ("# HELP x\nfoo 1\n", "no vllm:iteration_tokens_total_bucket"),
+    ("# HELP x\nvllm:iteration_tokens_total_bucket{le=\"8.0\" 5\n", "not a Prometheus sample line"),
+    ("# HELP x\nvllm:iteration_tokens_total_bucket{le=8.0} 5\n", "malformed labels"),
+])
+def test_malformed_workload_one_line(tmp_path, capsys, text, needle):
+    f = tmp_path / "w.txt"
+    f.write_text(text)
+    rc = main(["whatif", "--no-band", "--workload", str(f)])
+    _, err = capsys.readouterr()
+    assert rc == 2 and needle in err and err.count("\n") == 1, err
