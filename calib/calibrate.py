@@ -151,13 +151,18 @@ def build_profile(records, prior: dict, prov: dict, world: int, gemm_dtype: str,
 
 
 def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """costmodel.io.atomic_write_text: a temporary beside `path`, renamed over it; removed if anything fails."""
+    from costmodel.io import atomic_write_text
+
+    atomic_write_text(path, text)
 
 
 def side_paths(out: Path):
     return out.with_suffix(".samples.jsonl"), out.with_suffix(".ops.csv")
+
+
+def partial_path(samples: Path) -> Path:
+    return samples.with_name(samples.name + ".partial")
 
 
 def worker(args) -> None:
@@ -205,9 +210,10 @@ def worker(args) -> None:
         ]
     records, skipped = [], []
     bar = None
+    partial = partial_path(samples_path)
     if rank == 0:
         samples_path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(samples_path, "w")
+        fh = open(partial, "w")  # streamed as taken; renamed to samples_path when the run ends or is interrupted
         try:
             from tqdm import tqdm
 
@@ -237,6 +243,7 @@ def worker(args) -> None:
     finally:
         if rank == 0:
             fh.close()
+            os.replace(partial, samples_path)  # whole: every line a record, also after Ctrl-C
             if bar is not None:
                 bar.close()
     dist.barrier()
@@ -254,7 +261,9 @@ def worker(args) -> None:
 
     profile_from_dict(tree, str(out))  # validate before writing
     write_atomic(out, "# Written by tpcost calibrate; raw samples: " + samples_path.name + "\n" + dump_profile(tree))
-    rows = ["hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source"]
+    from costmodel.evaluate import op_csv_header
+
+    rows = [op_csv_header()]
     for r in records:
         if r["kind"] == "fused_op":
             rows.append(f"{out},{world},{r['op']},{r['dtype']},{r['m']},{r['n']},{r['k']},"
@@ -275,17 +284,40 @@ def worker(args) -> None:
 
 
 def run(args) -> int:
+    """Check every argument, path and shape before a worker starts, then run the ranks."""
+    import math
+
+    from costmodel.io import check_output_path
+    from costmodel.shapes import load_model
+
     from . import launch
 
+    launch.check_environment()
     out = Path(args.out)
-    if out.exists() and not args.force:
-        raise TpcostError(f"{out} exists; pass --force to replace it")
-    if args.budget_s <= 0:
-        raise TpcostError("--budget-s must be > 0")
-    if args.models:
-        from costmodel.shapes import load_model
+    if not (math.isfinite(args.budget_s) and 0 < args.budget_s <= 24 * 3600):
+        raise TpcostError(f"--budget-s must be a finite number of seconds in (0, 86400], got {args.budget_s}")
+    if not out.name.endswith(".toml"):
+        raise TpcostError(f"--out {out}: a profile is a .toml file")
+    samples, ops_csv = side_paths(out)
+    check_output_path(out, args.force, "--out")
+    for side in (samples, ops_csv):
+        check_output_path(side, args.force, "--out's side file")
+    world = args.nproc
+    if args.device == "cpu" and not launch.under_torchrun():
+        if not 1 <= args.nproc <= max(1, os.cpu_count() or 1) * 4:
+            raise TpcostError(f"--nproc must be in [1, {max(1, os.cpu_count() or 1) * 4}] (4 ranks per core at most "
+                              f"on this {os.cpu_count()}-core machine), got {args.nproc}")
+    else:
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    models = args.models or ([CPU_MODEL] if args.device == "cpu" else None)
+    from costmodel.shapes import builtin_model_names
 
-        for m in args.models:
-            load_model(m)  # unknown model: one line, exit 2, before any process starts
-    launch.run(worker, args, args.device, args.nproc, "calibrate", wall_timeout_s=args.budget_s * 3 + 300)
+    for m in models or builtin_model_names():
+        load_model(m).check_tp(world)  # unknown model or a TP it cannot split: one line, exit 2, before any worker
+    try:
+        launch.run(worker, args, args.device, args.nproc, "calibrate", wall_timeout_s=args.budget_s * 3 + 300)
+    finally:  # a killed or interrupted run: what was streamed is kept under its final name
+        partial = partial_path(samples)
+        if partial.exists() and (args.force or not samples.exists()):
+            os.replace(partial, samples)
     return 0

@@ -12,7 +12,29 @@ import traceback
 
 from costmodel.errors import TpcostError
 
-TIMEOUT_S = float(os.environ.get("TPCOST_CALIB_TIMEOUT_S", "180"))
+DEFAULT_TIMEOUT_S = 180.0
+
+
+def timeout_s() -> float:
+    """TPCOST_CALIB_TIMEOUT_S (s a collective may wait before the run fails; default 180), checked."""
+    raw = os.environ.get("TPCOST_CALIB_TIMEOUT_S", "")
+    if raw == "":
+        return DEFAULT_TIMEOUT_S
+    try:
+        v = float(raw)
+    except ValueError:
+        raise TpcostError(f"TPCOST_CALIB_TIMEOUT_S={raw!r} is not a number of seconds") from None
+    if not (v == v and 1.0 <= v <= 86400.0):
+        raise TpcostError(f"TPCOST_CALIB_TIMEOUT_S must be in [1, 86400] s, got {raw}")
+    return v
+
+
+def check_environment() -> None:
+    """Every TPCOST_* variable calibrate/validate read, checked before a worker starts (one line, exit 2)."""
+    timeout_s()
+    hang = os.environ.get("TPCOST_CALIB_TEST_HANG_RANK", "")
+    if hang and not hang.isdigit():
+        raise TpcostError(f"TPCOST_CALIB_TEST_HANG_RANK={hang!r} must be a rank number")
 
 
 def under_torchrun() -> bool:
@@ -39,7 +61,7 @@ def init(device: str):
     else:
         torch.set_num_threads(1)
         dev = "cpu"
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s()))
     return rank, world, dev
 
 
@@ -54,7 +76,7 @@ def _child(rank, world, port, target, args, errq):
     except Exception as e:  # noqa: BLE001 - reported by the parent as one line
         msg = f"{type(e).__name__}: {e}".splitlines()[0]
         if "timeout" in msg.lower() or "timed out" in msg.lower():
-            msg = f"a collective timed out after {TIMEOUT_S:.0f} s (a rank hung or died): {msg}"
+            msg = f"a collective timed out after {timeout_s():.0f} s (a rank hung or died): {msg}"
         errq.put((rank, msg))
         if os.environ.get("TPCOST_DEBUG"):
             traceback.print_exc()

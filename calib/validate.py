@@ -12,6 +12,7 @@ Schedules (per rank, TP = world size):
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -123,7 +124,9 @@ def worker(args) -> None:
 
     prov = provenance()
     out = Path(args.out)
-    lines = ["hardware,tp,model,dtype,num_tokens,baseline_us,overlap_us,scope,source"]
+    from costmodel.evaluate import model_csv_header
+
+    lines = [model_csv_header()]
     for r in rows:
         lines.append(f"{args.gpu},{world},{args.model},{dtype},{r['num_tokens']},{r['t_tp_s'] * 1e6:.3f},"
                      f"{r['t_sp_asynctp_s'] * 1e6:.3f},layer,tpcost validate {ops.kind} {prov['host']} {prov['date']}")
@@ -139,27 +142,43 @@ def worker(args) -> None:
         am, ap = r["t_tp_s"] / r["t_sp_asynctp_s"], r["pred_tp_s"] / r["pred_sp_asynctp_s"]
         print(f"{r['num_tokens']:6d} {r['t_tp_s'] * 1e6:9.1f} {r['t_sp_s'] * 1e6:9.1f} {r['t_sp_asynctp_s'] * 1e6:14.1f} "
               f"{sm:6.3f}/{sp:6.3f} {am:10.3f}/{ap:6.3f}")
-    from costmodel.analysis import cutoff_from_speedup
+    from costmodel.analysis import decide_cutoff
 
     grid = np.array([r["num_tokens"] for r in rows], float)
-    meas = np.array([r["t_tp_s"] / r["t_sp_asynctp_s"] for r in rows])
-    pred_s = np.array([r["pred_tp_s"] / r["pred_sp_asynctp_s"] for r in rows])
-    print(f"cutoff over this sweep (margin {args.margin:.0%}): measured {cutoff_from_speedup(grid, meas, args.margin)}, "
-          f"predicted {cutoff_from_speedup(grid, pred_s, args.margin)}")
+    w = np.full(grid.size, 1.0 / grid.size)  # the sweep's points equally weighted
+    cut = lambda off, on: decide_cutoff(grid, np.array([r[off] for r in rows]), np.array([r[on] for r in rows]),  # noqa: E731
+                                        args.margin, w)
+    print(f"cutoff decision over this sweep (risk premium {args.margin:.0%}): measured "
+          f"{cut('t_tp_s', 't_sp_asynctp_s')}, predicted {cut('pred_tp_s', 'pred_sp_asynctp_s')}")
     print(f"wrote {out} (evaluate's model-level schema) and {out.with_suffix('.json')}")
 
 
 def run(args) -> int:
+    """Check every argument and path before a worker starts (errors name validate's own flags)."""
+    from costmodel.io import check_output_path
     from costmodel.profile import load_profile
     from costmodel.shapes import load_model
 
     from . import launch
 
+    launch.check_environment()
     load_profile(args.gpu)
     shape = load_model(args.model)
     if args.device == "cpu" and not launch.under_torchrun():
+        if not 1 <= args.nproc <= max(1, os.cpu_count() or 1) * 4:
+            raise TpcostError(f"validate --nproc must be in [1, {max(1, os.cpu_count() or 1) * 4}], got {args.nproc}")
         shape.check_tp(args.nproc)
-    if args.tokens and any(t <= 0 for t in args.tokens):
-        raise TpcostError("--tokens must be > 0")
+    if args.tokens and any(not 1 <= t <= 2**20 for t in args.tokens):
+        raise TpcostError("validate --tokens: token counts must be in [1, 1048576]")
+    if not 1 <= args.seq_len <= 2**24:
+        raise TpcostError(f"validate --seq-len must be in [1, 16777216], got {args.seq_len}")
+    if not (0 <= args.margin < 1):
+        raise TpcostError(f"validate --margin must be in [0, 1), got {args.margin}")
+    out = Path(args.out)
+    if out.suffix != ".csv":
+        raise TpcostError(f"validate --out {out}: the timings are a .csv (its JSON side file is {out.stem}.json)")
+    check_output_path(out, args.force, "validate --out", protect=(args.gpu, args.model))
+    check_output_path(out.with_suffix(".json"), args.force, "validate --out's JSON side file",
+                      protect=(args.gpu, args.model))
     launch.run(worker, args, args.device, args.nproc, "validate", wall_timeout_s=1800)
     return 0

@@ -64,6 +64,12 @@ def detect_profile_name() -> str:
     """The profile for the local GPU: $TPCOST_PROFILE, else match the device name, else the compute capability."""
     env = os.environ.get("TPCOST_PROFILE")
     if env:
+        from costmodel.profile import load_profile
+
+        try:
+            load_profile(env)
+        except TpcostError as e:
+            raise TpcostError(f"TPCOST_PROFILE={env!r}: {e}") from None
         return env
     from costmodel.profile import builtin_profile_names, load_profile
 

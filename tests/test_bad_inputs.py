@@ -1,0 +1,236 @@
+"""Bad input in every subcommand: one line on stderr and exit 2, or a correct answer; never a traceback, a
+NaN in JSON, or a lost file."""
+
+import json
+import os
+
+import pytest
+
+from integration.cli import main
+
+H = "hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source\n"
+ROW = "h100-sxm,8,gemm_rs,bf16,4096,8192,3584,500,450,x\n"
+LLAMA = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "num_hidden_layers": 32, "vocab_size": 128256}
+
+
+def _run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _one_line_2(capsys, *argv, needle=""):
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 2, (argv, out[-500:], err)
+    assert err.count("\n") == 1 and err.startswith("tpcost: error:") and "Traceback" not in err, (argv, err)
+    assert needle in err, (argv, err)
+    return err
+
+
+def _strict_json(text):
+    def bad(c):
+        raise AssertionError(f"{c} in JSON output")
+    return json.loads(text, parse_constant=bad)
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"\xff\xfe{not utf8", "not UTF-8"),
+    (b"\x00\x01\x02binary", "binary"),
+    (b"[" * 5000 + b"]" * 5000, "nested deeper"),
+    (b"[1, 2, 3]", "JSON object"),
+    (b'"just a string"', "JSON object"),
+    (b"{not json", "malformed JSON"),
+    (b'{"hidden_size": NaN}', "malformed JSON"),
+])
+def test_bad_config_files(tmp_path, capsys, content, needle):
+    f = tmp_path / "config.json"
+    f.write_bytes(content)
+    _one_line_2(capsys, "whatif", "--model", str(f), needle=needle)
+
+
+@pytest.mark.parametrize("patch,needle", [
+    ({"head_dim": 0}, "head_dim"),
+    ({"num_key_value_heads": 64}, "num_key_value_heads"),
+    ({"num_key_value_heads": 5}, "num_key_value_heads"),
+    ({"hidden_size": 4100, "num_attention_heads": 32}, "not an integer"),
+    ({"num_local_experts": 8, "num_experts_per_tok": -2}, "num_experts_per_tok"),
+    ({"num_local_experts": 8, "num_experts_per_tok": 9}, "num_experts_per_tok"),
+    ({"num_local_experts": 8, "num_experts_per_tok": 0}, "num_experts_per_tok"),
+    ({"hidden_size": -4096}, "hidden_size"),
+    ({"num_hidden_layers": 10**9}, "num_hidden_layers"),
+    ({"vocab_size": 2.5}, "vocab_size"),
+    ({"q_lora_rank": 1536, "kv_lora_rank": 512, "first_k_dense_replace": 3}, "q_lora_rank, kv_lora_rank, first_k_dense_replace"),
+])
+def test_config_meaning_is_checked(tmp_path, capsys, patch, needle):
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps({**LLAMA, **patch}))
+    _one_line_2(capsys, "whatif", "--model", str(f), "--tp", "2", needle=needle)
+
+
+def test_bad_profile_files_and_values(tmp_path, capsys):
+    base = (tmp_path.parent / "h.toml")
+    src = open(os.path.join(os.path.dirname(__file__), "..", "costmodel", "profiles", "h100-sxm.toml")).read()
+    cases = {
+        "binary.toml": (b"\x00\x00", "binary"),
+        "latin1.toml": ("name = 'caf\xe9'".encode("latin-1"), "not UTF-8"),
+        "deep.toml": (("a = " + "[" * 3000 + "]" * 3000).encode(), "nested"),
+        "eff.toml": (src.replace("max_efficiency = 0.8033", "max_efficiency = 1.7").encode(), "(0, 1]"),
+        "sm.toml": (src.replace("sm_count = 132", "sm_count = 131.5").encode(), "integer"),
+        "bw.toml": (src.replace("hbm_bw_bytes_per_s = 3350000000000.0", "hbm_bw_bytes_per_s = 0.0").encode(), "> 0"),
+        "inf.toml": (src.replace("hbm_bw_bytes_per_s = 3350000000000.0", "hbm_bw_bytes_per_s = inf").encode(), "finite"),
+    }
+    for name, (content, needle) in cases.items():
+        f = tmp_path / name
+        f.write_bytes(content)
+        _one_line_2(capsys, "whatif", "--gpu", str(f), "--no-band", needle=needle)
+    assert not base.exists()
+
+
+@pytest.mark.parametrize("item,needle", [
+    ("gemm.max_efficiency=1.5", "(0, 1]"),
+    ("memory.hbm_bw_bytes_per_s=0", "> 0"),
+    ("memory.hbm_bw_bytes_per_s=-1e12", "> 0"),
+    ("identity.sm_count=100.5", "integer"),
+    ("gemm.tile_m=0", "integer"),
+    ("asynctp.stream_concurrency=2", "[0, 1]"),
+    ("memory.hbm_bw_bytes_per_s=inf", "finite"),
+    ("memory.hbm_bw_bytes_per_s=nan", "finite"),
+    ("memory.hbm_bw_bytes_per_s=1e400", "finite"),
+    ("compute.peak_flops_per_s.fp8=1e15", "no effect"),  # bf16 run: the fp8 peak is never read
+    ("collectives.nccl_all_reduce.tp8.latency_s=1e-5", "not the entry used at tp=4"),
+    ("vllm_dispatch.tp8.symm_mem_max_bytes=1", "not the entry used at tp=4"),
+    ("interconnect.domain_size=0", "integer"),
+])
+def test_bad_set_values(capsys, item, needle):
+    _one_line_2(capsys, "whatif", "--no-band", "--set", item, needle=needle)
+
+
+def test_set_twice_and_dispatch_keys_take_effect(capsys):
+    _one_line_2(capsys, "whatif", "--set", "gemm.max_efficiency=0.7", "--set", "gemm.max_efficiency=0.6",
+                needle="given twice")
+    rc, out, _ = _run(capsys, "whatif", "--no-band", "--json", "--set", "vllm_dispatch.tp4.fi_fusion_max_bytes=0")
+    rc0, out0, _ = _run(capsys, "whatif", "--no-band", "--json")
+    assert rc == rc0 == 0
+    t = {r["num_tokens"]: r["t_tp_s"] for r in json.loads(out)["rows"]}
+    t0 = {r["num_tokens"]: r["t_tp_s"] for r in json.loads(out0)["rows"]}
+    assert t[64] != t0[64]  # FlashInfer off: the dispatch key changed the prediction
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["whatif", "--max-num-batched-tokens", str(10**12)], "--max-num-batched-tokens must be in"),
+    (["whatif", "--tokens", str(10**7)], "token count must be in"),
+    (["whatif", "--seq-len", str(2**25)], "--seq-len must be in"),
+    (["whatif", "--margin", "nan"], "--margin"),
+    (["whatif", "--margin", "1.5"], "--margin"),
+    (["whatif", "--tp", "100000"], "--tp must be in"),
+    (["vllm-config", "--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+    (["whatif", "--ops", "0"], "token count"),
+])
+def test_bounded_work(capsys, argv, needle):
+    _one_line_2(capsys, *argv, needle=needle)
+
+
+@pytest.mark.parametrize("text,needle", [
+    (H.replace("tp,", "tp,tp,", 1) + ROW, "duplicate column 'tp'"),
+    (H + ROW.strip() + ",extra\n", "11 cells for 10 columns"),
+    (H + ROW.replace(",8,", ",8.0,", 1), "tp '8.0' is not a positive integer"),
+    (H + ROW.replace(",4096,", ",nan,", 1), "m 'nan'"),
+    (H + ROW.replace(",4096,", ",inf,", 1), "m 'inf'"),
+    (H + ROW.replace(",4096,", ",1e400,", 1), "m '1e400'"),
+    (H + ROW.replace(",500,", ",nan,", 1), "finite time"),
+    (H, "no data rows"),
+    (H + '"unterminated,1\n', "malformed CSV"),
+])
+def test_bad_csv_cells_name_file_and_line(tmp_path, capsys, text, needle):
+    f = tmp_path / "ops.csv"
+    f.write_text(text)
+    err = _one_line_2(capsys, "evaluate", str(f), needle=needle)
+    if "cells" in needle or "integer" in needle or "m '" in needle:
+        assert f"{f}:2" in err
+
+
+def test_csv_bom_is_accepted_and_header_only_files_are_skipped(tmp_path, capsys):
+    f = tmp_path / "bom.csv"
+    f.write_bytes(b"\xef\xbb\xbf" + (H + ROW).encode())
+    empty = tmp_path / "header.csv"
+    empty.write_text(H)
+    rc, out, err = _run(capsys, "evaluate", str(f), str(empty), "--json")
+    assert rc == 0, err
+    d = _strict_json(out)
+    assert d["rows_scored"] == 1 and any("only a header" in s["reason"] for s in d["skipped"])
+
+
+def test_unplaceable_rows_are_skipped_with_reason(tmp_path, capsys):
+    f = tmp_path / "ops.csv"
+    f.write_text(H + ROW + ROW.replace("h100-sxm", "no-such-gpu") + ROW.replace(",4096,", ",4097,", 1)
+                 + ROW.replace(",8,", ",16,", 1))
+    rc, out, _ = _run(capsys, "evaluate", str(f), "--json")
+    d = _strict_json(out)
+    reasons = " | ".join(s["reason"] for s in d["skipped"])
+    assert rc == 0 and d["rows_scored"] == 1 and "unknown GPU profile" in reasons and "not divisible" in reasons
+    assert "not available at tp=16" in reasons
+
+
+def test_json_is_valid_where_the_model_has_infinities(capsys):
+    for argv in (["whatif", "--tp", "16", "--json"], ["whatif", "--tp", "16", "--ops", "4096", "--json"],
+                 ["vllm-config", "--tp", "16", "--gpu", "h100-sxm"], ["profiles", "--json"], ["models", "--json"]):
+        rc, out, err = _run(capsys, *argv)
+        assert rc == 0, err
+        _strict_json(out)
+
+
+def test_outputs_are_never_overwritten_without_force(tmp_path, capsys):
+    png = tmp_path / "w.png"
+    png.write_bytes(b"precious")
+    _one_line_2(capsys, "whatif", "--no-band", "--plot", str(png), needle="--force")
+    assert png.read_bytes() == b"precious"
+    _one_line_2(capsys, "whatif", "--no-band", "--plot", str(tmp_path), needle="directory")
+    rc, _, _ = _run(capsys, "whatif", "--no-band", "--plot", str(png), "--force")
+    assert rc == 0 and png.read_bytes()[:4] == b"\x89PNG" and not list(tmp_path.glob(".*tmp*"))
+    csv = tmp_path / "ops.csv"
+    csv.write_text(H + ROW)
+    _one_line_2(capsys, "evaluate", str(csv), "--plot", str(csv), needle="input of this command")
+    assert csv.read_text() == H + ROW
+
+
+def test_calibrate_and_validate_check_arguments_before_starting(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("torch")
+    prof = tmp_path / "p.toml"
+    _one_line_2(capsys, "calibrate", "--device", "cpu", "--nproc", "64", "--out", str(prof), needle="--nproc")
+    _one_line_2(capsys, "calibrate", "--device", "cpu", "--budget-s", "nan", "--out", str(prof), needle="--budget-s")
+    _one_line_2(capsys, "calibrate", "--device", "cpu", "--out", str(tmp_path / "p.txt"), needle=".toml")
+    prof.with_suffix(".samples.jsonl").write_text('{"kind": "gemm"}\n')
+    _one_line_2(capsys, "calibrate", "--device", "cpu", "--out", str(prof), needle="--force")
+    monkeypatch.setenv("TPCOST_CALIB_TIMEOUT_S", "soon")
+    _one_line_2(capsys, "calibrate", "--device", "cpu", "--out", str(tmp_path / "q.toml"),
+                needle="TPCOST_CALIB_TIMEOUT_S")
+    monkeypatch.delenv("TPCOST_CALIB_TIMEOUT_S")
+    mine = tmp_path / "mine.toml"
+    mine.write_text(open(os.path.join(os.path.dirname(__file__), "..", "costmodel", "profiles", "h100-sxm.toml")).read())
+    before = mine.read_text()
+    _one_line_2(capsys, "validate", "--gpu", str(mine), "--model", "llama-3.1-8b", "--device", "cpu",
+                "--out", str(mine), needle="validate --out")
+    _one_line_2(capsys, "validate", "--gpu", str(mine), "--model", "llama-3.1-8b", "--device", "cpu",
+                "--nproc", "3", "--out", str(tmp_path / "v.csv"), needle="divisible")
+    _one_line_2(capsys, "validate", "--gpu", str(mine), "--model", "llama-3.1-8b", "--device", "cpu",
+                "--seq-len", "0", "--out", str(tmp_path / "v.csv"), needle="validate --seq-len")
+    assert mine.read_text() == before
+
+
+def test_tpcost_profile_env_is_checked(capsys, monkeypatch):
+    monkeypatch.setenv("TPCOST_PROFILE", "no-such-gpu")
+    _one_line_2(capsys, "vllm-config", "--gpu", "auto", needle="TPCOST_PROFILE='no-such-gpu'")
+
+
+def test_version_and_help_on_every_option(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("tpcost ")
+    from integration.cli import build_parser
+
+    ap = build_parser()
+    for name, sub in ap._subparsers._group_actions[0].choices.items():
+        for action in sub._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, f"{name} {action.option_strings} has no help text"
