@@ -292,6 +292,7 @@ def run(args) -> int:
 
     from . import launch
 
+    launch.require_launcher(args.device, "calibrate")
     launch.check_environment()
     out = Path(args.out)
     if not (math.isfinite(args.budget_s) and 0 < args.budget_s <= 24 * 3600):

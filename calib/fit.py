@@ -75,24 +75,31 @@ def fit_memory(records, prior):
                 ["kernels.mem_efficiency", "kernels.launch_overhead_s"])
 
 
-def fit_concurrency(records):
-    """asynctp.stream_concurrency κ: two-stream chunk time g_c = (1−κ)·g + κ·g₂/2 (g₂: GEMM of 2 chunks' rows)."""
+def fit_concurrency(records, prior=None):
+    """asynctp.stream_concurrency κ: two-stream chunk time g_c = max(t_mem, (1−κ)·g + κ·g₂/2) (F.t_chunk_concurrent_s
+    with the measured chunk GEMM g and the GEMM of two chunks' rows g₂ as the compute parts; t_mem = the chunk's
+    bytes at the prior's HBM bandwidth, the floor two memory-bound streams cannot go below)."""
     gem = {(r["name"], r["m"], r["dtype"]): r["median_s"] for r in records if r["kind"] == "gemm"}
     ch = {}
     for r in records:
         if r["kind"] == "chunked_gemm":
             ch.setdefault((r["name"], r["m"], r["world"], r["dtype"]), {})[r["variant"]] = r["median_s"]
-    g, gc, g2 = [], [], []
+    shapes = {(r["name"], r["m"], r["dtype"]): (r["n"], r["k"]) for r in records if r["kind"] == "gemm"}
+    g, gc, g2, tm = [], [], [], []
     for (name, m, w, dt), v in ch.items():
         pair = gem.get((name, 2 * m // w, dt))
         if "one_stream" in v and "two_streams" in v and pair is not None:
             g.append(v["one_stream"] / w)
             gc.append(v["two_streams"] / w)
             g2.append(pair)
+            n, k = shapes.get((name, 2 * m // w, dt), (0, 0))
+            b = {"fp8": 1.0, "bf16": 2.0, "fp32": 4.0}.get(dt, 2.0)
+            bw = (prior or {}).get("memory.hbm_bw_bytes_per_s", float("inf")) * (prior or {}).get("gemm.mem_efficiency", 1.0)
+            tm.append(F.gemm_bytes(m / w, n, k, b, b, b) / bw)
     if len(g) < 2:
         return {}, {}
-    g, gc, g2 = map(np.array, (g, gc, g2))
-    return fit_log_space(lambda x: np.log(F.t_chunk_concurrent_s(g, g2, x[0]) / gc), [0.3], [0.0], [1.0],
+    g, gc, g2, tm = map(np.array, (g, gc, g2, tm))
+    return fit_log_space(lambda x: np.log(F.t_chunk_concurrent_s(tm, g, g2, 0.0, x[0]) / gc), [0.3], [0.0], [1.0],
                 ["asynctp.stream_concurrency"])
 
 
@@ -122,14 +129,14 @@ def fit_collective(records, impl, world):
     """(latency_s, bus_bw_bytes_per_s) of one collective at one world size (nccl-tests busBW convention)."""
     rs = [r for r in records if r["kind"] == "collective" and r["impl"] == impl and r["world"] == world]
     op = rs[0].get("op", impl) if rs else impl
-    return fit_latency_bandwidth(rs, 2.0 * (world - 1) / world if op == "all_reduce" else (world - 1) / world)
+    return fit_latency_bandwidth(rs, float(F.bus_bw_factor("all_reduce" if op == "all_reduce" else "all_gather", world)))
 
 
 def fit_single_device(records, prior, gemm_dtype):
     """All single-device fits; returns (params, residuals)."""
     params, residuals = {}, {}
     for name, (p, r) in (("gemm", fit_gemm(records, prior, gemm_dtype)), ("memory", fit_memory(records, prior)),
-                         ("concurrency", fit_concurrency(records)), ("interference", fit_interference(records))):
+                         ("concurrency", fit_concurrency(records, prior)), ("interference", fit_interference(records))):
         params.update(p)
         if r:
             residuals[name] = r

@@ -113,14 +113,19 @@ def _stop_interrupted(procs) -> None:
             return
 
 
+def require_launcher(device: str, what: str) -> None:
+    """--device cuda runs one rank per GPU under torchrun: say how, before anything else is checked."""
+    if device == "cuda" and not under_torchrun():
+        raise TpcostError(f"{what} --device cuda runs under torchrun: "
+                          f"torchrun --nproc-per-node=TP --no-python tpcost {what} --device cuda ...")
+
+
 def run(target, args, device: str, nproc: int, what: str, wall_timeout_s: float) -> None:
     """Run target(args) on every rank: in this process under torchrun, else in `nproc` spawned CPU workers."""
     if under_torchrun():
         target(args)
         return
-    if device == "cuda":
-        raise TpcostError(f"{what} --device cuda runs under torchrun: "
-                          f"torchrun --nproc-per-node=TP --no-python tpcost {what} --device cuda ...")
+    require_launcher(device, what)
     if nproc < 1:
         raise TpcostError("--nproc must be >= 1")
     ctx = mp.get_context("spawn")

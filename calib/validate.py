@@ -161,6 +161,7 @@ def run(args) -> int:
 
     from . import launch
 
+    launch.require_launcher(args.device, "validate")
     launch.check_environment()
     load_profile(args.gpu)
     shape = load_model(args.model)

@@ -55,11 +55,11 @@ def fit_alpha_beta(msg_bytes, t_s, factor):
 
 
 def ar_factor(w):
-    return 2.0 * (w - 1) / w
+    return float(F.bus_bw_factor("all_reduce", w))
 
 
 def ag_factor(w):
-    return (w - 1) / w
+    return float(F.bus_bw_factor("all_gather", w))
 
 
 def _ms(v):
