@@ -21,7 +21,9 @@ from pathlib import Path
 SHAPES = [("70b_tp4_qkv", 2560, 8192), ("70b_tp4_o", 8192, 2048), ("70b_tp4_gate_up", 14336, 8192),
           ("70b_tp4_down", 8192, 7168), ("70b_tp8_qkv", 1280, 8192), ("70b_tp8_down", 8192, 3584)]
 MS = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
-CHUNK_MS = [1024, 2048, 4096, 8192]
+# M/W from 32 to 4096 rows: the small-chunk regime (64-512 rows, weights far larger than L2) where every chunk
+# re-streams its weights and two streams can only recover compute quantisation (docs/model.md §6)
+CHUNK_MS = [256, 512, 1024, 2048, 4096, 8192]
 WORLDS = [2, 4, 8]
 MEM_SIZES = [2**p for p in range(10, 29, 2)]  # 1 KiB .. 256 MiB
 

@@ -18,6 +18,7 @@ import os
 
 logger = logging.getLogger("vllm.tpcost")
 _MARK = "_tpcost_wrapped"
+APPLY_TIMES_S: list[float] = []  # wall time of each _apply call in this process (benchmarks/vllm_plugin_overhead.py)
 
 
 def register() -> None:
@@ -60,6 +61,16 @@ def _dtype_mode(model_config) -> str:
 
 def _apply(cfg) -> None:
     """Set pass_config.sp_min_token_num from tpcost when SP is on and the value is unset. Never raises."""
+    import time
+
+    t0 = time.perf_counter()
+    try:
+        _apply_inner(cfg)
+    finally:
+        APPLY_TIMES_S.append(time.perf_counter() - t0)
+
+
+def _apply_inner(cfg) -> None:
     try:
         if os.environ.get("TPCOST_DISABLE", "") not in ("", "0"):
             return
