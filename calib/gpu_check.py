@@ -57,16 +57,11 @@ def provenance(device_name=None):
     return prov
 
 
-def prior_for(device_name: str):
-    """The built-in profile whose device_name_patterns match this GPU (h200-sxm if none matches)."""
-    from costmodel.profile import builtin_profile_names, load_profile
+def prior_for(device_name: str, capability: str | None = None):
+    """The built-in profile matching this GPU (costmodel.profile.match_profile; h200-sxm if none matches)."""
+    from costmodel.profile import load_profile, match_profile
 
-    for name in builtin_profile_names():
-        p = load_profile(name)
-        pats = p.attrs.get("identity.device_name_patterns", "")
-        if any(s and s in device_name for s in pats.split("|")):
-            return p
-    return load_profile("h200-sxm")
+    return load_profile(match_profile(device_name, capability) or "h200-sxm")
 
 
 def main(argv=None) -> int:

@@ -67,6 +67,15 @@ def expected_time_by_threshold_s(t_off_s, t_on_s, weights, margin: float):
     return below + above
 
 
+def best_split(cost, prefer_larger: bool):
+    """Index of the smallest expected time over the split points (..., n+1); ties to the larger index or the
+    smaller one. The one argmin both decisions share (the SP cutoff and the FlashInfer fusion limit)."""
+    cost = np.where(np.isfinite(cost), cost, np.inf)
+    if prefer_larger:
+        return cost.shape[-1] - 1 - np.argmin(cost[..., ::-1], axis=-1)
+    return np.argmin(cost, axis=-1)
+
+
 def decide_cutoff(grid: np.ndarray, t_off_s, t_on_s, margin: float, weights=None):
     """The threshold that minimises the expected forward time over the workload (docs/model.md §9).
 
@@ -74,15 +83,28 @@ def decide_cutoff(grid: np.ndarray, t_off_s, t_on_s, margin: float, weights=None
     ties go to the larger c. For (draws, n) inputs returns a float array (inf = never)."""
     w = uniform_workload(grid) if weights is None else weights
     cost = expected_time_by_threshold_s(t_off_s, t_on_s, w, margin)
-    cost = np.where(np.isfinite(cost), cost, np.inf)
-    # ties to the larger c: search the reversed candidates (never first) for the first minimum
-    rev = cost[..., ::-1]
-    i = cost.shape[-1] - 1 - np.argmin(rev, axis=-1)
+    i = best_split(cost, prefer_larger=True)
     cands = np.append(grid, np.inf)
     vals = cands[i]
     if np.ndim(vals) == 0:
         return None if np.isinf(vals) else int(vals)
     return vals
+
+
+def decide_fusion_limit(grid: np.ndarray, t_fused_s, t_unfused_s, margin: float, weights=None,
+                        cap_tokens: int | None = None) -> int:
+    """The FlashInfer fused all-reduce+RMSNorm limit (tokens) by the same rule as the SP cutoff: steps with
+    N ≤ c pay (1+margin)·t_fused, the rest t_unfused; c minimises the expected time over the workload (0 =
+    fusion off); ties go to the smaller c; never above `cap_tokens` (vLLM's own limit: FlashInfer's workspace
+    is sized by it, docs/model.md §9)."""
+    w = uniform_workload(grid) if weights is None else weights
+    t_f = np.asarray(t_fused_s, dtype=float)
+    t_u = np.asarray(t_unfused_s, dtype=float)
+    if cap_tokens is not None:  # beyond vLLM's limit the fused kernel is not a candidate
+        t_f = np.where(grid <= cap_tokens, t_f, np.inf)
+    cost = expected_time_by_threshold_s(t_f * (1.0 + margin), t_u, w, 0.0)
+    i = int(best_split(cost, prefer_larger=False))
+    return 0 if i == 0 else int(grid[i - 1])
 
 
 def decision_value(grid, t_off_s, t_on_s, margin, cutoff, weights=None, vllm_default=None) -> dict:
@@ -126,14 +148,15 @@ def perturbed_values(profile: HardwareProfile, draws: int, seed: int) -> dict[st
     return out
 
 
-def cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, draws=BAND_DRAWS, seed=BAND_SEED, weights=None):
+def cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, draws=BAND_DRAWS, seed=BAND_SEED, weights=None,
+                fi_max_bytes=None):
     """5th–95th percentile of the cutoff decision over a fixed-seed Monte Carlo of the profile (never = +inf)."""
     vals = perturbed_values(profile, draws, seed)
     cuts = []
     for lo in range(0, draws, BAND_CHUNK):
         chunk = {k: v[lo:lo + BAND_CHUNK] for k, v in vals.items()}
         prof = profile.with_values(chunk, mark_modified=False)
-        pred = predict(prof, shape, tp, dtype, grid, seq_len)
+        pred = predict(prof, shape, tp, dtype, grid, seq_len, fi_max_bytes=fi_max_bytes)
         cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights))
     c = np.concatenate(cuts)
     lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
@@ -157,7 +180,8 @@ def model_inputs(profile: HardwareProfile, tp: int) -> list[str]:
     return keys
 
 
-def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, base_cutoff, weights=None) -> list[dict]:
+def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, base_cutoff, weights=None,
+                       fi_max_bytes=None) -> list[dict]:
     """One at a time, each model input × e^(−σ) and × e^(+σ) (σ of its tier; efficiencies capped at 1): the
     cutoff with each. Returned for the inputs that move it away from `base_cutoff` (the profile's own),
     largest move first ("never" = beyond the grid)."""
@@ -170,7 +194,8 @@ def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, base_cu
         for i, (k, sign) in enumerate(part):
             row = vals.setdefault(k, np.full((len(part), 1), profile.params[k].value))
             row[i, 0] = perturbed(profile, k, sign)
-        pred = predict(profile.with_values(vals, mark_modified=False), shape, tp, dtype, grid, seq_len)
+        pred = predict(profile.with_values(vals, mark_modified=False), shape, tp, dtype, grid, seq_len,
+                       fi_max_bytes=fi_max_bytes)
         cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights))
     c = np.concatenate(cuts)
     beyond = grid[-1] + tp
@@ -194,10 +219,12 @@ def display_tokens(max_tokens: int = 65536) -> np.ndarray:
 
 def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *, seq_len: int = 1024,
             max_num_batched_tokens: int = 8192, margin: float = 0.02, band: bool = True,
-            display_max_tokens: int = 65536, tokens=None, workload=None) -> Analysis:
+            display_max_tokens: int = 65536, tokens=None, workload=None, fi_max_bytes=None) -> Analysis:
     """Cutoff decision, band and a table at `tokens` (default: powers of two up to display_max_tokens, plus the
     cutoff). `workload` (costmodel.workload.Workload; default uniform over the multiples of tp) is the traffic
-    the decision serves; its histogram buckets are spread uniformly, and the other spreads are reported."""
+    the decision serves; its histogram buckets are spread uniformly, and the other spreads are reported.
+    `fi_max_bytes`: the FlashInfer fusion limit vLLM will run with (None: its table; 0: fusion off)."""
+    kw = {"fi_max_bytes": fi_max_bytes}
     if tokens is not None and (len(tokens) == 0 or any(int(t) != t or t <= 0 for t in tokens)):
         raise TpcostError("--tokens: token counts N must be integers > 0")
     if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
@@ -210,18 +237,18 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
         from .workload import SPREADS, grid_weights
 
         weights = grid_weights(workload, grid, "uniform")
-    pred = predict(profile, shape, tp, dtype, grid, seq_len)
+    pred = predict(profile, shape, tp, dtype, grid, seq_len, **kw)
     t_tp, t_spa = pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp")
     if workload is not None and workload.buckets:
         by_spread = {sp: decide_cutoff(grid, t_tp, t_spa, margin, grid_weights(workload, grid, sp)) for sp in SPREADS}
     cut = decide_cutoff(grid, t_tp, t_spa, margin, weights)
     sp_cut = decide_cutoff(grid, t_tp, pred.t_forward_s("sp"), margin, weights)
-    band_v = cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, weights=weights) if band else None
-    sens = cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, cut, weights) if band else None
+    band_v = cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, weights=weights, **kw) if band else None
+    sens = cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, cut, weights, **kw) if band else None
     shown = display_tokens(display_max_tokens) if tokens is None else np.unique(np.asarray(tokens, dtype=float))
     if cut is not None:
         shown = np.union1d(shown, [cut])
-    table = predict(profile, shape, tp, dtype, shown, seq_len)
+    table = predict(profile, shape, tp, dtype, shown, seq_len, **kw)
     bd = None
     if cut is not None:
         i = int(np.searchsorted(grid, cut))

@@ -48,8 +48,9 @@ def fraction(name, lo=0.0, hi=1.0):
 _tokens = bounded_int("token count", 1, MAX_TOKENS, f"at most 2^20 = {MAX_TOKENS} points fit a sweep in memory")
 
 
-def add_shape_args(p, gpu_help="built-in GPU profile name or a profile .toml path"):
-    p.add_argument("--gpu", default=DEFAULT_GPU, help=f"{gpu_help} (default {DEFAULT_GPU})")
+def add_shape_args(p, gpu_help="built-in GPU profile name, a profile .toml path, or 'auto' (the local GPU; "
+                                "$TPCOST_PROFILE overrides)", default_gpu=DEFAULT_GPU):
+    p.add_argument("--gpu", default=default_gpu, help=f"{gpu_help} (default {default_gpu})")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in model name or a config.json path (default {DEFAULT_MODEL})")
     p.add_argument("--tp", type=bounded_int("--tp", 1, MAX_TP, "tensor-parallel sizes beyond that are not built"),
                    default=DEFAULT_TP, help=f"tensor-parallel size (default {DEFAULT_TP})")
@@ -61,6 +62,9 @@ def add_shape_args(p, gpu_help="built-in GPU profile name or a profile .toml pat
                    help="vLLM's token budget (default 8192)")
     p.add_argument("--margin", type=fraction("--margin"), default=0.02,
                    help="required speedup margin above 1, in [0, 1) (default 0.02)")
+    p.add_argument("--fi-allreduce-fusion-max-size-mb", type=fraction("--fi-allreduce-fusion-max-size-mb", 0.0, 1e6),
+                   metavar="MB", help="vLLM's PassConfig value to predict with (0: fuse_allreduce_rms off; default: "
+                   "vllm-config decides it, whatif uses vLLM's own table)")
     p.add_argument("--workload", metavar="FILE", help="your traffic: a scrape of vLLM's /metrics "
                    "(vllm:iteration_tokens_total) or a CSV num_tokens,count (default: uniform over the multiples of tp)")
     p.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE",
@@ -71,6 +75,10 @@ def resolve_inputs(args):
     from .profile import load_profile, parse_set, with_overrides
     from .shapes import check_dtype, load_model
 
+    if args.gpu == "auto":
+        from .profile import detect_profile_name
+
+        args.gpu = detect_profile_name()
     prof = load_profile(args.gpu)
     overrides = parse_set(args.set)
     shape = load_model(args.model)
@@ -80,6 +88,12 @@ def resolve_inputs(args):
         prof = with_overrides(prof, overrides)
         check_overrides_take_effect(prof, overrides, shape, args)
     return prof, shape
+
+
+def fi_max_bytes_arg(args):
+    """--fi-allreduce-fusion-max-size-mb as vLLM converts it (int(MB·MiB) bytes); None when not given."""
+    mb = getattr(args, "fi_allreduce_fusion_max_size_mb", None)
+    return None if mb is None else float(int(mb * 1024 * 1024))
 
 
 def load_workload_arg(args):
@@ -131,7 +145,7 @@ def cmd_whatif(args) -> int:
         return _print_ops(prof, shape, args)
     a = analyse(prof, shape, args.tp, args.dtype, seq_len=args.seq_len,
                 max_num_batched_tokens=args.max_num_batched_tokens, margin=args.margin, band=not args.no_band,
-                tokens=args.tokens, workload=load_workload_arg(args))
+                tokens=args.tokens, workload=load_workload_arg(args), fi_max_bytes=fi_max_bytes_arg(args))
     out = analysis_json(a)
     if args.plot:
         from .plot import plot_whatif
@@ -208,7 +222,8 @@ def _print_ops(prof, shape, args) -> int:
     from .analysis import ops_view
     from .model import predict
 
-    pred = predict(prof, shape, args.tp, args.dtype, [float(args.ops)], seq_len=args.seq_len)
+    pred = predict(prof, shape, args.tp, args.dtype, [float(args.ops)], seq_len=args.seq_len,
+                   fi_max_bytes=fi_max_bytes_arg(args))
     view = ops_view(pred)
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "gpu": prof.name, "model": shape.name, "tp": args.tp,

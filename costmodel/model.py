@@ -119,11 +119,13 @@ def cudagraph_max_tokens_default(profile: HardwareProfile) -> int:
 
 
 def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens,
-            seq_len: int = 1024, cudagraph_max_tokens: int | None = None) -> Prediction:
+            seq_len: int = 1024, cudagraph_max_tokens: int | None = None, fi_max_bytes=None) -> Prediction:
     """Per-op times of tp / sp / sp_asynctp for one forward over token counts `num_tokens`.
 
     Forwards of N ≤ cudagraph_max_tokens replay CUDA graphs (no host cost); larger ones run eagerly,
-    where torch's Python AsyncTP pipeline and every other op are issued by the host."""
+    where torch's Python AsyncTP pipeline and every other op are issued by the host. `fi_max_bytes` is
+    the FlashInfer fused all-reduce+RMSNorm limit vLLM runs with (None: the profile's vLLM table; 0: the
+    fusion pass off, `fuse_allreduce_rms: false`)."""
     check_dtype(dtype)
     shape.check_tp(tp)
     if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
@@ -196,7 +198,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
 
     # ---------------------------------------------------------------- tp
     msg = N * (H * act)
-    t_ar, fused_mask, impls = ops.all_reduce_dispatch(hw, msg, W, True)
+    t_ar, fused_mask, impls = ops.all_reduce_dispatch(hw, msg, W, True, fi_max_bytes=fi_max_bytes)
     lat_ar = ops.all_reduce_dispatch.last_latency_s
     norm_bytes = np.where(fused_mask, 0.0, F.rms_norm_bytes(N, H, act, mode.quant_bytes))
     t_norm_unfused = np.where(fused_mask, 0.0, hw.t_mem(norm_bytes))

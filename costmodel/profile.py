@@ -408,3 +408,62 @@ def parse_set(items: list[str]) -> dict[str, float]:
             raise TpcostError(f"--set {key.strip()} given twice")
         out[key.strip()] = fv
     return out
+
+
+def match_profile(device_name: str, capability: str | None = None) -> str | None:
+    """The built-in profile for a device: the first whose device_name_patterns occur in its name, else the one
+    with the same compute capability ('major.minor'); None if neither matches. The one matching rule (the CLI,
+    the vLLM plugin and calib's single-GPU check all use it)."""
+    profiles = [load_profile(n) for n in builtin_profile_names()]
+    for p in profiles:
+        pats = [s for s in p.attrs.get("identity.device_name_patterns", "").split("|") if s]
+        if any(s in device_name for s in pats):
+            return p.name
+    for p in profiles:
+        if capability and p.attrs.get("identity.compute_capability") == capability:
+            return p.name
+    return None
+
+
+def _local_device():
+    """(device name, 'major.minor') of GPU 0 via vLLM's platform if importable, else torch; (None, None) if none.
+    Imported only when called: `--gpu auto` is the one path of costmodel that asks the machine."""
+    try:
+        from vllm.platforms import current_platform
+
+        cap = current_platform.get_device_capability()
+        if cap is not None:
+            return current_platform.get_device_name(), f"{cap.major}.{cap.minor}"
+    except Exception:  # noqa: BLE001 - vllm absent or no device
+        pass
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(0)
+            return torch.cuda.get_device_name(0), f"{major}.{minor}"
+    except Exception:  # noqa: BLE001
+        pass
+    return None, None
+
+
+def detect_profile_name() -> str:
+    """`--gpu auto`: $TPCOST_PROFILE (checked), else the built-in profile matching the local GPU; one clear error
+    without a GPU."""
+    import os
+
+    env = os.environ.get("TPCOST_PROFILE")
+    if env:
+        try:
+            load_profile(env)
+        except TpcostError as e:
+            raise TpcostError(f"TPCOST_PROFILE={env!r}: {e}") from None
+        return env
+    name, cap = _local_device()
+    if name is None:
+        raise TpcostError("--gpu auto: no GPU visible here; pass --gpu NAME or set TPCOST_PROFILE")
+    found = match_profile(name, cap)
+    if found is None:
+        raise TpcostError(f"--gpu auto: no built-in profile for {name!r} (cc {cap}); run `tpcost calibrate` and set "
+                          "TPCOST_PROFILE")
+    return found

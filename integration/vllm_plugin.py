@@ -1,13 +1,16 @@
 """vLLM general plugin (entry point `tpcost` in group `vllm.general_plugins`).
 
-Once loaded, whenever SP/AsyncTP is enabled and `pass_config.sp_min_token_num` is unset, the value comes
-from tpcost for the local GPU and this model, set before vLLM computes its own default: the wrapper runs
-ahead of `VllmConfig.__post_init__`, where it sees the whole config (hidden, intermediate, heads,
-quantisation, tp, max_num_batched_tokens). See docs/vllm-plugin.md for why this hook.
+Once loaded, the wrapper runs ahead of `VllmConfig.__post_init__`, where it sees the whole config (hidden,
+intermediate, heads, quantisation, tp, max_num_batched_tokens) and sets, for the local GPU and this model:
+- the FlashInfer all-reduce+RMSNorm fusion range (`pass_config.fi_allreduce_fusion_max_size_mb`) when the
+  user left it unset and did not turn the fusion off, on every version;
+- on vLLM <= 0.31, also `pass_config.sp_min_token_num` whenever SP/AsyncTP is enabled and it is unset,
+  computed with the fusion range vLLM will actually run (the user's own, or the one set here).
+See docs/vllm-plugin.md for why this hook.
 
-Rules: idempotent (a process may load plugins several times); no effect when SP is off or the user set
-a value; TPCOST_DISABLE=1 opts out; never raises into vLLM (any failure: one warning, vLLM's default
-stands); on vLLM >= 0.32 (no SP pass) one info line and nothing else.
+Rules: idempotent (a process may load plugins several times); a user value always wins; TPCOST_DISABLE=1
+opts out; TPCOST_WORKLOAD=FILE decides for that traffic; never raises into vLLM (any failure: one warning,
+vLLM's default stands); one log line.
 """
 
 from __future__ import annotations
@@ -28,11 +31,7 @@ def register() -> None:
             logger.info("tpcost: disabled by TPCOST_DISABLE")
             return
         from vllm.config import VllmConfig
-        from vllm.config.compilation import PassConfig
 
-        if "sp_min_token_num" not in getattr(PassConfig, "__dataclass_fields__", {}):
-            logger.info("tpcost: this vLLM has no sequence-parallelism pass (removed in 0.32): nothing to tune")
-            return
         original = VllmConfig.__post_init__
         if getattr(original, _MARK, False):
             return
@@ -77,10 +76,11 @@ def _apply_inner(cfg) -> None:
         if os.environ.get("TPCOST_PLUGIN_FAIL_FOR_TEST") == "1":
             raise RuntimeError("injected failure (TPCOST_PLUGIN_FAIL_FOR_TEST=1)")
         pc = cfg.compilation_config.pass_config
-        if not (pc.enable_sp or pc.fuse_gemm_comms) or pc.sp_min_token_num is not None:
-            return
+        has_sp = hasattr(pc, "sp_min_token_num")  # vLLM <= 0.31
+        want_sp = has_sp and bool(pc.enable_sp or pc.fuse_gemm_comms) and pc.sp_min_token_num is None
+        want_fi = pc.fuse_allreduce_rms is not False and pc.fi_allreduce_fusion_max_size_mb is None
         tp = cfg.parallel_config.tensor_parallel_size
-        if tp <= 1 or cfg.model_config is None:
+        if tp <= 1 or cfg.model_config is None or not (want_sp or want_fi):
             return
         from costmodel.profile import load_profile
         from costmodel.shapes import shape_from_config
@@ -96,21 +96,33 @@ def _apply_inner(cfg) -> None:
             from costmodel.workload import read_workload
 
             workload = read_workload(os.environ["TPCOST_WORKLOAD"])
-        r = recommend(prof, shape, tp, _dtype_mode(mc), int(max_tokens), workload=workload)
-        if r.enable:
-            pc.sp_min_token_num = r.cutoff_tokens
-            logger.info("tpcost: sp_min_token_num=%d (predicted SP+AsyncTP speedup %.3fx at the cutoff, %.3fx at %d "
-                        "tokens; %s; profile %s, provenance tier %s)", r.cutoff_tokens, r.speedup_at_cutoff,
-                        r.speedup_at_max_tokens, r.max_num_batched_tokens, r.saving_line(), r.profile_name,
-                        r.profile_tier)
-        else:
-            # no gain predicted up to max_num_batched_tokens: SP would only cost (full graphs, padding), so turn it
-            # off the way vLLM does when its own table has no value (docs/vllm-plugin.md)
-            pc.enable_sp = False
-            pc.fuse_gemm_comms = False
-            logger.info("tpcost: SP+AsyncTP disabled: never predicted to gain up to %d tokens (%.3fx there; profile %s, "
-                        "provenance tier %s); set pass_config.sp_min_token_num to force it", r.max_num_batched_tokens,
-                        r.speedup_at_max_tokens, r.profile_name, r.profile_tier)
+        r = recommend(prof, shape, tp, _dtype_mode(mc), int(max_tokens), workload=workload,
+                      vllm_version=(0, 31) if has_sp else (0, 32), user_fuse_allreduce_rms=pc.fuse_allreduce_rms,
+                      user_fi_max_mb=pc.fi_allreduce_fusion_max_size_mb)
+        said = []
+        if want_fi and r.fusion is not None and r.fusion.why == "decided":
+            if r.fusion.tokens == 0:
+                if pc.fuse_allreduce_rms is None:
+                    pc.fuse_allreduce_rms = False
+                    said.append("fuse_allreduce_rms=False (the fused all-reduce+RMSNorm never wins here)")
+            else:
+                pc.fi_allreduce_fusion_max_size_mb = r.fusion.mb
+                said.append(f"fi_allreduce_fusion_max_size_mb={r.fusion.mb:.6g} (fused up to {r.fusion.tokens} tokens)")
+        if want_sp:
+            if r.enable:
+                pc.sp_min_token_num = r.cutoff_tokens
+                said.append(f"sp_min_token_num={r.cutoff_tokens} (predicted SP+AsyncTP speedup {r.speedup_at_cutoff:.3f}x "
+                            f"at the cutoff, {r.speedup_at_max_tokens:.3f}x at {r.max_num_batched_tokens} tokens; "
+                            f"{r.saving_line()})")
+            else:
+                # no gain predicted up to max_num_batched_tokens: SP would only cost (full graphs, padding), so turn
+                # it off the way vLLM does when its own table has no value (docs/vllm-plugin.md)
+                pc.enable_sp = False
+                pc.fuse_gemm_comms = False
+                said.append(f"SP+AsyncTP disabled: never predicted to gain up to {r.max_num_batched_tokens} tokens "
+                            f"({r.speedup_at_max_tokens:.3f}x there); set pass_config.sp_min_token_num to force it")
+        if said:
+            logger.info("tpcost: %s; profile %s, provenance tier %s", "; ".join(said), r.profile_name, r.profile_tier)
     except Exception as e:  # noqa: BLE001
-        logger.warning("tpcost: could not compute sp_min_token_num (%s: %s); vLLM's default applies",
+        logger.warning("tpcost: could not compute the pass config (%s: %s); vLLM's defaults apply",
                        type(e).__name__, e)

@@ -14,14 +14,24 @@ import pytest
 from integration.cli import main
 
 vllm = pytest.importorskip("vllm")
+from integration.recommend import installed_vllm_version  # noqa: E402
+
+if (installed_vllm_version()[0] or (0, 0)) >= (0, 32):
+    pytest.skip("vLLM 0.31 tests (this venv has a later vLLM: tests/test_vllm032.py)", allow_module_level=True)
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(ROOT / "tests" / "fixtures" / "llama-h8192-tiny")
 
 
-def _whatif_cutoff(capsys, tp):
-    assert main(["whatif", "--gpu", "h100-sxm", "--model", MODEL, "--tp", str(tp), "--max-num-batched-tokens", "8192",
-                 "--no-band", "--json"]) == 0
-    return json.loads(capsys.readouterr().out)["cutoff_tokens"]
+def _config(capsys, tp, model=MODEL):
+    """`tpcost vllm-config` for vLLM 0.31: its pass_config, and whatif's cutoff for exactly that config."""
+    assert main(["vllm-config", "--gpu", "h100-sxm", "--model", model, "--tp", str(tp), "--vllm-version", "0.31",
+                 "--max-num-batched-tokens", "8192", "--format", "json"]) == 0
+    pc = json.loads(capsys.readouterr().out)["pass_config"]
+    mb = pc.get("fi_allreduce_fusion_max_size_mb", 0.0 if pc.get("fuse_allreduce_rms") is False else None)
+    argv = ["whatif", "--gpu", "h100-sxm", "--model", model, "--tp", str(tp), "--max-num-batched-tokens", "8192",
+            "--no-band", "--json"] + ([] if mb is None else ["--fi-allreduce-fusion-max-size-mb", repr(mb)])
+    assert main(argv) == 0
+    return pc, json.loads(capsys.readouterr().out)["cutoff_tokens"]
 
 
 @pytest.fixture(scope="module")
@@ -50,15 +60,17 @@ def scenarios():
 @pytest.mark.parametrize("tp", [2, 4])
 def test_plugin_value_is_whatif_cutoff_and_ranges_split(scenarios, capsys, tp):
     res, log, _, _ = scenarios
-    cut = _whatif_cutoff(capsys, tp)
+    pc, cut = _config(capsys, tp)
+    assert pc.get("sp_min_token_num") == cut  # vllm-config's cutoff is whatif's for the config it emits
     got = res[f"plugin_tp{tp}"]
+    assert got["fi_allreduce_fusion_max_size_mb"] == pc.get("fi_allreduce_fusion_max_size_mb")
     if cut is None:
         assert got["enable_sp"] is False
     else:
         assert got["enable_sp"] is True and got["fuse_gemm_comms"] is True
         assert got["sp_min_token_num"] == cut
         assert cut - 1 in got["endpoints"]
-    assert f"tpcost: sp_min_token_num={cut}" in log or cut is None
+    assert f"sp_min_token_num={cut} (" in log or cut is None
 
 
 def test_user_value_and_sp_off_untouched(scenarios):
@@ -72,7 +84,7 @@ def test_injected_failure_and_disable_leave_vllm_default(scenarios):
     for key in ("injected_failure_tp2", "disabled_tp2"):
         # vLLM's own table has no value on this platform: it disables SP ("hidden_size too small")
         assert res[key]["enable_sp"] is False and res[key]["sp_min_token_num"] is None, key
-    assert "tpcost: could not compute sp_min_token_num (RuntimeError: injected failure" in log
+    assert "tpcost: could not compute the pass config (RuntimeError: injected failure" in log
 
 
 def test_vllm_config_json_accepted_by_compilation_config(scenarios, capsys):
@@ -82,8 +94,8 @@ def test_vllm_config_json_accepted_by_compilation_config(scenarios, capsys):
     assert res["vllm_config_json_accepted"] == [json.loads(j)["pass_config"] for j in jsons]
     assert {k for j in jsons for k in json.loads(j)["pass_config"]} >= {
         "enable_sp", "fuse_gemm_comms", "sp_min_token_num", "fi_allreduce_fusion_max_size_mb", "fuse_allreduce_rms"}
-    assert main(["whatif", "--gpu", "h100-sxm", "--model", "llama-3.1-70b", "--tp", "4", "--json", "--no-band"]) == 0
-    assert json.loads(capsys.readouterr().out)["cutoff_tokens"] == d["pass_config"]["sp_min_token_num"]
+    pc, cut = _config(capsys, 4, "llama-3.1-70b")
+    assert pc == d["pass_config"] and cut == d["pass_config"]["sp_min_token_num"]
 
 
 def test_gpu_auto_detects_from_platform_name_and_capability(monkeypatch):

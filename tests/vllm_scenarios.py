@@ -17,6 +17,8 @@ def build(tp, cc):
                      max_num_batched_tokens=8192, compilation_config=cc).create_engine_config()
     pc = cfg.compilation_config.pass_config
     return {"enable_sp": pc.enable_sp, "fuse_gemm_comms": pc.fuse_gemm_comms, "sp_min_token_num": pc.sp_min_token_num,
+            "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb,
+            "fuse_allreduce_rms": pc.fuse_allreduce_rms,
             "endpoints": sorted(cfg.compilation_config.compile_ranges_endpoints or [])}
 
 

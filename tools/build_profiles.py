@@ -82,6 +82,8 @@ SM90 = dict(fi={2: 64, 4: 2, 8: 0.5}, fi_oneshot={2: 32, 4: 2, 8: 0.5}, custom={
             symm={2: 64, 4: 32, 6: 64, 8: 64}, multimem_ws=(4, 6, 8))
 SM100 = dict(fi={2: 64, 4: 32, 8: 1}, fi_oneshot={2: 32, 4: 4, 8: 1}, custom={2: 2, 4: 2, 6: 1, 8: 1},
              symm={2: 8, 4: 32, 6: 128, 8: 128}, multimem_ws=(6, 8))
+SM103 = dict(fi={2: 64, 4: 64, 8: 4}, fi_oneshot={2: 32, 4: 4, 8: 2}, custom={2: 4, 4: 4, 6: 8, 8: 4},
+             symm={2: 4, 4: 32, 6: 32, 8: 64}, multimem_ws=(6, 8))  # vLLM's own sm_103 entries (B300)
 PRE_HOPPER = dict(custom={2: 8, 4: 8, 6: 8, 8: 8})  # cc not in vLLM's tables: CustomAllreduce default 8 MiB
 
 
@@ -285,6 +287,7 @@ def b300():
     p["compute"]["peak_flops_per_s"] = sec(NV_B300 + "; fp32 non-tensor assumed as B200", "datasheet",
                                            bf16=2250e12, fp8=4500e12, fp32=75e12)
     p["memory"] = sec(NV_B300, "datasheet", hbm_bw_bytes_per_s=8e12)
+    p["vllm_dispatch"] = dispatch(**SM103, src=VLLM_AR + " (sm_103 entries)")
     for part in ("_efficiency", "_small_m"):
         p["gemm"][part]["source"] = "B200 value (same SM100 tensor cores): " + p["gemm"][part]["source"]
         p["gemm"][part]["tier"] = "assumed"
