@@ -1,6 +1,8 @@
 """tpcost's cutoffs vs the thresholds vLLM's maintainers derived from their H100/B200 measurements
-(VLLM_SP_THRESH in data/reference/components.csv). The model's parameters come from datasheets and
-component measurements; none is fitted to these thresholds.
+(VLLM_SP_THRESH in data/reference/components.csv), the FlashInfer fusion range vs vLLM's table per GPU x TP
+x hidden, and the fused AR+RMSNorm model against the published fused-kernel timings (VLLM_PR22086,
+VLLM_PR37756, TRTLLM_PR14534). The model's parameters come from datasheets and component measurements;
+none is fitted to these thresholds.
 
     python benchmarks/vllm_thresholds.py [--json benchmarks/results/vllm_thresholds.json]
 """
@@ -47,8 +49,99 @@ def main():
                      "cutoff_tokens": an.cutoff_tokens, "band": list(an.cutoff_band_tokens)})
         s8k = float(an.table.speedup_sp_asynctp[list(an.table.num_tokens).index(8192.0)])
         print(f"  tp {tp}: cutoff {an.cutoff_tokens}, band {list(an.cutoff_band_tokens)}, speedup at 8192 tokens {s8k:.3f}")
+    fusion = main_fusion()
     if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=2))
+        Path(a.json).write_text(json.dumps({"schema_version": 1, "sp_cutoffs": rows, **fusion}, indent=2) + "\n")
+
+
+
+
+# ------------------------------------------------------------------ issue: the FlashInfer fusion range (vLLM >= 0.32)
+
+FI_GPUS = ("h100-sxm", "h200-sxm", "b200", "b300")
+FI_MODELS = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b")  # hidden 4096, 8192, 16384
+
+
+def fusion_ranges():
+    """tpcost's fusion range (tokens, uniform workload, 2 % premium) beside vLLM's table, per GPU x TP x hidden."""
+    from costmodel import load_model, load_profile
+    from integration.recommend import decide_fusion
+
+    out = []
+    for gpu in FI_GPUS:
+        prof = load_profile(gpu)
+        for model in FI_MODELS:
+            shape = load_model(model)
+            for tp in (2, 4, 8):
+                f = decide_fusion(prof, shape, tp, "bf16", 8192, 0.02)
+                if f is None:
+                    continue
+                v = f.value
+                out.append({"gpu": gpu, "hidden": shape.hidden, "tp": tp, "vllm_tokens": f.vllm_default_tokens,
+                            "tpcost_tokens": f.tokens, "saving_vs_vllm_s_per_forward": v["vllm_default_s"] - v["expected_s"],
+                            "model": model})
+    return out
+
+
+def fused_kernel_check():
+    """The fused AR+RMSNorm model against the published fused-kernel timings: median |relative error| per source."""
+    import statistics
+
+    from costmodel import formulas as F
+    from costmodel import load_profile, ops
+
+    with open(ROOT / "data/reference/components.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    gpu_of = {"H100": "h100-sxm", "B300": "b300", "GB200": "gb200-nvl72"}
+    res = {}
+    for r in rows:
+        if r["source_id"] not in ("VLLM_PR22086", "VLLM_PR37756", "TRTLLM_PR14534"):
+            continue
+        if not ("fused" in r["workload"].lower() and r["hidden_size"] and r["M_or_tokens"]):
+            continue
+        prof = load_profile(next(v for k, v in gpu_of.items() if r["gpu"].startswith(k)))
+        tp, n, h = int(r["num_gpus"]), float(r["M_or_tokens"]), float(r["hidden_size"])
+        hw = ops.Hw(prof, "bf16")
+        msg = n * h * 2.0
+        scale = 1e-3 if r["unit"] == "ms" else 1e-6
+        cases = []
+        if r["source_id"] == "TRTLLM_PR14534":
+            impl = "flashinfer_ar_rmsnorm_twoshot" if "TWOSHOT" in r["workload"] else "flashinfer_ar_rmsnorm"
+            cases.append((impl, float(r["baseline_value"]) * scale, "in-sample" if impl == "flashinfer_ar_rmsnorm"
+                          else "out-of-sample"))
+        else:
+            cases.append(("flashinfer_ar_rmsnorm", float(r["overlap_value"]) * scale, "in-sample"))
+            cases.append(("standard", float(r["baseline_value"]) * scale, "out-of-sample"))
+        for impl, meas, sample in cases:
+            if impl == "standard":  # vLLM's next all-reduce + the RMSNorm kernel
+                t_ar, _, _ = ops.all_reduce_dispatch(hw, [msg], tp, False, fi_max_bytes=0)
+                pred = float(t_ar[0] + hw.t_mem(F.rms_norm_bytes(n, h, 2.0, 2.0)))
+            else:
+                if not prof.has_collective(impl):
+                    continue
+                lat, bw = prof.collective(impl, tp)
+                pred = float(F.t_all_reduce_s(msg, lat, bw, tp))
+            key = (r["source_id"], impl, sample)
+            res.setdefault(key, []).append(abs(pred - meas) / meas)
+    return [{"source": k[0], "kernel": k[1], "sample": k[2], "rows": len(v), "median_abs_rel_err": statistics.median(v),
+             "max_abs_rel_err": max(v)} for k, v in sorted(res.items())]
+
+
+def main_fusion(json_path=None):
+    fr = fusion_ranges()
+    print("\nFlashInfer fused all-reduce+RMSNorm range (tokens; vLLM >= 0.32 fi_allreduce_fusion_max_size_mb), "
+          "uniform workload to 8192 tokens, 2 % premium:")
+    print(f"  {'gpu':9s} {'hidden':>6s} {'tp':>3s} {'vLLM':>6s} {'tpcost':>7s} {'saves vs vLLM [ms/fwd]':>23s}")
+    for r in fr:
+        print(f"  {r['gpu']:9s} {r['hidden']:6d} {r['tp']:3d} {r['vllm_tokens']:6d} {r['tpcost_tokens']:7d} "
+              f"{r['saving_vs_vllm_s_per_forward'] * 1e3:23.3f}")
+    chk = fused_kernel_check()
+    print("\nfused-kernel model against the published fused AR+RMSNorm timings:")
+    print(f"  {'source':15s} {'kernel':30s} {'sample':14s} {'rows':>4s} {'median |rel err|':>17s} {'max':>6s}")
+    for c in chk:
+        print(f"  {c['source']:15s} {c['kernel']:30s} {c['sample']:14s} {c['rows']:4d} {c['median_abs_rel_err']:17.2f} "
+              f"{c['max_abs_rel_err']:6.2f}")
+    return {"fusion_ranges": fr, "fused_kernel_check": chk}
 
 
 if __name__ == "__main__":

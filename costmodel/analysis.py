@@ -40,6 +40,7 @@ class Analysis:
     asynctp_available: bool = True
     workload: str = ""  # what the decision was weighted by
     cutoff_by_spread: dict | None = None  # histogram workloads: the cutoff under each way of spreading a bucket
+    memory: dict | None = None  # memory_fit(): weights per GPU against the HBM capacity
 
 
 def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
@@ -256,9 +257,24 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     vllm_default = vllm_sp_min_token_num(profile.attrs.get("identity.vendor", ""),
                                          profile.attrs.get("identity.compute_capability", ""), shape.hidden, tp)
     value = decision_value(grid, t_tp, t_spa, margin, cut, weights, vllm_default)
+    memory = memory_fit(profile, shape, tp, dtype)
     return Analysis(profile, shape, tp, dtype, seq_len, max_num_batched_tokens, margin, cut, sp_cut, band_v,
                     table, bd, grid, pred.speedup_sp_asynctp, sens, vllm_default, value, pred.asynctp_available,
-                    "uniform over the multiples of tp" if workload is None else workload.name, by_spread)
+                    "uniform over the multiples of tp" if workload is None else workload.name, by_spread, memory)
+
+
+def memory_fit(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str) -> dict:
+    """Weights per GPU (at this TP and dtype) against the profile's HBM capacity (when it has one)."""
+    from . import formulas as F
+    from .ops import dtype_mode
+
+    w = float(F.weight_bytes_per_gpu(shape.params_per_gpu(tp), dtype_mode(dtype).gemm_in_bytes))
+    cap = profile.get("memory.hbm_capacity_bytes")
+    out = {"weights_per_gpu_bytes": w, "hbm_capacity_bytes": cap, "fits": None if cap is None else w <= cap}
+    if cap is not None and w > cap:
+        out["note"] = (f"{shape.name} does not fit: its {dtype} weights need {w / 1e9:.0f} GB per GPU at tp={tp}, "
+                       f"{profile.name} has {cap / 1e9:.0f} GB (the KV cache would need more); the times assume it fits")
+    return out
 
 
 def provenance(profile: HardwareProfile) -> dict:
@@ -285,6 +301,7 @@ def analysis_json(a: Analysis) -> dict:
         "decision_value": a.decision_value,
         "workload": a.workload,
         "cutoff_by_spread": a.cutoff_by_spread,
+        "memory": a.memory,
         "asynctp_available": a.asynctp_available,
         "notes": list(t.notes),
         "provenance": provenance(a.profile),

@@ -211,6 +211,8 @@ def cmd_whatif(args) -> int:
             print(f"  {k[:-2]:24s} {v * 1e3:+9.3f}")
     for n in a.table.notes:
         print(f"note: {n}")
+    if a.memory and a.memory.get("note"):
+        print(f"note: {a.memory['note']}")
     pv = out["provenance"]
     counts = ", ".join(f"{k} {v}" for k, v in pv["tier_counts"].items() if v)
     print(f"\nprovenance: profile {pv['profile']} ({pv['origin']}), weakest tier used: {pv['tier']}; values by tier: {counts}")
@@ -248,8 +250,43 @@ def _print_ops(prof, shape, args) -> int:
     return 0
 
 
+def _new_profile(args) -> int:
+    """profiles --new NAME --from PROFILE [--set ...] --out FILE: a profile for new hardware."""
+    from .io import atomic_write_text, check_output_path
+    from .profile import dump_profile, load_profile, parse_set, profile_from_dict, profile_to_tree, with_overrides
+
+    if not args.source:
+        raise TpcostError("profiles --new needs --from PROFILE (a built-in name or a .toml path)")
+    if not args.out:
+        raise TpcostError("profiles --new needs --out FILE.toml")
+    if not args.new.strip() or any(c in args.new for c in "\n\r\"'"):
+        raise TpcostError(f"profiles --new: {args.new!r} is not a usable profile name")
+    out = check_output_path(args.out, args.force, "--out", protect=(args.source,))
+    if out.suffix != ".toml":
+        raise TpcostError(f"--out {out}: a profile is a .toml file")
+    base = load_profile(args.source)
+    overrides = parse_set(args.set)
+    prof = with_overrides(base, overrides, source=f"--set when `tpcost profiles --new {args.new}` made this profile")
+    tree = profile_to_tree(prof, name=args.new)
+    tree["identity"]["display_name"] = f"{args.new} (from {base.name})"
+    profile_from_dict(tree, str(out))  # validates before writing
+    text = (f"# Written by `tpcost profiles --new {args.new} --from {args.source}`"
+            + (" " + " ".join(f"--set {x}" for x in args.set) if args.set else "") + ".\n"
+            "# Values given with --set and the ones derived from them are tier `assumed`; all others keep their source.\n"
+            + dump_profile(tree))
+    atomic_write_text(out, text)
+    derived = [k for k in prof.modified if k not in overrides]
+    print(f"wrote {out}: {args.new} from {base.name}; set {len(overrides)} value(s)"
+          + (f", {len(derived)} derived from them (they ride on the link)" if derived else "")
+          + f"; use it with `tpcost whatif --gpu {out}`")
+    return 0
+
+
 def cmd_profiles(args) -> int:
     from .profile import builtin_profile_names, load_profile
+
+    if args.new is not None:
+        return _new_profile(args)
 
     rows = []
     for name in builtin_profile_names():
@@ -309,6 +346,12 @@ def register(sub) -> None:
     p = sub.add_parser("profiles", help="list built-in GPU profiles with provenance")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--keys", metavar="NAME", help="list every quantity of one profile with its source")
+    p.add_argument("--new", metavar="NAME", help="write a new profile NAME from --from plus --set overrides to --out")
+    p.add_argument("--from", dest="source", metavar="PROFILE", help="the profile --new starts from (built-in or .toml)")
+    p.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE",
+                   help="with --new: override one quantity (the link's dependants are rescaled as whatif's --set does)")
+    p.add_argument("--out", metavar="FILE.toml", help="with --new: where to write the profile")
+    p.add_argument("--force", action="store_true", help="with --new: replace an existing --out")
     p.set_defaults(func=cmd_profiles)
     m = sub.add_parser("models", help="list built-in model shapes")
     m.add_argument("--json", action="store_true", help="print JSON instead of the table")

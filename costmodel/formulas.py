@@ -96,6 +96,16 @@ def t_reduce_scatter_s(in_bytes, latency_s, bus_bw_bytes_per_s, world):
     return t_all_gather_s(in_bytes, latency_s, bus_bw_bytes_per_s, world)
 
 
+def expected_experts_touched(tokens, top_k, num_experts):
+    """Distinct experts that N·k uniformly routed picks touch: E·(1 − (1 − k/E)^N) (count; docs §8)."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def weight_bytes_per_gpu(params_per_gpu, bytes_per_param):
+    """Weight memory of one rank: parameters on it · bytes per parameter (bytes)."""
+    return params_per_gpu * bytes_per_param
+
+
 # --------------------------------------------------------------------------- attention (§5)
 
 

@@ -186,11 +186,12 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
                     gemm("down_gemm", n, H, I_rank)]
         E, k = shape.num_experts, shape.experts_per_token
         flops = F.gemm_flops(n * k, 3 * I_rank, H)
-        w_bytes = np.minimum(E, n * k) * 3 * H * I_rank * hw.gemm_in_bytes
+        w_bytes = F.expected_experts_touched(n, k, E) * (3 * H * I_rank * hw.gemm_in_bytes)
         t_exp = hw.gemm["launch_overhead_s"] * 3 + np.maximum(
             flops / (hw.peak * hw.gemm["max_efficiency"]), w_bytes / (hw.hbm * hw.gemm["mem_efficiency"]))
         return [gemm("router_gemm", n, E, H, fp8_ok=False),
-                op("moe_experts", "gemm", t_exp, formula="formulas.gemm_flops (grouped roofline)", section="§8",
+                op("moe_experts", "gemm", t_exp, formula="formulas.gemm_flops + expected_experts_touched (grouped roofline)",
+                   section="§8",
                    host_calls=3.0)]
 
     def quant(n, count=1):  # dynamic per-token quantisation kernel after a bf16 all-gather

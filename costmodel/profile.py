@@ -222,7 +222,8 @@ class HardwareProfile:
 DERIVED_FROM_LINK = "--set on interconnect.* (derived: rides on the link)"
 
 
-def with_overrides(profile: HardwareProfile, values: Mapping[str, float]) -> HardwareProfile:
+def with_overrides(profile: HardwareProfile, values: Mapping[str, float],
+                   source: str = "--set by user") -> HardwareProfile:
     """--set semantics: plain replacement, except that the link itself carries its dependants along.
 
     `interconnect.link_bw_bytes_per_s` scales every collective's bus bandwidth and the copy-engine pull
@@ -242,7 +243,7 @@ def with_overrides(profile: HardwareProfile, values: Mapping[str, float]) -> Har
             if (k.startswith("collectives.") and k.endswith(".latency_s")) or k == "asynctp.copy_latency_s":
                 derived[k] = max(0.0, p.value + delta)
     derived = {k: v for k, v in derived.items() if k not in values}
-    return profile.with_values(derived, source=DERIVED_FROM_LINK).with_values(values)
+    return profile.with_values(derived, source=DERIVED_FROM_LINK).with_values(values, source=source)
 
 
 def check_params(params: Mapping[str, Param], where: str) -> None:
@@ -467,3 +468,35 @@ def detect_profile_name() -> str:
         raise TpcostError(f"--gpu auto: no built-in profile for {name!r} (cc {cap}); run `tpcost calibrate` and set "
                           "TPCOST_PROFILE")
     return found
+
+
+def profile_to_tree(profile: HardwareProfile, name: str | None = None) -> dict:
+    """A TOML tree of `profile` as it stands (after any --set): every value with its own source and tier. Values of
+    one table that share (source, tier, σ) stay together; the others go to `_`-prefixed sub-tables, which the loader
+    folds back into the same keys (the schema at the top of this module)."""
+    tree: dict = {"schema_version": SCHEMA_VERSION}
+
+    def node(path):
+        t = tree
+        for part in path:
+            t = t.setdefault(part, {})
+        return t
+
+    groups: dict = {}
+    for key, prm in profile.params.items():
+        parent, leaf = key.rsplit(".", 1)
+        unc = None if prm.uncertainty_rel is None else float(prm.uncertainty_rel)
+        groups.setdefault(tuple(parent.split(".")), {}).setdefault((prm.source, prm.tier, unc), {})[leaf] = prm.value
+    for path, by_src in groups.items():
+        for i, ((src, tier, unc), leaves) in enumerate(sorted(by_src.items(), key=lambda kv: -len(kv[1]))):
+            t = node(path if i == 0 else path + (f"_s{i}",))
+            t.update({k: float(v) if isinstance(v, float) else v for k, v in leaves.items()})
+            t["source"], t["tier"] = src, tier
+            if unc is not None:
+                t["uncertainty_rel"] = {k: unc for k in leaves}
+    for key, val in profile.attrs.items():
+        parent, leaf = key.rsplit(".", 1)
+        node(tuple(parent.split(".")))[leaf] = val
+    if name is not None:
+        node(("identity",))["name"] = name
+    return tree

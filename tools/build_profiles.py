@@ -492,6 +492,21 @@ def asynctp_fits():
     return {"h100_barrier": bar_h1, "b300_barrier": bar_b3}
 
 
+# HBM capacity per GPU from the datasheets (decimal GB as the datasheets print them)
+HBM_CAPACITY = {
+    "h100-sxm": (80e9, NV_H100), "h200-sxm": (141e9, NV_H200), "h800": (80e9, NV_H100 + " (H800 SXM5: same 80 GB)"),
+    "b200": (180e9, NV_B200 + " (HGX B200: 1.44 TB for 8 GPUs)"), "b300": (288e9, NV_B300),
+    "gb200-nvl72": (186e9, NV_GB200 + " (13.4 TB HBM3e for 72 GPUs)"), "a100-sxm-80gb": (80e9, NV_A100),
+    "a800": (80e9, NV_A100 + " (A800 SXM4 80GB)"), "l40s": (48e9, NV_L40S), "mi300x": (192e9, AMD_MI300X),
+}
+
+
+def with_capacity(name, p):
+    cap, src = HBM_CAPACITY[name]
+    p["memory"]["_capacity"] = sec(src, "datasheet", hbm_capacity_bytes=cap)
+    return p
+
+
 def build_all(root=ROOT):
     """Every built-in profile tree; single-GPU calibration results under `root`/calib/data are folded in."""
     fits = asynctp_fits()
@@ -520,7 +535,7 @@ def build_all(root=ROOT):
     for name in ("h800",):
         profiles[name] = calibrated_overrides(profiles[name], "h200-sxm", root=root, keys=SAME_DIE_KEYS,
                                               note="; measured on an H200, which has the H100's GH100 die and 132 SMs")
-    return profiles
+    return {name: with_capacity(name, p) for name, p in profiles.items()}
 
 
 def round_tree(tree):
