@@ -16,6 +16,10 @@ def register(sub):
     c.add_argument("--models", nargs="+", help="models whose per-rank shapes size the benchmarks (default: built-in; CPU: calib/models/cpu-tiny.json)")
     c.add_argument("--name", help="profile name (default calibrated-<host>-<device>-w<world>)")
     c.add_argument("--force", action="store_true", help="replace an existing --out")
+    c.add_argument("--from-nccl-tests", nargs="+", metavar="FILE", default=None,
+                   help="instead of running benchmarks: fit nccl-tests logs (all_reduce_perf, all_gather_perf, "
+                        "reduce_scatter_perf output) into --from's collectives (no torch needed)")
+    c.add_argument("--from", dest="source", metavar="PROFILE", help="with --from-nccl-tests: the profile to start from")
     _common(c)
     c.set_defaults(func=_calibrate)
     v = sub.add_parser("validate", help="run one layer in the three schedules and compare with the model")
@@ -40,6 +44,10 @@ def _need_torch():
 
 
 def _calibrate(args):
+    if args.from_nccl_tests:
+        from .nccl_tests import run as from_logs
+
+        return from_logs(args)
     _need_torch()
     from .calibrate import run
 

@@ -1,0 +1,154 @@
+"""`tpcost calibrate --from-nccl-tests FILE ... --from PROFILE --out OUT.toml`: a profile from nccl-tests logs.
+
+Operators who own a cluster have usually run nccl-tests (`all_reduce_perf`, `all_gather_perf`,
+`reduce_scatter_perf`): a measured table of their own nodes. This reads the standard text output (no torch):
+
+- the `# nThread … nGpus … minBytes … maxBytes …` header;
+- the `#  Rank  N Group  G Pid  P on HOST device  D [0x..] NAME` lines (rank count, host count, GPU name);
+- the table, in both layouts: older releases print `size count type redop time algbw busbw error` per
+  out-of-place / in-place half, newer ones `size count type redop root time algbw busbw #wrong`. An NCCL
+  version line may be absent.
+
+Which collective a log holds is read from the table itself: `redop` none is an all-gather; with a reduction,
+count·elem = size is an all-reduce and count·elem·ranks = size a reduce-scatter. Each log's latency and bus
+bandwidth are fitted (calib.fit.fit_latency_bandwidth, the nccl-tests busBW convention, out-of-place times)
+into `collectives.nccl_<op>.tp<ranks>` of the `--from` profile, tier `calibrated`, with provenance from the
+header; every other value keeps its prior, and the profile says which.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from costmodel.errors import TpcostError
+
+ELEM_BYTES = {"int8": 1, "uint8": 1, "char": 1, "half": 2, "float16": 2, "bfloat16": 2, "bf16": 2, "float": 4,
+              "float32": 4, "int32": 4, "uint32": 4, "int": 4, "double": 8, "float64": 8, "int64": 8, "uint64": 8,
+              "fp8_e4m3": 1, "fp8_e5m2": 1, "f8e4m3": 1, "f8e5m2": 1}
+_RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s+(.+?)\s*$")
+_HEADER = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)")
+_VERSION = re.compile(r"NCCL version\s+([\d.]+)")
+
+
+def parse_nccl_tests(text: str, where: str) -> dict:
+    """{op, ranks, hosts, gpu, nccl, rows: [(size_bytes, time_s)]} of one nccl-tests log; one-line errors."""
+    header = None
+    ranks, hosts, gpus = set(), set(), set()
+    rows, nccl = [], None
+    layout = None
+    for i, raw in enumerate(text.splitlines(), start=1):
+        line = raw.rstrip()
+        if not line.strip():
+            continue
+        m = _HEADER.match(line)
+        if m:
+            header = tuple(int(x) for x in m.groups())
+            continue
+        m = _RANK.match(line)
+        if m:
+            ranks.add(int(m.group(1)))
+            hosts.add(m.group(4))
+            gpus.add(m.group(6))
+            continue
+        m = _VERSION.search(line)
+        if m:
+            nccl = m.group(1)
+        if line.lstrip().startswith("#"):
+            low = line.lower()
+            if "redop" in low and "time" in low:
+                layout = "root" if " root " in f" {low} " else "old"
+            continue
+        cells = line.split()
+        if not cells[0].isdigit():  # NCCL's version line, MPI or driver chatter: not a table row
+            continue
+        if layout is None:
+            raise TpcostError(f"{where}:{i}: a data row before the table header (is this nccl-tests output?)")
+        need = 13 if layout == "root" else 12
+        if len(cells) < need - 4:  # at least the out-of-place half
+            raise TpcostError(f"{where}:{i}: {len(cells)} cells; expected the {layout} nccl-tests layout")
+        try:
+            size, count = int(cells[0]), int(cells[1])
+            dtype, redop = cells[2].lower(), cells[3].lower()
+            t_us = float(cells[5] if layout == "root" else cells[4])
+        except ValueError:
+            raise TpcostError(f"{where}:{i}: size, count or time is not a number") from None
+        if not (size > 0 and count > 0 and t_us > 0 and t_us < 1e9):
+            raise TpcostError(f"{where}:{i}: size, count and time must be positive")
+        if dtype not in ELEM_BYTES:
+            raise TpcostError(f"{where}:{i}: unknown data type {cells[2]!r}")
+        rows.append((size, count, ELEM_BYTES[dtype], redop, t_us * 1e-6))
+    if header is None:
+        raise TpcostError(f"{where}: no '# nThread ... nGpus ... minBytes ... maxBytes' header: not nccl-tests output")
+    if not ranks:
+        raise TpcostError(f"{where}: no '#  Rank ... device ...' lines: cannot tell the rank count")
+    if len(rows) < 3:
+        raise TpcostError(f"{where}: {len(rows)} data rows; the fit needs at least 3 sizes")
+    world = len(ranks)
+    ops = set()
+    for size, count, elem, redop, _ in rows:
+        if redop in ("none", "-"):
+            ops.add("all_gather")
+        elif count * elem == size:
+            ops.add("all_reduce")
+        elif count * elem * world == size:
+            ops.add("reduce_scatter")
+        else:
+            raise TpcostError(f"{where}: size {size} and count {count} match no all-reduce, all-gather or "
+                              f"reduce-scatter on {world} ranks (a broadcast or alltoall log?)")
+    if len(ops) != 1:
+        raise TpcostError(f"{where}: rows of several collectives ({', '.join(sorted(ops))}) in one log")
+    return {"op": ops.pop(), "ranks": world, "hosts": len(hosts), "gpu": sorted(gpus)[0] if gpus else "unknown",
+            "nccl": nccl, "rows": [(float(r[0]), r[4]) for r in rows], "file": where}
+
+
+def run(args) -> int:
+    """Fit every log into the --from profile and write --out (atomically, never over an input)."""
+    from calib.fit import fit_latency_bandwidth
+    from costmodel import formulas as F
+    from costmodel.io import atomic_write_text, check_output_path, read_text
+    from costmodel.profile import dump_profile, load_profile, profile_from_dict, profile_to_tree
+
+    if not args.source:
+        raise TpcostError("calibrate --from-nccl-tests needs --from PROFILE (a built-in name or a .toml path)")
+    out = Path(args.out)
+    if out.suffix != ".toml":
+        raise TpcostError(f"--out {out}: a profile is a .toml file")
+    check_output_path(out, args.force, "--out", protect=(args.source, *args.from_nccl_tests))
+    base = load_profile(args.source)
+    logs = [parse_nccl_tests(read_text(f, "nccl-tests log"), str(f)) for f in args.from_nccl_tests]
+    tree = profile_to_tree(base, name=args.name or f"{base.name}-nccl-tests")
+    fitted = []
+    for log in logs:
+        factor = float(F.bus_bw_factor("all_reduce" if log["op"] == "all_reduce" else "all_gather", log["ranks"]))
+        recs = [{"msg_bytes": s, "median_s": t} for s, t in log["rows"]]
+        params, res = fit_latency_bandwidth(recs, factor)
+        lat, bw = params.get("latency_s"), params.get("bus_bw_bytes_per_s")
+        if bw is None:
+            raise TpcostError(f"{log['file']}: the sizes do not pin down a bus bandwidth (no large messages?)")
+        entry = {"source": (f"calibrated: nccl-tests {Path(log['file']).name} ({log['gpu']}, {log['ranks']} ranks on "
+                            f"{log['hosts']} host(s), NCCL {log['nccl'] or 'version not printed'}); alpha-beta fit, "
+                            f"rms log residual {res.get('rms_log_residual', 0):.3f} over {len(recs)} sizes"),
+                 "tier": "calibrated", "bus_bw_bytes_per_s": bw["value"],
+                 "uncertainty_rel": {"bus_bw_bytes_per_s": bw["uncertainty_rel"]}}
+        if lat is not None:
+            entry["latency_s"] = lat["value"]
+            entry["uncertainty_rel"]["latency_s"] = lat["uncertainty_rel"]
+        else:  # latency not pinned down (only large messages): keep the prior's, said in the source
+            prior_lat, _ = base.collective(f"nccl_{log['op']}", log["ranks"])
+            entry["latency_s"] = float(prior_lat)
+            entry["source"] += "; latency kept from the prior (not pinned down)"
+        tree.setdefault("collectives", {}).setdefault(f"nccl_{log['op']}", {})[f"tp{log['ranks']}"] = entry
+        fitted.append((f"collectives.nccl_{log['op']}.tp{log['ranks']}", entry))
+    kept = sorted({k.rsplit(".", 1)[0] for k in base.params} - {k for k, _ in fitted})
+    tree["calibration"] = {"from_nccl_tests": ", ".join(Path(f).name for f in args.from_nccl_tests),
+                           "prior_profile": base.name, "not_measured_kept_prior": ", ".join(kept)}
+    profile_from_dict(tree, str(out))  # validates before writing
+    atomic_write_text(out, f"# Written by tpcost calibrate --from-nccl-tests (prior: {base.name}).\n" + dump_profile(tree))
+    print(f"tpcost calibrate --from-nccl-tests: wrote {out} from {base.name}")
+    for key, e in fitted:
+        print(f"  {key}: latency {e['latency_s'] * 1e6:.2f} us, busBW {e['bus_bw_bytes_per_s'] / 1e9:.1f} GB/s "
+              f"(±{100 * e['uncertainty_rel']['bus_bw_bytes_per_s']:.1f}%)")
+    print(f"  every other value keeps its prior from {base.name} ({len(kept)} tables); use it with "
+          f"`tpcost whatif --gpu {out}`")
+    return 0

@@ -1,0 +1,64 @@
+"""calibrate --from-nccl-tests: nccl-tests logs (both table layouts) become a profile whatif uses; no torch."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from costmodel import load_profile
+from integration.cli import main
+
+FIX = Path(__file__).parent / "fixtures" / "nccl-tests"
+
+
+def test_logs_in_both_layouts_become_a_calibrated_profile(tmp_path, capsys):
+    out = tmp_path / "node.toml"
+    assert main(["calibrate", "--from-nccl-tests", str(FIX / "all_reduce_perf_new.txt"),
+                 str(FIX / "reduce_scatter_perf_old.txt"), "--from", "h100-sxm", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "collectives.nccl_all_reduce.tp4" in text and "collectives.nccl_reduce_scatter.tp4" in text
+    p, base = load_profile(str(out)), load_profile("h100-sxm")
+    ar = p.params["collectives.nccl_all_reduce.tp4.bus_bw_bytes_per_s"]
+    assert ar.tier == "calibrated" and "NVIDIA H100 80GB HBM3, 4 ranks on 1 host(s), NCCL 2.21.5" in ar.source
+    # the fixtures were written from t = α + factor·S/busBW (±2 %): all-reduce α 12 us, busBW 315 GB/s (factor 2·3/4);
+    # reduce-scatter α 13 us, busBW 170 GB/s (factor 3/4); the fit must recover them
+    assert ar.value == pytest.approx(315e9, rel=0.05)
+    assert p.v("collectives.nccl_all_reduce.tp4.latency_s") == pytest.approx(12e-6, rel=0.1)
+    rs = p.params["collectives.nccl_reduce_scatter.tp4.bus_bw_bytes_per_s"]
+    assert rs.value == pytest.approx(170e9, rel=0.05) and "version not printed" in rs.source
+    assert p.v("collectives.nccl_reduce_scatter.tp4.latency_s") == pytest.approx(13e-6, rel=0.1)
+    # everything else keeps its prior and says so
+    assert p.params["gemm.max_efficiency"].value == base.params["gemm.max_efficiency"].value
+    assert p.params["gemm.max_efficiency"].source == base.params["gemm.max_efficiency"].source
+    assert "gemm" in p.attrs["calibration.not_measured_kept_prior"]
+    assert main(["whatif", "--gpu", str(out), "--no-band", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpu"] == "h100-sxm-nccl-tests"
+
+
+def test_works_without_torch(tmp_path):
+    code = ("import sys; sys.modules['torch'] = None; from integration.cli import main; "
+            f"sys.exit(main(['calibrate', '--from-nccl-tests', {str(FIX / 'all_reduce_perf_new.txt')!r}, "
+            f"'--from', 'h100-sxm', '--out', {str(tmp_path / 'x.toml')!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("hello world\n", "not nccl-tests output"),
+    ("# nThread 1 nGpus 1 minBytes 8 maxBytes 64 step: 2(factor)\n#       size count type redop root time\n 8 2 float sum -1 5.0 0 0 0\n",
+     "Rank"),
+    ((FIX / "all_reduce_perf_new.txt").read_text().replace("      float", "      float  x", 0).replace(
+        "        -1", "        -1 abc", 1), "not a number"),
+    ((FIX / "all_reduce_perf_new.txt").read_text().replace(" float ", " qfloat ", 1), "unknown data type"),
+    ((FIX / "all_reduce_perf_new.txt").read_text().replace("262144       65536", "262000       65536", 1),
+     "match no all-reduce"),
+])
+def test_malformed_or_foreign_logs_one_line(tmp_path, capsys, text, needle):
+    f = tmp_path / "log.txt"
+    f.write_text(text)
+    rc = main(["calibrate", "--from-nccl-tests", str(f), "--from", "h100-sxm", "--out", str(tmp_path / "o.toml")])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o.toml").exists()
