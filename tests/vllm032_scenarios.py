@@ -5,7 +5,7 @@ prints one JSON object with what vLLM ended up with. Nothing of vLLM is mocked o
 import json
 import sys
 
-from vllm.config import CompilationConfig
+from vllm_accepts import accepted  # noqa: E402  (this script's folder is on sys.path)
 from vllm.engine.arg_utils import EngineArgs
 
 MODEL = sys.argv[1]
@@ -23,9 +23,5 @@ def build(tp, pass_config):
 out = {f"plugin_tp{tp}": build(tp, {"fuse_allreduce_rms": True}) for tp in (4, 8)}
 out["user_value_tp4"] = build(4, {"fuse_allreduce_rms": True, "fi_allreduce_fusion_max_size_mb": 12})
 out["fusion_off_tp4"] = build(4, {"fuse_allreduce_rms": False})
-out["vllm_config_json_accepted"] = []
-for text in sys.argv[2:]:
-    given = json.loads(text)["pass_config"]
-    pc = CompilationConfig(**json.loads(text)).pass_config
-    out["vllm_config_json_accepted"].append({k: getattr(pc, k) for k in given})
+out["vllm_config_json_accepted"] = accepted(sys.argv[2:])
 print("RESULT " + json.dumps(out))

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from vllm.config import CompilationConfig
+from vllm_accepts import accepted  # noqa: E402  (this script's folder is on sys.path)
 from vllm.engine.arg_utils import EngineArgs
 
 MODEL = sys.argv[1]
@@ -35,9 +35,5 @@ os.environ["TPCOST_DISABLE"] = "1"
 out["disabled_tp2"] = build(2, sp_on)
 del os.environ["TPCOST_DISABLE"]
 # `tpcost vllm-config --format json` outputs handed to vLLM's own CompilationConfig
-out["vllm_config_json_accepted"] = []
-for text in sys.argv[2:]:
-    given = json.loads(text)["pass_config"]
-    pc = CompilationConfig(**json.loads(text)).pass_config
-    out["vllm_config_json_accepted"].append({k: getattr(pc, k) for k in given})
+out["vllm_config_json_accepted"] = accepted(sys.argv[2:])
 print("RESULT " + json.dumps(out))
