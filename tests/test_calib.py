@@ -48,7 +48,10 @@ def test_cpu_loop_calibrate_whatif_validate_evaluate(tmp_path, capsys):
     assert main(["evaluate", str(csv), str(ops), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     n_ops = len(ops.read_text().strip().splitlines()) - 1
-    assert d["rows_skipped"] == 0 and d["rows_scored"] == len(tokens) + n_ops  # a prediction for every point
+    # a prediction for every point; under load the budget may skip the fused-op phase, leaving an ops CSV with only a
+    # header, which evaluate reports and skips (the loop still holds together; no budget-limited phase is asserted)
+    assert d["rows_scored"] == len(tokens) + n_ops
+    assert d["rows_skipped"] == (0 if n_ops else 1)
     assert all(math.isfinite(r["s_predicted"]) and r["s_predicted"] > 0 for r in d["rows"])
 
 

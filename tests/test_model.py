@@ -291,3 +291,19 @@ def test_cutoff_sensitivity_rows_are_single_input_what_ifs():
             if r["quantity"].endswith(("efficiency", "concurrency")):
                 x = min(x, 1.0)
             assert cut(H100.with_values({r["quantity"]: x}, mark_modified=False)) == r[key]
+
+
+def test_generator_flags_inconsistent_collectives():
+    """An all-reduce far slower than its reduce-scatter + all-gather (the old b200 TP2: 168 GB/s against 734 GB/s)
+    is flagged; the built-in profiles have none."""
+    import copy
+
+    from tools.build_profiles import build_all, inconsistent_collectives, round_tree
+
+    trees = build_all()
+    assert all(not inconsistent_collectives(n, round_tree(t)) for n, t in trees.items())
+    bad = copy.deepcopy(trees["b200"])
+    for impl in ("nccl_reduce_scatter", "nccl_all_gather"):
+        bad["collectives"][impl]["tp2"]["bus_bw_bytes_per_s"] = 734e9
+    flagged = inconsistent_collectives("b200", round_tree(bad))
+    assert flagged and "b200 tp2" in flagged[0]

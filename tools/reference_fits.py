@@ -2,7 +2,8 @@
 (a copy of ../shared/reference/components.csv; sources in data/reference/SOURCES.md).
 
 Used by tools/build_profiles.py (which writes costmodel/profiles/*.toml) and by
-tests/test_reference_fits.py (which checks the built-in profiles still equal these fits).
+tests/test_model.py::test_builtin_profiles_match_generator (which runs `build_profiles.py --check`, so the
+built-in profiles still equal these fits).
 Each fit returns values plus a `source` string naming the source_ids and row selection.
 """
 
