@@ -18,7 +18,7 @@ BAND_CHUNK = 50
 EFFICIENCY_KEYS = ("max_efficiency", "mem_efficiency", "stream_concurrency", "efficiency")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class Analysis:
     profile: HardwareProfile
     shape: ModelShape

@@ -29,7 +29,7 @@ CUDAGRAPH_MAX_TOKENS_DEFAULT = 512
 CUDAGRAPH_MAX_TOKENS_BLACKWELL = 1024
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class Op:
     """One timed op of a schedule: per-call GPU time and host issue time (s) and calls per forward.
 
@@ -49,7 +49,7 @@ class Op:
     parts: Any = None  # {bound: time} whose largest names the bound the op hits (compute, HBM, link, latency, host)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class Schedule:
     name: str
     layer_ops: tuple[Op, ...]
@@ -83,7 +83,7 @@ class Schedule:
         return np.where(self.eager, np.maximum(self.t_gpu_forward_s, self.t_host_forward_s), self.t_gpu_forward_s)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class Prediction:
     """Per-op times of the three schedules over `num_tokens`, and the difference breakdown (per forward)."""
 

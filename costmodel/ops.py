@@ -46,7 +46,7 @@ def dtype_mode(dtype: str) -> DtypeMode:
         raise TpcostError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_MODES)}") from None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class FusedOp:
     """One fused AsyncTP call: its time and the parts it is made of (all s, per call, over rows)."""
 

@@ -448,6 +448,20 @@ def _local_device():
     return None, None
 
 
+def detect_profile() -> HardwareProfile:
+    """`--gpu auto`, loaded: $TPCOST_PROFILE (a built-in name or a .toml path; errors name the variable), else the
+    built-in profile matching the local GPU; one clear error without a GPU."""
+    import os
+
+    env = os.environ.get("TPCOST_PROFILE")
+    if env:
+        try:
+            return load_profile(env)
+        except TpcostError as e:
+            raise TpcostError(f"TPCOST_PROFILE={env!r}: {e}") from None
+    return load_profile(detect_profile_name())
+
+
 def detect_profile_name() -> str:
     """`--gpu auto`: $TPCOST_PROFILE (checked), else the built-in profile matching the local GPU; one clear error
     without a GPU."""

@@ -82,12 +82,12 @@ def _apply_inner(cfg) -> None:
         tp = cfg.parallel_config.tensor_parallel_size
         if tp <= 1 or cfg.model_config is None or not (want_sp or want_fi):
             return
-        from costmodel.profile import load_profile
+        from costmodel.profile import detect_profile
         from costmodel.shapes import shape_from_config
 
-        from .recommend import detect_profile_name, recommend
+        from .recommend import recommend
 
-        prof = load_profile(detect_profile_name())
+        prof = detect_profile()
         mc = cfg.model_config
         shape = shape_from_config(mc.hf_text_config.to_dict(), str(mc.model))
         max_tokens = cfg.scheduler_config.max_num_batched_tokens or 8192
