@@ -61,7 +61,7 @@ def add_shape_args(p, gpu_help="built-in GPU profile name, a profile .toml path,
                    "the cutoff search evaluates every multiple of tp up to it"), default=8192,
                    help="vLLM's token budget (default 8192)")
     p.add_argument("--margin", type=fraction("--margin"), default=0.02,
-                   help="required speedup margin above 1, in [0, 1) (default 0.02)")
+                   help="risk premium on the overlapped schedule's time in the cutoff decision, in [0, 1) (default 0.02)")
     p.add_argument("--fi-allreduce-fusion-max-size-mb", type=fraction("--fi-allreduce-fusion-max-size-mb", 0.0, 1e6),
                    metavar="MB", help="vLLM's PassConfig value to predict with (0: fuse_allreduce_rms off; default: "
                    "vllm-config decides it, whatif uses vLLM's own table)")
