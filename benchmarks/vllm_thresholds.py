@@ -114,7 +114,7 @@ def fused_kernel_check():
             cases.append(("standard", float(r["baseline_value"]) * scale, "out-of-sample"))
         for impl, meas, sample in cases:
             if impl == "standard":  # vLLM's next all-reduce + the RMSNorm kernel
-                t_ar, _, _ = ops.all_reduce_dispatch(hw, [msg], tp, False, fi_max_bytes=0)
+                t_ar = ops.all_reduce_dispatch(hw, [msg], tp, False, fi_max_bytes=0).t_s
                 pred = float(t_ar[0] + hw.t_mem(F.rms_norm_bytes(n, h, 2.0, 2.0)))
             else:
                 if not prof.has_collective(impl):

@@ -150,13 +150,6 @@ def build_profile(records, prior: dict, prov: dict, world: int, gemm_dtype: str,
     return tree, not_measured, residuals
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """costmodel.io.atomic_write_text: a temporary beside `path`, renamed over it; removed if anything fails."""
-    from costmodel.io import atomic_write_text
-
-    atomic_write_text(path, text)
-
-
 def side_paths(out: Path):
     return out.with_suffix(".samples.jsonl"), out.with_suffix(".ops.csv")
 
@@ -260,7 +253,9 @@ def worker(args) -> None:
     from costmodel.profile import dump_profile, profile_from_dict
 
     profile_from_dict(tree, str(out))  # validate before writing
-    write_atomic(out, "# Written by tpcost calibrate; raw samples: " + samples_path.name + "\n" + dump_profile(tree))
+    from costmodel.io import atomic_write_text
+
+    atomic_write_text(out, "# Written by tpcost calibrate; raw samples: " + samples_path.name + "\n" + dump_profile(tree))
     from costmodel.evaluate import op_csv_header
 
     rows = [op_csv_header()]
@@ -269,7 +264,7 @@ def worker(args) -> None:
             rows.append(f"{out},{world},{r['op']},{r['dtype']},{r['m']},{r['n']},{r['k']},"
                         f"{r['baseline_s'] * 1e6:.3f},{r['overlap_s'] * 1e6:.3f},"
                         f"tpcost calibrate {r['impl']} {prov['host']} {prov['date']}")
-    write_atomic(ops_path, "\n".join(rows) + "\n")
+    atomic_write_text(ops_path, "\n".join(rows) + "\n")
     print(f"tpcost calibrate: {len(records)} records in {prov['wall_s']} s on {world} rank(s) ({prov['backend']})")
     print(f"  profile: {out}\n  raw samples: {samples_path}\n  fused-vs-sequential ops: {ops_path}")
     from costmodel.profile import load_profile

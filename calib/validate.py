@@ -131,10 +131,10 @@ def worker(args) -> None:
         lines.append(f"{args.gpu},{world},{args.model},{dtype},{r['num_tokens']},{r['t_tp_s'] * 1e6:.3f},"
                      f"{r['t_sp_asynctp_s'] * 1e6:.3f},layer,tpcost validate {ops.kind} {prov['host']} {prov['date']}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    from .calibrate import write_atomic
+    from costmodel.io import atomic_write_text
 
-    write_atomic(out, "\n".join(lines) + "\n")
-    write_atomic(out.with_suffix(".json"), json.dumps({"provenance": prov, "world": world, "rows": rows}, indent=2))
+    atomic_write_text(out, "\n".join(lines) + "\n")
+    atomic_write_text(out.with_suffix(".json"), json.dumps({"provenance": prov, "world": world, "rows": rows}, indent=2))
     print(f"tpcost validate: {shape.name} layer, tp={world}, {dtype}, AsyncTP ops: {ops.kind}, profile {args.gpu}")
     print(f"{'N':>6} {'tp [us]':>9} {'sp [us]':>9} {'sp+async [us]':>14} {'sp meas/pred':>14} {'sp+async meas/pred':>20}")
     for r in rows:

@@ -161,12 +161,14 @@ def _profile(cache, name):
     return cache[name]
 
 
-def predict_op_row(prof, op: str, dtype: str, tp: int, m: int, n: int, k: int):
+def predict_op_row(prof, op: str, dtype: str, tp: int, m: int, n: int | None, k: int | None):
     """(predicted speedup of the fused op over its sequential arm, hidden size vLLM's rule sees) for one
     microbenchmark row; the fused op runs eagerly (a Python loop issued per call, as in the benchmarks)."""
     if dtype not in OP_DTYPES:
         raise _Skip(f"dtype {dtype!r} is out of scope (modelled: {', '.join(OP_DTYPES)}; torch's NVFP4 native "
                     "path is a different kernel, docs/model.md §6)")
+    if n is None or k is None:
+        raise _Skip(f"missing {'n' if n is None else 'k'}")
     if tp < 2:
         raise _Skip("tp must be >= 2 for a collective")
     why = ops.fused_ops_available(prof, tp)
@@ -253,12 +255,10 @@ def evaluate_files(paths):
         if schema == "op":
             for line, r in rows:
                 try:
-                    if r["dtype"] not in OP_DTYPES:
-                        raise _Skip(f"dtype {r['dtype']!r} is out of scope (modelled: {', '.join(OP_DTYPES)}; torch's "
-                                    "NVFP4 native path is a different kernel, docs/model.md §6)")
-                    _need(r, "baseline_us", "overlap_us", "hardware", "tp", "m", "n", "k", "op", "dtype")
+                    _need(r, "baseline_us", "overlap_us", "hardware", "tp", "m", "op", "dtype")
                     prof = _profile(profiles, r["hardware"])
-                    s_hat, hidden = predict_op_row(prof, r["op"], r["dtype"], r["tp"], r["m"], r["n"], r["k"])
+                    s_hat, hidden = predict_op_row(prof, r["op"], r["dtype"], r["tp"], r["m"], r["n"] or None,
+                                                   r["k"] or None)
                 except _Skip as e:
                     skipped.append({"where": f"{path}:{line}", "reason": str(e)})
                     continue

@@ -199,8 +199,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
 
     # ---------------------------------------------------------------- tp
     msg = N * (H * act)
-    t_ar, fused_mask, impls = ops.all_reduce_dispatch(hw, msg, W, True, fi_max_bytes=fi_max_bytes)
-    lat_ar = ops.all_reduce_dispatch.last_latency_s
+    t_ar, fused_mask, impls, lat_ar = ops.all_reduce_dispatch(hw, msg, W, True, fi_max_bytes=fi_max_bytes)
     norm_bytes = np.where(fused_mask, 0.0, F.rms_norm_bytes(N, H, act, mode.quant_bytes))
     t_norm_unfused = np.where(fused_mask, 0.0, hw.t_mem(norm_bytes))
     notes.append("tp all-reduce implementations over this sweep (vLLM 0.31 dispatch): " + ", ".join(impls))
@@ -281,13 +280,13 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
               "sp_asynctp": Schedule("sp_asynctp", spa_layer, nonlayer_sp, L, eager)}
 
     def breakdown():
-        return _breakdown(scheds, L, W, hw, Np, t_ag, t_rs, unavailable is None)
+        return _breakdown(scheds, L, t_ag, t_rs, unavailable is None)
 
     return Prediction(num_tokens=N, tp=tp, dtype=dtype, schedules=scheds, notes=tuple(notes),
                       asynctp_available=unavailable is None, _breakdown=breakdown)
 
 
-def _breakdown(scheds, L, W, hw, Np, t_ag, t_rs, available):
+def _breakdown(scheds, L, t_ag, t_rs, available):
     """Each term computed directly from its own ops (none is a remainder); positive = SP+AsyncTP saves.
 
     Σ terms = t_tp − t_sp_asynctp is then an identity that the tests check (docs/model.md §6)."""

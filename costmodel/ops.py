@@ -9,7 +9,7 @@ broadcast against row counts of shape (n,).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -131,7 +131,7 @@ class Hw:
             table = F.t_gemm_compute_s(self._reps, n, k, peak, g["max_efficiency"], g["tile_m"], g["tile_n"],
                                        g["sm_count"])
             self._tables[(n, k, fp8_ok)] = table
-        return gather(table, padded)
+        return table[..., padded]
 
     def t_gemm(self, m, n, k, *, fp8_ok=True):
         """F.t_gemm_s with this profile's values: launch + max(compute, memory) (s); memoised."""
@@ -173,12 +173,6 @@ class Hw:
         return F.t_memory_bound_s(nbytes, self.hbm, self.mem_eff, self.launch)
 
 
-def gather(a, idx):
-    """a over distinct values -> a over the sweep (last axis; draws broadcast); a as is when idx is None."""
-    if idx is None or not np.ndim(a):
-        return a
-    return a[..., idx]
-
 
 # ---------------------------------------------------------------------- collectives (§4)
 
@@ -200,8 +194,17 @@ def t_reduce_scatter_s(hw: Hw, tp: int, in_bytes):
     return F.t_reduce_scatter_s(in_bytes, lat, bw, tp)
 
 
-def all_reduce_dispatch(hw: Hw, msg_bytes, tp: int, fusion_applies: bool, fi_max_bytes=None):
-    """(time of all-reduce [+ the RMSNorm when fused], fused?, implementation names) as vLLM 0.31 picks.
+class AllReduce(NamedTuple):
+    """What all_reduce_dispatch picks over the message sizes."""
+
+    t_s: Any  # the all-reduce (+ the RMSNorm where fused), per call
+    fused: Any  # bool per size: the FlashInfer kernel also did the RMSNorm
+    impls: list  # implementation names used, in dispatch order
+    latency_s: Any  # α of each size's implementation (for the per-op view)
+
+
+def all_reduce_dispatch(hw: Hw, msg_bytes, tp: int, fusion_applies: bool, fi_max_bytes=None) -> AllReduce:
+    """The all-reduce implementation vLLM 0.31 picks for each message size, and its time.
 
     Order as in CudaCommunicator.all_reduce: FlashInfer (fused AR+RMSNorm when the fusion pass applies)
     ≤ fi limit; quick-reduce (ROCm); custom AR < its max (1-stage below the 1-stage limit); torch
@@ -253,8 +256,7 @@ def all_reduce_dispatch(hw: Hw, msg_bytes, tp: int, fusion_applies: bool, fi_max
         lat_out[..., where] = lat
         fused.ravel()[where] = is_fused
         used.append(impl)
-    all_reduce_dispatch.last_latency_s = lat_out  # the α of each element's implementation (for the per-op view)
-    return t, fused, used
+    return AllReduce(t, fused, used, lat_out)
 
 
 # ---------------------------------------------------------------------- AsyncTP (§6)

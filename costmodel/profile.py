@@ -448,32 +448,32 @@ def _local_device():
     return None, None
 
 
-def detect_profile() -> HardwareProfile:
-    """`--gpu auto`, loaded: $TPCOST_PROFILE (a built-in name or a .toml path; errors name the variable), else the
-    built-in profile matching the local GPU; one clear error without a GPU."""
+def _env_profile() -> tuple[str, HardwareProfile] | None:
+    """($TPCOST_PROFILE, its profile loaded) when the variable is set; errors name the variable."""
     import os
 
     env = os.environ.get("TPCOST_PROFILE")
-    if env:
-        try:
-            return load_profile(env)
-        except TpcostError as e:
-            raise TpcostError(f"TPCOST_PROFILE={env!r}: {e}") from None
-    return load_profile(detect_profile_name())
+    if not env:
+        return None
+    try:
+        return env, load_profile(env)
+    except TpcostError as e:
+        raise TpcostError(f"TPCOST_PROFILE={env!r}: {e}") from None
+
+
+def detect_profile() -> HardwareProfile:
+    """`--gpu auto`, loaded once: $TPCOST_PROFILE (a built-in name or a .toml path), else the built-in profile
+    matching the local GPU; one clear error without a GPU."""
+    env = _env_profile()
+    return env[1] if env else load_profile(detect_profile_name())
 
 
 def detect_profile_name() -> str:
-    """`--gpu auto`: $TPCOST_PROFILE (checked), else the built-in profile matching the local GPU; one clear error
-    without a GPU."""
-    import os
-
-    env = os.environ.get("TPCOST_PROFILE")
+    """`--gpu auto` as a --gpu value: $TPCOST_PROFILE (checked), else the built-in profile matching the local
+    GPU; one clear error without a GPU."""
+    env = _env_profile()
     if env:
-        try:
-            load_profile(env)
-        except TpcostError as e:
-            raise TpcostError(f"TPCOST_PROFILE={env!r}: {e}") from None
-        return env
+        return env[0]
     name, cap = _local_device()
     if name is None:
         raise TpcostError("--gpu auto: no GPU visible here; pass --gpu NAME or set TPCOST_PROFILE")

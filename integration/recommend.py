@@ -135,7 +135,7 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
     it: raising it costs HBM on every rank and may exceed the one-shot/two-shot kernels' tuned range)."""
     from costmodel import formulas as F
     from costmodel import ops
-    from costmodel.analysis import decide_fusion_limit, expected_time_by_threshold_s
+    from costmodel.analysis import decide_fusion_limit, expected_time_by_threshold_s, uniform_workload
 
     d = profile.dispatch(tp)
     if "fi_fusion_max_bytes" not in d or not profile.has_collective("flashinfer_ar_rmsnorm"):
@@ -150,10 +150,10 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
 
         w = grid_weights(workload, n)
     else:
-        w = np.full(n.size, 1.0 / n.size)
+        w = uniform_workload(n)
     msg = n * row
-    t_fused, _, _ = ops.all_reduce_dispatch(hw, msg, tp, True, fi_max_bytes=np.inf)
-    t_alt, _, _ = ops.all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0)
+    t_fused = ops.all_reduce_dispatch(hw, msg, tp, True, fi_max_bytes=np.inf).t_s
+    t_alt = ops.all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0).t_s
     t_unfused = t_alt + hw.t_mem(F.rms_norm_bytes(n, shape.hidden, elem, hw.mode.quant_bytes))
     if user_enabled is False:
         tokens, why = 0, "user: fuse_allreduce_rms = false"
@@ -169,13 +169,6 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
              "vllm_default_s": units * at(default_tokens)}
     mb = user_mb if user_mb is not None and tokens else (fusion_mb(tokens, shape.hidden, elem) if tokens else None)
     return FusionRange(tokens, default_tokens, mb, why, value)
-
-
-def detect_profile_name() -> str:
-    """The profile for the local GPU (costmodel.profile.detect_profile_name): $TPCOST_PROFILE, else by device."""
-    from costmodel.profile import detect_profile_name as detect
-
-    return detect()
 
 
 def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int = 8192, margin: float = 0.02,

@@ -104,7 +104,7 @@ def test_gpu_auto_detects_from_platform_name_and_capability(monkeypatch):
     from vllm.platforms import current_platform
     from vllm.platforms.interface import DeviceCapability
 
-    from integration.recommend import detect_profile_name
+    from costmodel.profile import detect_profile_name
 
     monkeypatch.delenv("TPCOST_PROFILE", raising=False)
     monkeypatch.setattr(current_platform, "get_device_capability", lambda device_id=0: DeviceCapability(9, 0))
