@@ -4,3 +4,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def one_line_error(capsys):
+    """Run `tpcost ARGV` in process and check the bad-input contract: exit 2, one line on stderr starting
+    "tpcost: error:", no traceback, containing `needle`; returns that line."""
+    from integration.cli import main
+
+    def check(*argv, needle=""):
+        rc = main(list(argv))
+        out, err = capsys.readouterr()
+        assert rc == 2, (argv, out[-500:], err)
+        assert err.count("\n") == 1 and err.startswith("tpcost: error:") and "Traceback" not in err, (argv, err)
+        assert needle in err, (argv, err)
+        return err
+
+    return check

@@ -20,14 +20,6 @@ def _run(capsys, *argv):
     return rc, out, err
 
 
-def _one_line_2(capsys, *argv, needle=""):
-    rc, out, err = _run(capsys, *argv)
-    assert rc == 2, (argv, out[-500:], err)
-    assert err.count("\n") == 1 and err.startswith("tpcost: error:") and "Traceback" not in err, (argv, err)
-    assert needle in err, (argv, err)
-    return err
-
-
 def _strict_json(text):
     def bad(c):
         raise AssertionError(f"{c} in JSON output")
@@ -43,10 +35,10 @@ def _strict_json(text):
     (b"{not json", "malformed JSON"),
     (b'{"hidden_size": NaN}', "malformed JSON"),
 ])
-def test_bad_config_files(tmp_path, capsys, content, needle):
+def test_bad_config_files(tmp_path, capsys, content, needle, one_line_error):
     f = tmp_path / "config.json"
     f.write_bytes(content)
-    _one_line_2(capsys, "whatif", "--model", str(f), needle=needle)
+    one_line_error("whatif", "--model", str(f), needle=needle)
 
 
 @pytest.mark.parametrize("patch,needle", [
@@ -62,13 +54,13 @@ def test_bad_config_files(tmp_path, capsys, content, needle):
     ({"vocab_size": 2.5}, "vocab_size"),
     ({"q_lora_rank": 1536, "kv_lora_rank": 512, "first_k_dense_replace": 3}, "q_lora_rank, kv_lora_rank, first_k_dense_replace"),
 ])
-def test_config_meaning_is_checked(tmp_path, capsys, patch, needle):
+def test_config_meaning_is_checked(tmp_path, capsys, patch, needle, one_line_error):
     f = tmp_path / "config.json"
     f.write_text(json.dumps({**LLAMA, **patch}))
-    _one_line_2(capsys, "whatif", "--model", str(f), "--tp", "2", needle=needle)
+    one_line_error("whatif", "--model", str(f), "--tp", "2", needle=needle)
 
 
-def test_bad_profile_files_and_values(tmp_path, capsys):
+def test_bad_profile_files_and_values(tmp_path, capsys, one_line_error):
     base = (tmp_path.parent / "h.toml")
     src = open(os.path.join(os.path.dirname(__file__), "..", "costmodel", "profiles", "h100-sxm.toml")).read()
     cases = {
@@ -83,7 +75,7 @@ def test_bad_profile_files_and_values(tmp_path, capsys):
     for name, (content, needle) in cases.items():
         f = tmp_path / name
         f.write_bytes(content)
-        _one_line_2(capsys, "whatif", "--gpu", str(f), "--no-band", needle=needle)
+        one_line_error("whatif", "--gpu", str(f), "--no-band", needle=needle)
     assert not base.exists()
 
 
@@ -102,12 +94,12 @@ def test_bad_profile_files_and_values(tmp_path, capsys):
     ("vllm_dispatch.tp8.symm_mem_max_bytes=1", "not the entry used at tp=4"),
     ("interconnect.domain_size=0", "integer"),
 ])
-def test_bad_set_values(capsys, item, needle):
-    _one_line_2(capsys, "whatif", "--no-band", "--set", item, needle=needle)
+def test_bad_set_values(capsys, item, needle, one_line_error):
+    one_line_error("whatif", "--no-band", "--set", item, needle=needle)
 
 
-def test_set_twice_and_dispatch_keys_take_effect(capsys):
-    _one_line_2(capsys, "whatif", "--set", "gemm.max_efficiency=0.7", "--set", "gemm.max_efficiency=0.6",
+def test_set_twice_and_dispatch_keys_take_effect(capsys, one_line_error):
+    one_line_error("whatif", "--set", "gemm.max_efficiency=0.7", "--set", "gemm.max_efficiency=0.6",
                 needle="given twice")
     rc, out, _ = _run(capsys, "whatif", "--no-band", "--json", "--set", "vllm_dispatch.tp4.fi_fusion_max_bytes=0")
     rc0, out0, _ = _run(capsys, "whatif", "--no-band", "--json")
@@ -127,8 +119,8 @@ def test_set_twice_and_dispatch_keys_take_effect(capsys):
     (["vllm-config", "--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
     (["whatif", "--ops", "0"], "token count"),
 ])
-def test_bounded_work(capsys, argv, needle):
-    _one_line_2(capsys, *argv, needle=needle)
+def test_bounded_work(capsys, argv, needle, one_line_error):
+    one_line_error(*argv, needle=needle)
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -142,10 +134,10 @@ def test_bounded_work(capsys, argv, needle):
     (H, "no data rows"),
     (H + '"unterminated,1\n', "malformed CSV"),
 ])
-def test_bad_csv_cells_name_file_and_line(tmp_path, capsys, text, needle):
+def test_bad_csv_cells_name_file_and_line(tmp_path, capsys, text, needle, one_line_error):
     f = tmp_path / "ops.csv"
     f.write_text(text)
-    err = _one_line_2(capsys, "evaluate", str(f), needle=needle)
+    err = one_line_error("evaluate", str(f), needle=needle)
     if "cells" in needle or "integer" in needle or "m '" in needle:
         assert f"{f}:2" in err
 
@@ -180,47 +172,47 @@ def test_json_is_valid_where_the_model_has_infinities(capsys):
         _strict_json(out)
 
 
-def test_outputs_are_never_overwritten_without_force(tmp_path, capsys):
+def test_outputs_are_never_overwritten_without_force(tmp_path, capsys, one_line_error):
     png = tmp_path / "w.png"
     png.write_bytes(b"precious")
-    _one_line_2(capsys, "whatif", "--no-band", "--plot", str(png), needle="--force")
+    one_line_error("whatif", "--no-band", "--plot", str(png), needle="--force")
     assert png.read_bytes() == b"precious"
-    _one_line_2(capsys, "whatif", "--no-band", "--plot", str(tmp_path), needle="directory")
+    one_line_error("whatif", "--no-band", "--plot", str(tmp_path), needle="directory")
     rc, _, _ = _run(capsys, "whatif", "--no-band", "--plot", str(png), "--force")
     assert rc == 0 and png.read_bytes()[:4] == b"\x89PNG" and not list(tmp_path.glob(".*tmp*"))
     csv = tmp_path / "ops.csv"
     csv.write_text(H + ROW)
-    _one_line_2(capsys, "evaluate", str(csv), "--plot", str(csv), needle="input of this command")
+    one_line_error("evaluate", str(csv), "--plot", str(csv), needle="input of this command")
     assert csv.read_text() == H + ROW
 
 
-def test_calibrate_and_validate_check_arguments_before_starting(tmp_path, capsys, monkeypatch):
+def test_calibrate_and_validate_check_arguments_before_starting(tmp_path, capsys, monkeypatch, one_line_error):
     pytest.importorskip("torch")
     prof = tmp_path / "p.toml"
-    _one_line_2(capsys, "calibrate", "--device", "cpu", "--nproc", "64", "--out", str(prof), needle="--nproc")
-    _one_line_2(capsys, "calibrate", "--device", "cpu", "--budget-s", "nan", "--out", str(prof), needle="--budget-s")
-    _one_line_2(capsys, "calibrate", "--device", "cpu", "--out", str(tmp_path / "p.txt"), needle=".toml")
+    one_line_error("calibrate", "--device", "cpu", "--nproc", "64", "--out", str(prof), needle="--nproc")
+    one_line_error("calibrate", "--device", "cpu", "--budget-s", "nan", "--out", str(prof), needle="--budget-s")
+    one_line_error("calibrate", "--device", "cpu", "--out", str(tmp_path / "p.txt"), needle=".toml")
     prof.with_suffix(".samples.jsonl").write_text('{"kind": "gemm"}\n')
-    _one_line_2(capsys, "calibrate", "--device", "cpu", "--out", str(prof), needle="--force")
+    one_line_error("calibrate", "--device", "cpu", "--out", str(prof), needle="--force")
     monkeypatch.setenv("TPCOST_CALIB_TIMEOUT_S", "soon")
-    _one_line_2(capsys, "calibrate", "--device", "cpu", "--out", str(tmp_path / "q.toml"),
+    one_line_error("calibrate", "--device", "cpu", "--out", str(tmp_path / "q.toml"),
                 needle="TPCOST_CALIB_TIMEOUT_S")
     monkeypatch.delenv("TPCOST_CALIB_TIMEOUT_S")
     mine = tmp_path / "mine.toml"
     mine.write_text(open(os.path.join(os.path.dirname(__file__), "..", "costmodel", "profiles", "h100-sxm.toml")).read())
     before = mine.read_text()
-    _one_line_2(capsys, "validate", "--gpu", str(mine), "--model", "llama-3.1-8b", "--device", "cpu",
+    one_line_error("validate", "--gpu", str(mine), "--model", "llama-3.1-8b", "--device", "cpu",
                 "--out", str(mine), needle="validate --out")
-    _one_line_2(capsys, "validate", "--gpu", str(mine), "--model", "llama-3.1-8b", "--device", "cpu",
+    one_line_error("validate", "--gpu", str(mine), "--model", "llama-3.1-8b", "--device", "cpu",
                 "--nproc", "3", "--out", str(tmp_path / "v.csv"), needle="divisible")
-    _one_line_2(capsys, "validate", "--gpu", str(mine), "--model", "llama-3.1-8b", "--device", "cpu",
+    one_line_error("validate", "--gpu", str(mine), "--model", "llama-3.1-8b", "--device", "cpu",
                 "--seq-len", "0", "--out", str(tmp_path / "v.csv"), needle="validate --seq-len")
     assert mine.read_text() == before
 
 
-def test_tpcost_profile_env_is_checked(capsys, monkeypatch):
+def test_tpcost_profile_env_is_checked(capsys, monkeypatch, one_line_error):
     monkeypatch.setenv("TPCOST_PROFILE", "no-such-gpu")
-    _one_line_2(capsys, "vllm-config", "--gpu", "auto", needle="TPCOST_PROFILE='no-such-gpu'")
+    one_line_error("vllm-config", "--gpu", "auto", needle="TPCOST_PROFILE='no-such-gpu'")
 
 
 def test_version_and_help_on_every_option(capsys):

@@ -66,9 +66,7 @@ def test_table_and_plot(tmp_path, capsys):
     ("hardware,tp,model,dtype,num_tokens,baseline_us,overlap_us,scope,source\nh100-sxm,8,llama-3.1-70b,bf16,1,-3,1,layer,x\n", "> 0"),
     ("a,b\n1,2\n", "cannot tell the schema"),
 ])
-def test_bad_csv_exit_2(tmp_path, capsys, text, needle):
+def test_bad_csv_exit_2(tmp_path, one_line_error, text, needle):
     f = tmp_path / "bad.csv"
     f.write_text(text)
-    rc = main(["evaluate", str(f)])
-    _, err = capsys.readouterr()
-    assert rc == 2 and needle in err and err.count("\n") == 1
+    one_line_error("evaluate", str(f), needle=needle)

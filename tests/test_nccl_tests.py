@@ -55,10 +55,9 @@ def test_works_without_torch(tmp_path):
     ((FIX / "all_reduce_perf_new.txt").read_text().replace("262144       65536", "262000       65536", 1),
      "match no all-reduce"),
 ])
-def test_malformed_or_foreign_logs_one_line(tmp_path, capsys, text, needle):
+def test_malformed_or_foreign_logs_one_line(tmp_path, one_line_error, text, needle):
     f = tmp_path / "log.txt"
     f.write_text(text)
-    rc = main(["calibrate", "--from-nccl-tests", str(f), "--from", "h100-sxm", "--out", str(tmp_path / "o.toml")])
-    err = capsys.readouterr().err
-    assert rc == 2 and needle in err and err.count("\n") == 1, err
+    one_line_error("calibrate", "--from-nccl-tests", str(f), "--from", "h100-sxm", "--out", str(tmp_path / "o.toml"),
+                   needle=needle)
     assert not (tmp_path / "o.toml").exists()

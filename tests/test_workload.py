@@ -84,9 +84,7 @@ def test_csv_workload_and_weights(tmp_path, capsys):
     ("# HELP x\nvllm:iteration_tokens_total_bucket{le=\"8.0\" 5\n", "not a Prometheus sample line"),
     ("# HELP x\nvllm:iteration_tokens_total_bucket{le=8.0} 5\n", "malformed labels"),
 ])
-def test_malformed_workload_one_line(tmp_path, capsys, text, needle):
+def test_malformed_workload_one_line(tmp_path, one_line_error, text, needle):
     f = tmp_path / "w.txt"
     f.write_text(text)
-    rc = main(["whatif", "--no-band", "--workload", str(f)])
-    _, err = capsys.readouterr()
-    assert rc == 2 and needle in err and err.count("\n") == 1, err
+    one_line_error("whatif", "--no-band", "--workload", str(f), needle=needle)
