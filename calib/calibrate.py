@@ -5,7 +5,6 @@ only the dtype set, sizes and backend-specific ops differ (see PLANS below)."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import platform
@@ -65,89 +64,66 @@ def cpu_prior(host: str) -> dict:
     }
 
 
-def prior_tree(device: str, device_name: str) -> dict:
+def prior_profile(device: str, device_name: str):
+    """The profile calibration starts from: the CPU prior, or the built-in profile matching the GPU."""
     if device == "cpu":
-        return cpu_prior(platform.node() or "host")
+        from costmodel.profile import profile_from_dict
+
+        return profile_from_dict(cpu_prior(platform.node() or "host"), "cpu prior")
     from .gpu_check import prior_for
 
-    return copy.deepcopy(dict(prior_for(device_name).raw))
+    return prior_for(device_name)
 
 
-def _find_table(tree: dict, key: str):
-    """(table, leaf) holding dotted `key` in a profile tree (looking through `_group` sub-tables)."""
-    *path, leaf = key.split(".")
-    node = tree
-    for p in path:
-        node = node[p]
-    if leaf in node:
-        return node, leaf
-    for k, v in node.items():
-        if k.startswith("_") and isinstance(v, dict) and leaf in v:
-            return v, leaf
-    raise KeyError(key)
-
-
-def set_calibrated(tree: dict, key: str, value: float, unc_rel: float, source: str) -> None:
-    """Move `key` out of its prior table into its own calibrated table (its neighbours keep their sources)."""
-    table, leaf = _find_table(tree, key)
-    table.pop(leaf)
-    section = key.rsplit(".", 1)[0]
-    node = tree
-    for p in section.split("."):
-        node = node[p]
-    node[f"_calibrated_{leaf}"] = {leaf: float(value), "source": source, "tier": "calibrated",
-                                   "uncertainty_rel": {leaf: float(min(max(unc_rel, 1e-4), 1.0))}}
-
-
-def build_profile(records, prior: dict, prov: dict, world: int, gemm_dtype: str, name: str) -> tuple[dict, list, dict]:
-    """Fit everything the records constrain into a copy of the prior; returns (tree, not_measured, residuals)."""
-    from costmodel.profile import profile_from_dict
+def build_profile(records, prior, prov: dict, world: int, gemm_dtype: str, name: str):
+    """Fit everything the records constrain into a new profile made from the prior (HardwareProfile.with_values, as
+    --set and the band do; each fitted value gets tier calibrated and its own σ); returns (profile, not_measured,
+    residuals)."""
+    from costmodel.profile import REQUIRED_PARAMS, Provenance
 
     from .fit import fit_collective, fit_latency_bandwidth, fit_single_device
 
-    tree = copy.deepcopy(prior)
-    prior_vals = {k: p.value for k, p in profile_from_dict(prior, "prior").params.items()}
     src = (f"calibrated by tpcost calibrate on {prov['host']} ({prov['device_name']}, world size {world}, "
            f"torch {prov['torch']}, {prov['date']})")
-    params, residuals = fit_single_device(records, prior_vals, gemm_dtype)
+    values: dict[str, float] = {}
+    provs: dict[str, Provenance] = {}
+
+    def put(key, value, unc_rel, source):
+        values[key] = float(value)
+        provs[key] = Provenance(source, "calibrated", float(min(max(unc_rel, 1e-4), 1.0)))
+
+    params, residuals = fit_single_device(records, prior.values(), gemm_dtype)
     for key, v in params.items():
-        set_calibrated(tree, key, v["value"], v["uncertainty_rel"], src)
+        put(key, v["value"], v["uncertainty_rel"], src)
     vllm_impls = sorted({r["impl"] for r in records if r["kind"] == "collective" and r.get("op") == "all_reduce"})
     for impl, name_ in (("all_gather", "nccl_all_gather"), ("reduce_scatter", "nccl_reduce_scatter"),
                         ("all_reduce", "nccl_all_reduce"), *((i, i) for i in vllm_impls)):
         fits, res = fit_collective(records, impl, world)
         if len(fits) == 2:
-            tree["collectives"].setdefault(name_, {})[f"tp{world}"] = {
-                "latency_s": fits["latency_s"]["value"], "bus_bw_bytes_per_s": fits["bus_bw_bytes_per_s"]["value"],
-                "source": src + f" ({prov.get('backend')} {impl})", "tier": "calibrated",
-                "uncertainty_rel": {k: min(1.0, f["uncertainty_rel"]) for k, f in fits.items()}}
+            for field, f in fits.items():
+                put(f"collectives.{name_}.tp{world}.{field}", f["value"], f["uncertainty_rel"],
+                    src + f" ({prov.get('backend')} {impl})")
             residuals[f"collective_{impl}"] = res
     p2p = [r for r in records if r["kind"] == "p2p"]
     p2p_fits, res = fit_latency_bandwidth(p2p, 1.0, ("asynctp.copy_latency_s", "asynctp.copy_engine_bw_bytes_per_s"))
     if res:
         for key, v in p2p_fits.items():
-            set_calibrated(tree, key, v["value"], v["uncertainty_rel"], src + " (one p2p pull, ring step 1)")
+            put(key, v["value"], v["uncertainty_rel"], src + " (one p2p pull, ring step 1)")
         residuals["p2p"] = res
     bar = [r for r in records if r["kind"] == "barrier"]
     if bar:
         b = bar[0]
-        set_calibrated(tree, "asynctp.barrier_s", b["median_s"],
-                       (b["p90_s"] - b["p10_s"]) / 2 / max(b["median_s"], 1e-12), src + " (dist.barrier)")
-    measured = set(params)
-    if bar:
-        measured.add("asynctp.barrier_s")
-    measured |= set(p2p_fits)
-    from costmodel.profile import REQUIRED_PARAMS
-
-    not_measured = sorted(k for k in REQUIRED_PARAMS if k not in measured and not k.startswith(("identity.", "interconnect.")))
+        put("asynctp.barrier_s", b["median_s"], (b["p90_s"] - b["p10_s"]) / 2 / max(b["median_s"], 1e-12),
+            src + " (dist.barrier)")
+    not_measured = sorted(k for k in REQUIRED_PARAMS if k not in values and not k.startswith(("identity.", "interconnect.")))
     # collectives of the prior this run did not measure (vLLM's custom AR, symm-mem, FlashInfer, other TP sizes)
-    not_measured += sorted(f"collectives.{impl}.{tp}" for impl, per_tp in tree["collectives"].items()
-                           for tp, e in per_tp.items() if e.get("tier") != "calibrated")
-    tree["identity"]["name"] = name
-    tree["calibration"] = {**{k: str(v) for k, v in prov.items()},
-                           "not_measured_kept_prior": ", ".join(not_measured) or "none",
-                           "residuals_json": json.dumps(residuals, separators=(",", ":"))[:4000]}
-    return tree, not_measured, residuals
+    not_measured += sorted(f"collectives.{impl}.tp{tp}" for impl, per_tp in prior.collectives.items() for tp in per_tp
+                           if f"collectives.{impl}.tp{tp}.bus_bw_bytes_per_s" not in values)
+    notes = {**{f"calibration.{k}": str(v) for k, v in prov.items()},
+             "calibration.not_measured_kept_prior": ", ".join(not_measured) or "none",
+             "calibration.residuals_json": json.dumps(residuals, separators=(",", ":"))[:4000]}
+    prof = prior.with_values(values, provs, mark_modified=False, new_keys_ok=True, name=name, notes=notes)
+    return prof, not_measured, residuals
 
 
 def side_paths(out: Path):
@@ -247,14 +223,14 @@ def worker(args) -> None:
             "skipped_phases": ",".join(skipped) or "none", "models": ",".join(Path(m).stem for m in models)}
     if args.device == "cpu":
         prov["device_name"] = f"{platform.processor() or platform.machine()} (1 thread per rank)"
-    prior = prior_tree(args.device, prov.get("device_name", ""))
+    prior = prior_profile(args.device, prov.get("device_name", ""))
     name = args.name or f"calibrated-{prov['host']}-{args.device}-w{world}"
-    tree, not_measured, residuals = build_profile(records, prior, prov, world, dtypes[0], name)
-    from costmodel.profile import dump_profile, profile_from_dict
-
-    profile_from_dict(tree, str(out))  # validate before writing
+    prof, not_measured, residuals = build_profile(records, prior, prov, world, dtypes[0], name)
     from costmodel.io import atomic_write_text
+    from costmodel.profile import dump_profile, profile_from_dict, profile_to_tree
 
+    tree = profile_to_tree(prof)
+    profile_from_dict(tree, str(out))  # what is written loads back
     atomic_write_text(out, "# Written by tpcost calibrate; raw samples: " + samples_path.name + "\n" + dump_profile(tree))
     from costmodel.evaluate import op_csv_header
 
@@ -267,12 +243,10 @@ def worker(args) -> None:
     atomic_write_text(ops_path, "\n".join(rows) + "\n")
     print(f"tpcost calibrate: {len(records)} records in {prov['wall_s']} s on {world} rank(s) ({prov['backend']})")
     print(f"  profile: {out}\n  raw samples: {samples_path}\n  fused-vs-sequential ops: {ops_path}")
-    from costmodel.profile import load_profile
-
-    prof = load_profile(str(out))
-    for k, p in sorted(prof.params.items()):
+    for k, value in sorted(prof.values().items()):
+        p = prof.provenance[k]
         if p.tier == "calibrated":
-            print(f"  {k:46s} {p.value:12.4g}  (±{100 * (p.uncertainty_rel or 0):.1f}%)")
+            print(f"  {k:46s} {value:12.4g}  (±{100 * (p.uncertainty_rel or 0):.1f}%)")
     print(f"  kept prior (not measured): {', '.join(not_measured) or 'none'}")
     if skipped:
         print(f"  skipped for the budget: {', '.join(skipped)}")

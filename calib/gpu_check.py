@@ -116,7 +116,7 @@ def run_check(out: Path, device: str, budget_s: float, shapes=SHAPES, ms=MS, chu
                 if time.perf_counter() - t0 > budget_s:
                     skipped.append(f"{name} (partial)")
                     break
-    prior_vals = {k: p.value for k, p in prior.params.items()}
+    prior_vals = prior.values()
     fits = {}
     for d in dtypes:
         params, residuals = fit_single_device(records, prior_vals, d)

@@ -107,7 +107,7 @@ def run(args) -> int:
     from calib.fit import fit_latency_bandwidth
     from costmodel import formulas as F
     from costmodel.io import atomic_write_text, check_output_path, read_text
-    from costmodel.profile import dump_profile, load_profile, profile_from_dict, profile_to_tree
+    from costmodel.profile import Provenance, dump_profile, load_profile, profile_from_dict, profile_to_tree
 
     if not args.source:
         raise TpcostError("calibrate --from-nccl-tests needs --from PROFILE (a built-in name or a .toml path)")
@@ -117,7 +117,8 @@ def run(args) -> int:
     check_output_path(out, args.force, "--out", protect=(args.source, *args.from_nccl_tests))
     base = load_profile(args.source)
     logs = [parse_nccl_tests(read_text(f, "nccl-tests log"), str(f)) for f in args.from_nccl_tests]
-    tree = profile_to_tree(base, name=args.name or f"{base.name}-nccl-tests")
+    values: dict[str, float] = {}
+    provs: dict[str, Provenance] = {}
     fitted = []
     for log in logs:
         factor = float(F.bus_bw_factor("all_reduce" if log["op"] == "all_reduce" else "all_gather", log["ranks"]))
@@ -126,29 +127,32 @@ def run(args) -> int:
         lat, bw = params.get("latency_s"), params.get("bus_bw_bytes_per_s")
         if bw is None:
             raise TpcostError(f"{log['file']}: the sizes do not pin down a bus bandwidth (no large messages?)")
-        entry = {"source": (f"calibrated: nccl-tests {Path(log['file']).name} ({log['gpu']}, {log['ranks']} ranks on "
-                            f"{log['hosts']} host(s), NCCL {log['nccl'] or 'version not printed'}); alpha-beta fit, "
-                            f"rms log residual {res.get('rms_log_residual', 0):.3f} over {len(recs)} sizes"),
-                 "tier": "calibrated", "bus_bw_bytes_per_s": bw["value"],
-                 "uncertainty_rel": {"bus_bw_bytes_per_s": bw["uncertainty_rel"]}}
+        source = (f"calibrated: nccl-tests {Path(log['file']).name} ({log['gpu']}, {log['ranks']} ranks on "
+                  f"{log['hosts']} host(s), NCCL {log['nccl'] or 'version not printed'}); alpha-beta fit, "
+                  f"rms log residual {res.get('rms_log_residual', 0):.3f} over {len(recs)} sizes")
+        table = f"collectives.nccl_{log['op']}.tp{log['ranks']}"
+        values[f"{table}.bus_bw_bytes_per_s"] = bw["value"]
+        provs[f"{table}.bus_bw_bytes_per_s"] = Provenance(source, "calibrated", bw["uncertainty_rel"])
         if lat is not None:
-            entry["latency_s"] = lat["value"]
-            entry["uncertainty_rel"]["latency_s"] = lat["uncertainty_rel"]
+            values[f"{table}.latency_s"] = lat["value"]
+            provs[f"{table}.latency_s"] = Provenance(source, "calibrated", lat["uncertainty_rel"])
         else:  # latency not pinned down (only large messages): keep the prior's, said in the source
-            prior_lat, _ = base.collective(f"nccl_{log['op']}", log["ranks"])
-            entry["latency_s"] = float(prior_lat)
-            entry["source"] += "; latency kept from the prior (not pinned down)"
-        tree.setdefault("collectives", {}).setdefault(f"nccl_{log['op']}", {})[f"tp{log['ranks']}"] = entry
-        fitted.append((f"collectives.nccl_{log['op']}.tp{log['ranks']}", entry))
-    kept = sorted({k.rsplit(".", 1)[0] for k in base.params} - {k for k, _ in fitted})
-    tree["calibration"] = {"from_nccl_tests": ", ".join(Path(f).name for f in args.from_nccl_tests),
-                           "prior_profile": base.name, "not_measured_kept_prior": ", ".join(kept)}
-    profile_from_dict(tree, str(out))  # validates before writing
+            values[f"{table}.latency_s"] = float(base.collective(f"nccl_{log['op']}", log["ranks"])[0])
+            provs[f"{table}.latency_s"] = Provenance(source + "; latency kept from the prior (not pinned down)",
+                                                     "calibrated")
+        fitted.append((table, values[f"{table}.latency_s"], bw))
+    kept = sorted({k.rsplit(".", 1)[0] for k in base.provenance} - {t for t, _, _ in fitted})
+    notes = {"calibration.from_nccl_tests": ", ".join(Path(f).name for f in args.from_nccl_tests),
+             "calibration.prior_profile": base.name, "calibration.not_measured_kept_prior": ", ".join(kept)}
+    prof = base.with_values(values, provs, mark_modified=False, new_keys_ok=True,
+                            name=args.name or f"{base.name}-nccl-tests", notes=notes)
+    tree = profile_to_tree(prof)
+    profile_from_dict(tree, str(out))  # what is written loads back
     atomic_write_text(out, f"# Written by tpcost calibrate --from-nccl-tests (prior: {base.name}).\n" + dump_profile(tree))
     print(f"tpcost calibrate --from-nccl-tests: wrote {out} from {base.name}")
-    for key, e in fitted:
-        print(f"  {key}: latency {e['latency_s'] * 1e6:.2f} us, busBW {e['bus_bw_bytes_per_s'] / 1e9:.1f} GB/s "
-              f"(±{100 * e['uncertainty_rel']['bus_bw_bytes_per_s']:.1f}%)")
+    for key, lat_s, bw in fitted:
+        print(f"  {key}: latency {lat_s * 1e6:.2f} us, busBW {bw['value'] / 1e9:.1f} GB/s "
+              f"(±{100 * bw['uncertainty_rel']:.1f}%)")
     print(f"  every other value keeps its prior from {base.name} ({len(kept)} tables); use it with "
           f"`tpcost whatif --gpu {out}`")
     return 0

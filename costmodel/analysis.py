@@ -133,8 +133,7 @@ def decision_value(grid, t_off_s, t_on_s, margin, cutoff, weights=None, vllm_def
 
 def perturbed(profile: HardwareProfile, key: str, z):
     """The value of `key` moved by z standard deviations of its tier: x·e^(σ·z), efficiencies capped at 1."""
-    p = profile.params[key]
-    x = p.value * np.exp(p.sigma_rel * np.asarray(z, dtype=float))
+    x = profile.value(key) * np.exp(profile.provenance[key].sigma_rel * np.asarray(z, dtype=float))
     return np.minimum(x, 1.0) if key.rsplit(".", 1)[-1] in EFFICIENCY_KEYS else x
 
 
@@ -142,8 +141,8 @@ def perturbed_values(profile: HardwareProfile, draws: int, seed: int) -> dict[st
     """Lognormal draws (median = profile value, σ by provenance tier) as (draws, 1) arrays."""
     rng = np.random.default_rng(seed)
     out = {}
-    for key in sorted(profile.params):
-        if key.startswith(UNPERTURBED_PREFIXES) or profile.params[key].value == 0:
+    for key, value in sorted(profile.values().items()):
+        if key.startswith(UNPERTURBED_PREFIXES) or value == 0:
             continue
         out[key] = perturbed(profile, key, rng.standard_normal(draws))[:, None]
     return out
@@ -156,7 +155,7 @@ def cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, draws=BAND_DRA
     cuts = []
     for lo in range(0, draws, BAND_CHUNK):
         chunk = {k: v[lo:lo + BAND_CHUNK] for k, v in vals.items()}
-        prof = profile.with_values(chunk, mark_modified=False)
+        prof = profile.with_values(chunk, None, mark_modified=False)
         pred = predict(prof, shape, tp, dtype, grid, seq_len, fi_max_bytes=fi_max_bytes)
         cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights))
     c = np.concatenate(cuts)
@@ -171,8 +170,8 @@ def cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, draws=BAND_DRA
 def model_inputs(profile: HardwareProfile, tp: int) -> list[str]:
     """The perturbable inputs the model reads at this TP size (collective entries of other TP sizes dropped)."""
     keys = []
-    for key in sorted(profile.params):
-        if key.startswith(UNPERTURBED_PREFIXES) or profile.params[key].value == 0:
+    for key, value in sorted(profile.values().items()):
+        if key.startswith(UNPERTURBED_PREFIXES) or value == 0:
             continue
         parts = key.split(".")
         if parts[0] == "collectives" and len(parts) == 4 and parts[2] != f"tp{profile.collective_entry_tp(parts[1], tp)}":
@@ -193,9 +192,9 @@ def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, base_cu
         part = variants[lo:lo + BAND_CHUNK]
         vals: dict[str, np.ndarray] = {}
         for i, (k, sign) in enumerate(part):
-            row = vals.setdefault(k, np.full((len(part), 1), profile.params[k].value))
+            row = vals.setdefault(k, np.full((len(part), 1), profile.value(k)))
             row[i, 0] = perturbed(profile, k, sign)
-        pred = predict(profile.with_values(vals, mark_modified=False), shape, tp, dtype, grid, seq_len,
+        pred = predict(profile.with_values(vals, None, mark_modified=False), shape, tp, dtype, grid, seq_len,
                        fi_max_bytes=fi_max_bytes)
         cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights))
     c = np.concatenate(cuts)
@@ -206,7 +205,7 @@ def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, base_cu
         lo_c, hi_c = c[2 * j], c[2 * j + 1]
         move = max(abs(min(lo_c, beyond) - b), abs(min(hi_c, beyond) - b))
         if move > 0:
-            prm = profile.params[k]
+            prm = profile.provenance[k]
             out.append({"quantity": k, "tier": prm.tier, "sigma_rel": prm.sigma_rel, "source": prm.source,
                         "cutoff_minus_sigma_tokens": None if np.isinf(lo_c) else int(lo_c),
                         "cutoff_plus_sigma_tokens": None if np.isinf(hi_c) else int(hi_c), "_move": move})
@@ -254,8 +253,8 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     if cut is not None:
         i = int(np.searchsorted(grid, cut))
         bd = {k: float(pred.breakdown[k][i]) for k in BREAKDOWN_KEYS}
-    vllm_default = vllm_sp_min_token_num(profile.attrs.get("identity.vendor", ""),
-                                         profile.attrs.get("identity.compute_capability", ""), shape.hidden, tp)
+    vllm_default = vllm_sp_min_token_num(profile.identity.vendor, profile.identity.compute_capability, shape.hidden,
+                                         tp)
     value = decision_value(grid, t_tp, t_spa, margin, cut, weights, vllm_default)
     memory = memory_fit(profile, shape, tp, dtype)
     return Analysis(profile, shape, tp, dtype, seq_len, max_num_batched_tokens, margin, cut, sp_cut, band_v,
@@ -269,7 +268,7 @@ def memory_fit(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str)
     from .ops import dtype_mode
 
     w = float(F.weight_bytes_per_gpu(shape.params_per_gpu(tp), dtype_mode(dtype).gemm_in_bytes))
-    cap = profile.get("memory.hbm_capacity_bytes")
+    cap = profile.memory.hbm_capacity_bytes
     out = {"weights_per_gpu_bytes": w, "hbm_capacity_bytes": cap, "fits": None if cap is None else w <= cap}
     if cap is not None and w > cap:
         out["note"] = (f"{shape.name} does not fit: its {dtype} weights need {w / 1e9:.0f} GB per GPU at tp={tp}, "

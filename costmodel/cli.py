@@ -111,14 +111,12 @@ def check_overrides_take_effect(prof, overrides, shape, args) -> None:
     import numpy as np
 
     from .model import predict
-    from .profile import recording_reads
+    from .profile import DERIVED_FROM_LINK, recording
 
     grid = np.arange(args.tp, args.max_num_batched_tokens + args.tp, args.tp, dtype=float)
-    with recording_reads() as reads:
-        predict(prof, shape, args.tp, args.dtype, grid, seq_len=args.seq_len)
-    from .profile import DERIVED_FROM_LINK
-
-    rides_on_link = any(prof.params[k].source == DERIVED_FROM_LINK for k in reads if k in prof.params)
+    traced, reads = recording(prof)
+    predict(traced, shape, args.tp, args.dtype, grid, seq_len=args.seq_len)
+    rides_on_link = any(prof.provenance[k].source == DERIVED_FROM_LINK for k in reads if k in prof.provenance)
     for key in overrides:
         if key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s") and rides_on_link:
             continue  # its dependants (collectives, pulls) were read
@@ -156,7 +154,7 @@ def cmd_whatif(args) -> int:
         return 0
     from .profile import DERIVED_FROM_LINK
 
-    given = [k for k in prof.modified if prof.params[k].source != DERIVED_FROM_LINK]
+    given = [k for k in prof.modified if prof.provenance[k].source != DERIVED_FROM_LINK]
     n_derived = len(prof.modified) - len(given)
     mod = (f"  [MODIFIED by --set: {', '.join(given)}" + (f" (+{n_derived} quantities that ride on the link)"
            if n_derived else "") + "]") if prof.modified else ""
@@ -291,12 +289,13 @@ def cmd_profiles(args) -> int:
     rows = []
     for name in builtin_profile_names():
         p = load_profile(name)
-        rows.append({"name": name, "display_name": p.attrs.get("identity.display_name", ""),
-                     "compute_capability": p.attrs.get("identity.compute_capability", ""),
+        rows.append({"name": name, "display_name": p.identity.display_name,
+                     "compute_capability": p.identity.compute_capability,
                      "interconnect": p.kind, "tier": p.tier, "tier_counts": p.tier_counts()})
         if args.keys == name:
-            for k, prm in sorted(p.params.items()):
-                print(f"{k} = {prm.value:g}  [{prm.tier}] {prm.source}")
+            for k, value in sorted(p.values().items()):
+                prm = p.provenance[k]
+                print(f"{k} = {value:g}  [{prm.tier}] {prm.source}")
             return 0
     if args.keys:
         raise TpcostError(f"unknown GPU profile {args.keys!r}; built-in: {', '.join(r['name'] for r in rows)}")

@@ -237,8 +237,7 @@ def evaluate_files(paths):
         raise TpcostError(f"{', '.join(paths)}: no data rows (only a header)")
 
     def vllm_verdict(prof, hidden, tp, tokens):
-        thr = vllm_sp_min_token_num(prof.attrs.get("identity.vendor", ""),
-                                    prof.attrs.get("identity.compute_capability", ""), hidden, tp, 2)
+        thr = vllm_sp_min_token_num(prof.identity.vendor, prof.identity.compute_capability, hidden, tp, 2)
         return thr is not None and tokens >= thr
 
     def add(path, line, r, label, prof, s_hat, hidden, tokens):

@@ -114,7 +114,7 @@ class Prediction:
 
 
 def cudagraph_max_tokens_default(profile: HardwareProfile) -> int:
-    cc = profile.attrs.get("identity.compute_capability", "")
+    cc = profile.identity.compute_capability
     return CUDAGRAPH_MAX_TOKENS_BLACKWELL if cc.startswith("10.") else CUDAGRAPH_MAX_TOKENS_DEFAULT
 
 
@@ -141,7 +141,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     mode = hw.mode
     act = mode.act_bytes
     eager = N > cudagraph_max_tokens
-    host_op = profile.v("asynctp.host_op_s")
+    host_op = profile.asynctp.host_op_s
     H, L = shape.hidden, shape.num_layers
     h_rank = shape.num_heads // W
     kv_rank = shape.kv_heads_per_rank(W)

@@ -70,20 +70,21 @@ class Hw:
 
     def __init__(self, p: HardwareProfile, dtype: str, rows_hint: float = 0.0):
         mode = dtype_mode(dtype)
-        v = p.v
         self.p = p
         self.mode = mode
         self.act_bytes = mode.act_bytes
-        self.peak = v(f"compute.peak_flops_per_s.{mode.gemm_dtype}")
-        self.peak_act = v(f"compute.peak_flops_per_s.{mode.act_dtype}")  # unquantised GEMMs and attention
-        self.hbm = v("memory.hbm_bw_bytes_per_s")
-        self.mem_eff = v("kernels.mem_efficiency")
-        self.launch = v("kernels.launch_overhead_s")
-        self.gemm = dict(max_efficiency=v("gemm.max_efficiency"), mem_efficiency=v("gemm.mem_efficiency"),
-                         hbm_bw_bytes_per_s=self.hbm, tile_m=v("gemm.tile_m"), tile_n=v("gemm.tile_n"),
-                         sm_count=v("identity.sm_count"), launch_overhead_s=v("gemm.launch_overhead_s"))
+        peaks = p.compute.peak_flops_per_s
+        self.peak = getattr(peaks, mode.gemm_dtype)
+        self.peak_act = getattr(peaks, mode.act_dtype)  # unquantised GEMMs and attention
+        self.hbm = p.memory.hbm_bw_bytes_per_s
+        self.mem_eff = p.kernels.mem_efficiency
+        self.launch = p.kernels.launch_overhead_s
+        g = p.gemm
+        self.gemm = dict(max_efficiency=g.max_efficiency, mem_efficiency=g.mem_efficiency,
+                         hbm_bw_bytes_per_s=self.hbm, tile_m=g.tile_m, tile_n=g.tile_n,
+                         sm_count=p.identity.sm_count, launch_overhead_s=g.launch_overhead_s)
         self.gemm_in_bytes = mode.gemm_in_bytes
-        self.attn_eff = v("attention.efficiency")
+        self.attn_eff = p.attention.efficiency
         self._memo: dict = {}
         self.rows_hint = rows_hint  # the largest row count this prediction will ask for (sizes the padded-row table)
         self._reps = None  # distinct padded row counts, shared by every GEMM of this prediction
@@ -92,11 +93,10 @@ class Hw:
     @property
     def asynctp(self):
         """The AsyncTP values, read only when a fused op is evaluated (so --set knows what the model reads)."""
-        v = self.p.v
-        return dict(barrier_s=v("asynctp.barrier_s"), ce_bw=v("asynctp.copy_engine_bw_bytes_per_s"),
-                    ce_lat=v("asynctp.copy_latency_s"), slowdown=v("asynctp.compute_slowdown"),
-                    kappa=v("asynctp.stream_concurrency"), host_op_s=v("asynctp.host_op_s"),
-                    link_bw=v("interconnect.link_bw_bytes_per_s"))
+        a = self.p.asynctp
+        return dict(barrier_s=a.barrier_s, ce_bw=a.copy_engine_bw_bytes_per_s, ce_lat=a.copy_latency_s,
+                    slowdown=a.compute_slowdown, kappa=a.stream_concurrency, host_op_s=a.host_op_s,
+                    link_bw=self.p.interconnect.link_bw_bytes_per_s)
 
     def _memoised(self, key, arr, compute):
         """compute() once per (array object, key) within one prediction; holding `arr` keeps its id unique."""
@@ -211,33 +211,38 @@ def all_reduce_dispatch(hw: Hw, msg_bytes, tp: int, fusion_applies: bool, fi_max
     symm-mem ≤ its max; else (Py)NCCL. `fi_max_bytes` overrides the FlashInfer limit (0 = off)."""
     p, d = hw.p, hw.p.dispatch(tp)
     msg_bytes = np.asarray(msg_bytes, dtype=float)
-    if fi_max_bytes is not None and "fi_fusion_max_bytes" in d:
-        d = {**d, "fi_fusion_max_bytes": fi_max_bytes}
+    fi_max = d.fi_fusion_max_bytes
+    if fi_max_bytes is not None and fi_max is not None:
+        fi_max = fi_max_bytes
     choices = []  # (mask, impl, fused)
     remaining = np.ones(np.shape(msg_bytes), dtype=bool)
-    if "fi_fusion_max_bytes" in d and p.has_collective("flashinfer_ar_rmsnorm"):
-        m = msg_bytes <= d["fi_fusion_max_bytes"]
-        one = msg_bytes <= d.get("fi_oneshot_max_bytes", d["fi_fusion_max_bytes"])
+    if fi_max is not None and p.has_collective("flashinfer_ar_rmsnorm"):
+        m = msg_bytes <= fi_max
+        one_max = d.fi_oneshot_max_bytes
+        one = msg_bytes <= (fi_max if one_max is None else one_max)
         choices.append((m & one, "flashinfer_ar_rmsnorm", fusion_applies))
         if p.has_collective("flashinfer_ar_rmsnorm_twoshot"):
             choices.append((m & ~one, "flashinfer_ar_rmsnorm_twoshot", fusion_applies))
         remaining &= ~m
-    if "quick_reduce_max_bytes" in d and p.has_collective("quick_reduce"):
-        m = remaining & (msg_bytes <= d["quick_reduce_max_bytes"])
+    qr_max = d.quick_reduce_max_bytes
+    if qr_max is not None and p.has_collective("quick_reduce"):
+        m = remaining & (msg_bytes <= qr_max)
         choices.append((m, "quick_reduce", False))
         remaining &= ~m
-    if "custom_ar_max_bytes" in d and p.has_collective("custom_ar_2stage"):
-        one = d.get("custom_ar_1stage_max_bytes", 0)
-        m1 = remaining & (msg_bytes < d["custom_ar_max_bytes"]) & (msg_bytes < one)
-        m2 = remaining & (msg_bytes < d["custom_ar_max_bytes"]) & ~m1
+    ca_max = d.custom_ar_max_bytes
+    if ca_max is not None and p.has_collective("custom_ar_2stage"):
+        one = d.custom_ar_1stage_max_bytes or 0
+        m1 = remaining & (msg_bytes < ca_max) & (msg_bytes < one)
+        m2 = remaining & (msg_bytes < ca_max) & ~m1
         if one:
             choices.append((m1, "custom_ar_1stage", False))
         choices.append((m2, "custom_ar_2stage", False))
         remaining &= ~(m1 | m2)
-    if "symm_mem_max_bytes" in d:
-        impl = "symm_mem_" + d.get("symm_mem_algo", "two_shot")
+    sm_max = d.symm_mem_max_bytes
+    if sm_max is not None:
+        impl = "symm_mem_" + (d.symm_mem_algo or "two_shot")
         if p.has_collective(impl):
-            m = remaining & (msg_bytes <= d["symm_mem_max_bytes"])
+            m = remaining & (msg_bytes <= sm_max)
             choices.append((m, impl, False))
             remaining &= ~m
     choices.append((remaining, "nccl_all_reduce", False))
@@ -266,10 +271,10 @@ def fused_ops_available(profile: HardwareProfile, tp: int) -> str | None:
     """None if torch's symmetric-memory fused ops can run at this TP, else why not (one line).
 
     Symmetric memory maps peer HBM over NVLink/xGMI: all ranks must share one interconnect domain."""
-    domain = int(profile.v("interconnect.domain_size"))
+    domain = int(profile.interconnect.domain_size)
     if tp > domain:
         return (f"SP+AsyncTP not available at tp={tp} on {profile.name} ({domain} GPUs per "
-                f"{'NVLink' if profile.attrs.get('identity.vendor') == 'nvidia' else 'interconnect'} domain; "
+                f"{'NVLink' if profile.identity.vendor == 'nvidia' else 'interconnect'} domain; "
                 "symmetric memory cannot span nodes)")
     if tp < 2:
         return "SP+AsyncTP needs tp >= 2"
@@ -336,4 +341,4 @@ def sequential_gemm_rs_s(hw: Hw, m, n, k, tp: int):
 def fused_op_bound_s(hw: Hw, op: str, m, n, k, tp: int, a_bytes: float | None = None):
     """Least time any fused op can take: max(whole GEMM, (W−1)/W of the moved tensor / link peak) (s)."""
     moved = m * (k * a_bytes) if op == "ag_gemm" else m * (n * hw.act_bytes)
-    return np.maximum(hw.t_gemm(m, n, k), F.t_link_s(moved, tp, hw.p.v("interconnect.link_bw_bytes_per_s")))
+    return np.maximum(hw.t_gemm(m, n, k), F.t_link_s(moved, tp, hw.p.interconnect.link_bw_bytes_per_s))

@@ -1,28 +1,29 @@
-"""Hardware profiles: versioned TOML, every numeric value with its source and provenance tier.
+"""Hardware profiles: versioned TOML, parsed once into frozen typed dataclasses; every number keeps its source and tier.
 
-Schema (version 1). A profile is a tree of TOML tables. Every table that holds numeric leaves
-also holds `source` (URL, `../shared/reference` source_id, or calibration provenance) and `tier`
-(one of TIERS); the numeric leaves of that table share them. A sub-table whose name starts with
-`_` only groups values that share a source: its leaves belong to the parent table
-(`[gemm._tile] tile_m = 128` is `gemm.tile_m`). An optional sub-table
-`uncertainty_rel` gives a fitted relative 1-sigma per leaf (calibrated values). String leaves
-(`kind`, `vendor`, ...) are attributes, not parameters. Keys are flattened with dots:
-`collectives.nccl_all_reduce.tp4.latency_s`.
+Schema (version 1). A profile is a tree of TOML tables, one per dataclass below (`[gemm]` is `Gemm`,
+`[collectives.<impl>.tp<W>]` a `Collective`, `[vllm_dispatch.tp<W>]` a `Dispatch`). Every table that holds
+numeric leaves also holds `source` (URL, `../shared/reference` source_id, or calibration provenance) and
+`tier` (one of TIERS); the numeric leaves of that table share them. A sub-table whose name starts with `_`
+only groups values that share a source: its leaves belong to the parent table (`[gemm._tile] tile_m = 128`
+is `gemm.tile_m`). An optional sub-table `uncertainty_rel` gives a fitted relative 1-sigma per leaf. String
+leaves (`kind`, `vendor`, ...) are typed fields without provenance; the `[calibration]` table holds free
+strings (what a calibration run measured and kept). Keys are dotted paths: `collectives.nccl_all_reduce.tp4.latency_s`
+names `profile.collectives["nccl_all_reduce"][4].latency_s`. A key the schema does not have is an error.
 
-Required sections: identity, compute.peak_flops_per_s, memory, kernels, gemm, attention,
-interconnect, collectives, vllm_dispatch, asynctp (see docs/model.md for each quantity).
+The model reads the typed fields only. `HardwareProfile.with_values` is the one way to make a new profile from
+another (--set, the Monte Carlo band, calibration); `provenance` maps every dotted numeric key to its Provenance.
+See docs/model.md for each quantity.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import dataclasses
 import functools
 import math
 import tomllib
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from collections.abc import Mapping
 
@@ -36,32 +37,165 @@ SIGMA_REL_BY_TIER = {"assumed": 0.30, "datasheet": 0.15, "published-measurement"
 # Tables whose values are code constants (vLLM's dispatch tables) or shapes: never perturbed.
 UNPERTURBED_PREFIXES = ("vllm_dispatch.", "identity.", "gemm.tile_", "interconnect.domain_size")
 
-REQUIRED_PARAMS = (
-    "identity.sm_count",
-    "compute.peak_flops_per_s.bf16",
-    "compute.peak_flops_per_s.fp8",
-    "compute.peak_flops_per_s.fp32",
-    "memory.hbm_bw_bytes_per_s",
-    "kernels.mem_efficiency",
-    "kernels.launch_overhead_s",
-    "gemm.tile_m",
-    "gemm.tile_n",
-    "gemm.max_efficiency",
-    "gemm.mem_efficiency",
-    "gemm.launch_overhead_s",
-    "attention.efficiency",
-    "interconnect.link_bw_bytes_per_s",
-    "interconnect.latency_s",
-    "interconnect.domain_size",
-    "interconnect.internode_bw_bytes_per_s",
-    "interconnect.internode_latency_s",
-    "asynctp.barrier_s",
-    "asynctp.copy_engine_bw_bytes_per_s",
-    "asynctp.copy_latency_s",
-    "asynctp.compute_slowdown",
-    "asynctp.stream_concurrency",
-    "asynctp.host_op_s",
-)
+Num = Any  # a float, or an array of Monte Carlo draws of shape (D, 1) (the cutoff band)
+
+
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    """Where one numeric value came from."""
+
+    source: str  # URL, ../shared/reference source_id, or calibration run
+    tier: str  # one of TIERS
+    uncertainty_rel: float | None = None  # fitted relative 1-sigma, where a fit gave one
+
+    @property
+    def sigma_rel(self) -> float:
+        """The fit's own relative sigma where one was recorded (calibrated or fitted values), else the tier's."""
+        if self.uncertainty_rel is not None and self.tier in ("calibrated", "published-measurement"):
+            return float(self.uncertainty_rel)
+        return SIGMA_REL_BY_TIER[self.tier]
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """[identity]: which part this is (docs/model.md §1)."""
+
+    name: str  # the profile's name
+    sm_count: Num  # streaming multiprocessors / compute units (count): GEMM wave quantisation (§2)
+    display_name: str = ""
+    vendor: str = ""  # nvidia | amd | cpu
+    compute_capability: str = ""  # "major.minor" as torch reports it
+    device_name_patterns: str = ""  # "|"-separated substrings of the device name (match_profile)
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakFlops:
+    """[compute.peak_flops_per_s]: dense tensor-core peak per GEMM dtype (FLOP/s, §2)."""
+
+    bf16: Num
+    fp8: Num
+    fp32: Num
+
+
+@dataclasses.dataclass(frozen=True)
+class Compute:
+    """[compute]."""
+
+    peak_flops_per_s: PeakFlops
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """[memory]: HBM (§3)."""
+
+    hbm_bw_bytes_per_s: Num  # peak HBM bandwidth (bytes/s)
+    hbm_capacity_bytes: Num | None = None  # HBM per GPU (bytes): the memory-fit check
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """[kernels]: memory-bound kernels (norms, activations, copies, §3)."""
+
+    mem_efficiency: Num  # achieved / peak HBM bandwidth, in (0, 1]
+    launch_overhead_s: Num  # fixed cost per kernel (s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gemm:
+    """[gemm]: the GEMM roofline with tile and wave quantisation (§2)."""
+
+    tile_m: Num  # output tile rows (count)
+    tile_n: Num  # output tile columns (count)
+    max_efficiency: Num  # best achieved / peak FLOP/s, in (0, 1]
+    mem_efficiency: Num  # achieved / peak HBM bandwidth of memory-bound GEMMs, in (0, 1]
+    launch_overhead_s: Num  # fixed cost per GEMM (s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Attention:
+    """[attention]: prefill attention (§5)."""
+
+    efficiency: Num  # achieved / peak FLOP/s, in (0, 1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Interconnect:
+    """[interconnect]: the scale-up link and what lies beyond its domain (§4)."""
+
+    kind: str  # one of INTERCONNECT_KINDS
+    link_bw_bytes_per_s: Num  # unidirectional bandwidth per GPU (bytes/s)
+    latency_s: Num  # one link hop (s)
+    domain_size: Num  # GPUs that share the link (count): symmetric memory cannot span more
+    internode_bw_bytes_per_s: Num  # per-GPU network bandwidth beyond the domain (bytes/s)
+    internode_latency_s: Num  # added latency beyond the domain (s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """[collectives.<impl>.tp<W>]: one collective implementation at W ranks, as t = α + factor·S/busBW (§4)."""
+
+    latency_s: Num  # α (s)
+    bus_bw_bytes_per_s: Num  # nccl-tests bus bandwidth (bytes/s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dispatch:
+    """[vllm_dispatch.tp<W>]: vLLM's all-reduce implementation limits at W ranks (bytes; None: not used, §4)."""
+
+    fi_fusion_max_bytes: Num | None = None  # FlashInfer fused AR+RMSNorm up to this message size
+    fi_oneshot_max_bytes: Num | None = None  # ... one-shot kernel up to this size, two-shot above
+    quick_reduce_max_bytes: Num | None = None  # ROCm quick-reduce
+    custom_ar_max_bytes: Num | None = None  # vLLM custom all-reduce below this size
+    custom_ar_1stage_max_bytes: Num | None = None  # ... 1-stage below this size, 2-stage above
+    symm_mem_max_bytes: Num | None = None  # torch symmetric-memory all-reduce up to this size
+    symm_mem_algo: str | None = None  # multimem | two_shot
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncTP:
+    """[asynctp]: torch's fused AG+GEMM / GEMM+RS pipelines (§6)."""
+
+    barrier_s: Num  # one symmetric-memory barrier (s)
+    copy_engine_bw_bytes_per_s: Num  # one peer pull (bytes/s)
+    copy_latency_s: Num  # start of one pull (s)
+    compute_slowdown: Num  # relative GEMM slowdown σ while pulls run, in [0, 10]
+    stream_concurrency: Num  # fraction κ of compute quantisation two streams recover, in [0, 1]
+    host_op_s: Num  # one eager torch call (s)
+
+
+_NO_DISPATCH = Dispatch()
+# fixed tables: dotted path -> dataclass; patterned ones: collectives.<impl>.tp<W>, vllm_dispatch.tp<W>
+_TABLES = {"identity": Identity, "compute.peak_flops_per_s": PeakFlops, "memory": Memory, "kernels": Kernels,
+           "gemm": Gemm, "attention": Attention, "interconnect": Interconnect, "asynctp": AsyncTP}
+_SECTIONS = ("identity", "compute", "memory", "kernels", "gemm", "attention", "interconnect", "asynctp")
+NOTES_TABLE = "calibration"  # free string leaves
+
+
+@functools.cache
+def _field_kinds(cls) -> dict[str, tuple[bool, bool]]:
+    """field name -> (is a string, is required) of one schema dataclass."""
+    return {f.name: (f.type.startswith("str"), f.default is dataclasses.MISSING) for f in dataclasses.fields(cls)}
+
+
+def _table_class(parent: str):
+    """The dataclass of the table at dotted path `parent`, or None where the schema has no such table."""
+    cls = _TABLES.get(parent)
+    if cls is not None:
+        return cls
+    parts = parent.split(".")
+    if len(parts) == 3 and parts[0] == "collectives" and _is_tp(parts[2]):
+        return Collective
+    if len(parts) == 2 and parts[0] == "vllm_dispatch" and _is_tp(parts[1]):
+        return Dispatch
+    return None
+
+
+def _is_tp(s: str) -> bool:
+    return s.startswith("tp") and s[2:].isdigit() and int(s[2:]) >= 1
+
+
+REQUIRED_PARAMS = tuple(f"{path}.{name}" for path, cls in _TABLES.items()
+                        for name, (is_str, req) in _field_kinds(cls).items() if req and not is_str)
 # Quantities added after schema 1 was first written: a profile without them gets this value (tier assumed).
 OPTIONAL_DEFAULTS = {
     "asynctp.host_op_s": (3e-6, "default (not in this profile): one eager torch call ~3 us on a server CPU, the "
@@ -78,80 +212,86 @@ INTEGER_PARAMS = ("identity.sm_count", "gemm.tile_m", "gemm.tile_n", "interconne
 # may be 0: latencies and fixed costs (an ideal part), the two fractions above
 MAY_BE_ZERO_SUFFIXES = ("latency_s", "launch_overhead_s", "barrier_s", "host_op_s", "setup_s")
 INTERCONNECT_KINDS = ("nvswitch", "nvlink-mesh", "pcie", "xgmi", "host")
+DERIVED_FROM_LINK = "--set on interconnect.* (derived: rides on the link)"
+USER_SET = Provenance("--set by user", "assumed")
 
 
-_READS: set | None = None  # keys read through HardwareProfile.v/dispatch while recording_reads() is active
-
-
-@contextlib.contextmanager
-def recording_reads():
-    """Collect the parameter keys the model reads inside the block (how --set finds keys with no effect)."""
-    global _READS
-    outer, _READS = _READS, set()
-    try:
-        yield _READS
-    finally:
-        _READS = outer
-
-
-@dataclasses.dataclass(frozen=True)
-class Param:
-    """One numeric profile value with where it came from."""
-
-    value: Any  # float, or a numpy array of Monte Carlo draws
-    source: str
-    tier: str
-    uncertainty_rel: float | None = None
-
-    @property
-    def sigma_rel(self) -> float:
-        """The fit's own relative sigma where one was recorded (calibrated or fitted values), else the tier's."""
-        if self.uncertainty_rel is not None and self.tier in ("calibrated", "published-measurement"):
-            return float(self.uncertainty_rel)
-        return SIGMA_REL_BY_TIER[self.tier]
-
-
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class HardwareProfile:
-    """A GPU (or CPU host) described as data; `params` maps dotted keys to Param."""
+    """A GPU (or CPU host) described as typed data. Built only by profile_from_dict (a TOML tree) and
+    with_values (a new profile from this one); the model reads the section fields."""
 
-    name: str
     origin: str  # "built-in:<name>" or a file path
-    params: Mapping[str, Param]
-    attrs: Mapping[str, str]  # string leaves: identity.vendor, interconnect.kind, ...
-    raw: Mapping[str, Any]  # the parsed TOML tree (round-trips through dump_profile)
+    identity: Identity
+    compute: Compute
+    memory: Memory
+    kernels: Kernels
+    gemm: Gemm
+    attention: Attention
+    interconnect: Interconnect
+    collectives: Mapping[str, Mapping[int, Collective]]  # impl -> TP size -> α, busBW
+    vllm_dispatch: Mapping[int, Dispatch]  # TP size -> vLLM's all-reduce limits
+    asynctp: AsyncTP
+    provenance: Mapping[str, Provenance]  # every numeric dotted key -> where its value came from
+    notes: Mapping[str, str]  # [calibration] strings, dotted
     modified: tuple[str, ...] = ()  # keys changed by --set
 
-    def v(self, key: str):
-        """Value of parameter `key` (float, or array of draws)."""
-        if _READS is not None:
-            _READS.add(key)
-        try:
-            return self.params[key].value
-        except KeyError:
-            raise TpcostError(f"profile {self.name!r} has no quantity {key!r}") from None
+    def __repr__(self) -> str:
+        return f"HardwareProfile({self.name!r}, origin={self.origin!r}, {len(self.provenance)} quantities)"
 
-    def get(self, key: str, default=None):
-        p = self.params.get(key)
-        return default if p is None else p.value
+    @property
+    def name(self) -> str:
+        return self.identity.name
 
     @property
     def kind(self) -> str:
-        return self.attrs.get("interconnect.kind", "")
+        return self.interconnect.kind
+
+    @functools.cached_property
+    def _leaves(self) -> Mapping[str, Any]:
+        """Every field as a dotted key -> value (numbers and strings; None fields left out), in schema order."""
+        out: dict[str, Any] = {}
+
+        def walk(obj, prefix):
+            for f in dataclasses.fields(obj):
+                v = getattr(obj, f.name)
+                if dataclasses.is_dataclass(v):
+                    walk(v, f"{prefix}.{f.name}")
+                elif v is not None:
+                    out[f"{prefix}.{f.name}"] = v
+
+        for sec in _SECTIONS:
+            walk(getattr(self, sec), sec)
+        for impl, per_tp in self.collectives.items():
+            for tp, c in per_tp.items():
+                walk(c, f"collectives.{impl}.tp{tp}")
+        for tp, d in self.vllm_dispatch.items():
+            walk(d, f"vllm_dispatch.tp{tp}")
+        return MappingProxyType(out)
+
+    def values(self) -> dict[str, Any]:
+        """Every numeric quantity as dotted key -> value (the --set / calibration vocabulary)."""
+        return {k: v for k, v in self._leaves.items() if k in self.provenance}
+
+    def value(self, key: str) -> Any:
+        """The value of numeric quantity `key` (dotted) — for --set, the band and reports; the model reads fields."""
+        if key not in self.provenance:
+            raise TpcostError(f"profile {self.name!r} has no quantity {key!r}")
+        return self._leaves[key]
 
     def collective(self, impl: str, tp: int) -> tuple[Any, Any]:
         """(latency_s, bus_bw_bytes_per_s) of collective `impl` at TP size `tp`.
 
         Uses the entry for `tp` if present, else the nearest listed TP size (larger preferred);
         beyond the interconnect domain the internode link caps the bandwidth and adds latency."""
-        pick = self.collective_entry_tp(impl, tp)
-        lat = self.v(f"collectives.{impl}.tp{pick}.latency_s")
-        bw = self.v(f"collectives.{impl}.tp{pick}.bus_bw_bytes_per_s")
-        if tp > self.v("interconnect.domain_size"):
+        c = self.collectives[impl][self.collective_entry_tp(impl, tp)]
+        lat, bw = c.latency_s, c.bus_bw_bytes_per_s
+        ic = self.interconnect
+        if tp > ic.domain_size:
             import numpy as np
 
-            bw = np.minimum(bw, self.v("interconnect.internode_bw_bytes_per_s"))
-            lat = lat + self.v("interconnect.internode_latency_s")
+            bw = np.minimum(bw, ic.internode_bw_bytes_per_s)
+            lat = lat + ic.internode_latency_s
         return lat, bw
 
     def collective_entry_tp(self, impl: str, tp: int) -> int:
@@ -162,64 +302,123 @@ class HardwareProfile:
         return tp if tp in tps else min(tps, key=lambda t: (abs(t - tp), -t))
 
     def collective_tps(self, impl: str) -> list[int]:
-        return self._collective_index.get(impl, [])
-
-    @functools.cached_property
-    def _collective_index(self) -> dict[str, list[int]]:
-        """impl -> sorted TP sizes with an entry (from keys collectives.<impl>.tp<W>.<field>), built once."""
-        out: dict[str, set[int]] = {}
-        for k in self.params:
-            parts = k.split(".")
-            if len(parts) == 4 and parts[0] == "collectives" and parts[2].startswith("tp"):
-                out.setdefault(parts[1], set()).add(int(parts[2][2:]))
-        return {impl: sorted(tps) for impl, tps in out.items()}
+        return list(self.collectives.get(impl, ()))
 
     def has_collective(self, impl: str) -> bool:
-        return bool(self.collective_tps(impl))
+        return impl in self.collectives
 
-    def dispatch(self, tp: int) -> dict[str, Any]:
-        """vLLM's implementation-switch limits for `tp` (bytes) and string choices, from vllm_dispatch
-        (read from the parameters, so that --set on them takes effect)."""
-        pre = f"vllm_dispatch.tp{tp}."
-        out: dict[str, Any] = {k[len(pre):]: p.value for k, p in self.params.items() if k.startswith(pre)}
-        if _READS is not None:
-            _READS.update(pre + k for k in out)
-        out.update({k[len(pre):]: v for k, v in self.attrs.items() if k.startswith(pre)})
-        return out
+    def dispatch(self, tp: int) -> Dispatch:
+        """vLLM's implementation-switch limits at `tp` (every field None where the profile has no entry)."""
+        return self.vllm_dispatch.get(tp, _NO_DISPATCH)
 
     @property
     def tier(self) -> str:
         """Lowest provenance tier among the parameters the model uses (the profile's weakest link)."""
-        used = [p.tier for k, p in self.params.items() if not k.startswith(UNPERTURBED_PREFIXES)]
+        used = [p.tier for k, p in self.provenance.items() if not k.startswith(UNPERTURBED_PREFIXES)]
         return min(used, key=TIERS.index) if used else "assumed"
 
     def tier_counts(self) -> dict[str, int]:
         counts = {t: 0 for t in TIERS}
-        for p in self.params.values():
+        for p in self.provenance.values():
             counts[p.tier] += 1
         return counts
 
     def sources(self) -> list[str]:
-        return sorted({p.source for p in self.params.values()})
+        return sorted({p.source for p in self.provenance.values()})
 
-    def with_values(self, values: Mapping[str, Any], *, source: str = "--set by user",
-                    tier: str = "assumed", mark_modified: bool = True) -> HardwareProfile:
-        """A copy with some parameter values replaced (used by --set and the Monte Carlo band)."""
-        params = dict(self.params)
+    def with_values(self, values: Mapping[str, Any], provenance: Provenance | Mapping[str, Provenance] | None = USER_SET,
+                    *, mark_modified: bool = True, new_keys_ok: bool = False, name: str | None = None,
+                    notes: Mapping[str, str] | None = None) -> HardwareProfile:
+        """A new profile with some values replaced: the one way --set, the Monte Carlo band and calibration make one.
+
+        `provenance`: of every new value (one Provenance), per key (a mapping), or None to keep each key's own (the
+        band's draws). `mark_modified` records the keys as --set. `new_keys_ok` lets calibration add a schema key
+        the profile lacks (a collective at a new TP size). Plain numbers are range-checked (check_params) every time;
+        draws are checked where they are made."""
+        leaves = dict(self._leaves)
+        prov = dict(self.provenance)
         for k, v in values.items():
-            if k not in params:
-                raise TpcostError(
-                    f"--set: unknown quantity {k!r} for profile {self.name!r} (see `tpcost profiles --keys {self.name}`)")
-            old = params[k]
-            params[k] = Param(v, source if mark_modified else old.source,
-                              tier if mark_modified else old.tier, old.uncertainty_rel)
+            if k not in prov:
+                if not new_keys_ok:
+                    raise TpcostError(f"--set: unknown quantity {k!r} for profile {self.name!r} "
+                                      f"(see `tpcost profiles --keys {self.name}`)")
+                _check_key(k, v, "calibration")
+            leaves[k] = v
+            if provenance is None:
+                if k not in prov:
+                    raise TpcostError(f"{k}: a new quantity needs its provenance")
+            elif isinstance(provenance, Provenance):
+                prov[k] = provenance
+            else:
+                prov[k] = provenance[k]
+        check_params({k: leaves[k] for k in values}, f"profile {self.name!r} after --set" if mark_modified
+                     else f"profile {self.name!r}")
+        if name is not None:
+            leaves["identity.name"] = name
         modified = self.modified + tuple(k for k in values if k not in self.modified) if mark_modified else self.modified
-        if mark_modified:  # the Monte Carlo band perturbs within the tiers' sigmas; a user's values are checked
-            check_params(params, f"profile {self.name!r} after --set")
-        return dataclasses.replace(self, params=params, modified=modified)
+        return _assemble(leaves, prov, {**self.notes, **(notes or {})}, self.origin, modified)
 
 
-DERIVED_FROM_LINK = "--set on interconnect.* (derived: rides on the link)"
+def _assemble(leaves: Mapping[str, Any], provenance: Mapping[str, Provenance], notes: Mapping[str, str], origin: str,
+              modified: tuple[str, ...] = ()) -> HardwareProfile:
+    """The typed profile of dotted leaves that passed the schema checks (the one constructor)."""
+    def build(cls, prefix):
+        return cls(**{f: leaves[key] for f in _field_kinds(cls) if (key := f"{prefix}.{f}") in leaves})
+
+    colls: dict[str, set[int]] = {}
+    disp: set[int] = set()
+    for key in leaves:
+        if key.startswith("collectives."):
+            parts = key.split(".")
+            colls.setdefault(parts[1], set()).add(int(parts[2][2:]))
+        elif key.startswith("vllm_dispatch."):
+            disp.add(int(key.split(".")[1][2:]))
+    try:
+        collectives = {impl: MappingProxyType({tp: build(Collective, f"collectives.{impl}.tp{tp}") for tp in sorted(tps)})
+                       for impl, tps in colls.items()}
+    except TypeError:
+        bad = next(f"collectives.{i}.tp{t}" for i, tps in colls.items() for t in tps
+                   if not all(f"collectives.{i}.tp{t}.{f}" in leaves for f in ("latency_s", "bus_bw_bytes_per_s")))
+        raise TpcostError(f"{origin}: [{bad}] needs both latency_s and bus_bw_bytes_per_s") from None
+    return HardwareProfile(
+        origin=origin, identity=build(Identity, "identity"),
+        compute=Compute(build(PeakFlops, "compute.peak_flops_per_s")), memory=build(Memory, "memory"),
+        kernels=build(Kernels, "kernels"), gemm=build(Gemm, "gemm"), attention=build(Attention, "attention"),
+        interconnect=build(Interconnect, "interconnect"), collectives=MappingProxyType(collectives),
+        vllm_dispatch=MappingProxyType({tp: build(Dispatch, f"vllm_dispatch.tp{tp}") for tp in sorted(disp)}),
+        asynctp=build(AsyncTP, "asynctp"), provenance=MappingProxyType(dict(provenance)),
+        notes=MappingProxyType(dict(notes)), modified=modified)
+
+
+class _Recorder:
+    """Stands in for one section of a profile and records the dotted keys read through it."""
+
+    __slots__ = ("_obj", "_path", "_reads")
+
+    def __init__(self, obj, path: str, reads: set):
+        self._obj, self._path, self._reads = obj, path, reads
+
+    def __getattr__(self, name):
+        v = getattr(self._obj, name)
+        key = f"{self._path}.{name}"
+        if dataclasses.is_dataclass(v):
+            return _Recorder(v, key, self._reads)
+        if v is not None:  # a field the profile leaves empty is nothing --set could change
+            self._reads.add(key)
+        return v
+
+
+def recording(profile: HardwareProfile) -> tuple[HardwareProfile, set[str]]:
+    """(a copy of `profile` that records reads, the set it records into): what the model reads for one query,
+    which is how --set finds keys with no effect. The copy is for that one prediction only."""
+    reads: set[str] = set()
+    rec = lambda obj, path: _Recorder(obj, path, reads)  # noqa: E731
+    traced = dataclasses.replace(
+        profile, **{s: rec(getattr(profile, s), s) for s in _SECTIONS},
+        collectives={impl: {tp: rec(c, f"collectives.{impl}.tp{tp}") for tp, c in per.items()}
+                     for impl, per in profile.collectives.items()},
+        vllm_dispatch={tp: rec(d, f"vllm_dispatch.tp{tp}") for tp, d in profile.vllm_dispatch.items()})
+    return traced, reads
 
 
 def with_overrides(profile: HardwareProfile, values: Mapping[str, float],
@@ -230,28 +429,29 @@ def with_overrides(profile: HardwareProfile, values: Mapping[str, float],
     bandwidth by new/old; `interconnect.latency_s` shifts every collective latency and the pull latency
     by new − old (floored at 0). A dependant also given explicitly keeps the explicit value."""
     derived: dict[str, Any] = {}
+    current = profile.values()
     if "interconnect.link_bw_bytes_per_s" in values:
-        old = profile.v("interconnect.link_bw_bytes_per_s")
+        old = profile.interconnect.link_bw_bytes_per_s
         ratio = values["interconnect.link_bw_bytes_per_s"] / old if old else 1.0
-        for k, p in profile.params.items():
+        for k, v in current.items():
             if (k.startswith("collectives.") and k.endswith(".bus_bw_bytes_per_s")) or \
                     k == "asynctp.copy_engine_bw_bytes_per_s":
-                derived[k] = p.value * ratio
+                derived[k] = v * ratio
     if "interconnect.latency_s" in values:
-        delta = values["interconnect.latency_s"] - profile.v("interconnect.latency_s")
-        for k, p in profile.params.items():
+        delta = values["interconnect.latency_s"] - profile.interconnect.latency_s
+        for k, v in current.items():
             if (k.startswith("collectives.") and k.endswith(".latency_s")) or k == "asynctp.copy_latency_s":
-                derived[k] = max(0.0, p.value + delta)
+                derived[k] = max(0.0, v + delta)
     derived = {k: v for k, v in derived.items() if k not in values}
-    return profile.with_values(derived, source=DERIVED_FROM_LINK).with_values(values, source=source)
+    return profile.with_values(derived, Provenance(DERIVED_FROM_LINK, "assumed")).with_values(
+        values, Provenance(source, "assumed"))
 
 
-def check_params(params: Mapping[str, Param], where: str) -> None:
+def check_params(values: Mapping[str, Any], where: str) -> None:
     """One validation path for every profile value, run on load and after every override: finite; > 0
     unless a latency or fixed cost; efficiencies in (0, 1]; concurrency and slowdown in [0, 1]; counts and
     tile sizes integers >= 1."""
-    for k, p in params.items():
-        v = p.value
+    for k, v in values.items():
         if hasattr(v, "shape"):  # Monte Carlo draws: checked where they are made
             continue
         fv = float(v)
@@ -280,7 +480,27 @@ def check_params(params: Mapping[str, Param], where: str) -> None:
             raise TpcostError(f"{where}: {k} = {v:g} must be > 0")
 
 
-def _flatten(tree: Mapping[str, Any], path: str, params: dict, attrs: dict, where: str) -> None:
+def _check_key(key: str, value: Any, where: str) -> None:
+    """`key` names a field of the schema, and `value` has that field's type (number or string)."""
+    parent, _, leaf = key.rpartition(".")
+    cls = _table_class(parent)
+    if cls is None:
+        raise TpcostError(f"{where}: [{parent or key}] is not a table of the profile schema "
+                          f"(version {SCHEMA_VERSION}; see the fields in costmodel/profile.py)")
+    kinds = _field_kinds(cls)
+    if leaf not in kinds:
+        raise TpcostError(f"{where}: {key} is not a quantity of the schema ([{parent}] has: {', '.join(kinds)})")
+    if kinds[leaf][0] != isinstance(value, str):
+        raise TpcostError(f"{where}: {key} must be a {'string' if kinds[leaf][0] else 'number'}, got {value!r}")
+
+
+def _flatten(tree: Mapping[str, Any], path: str, leaves: dict, prov: dict, notes: dict, where: str) -> None:
+    if path == NOTES_TABLE:
+        for k, v in tree.items():
+            if not isinstance(v, str):
+                raise TpcostError(f"{where}: [{NOTES_TABLE}] holds strings only; {NOTES_TABLE}.{k} is not one")
+            notes[f"{path}.{k}"] = v
+        return
     numeric = {k: v for k, v in tree.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if numeric:
@@ -297,46 +517,51 @@ def _flatten(tree: Mapping[str, Any], path: str, params: dict, attrs: dict, wher
             if not math.isfinite(fv) or fv < 0:
                 raise TpcostError(f"{where}: {path}.{k} = {v} must be a finite number >= 0")
             u = unc.get(k)
-            params[f"{path}.{k}" if path else k] = Param(fv, src, tier, None if u is None else float(u))
+            key = f"{path}.{k}" if path else k
+            _check_key(key, fv, where)
+            leaves[key] = fv
+            prov[key] = Provenance(src, tier, None if u is None else float(u))
     for k, v in tree.items():
         key = f"{path}.{k}" if path else k
         if isinstance(v, dict):
             if k == "uncertainty_rel":
                 continue
-            _flatten(v, path if k.startswith("_") else key, params, attrs, where)
+            _flatten(v, path if k.startswith("_") else key, leaves, prov, notes, where)
         elif isinstance(v, str) and k not in ("source", "tier"):
-            attrs[key] = v
+            _check_key(key, v, where)
+            leaves[key] = v
         elif isinstance(v, bool) or isinstance(v, list):
             raise TpcostError(f"{where}: {key} has unsupported type {type(v).__name__}")
 
 
 def profile_from_dict(tree: Mapping[str, Any], origin: str) -> HardwareProfile:
-    """Validate a parsed TOML tree and build a HardwareProfile; errors name the file and the key."""
+    """Validate a parsed TOML tree and build the typed profile; errors name the file and the key."""
     where = origin
     if tree.get("schema_version") != SCHEMA_VERSION:
         raise TpcostError(f"{where}: schema_version must be {SCHEMA_VERSION}, got {tree.get('schema_version')!r}")
     ident = tree.get("identity")
     if not isinstance(ident, dict) or not isinstance(ident.get("name"), str):
         raise TpcostError(f"{where}: missing [identity] table with a `name`")
-    params: dict[str, Param] = {}
-    attrs: dict[str, str] = {}
+    leaves: dict[str, Any] = {}
+    prov: dict[str, Provenance] = {}
+    notes: dict[str, str] = {}
     body = {k: v for k, v in tree.items() if k != "schema_version"}
-    _flatten(body, "", params, attrs, where)
+    _flatten(body, "", leaves, prov, notes, where)
     for key, (value, source) in OPTIONAL_DEFAULTS.items():
-        if key not in params:  # profiles written before the quantity existed keep loading, and say so
-            params[key] = Param(value, source, "assumed")
-    missing = [k for k in REQUIRED_PARAMS if k not in params]
+        if key not in leaves:  # profiles written before the quantity existed keep loading, and say so
+            leaves[key], prov[key] = value, Provenance(source, "assumed")
+    missing = [k for k in REQUIRED_PARAMS if k not in leaves]
     if missing:
         raise TpcostError(f"{where}: missing required quantity {missing[0]}" +
                           (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    kind = attrs.get("interconnect.kind")
+    kind = leaves.get("interconnect.kind")
     if kind not in INTERCONNECT_KINDS:
         raise TpcostError(f"{where}: interconnect.kind must be one of {', '.join(INTERCONNECT_KINDS)}, got {kind!r}")
     for c in REQUIRED_COLLECTIVES:
-        if not any(k.startswith(f"collectives.{c}.tp") for k in params):
+        if not any(k.startswith(f"collectives.{c}.tp") for k in leaves):
             raise TpcostError(f"{where}: missing [collectives.{c}.tpN] entries")
-    check_params(params, where)
-    return HardwareProfile(name=ident["name"], origin=origin, params=params, attrs=attrs, raw=tree)
+    check_params({k: leaves[k] for k in prov}, where)
+    return _assemble(leaves, prov, notes, origin)
 
 
 def builtin_profile_names() -> list[str]:
@@ -344,15 +569,17 @@ def builtin_profile_names() -> list[str]:
 
 
 @functools.lru_cache(maxsize=32)
-def _builtin_tree(name: str) -> Mapping[str, Any]:
-    return tomllib.loads(resources.files("costmodel.profiles").joinpath(f"{name}.toml").read_text())
+def _builtin_profile(name: str) -> HardwareProfile:
+    """A built-in profile, parsed once per process (profiles are immutable)."""
+    tree = tomllib.loads(resources.files("costmodel.profiles").joinpath(f"{name}.toml").read_text())
+    return profile_from_dict(tree, f"built-in:{name}")
 
 
 def load_profile(name_or_path: str) -> HardwareProfile:
     """Load a built-in profile by name or a TOML file by path (read with tomllib; never eval/pickle)."""
     names = builtin_profile_names()
     if name_or_path in names:
-        return profile_from_dict(copy.deepcopy(_builtin_tree(name_or_path)), f"built-in:{name_or_path}")
+        return _builtin_profile(name_or_path)
     path = Path(name_or_path)
     if not path.suffix == ".toml" and not path.exists():
         raise TpcostError(f"unknown GPU profile {name_or_path!r}; built-in: {', '.join(names)} (or a path to a .toml)")
@@ -417,11 +644,11 @@ def match_profile(device_name: str, capability: str | None = None) -> str | None
     the vLLM plugin and calib's single-GPU check all use it)."""
     profiles = [load_profile(n) for n in builtin_profile_names()]
     for p in profiles:
-        pats = [s for s in p.attrs.get("identity.device_name_patterns", "").split("|") if s]
+        pats = [s for s in p.identity.device_name_patterns.split("|") if s]
         if any(s in device_name for s in pats):
             return p.name
     for p in profiles:
-        if capability and p.attrs.get("identity.compute_capability") == capability:
+        if capability and p.identity.compute_capability == capability:
             return p.name
     return None
 
@@ -497,18 +724,22 @@ def profile_to_tree(profile: HardwareProfile, name: str | None = None) -> dict:
         return t
 
     groups: dict = {}
-    for key, prm in profile.params.items():
+    for key, val in profile._leaves.items():
         parent, leaf = key.rsplit(".", 1)
+        prm = profile.provenance.get(key)
+        if prm is None:  # a string field
+            node(tuple(parent.split(".")))[leaf] = val
+            continue
         unc = None if prm.uncertainty_rel is None else float(prm.uncertainty_rel)
-        groups.setdefault(tuple(parent.split(".")), {}).setdefault((prm.source, prm.tier, unc), {})[leaf] = prm.value
+        groups.setdefault(tuple(parent.split(".")), {}).setdefault((prm.source, prm.tier, unc), {})[leaf] = val
     for path, by_src in groups.items():
         for i, ((src, tier, unc), leaves) in enumerate(sorted(by_src.items(), key=lambda kv: -len(kv[1]))):
             t = node(path if i == 0 else path + (f"_s{i}",))
-            t.update({k: float(v) if isinstance(v, float) else v for k, v in leaves.items()})
+            t.update({k: float(v) for k, v in leaves.items()})
             t["source"], t["tier"] = src, tier
             if unc is not None:
                 t["uncertainty_rel"] = {k: unc for k in leaves}
-    for key, val in profile.attrs.items():
+    for key, val in profile.notes.items():
         parent, leaf = key.rsplit(".", 1)
         node(tuple(parent.split(".")))[leaf] = val
     if name is not None:

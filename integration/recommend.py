@@ -138,12 +138,12 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
     from costmodel.analysis import decide_fusion_limit, expected_time_by_threshold_s, uniform_workload
 
     d = profile.dispatch(tp)
-    if "fi_fusion_max_bytes" not in d or not profile.has_collective("flashinfer_ar_rmsnorm"):
+    if d.fi_fusion_max_bytes is None or not profile.has_collective("flashinfer_ar_rmsnorm"):
         return None
     hw = ops.Hw(profile, dtype)
     elem = hw.act_bytes
     row = shape.hidden * elem
-    default_tokens = int(d["fi_fusion_max_bytes"]) // int(row)
+    default_tokens = int(d.fi_fusion_max_bytes) // int(row)
     n = np.arange(1, max_num_batched_tokens + 1, dtype=float)
     if workload is not None:
         from costmodel.workload import grid_weights

@@ -71,6 +71,14 @@ def test_bad_profile_files_and_values(tmp_path, capsys, one_line_error):
         "sm.toml": (src.replace("sm_count = 132", "sm_count = 131.5").encode(), "integer"),
         "bw.toml": (src.replace("hbm_bw_bytes_per_s = 3350000000000.0", "hbm_bw_bytes_per_s = 0.0").encode(), "> 0"),
         "inf.toml": (src.replace("hbm_bw_bytes_per_s = 3350000000000.0", "hbm_bw_bytes_per_s = inf").encode(), "finite"),
+        # the schema: a misspelt quantity, a table it does not have, a string where a number belongs
+        "typo.toml": (src.replace("max_efficiency = 0.8033", "max_efficency = 0.8033").encode(),
+                      "gemm.max_efficency is not a quantity of the schema"),
+        "table.toml": (src.replace("[attention]", "[atention]").encode(), "[atention] is not a table"),
+        "str.toml": (src.replace("sm_count = 132", 'sm_count = "132"').encode(), "identity.sm_count must be a number"),
+        "kind.toml": (src.replace('kind = "nvswitch"', "kind = 3").encode(), "interconnect.kind must be a string"),
+        "half.toml": ((src + '\n[collectives.nccl_all_reduce.tp16]\nlatency_s = 1e-5\nsource = "x"\ntier = "assumed"\n')
+                      .encode(), "[collectives.nccl_all_reduce.tp16] needs both"),
     }
     for name, (content, needle) in cases.items():
         f = tmp_path / name

@@ -26,8 +26,8 @@ def test_cpu_loop_calibrate_whatif_validate_evaluate(tmp_path, capsys):
     from costmodel.profile import load_profile
 
     p = load_profile(str(prof))
-    assert p.kind == "host" and any(x.tier == "calibrated" for x in p.params.values())
-    assert p.attrs["calibration.world_size"] == "2" and "torch" in " ".join(p.attrs)
+    assert p.kind == "host" and any(x.tier == "calibrated" for x in p.provenance.values())
+    assert p.notes["calibration.world_size"] == "2" and "torch" in " ".join(p.notes)
     # an existing profile is only replaced with --force
     before = prof.read_text()
     assert main(["calibrate", "--device", "cpu", "--out", str(prof)]) == 2
@@ -162,10 +162,10 @@ def test_gpu_check_pipeline_runs_on_cpu_and_folds_into_a_profile(tmp_path, capsy
     assert (out / "summary.txt").read_text().startswith("gpu_check on ")
     capsys.readouterr()
     p = profile_from_dict(build_all(root=tmp_path)["h200-sxm"], "h200-cpu-fold")
-    folded = [k for k, v in p.params.items() if v.tier == "calibrated"]
+    folded = [k for k, v in p.provenance.items() if v.tier == "calibrated"]
     assert set(folded) <= set(fit["params"])
     for k in folded:
-        assert p.params[k].value == pytest.approx(fit["params"][k]["value"], rel=1e-3)  # profiles keep 4 digits
+        assert p.value(k) == pytest.approx(fit["params"][k]["value"], rel=1e-3)  # profiles keep 4 digits
 
 
 def test_ctrl_c_keeps_samples_and_writes_no_profile(tmp_path):

@@ -57,10 +57,10 @@ def test_faster_link_scales_what_rides_on_it(capsys):
     p = load_profile("h100-sxm")
     q = with_overrides(p, {"interconnect.link_bw_bytes_per_s": 900e9, "asynctp.copy_engine_bw_bytes_per_s": 1e12})
     k = "collectives.nccl_all_reduce.tp4.bus_bw_bytes_per_s"
-    assert q.v(k) == pytest.approx(2 * p.v(k))
-    assert q.v("asynctp.copy_engine_bw_bytes_per_s") == 1e12  # explicit value wins
-    lat = with_overrides(p, {"interconnect.latency_s": p.v("interconnect.latency_s") + 1e-6})
-    assert lat.v("collectives.nccl_all_gather.tp8.latency_s") == pytest.approx(p.v("collectives.nccl_all_gather.tp8.latency_s") + 1e-6)
+    assert q.value(k) == pytest.approx(2 * p.value(k))
+    assert q.value("asynctp.copy_engine_bw_bytes_per_s") == 1e12  # explicit value wins
+    lat = with_overrides(p, {"interconnect.latency_s": p.value("interconnect.latency_s") + 1e-6})
+    assert lat.value("collectives.nccl_all_gather.tp8.latency_s") == pytest.approx(p.value("collectives.nccl_all_gather.tp8.latency_s") + 1e-6)
     rc, out, _ = run(capsys, "whatif", "--no-band", "--set", "interconnect.link_bw_bytes_per_s=900e9")
     assert rc == 0 and "MODIFIED by --set: interconnect.link_bw_bytes_per_s (+" in out
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from costmodel import analyse, load_model, load_profile, predict
 from costmodel import ops
 from costmodel.analysis import decide_cutoff, expected_time_by_threshold_s, token_grid
-from costmodel.profile import dump_profile, profile_from_dict
+from costmodel.profile import dump_profile, profile_from_dict, profile_to_tree
 from costmodel.shapes import shape_from_config
 
 H100 = load_profile("h100-sxm")
@@ -48,9 +48,9 @@ def test_zero_compute_gives_no_overlap_gain():
          "gemm.launch_overhead_s": 0.0, "kernels.launch_overhead_s": 0.0}
     hw = _hw(**z)
     m, W = np.array([4096.0, 16384.0]), 4
-    bw = min(H100.v("asynctp.copy_engine_bw_bytes_per_s"), H100.v("interconnect.link_bw_bytes_per_s"))
-    p = H100.v("asynctp.copy_latency_s") + m / W * 8192 * 2 / bw
-    b = H100.v("asynctp.barrier_s")
+    bw = min(H100.value("asynctp.copy_engine_bw_bytes_per_s"), H100.value("interconnect.link_bw_bytes_per_s"))
+    p = H100.value("asynctp.copy_latency_s") + m / W * 8192 * 2 / bw
+    b = H100.value("asynctp.barrier_s")
     np.testing.assert_allclose(_fused("ag", hw, m, 8192, 8192, W).t_s, 3 * b + (W - 1) * p, rtol=1e-9)
     np.testing.assert_allclose(_fused("rs", hw, m, 8192, 8192, W).t_s, 2 * W * b + (W - 1) * p, rtol=1e-9)
 
@@ -59,7 +59,7 @@ def test_eager_host_issue_sets_a_floor_and_graphs_remove_it():
     hw = _hw()
     m = np.array([64.0, 65536.0])
     eager, graph = _fused("rs", hw, m, 8192, 3584, 8, True), _fused("rs", hw, m, 8192, 3584, 8, False)
-    host = (6 * 7 + 16) * H100.v("asynctp.host_op_s")  # torch 2.13's 58 calls at W = 8
+    host = (6 * 7 + 16) * H100.value("asynctp.host_op_s")  # torch 2.13's 58 calls at W = 8
     np.testing.assert_allclose(eager.t_host_s, host)
     assert np.all(eager.t_s >= host) and np.all(graph.t_s == graph.t_gpu_s)
     assert eager.t_s[1] == graph.t_s[1]  # a large op is GPU-bound: the host hides behind it
@@ -153,10 +153,10 @@ def test_toml_round_trip_every_builtin():
 
     for name in builtin_profile_names():
         p = load_profile(name)
-        q = profile_from_dict(tomllib.loads(dump_profile(p.raw)), "roundtrip")  # raw: only for writing back
-        assert {k: v.value for k, v in q.params.items()} == {k: v.value for k, v in p.params.items()}
-        assert q.attrs == p.attrs
-        assert all(prm.source.strip() for prm in p.params.values())
+        q = profile_from_dict(tomllib.loads(dump_profile(profile_to_tree(p))), "roundtrip")
+        assert q.values() == p.values() and q.provenance == p.provenance and q.notes == p.notes
+        assert (q.identity, q.interconnect.kind, q.vllm_dispatch) == (p.identity, p.interconnect.kind, p.vllm_dispatch)
+        assert all(prm.source.strip() for prm in p.provenance.values())
 
 
 def test_builtin_profiles_match_generator():
@@ -214,21 +214,21 @@ def test_gpu_check_fit_folds_into_profile(tmp_path):
     trees = build_all(root=tmp_path)
     p = profile_from_dict(trees["h200-sxm"], "h200-test")
     for key, v in (("gemm.max_efficiency", 0.79), ("kernels.mem_efficiency", 0.9), ("asynctp.compute_slowdown", 0.08)):
-        assert p.params[key].value == v and p.params[key].tier == "calibrated" and "NVIDIA H200" in p.params[key].source
-    assert p.params["gemm.max_efficiency"].sigma_rel == 0.02
-    assert p.params["kernels.launch_overhead_s"].tier == "assumed"  # its neighbour keeps its own source
+        assert p.value(key) == v and p.provenance[key].tier == "calibrated" and "NVIDIA H200" in p.provenance[key].source
+    assert p.provenance["gemm.max_efficiency"].sigma_rel == 0.02
+    assert p.provenance["kernels.launch_overhead_s"].tier == "assumed"  # its neighbour keeps its own source
     # the H100 takes only what belongs to the shared GH100 die: the two-stream concurrency
     h = profile_from_dict(trees["h100-sxm"], "h100-test")
-    assert h.params["asynctp.stream_concurrency"].value == 0.85
-    assert h.params["asynctp.stream_concurrency"].tier == "calibrated" and "GH100 die" in h.params["asynctp.stream_concurrency"].source
-    assert h.params["gemm.max_efficiency"].tier != "calibrated" and h.params["asynctp.compute_slowdown"].value != 0.08
+    assert h.value("asynctp.stream_concurrency") == 0.85
+    assert h.provenance["asynctp.stream_concurrency"].tier == "calibrated" and "GH100 die" in h.provenance["asynctp.stream_concurrency"].source
+    assert h.provenance["gemm.max_efficiency"].tier != "calibrated" and h.value("asynctp.compute_slowdown") != 0.08
 
 
 @settings(max_examples=25, deadline=None)
 @given(factor=st.floats(1.05, 20.0), tp=st.sampled_from([2, 4, 8]))
 def test_more_bandwidth_never_slows_anything(factor, tp):
     """Monotonicity: scaling every link/collective bandwidth up never makes a schedule slower."""
-    keys = {k: v.value * factor for k, v in H100.params.items()
+    keys = {k: v * factor for k, v in H100.values().items()
             if k.endswith("bus_bw_bytes_per_s") or k == "asynctp.copy_engine_bw_bytes_per_s"}
     fast = predict(H100.with_values(keys), L70, tp, "bf16", N)
     base = predict(H100, L70, tp, "bf16", N)
@@ -284,13 +284,13 @@ def test_cutoff_sensitivity_rows_are_single_input_what_ifs():
         assert entry == f"tp{H100.collective_entry_tp(impl, tp)}"
     assert "interconnect.internode_bw_bytes_per_s" not in {r["quantity"] for r in rows}  # tp 2 stays in the domain
     for r in rows[:3]:
-        prm = H100.params[r["quantity"]]
+        prm = H100.provenance[r["quantity"]]
         assert r["cutoff_minus_sigma_tokens"] != base or r["cutoff_plus_sigma_tokens"] != base  # it moves
         for sign, key in ((-1, "cutoff_minus_sigma_tokens"), (1, "cutoff_plus_sigma_tokens")):
-            x = prm.value * np.exp(sign * prm.sigma_rel)  # by hand: e^(±σ), efficiencies capped at 1
+            x = H100.value(r["quantity"]) * np.exp(sign * prm.sigma_rel)  # by hand: e^(±σ), efficiencies capped at 1
             if r["quantity"].endswith(("efficiency", "concurrency")):
                 x = min(x, 1.0)
-            assert cut(H100.with_values({r["quantity"]: x}, mark_modified=False)) == r[key]
+            assert cut(H100.with_values({r["quantity"]: x}, None, mark_modified=False)) == r[key]
 
 
 def test_generator_flags_inconsistent_collectives():

@@ -20,19 +20,19 @@ def test_logs_in_both_layouts_become_a_calibrated_profile(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "collectives.nccl_all_reduce.tp4" in text and "collectives.nccl_reduce_scatter.tp4" in text
     p, base = load_profile(str(out)), load_profile("h100-sxm")
-    ar = p.params["collectives.nccl_all_reduce.tp4.bus_bw_bytes_per_s"]
+    ar = p.provenance["collectives.nccl_all_reduce.tp4.bus_bw_bytes_per_s"]
     assert ar.tier == "calibrated" and "NVIDIA H100 80GB HBM3, 4 ranks on 1 host(s), NCCL 2.21.5" in ar.source
     # the fixtures were written from t = α + factor·S/busBW (±2 %): all-reduce α 12 us, busBW 315 GB/s (factor 2·3/4);
     # reduce-scatter α 13 us, busBW 170 GB/s (factor 3/4); the fit must recover them
-    assert ar.value == pytest.approx(315e9, rel=0.05)
-    assert p.v("collectives.nccl_all_reduce.tp4.latency_s") == pytest.approx(12e-6, rel=0.1)
-    rs = p.params["collectives.nccl_reduce_scatter.tp4.bus_bw_bytes_per_s"]
-    assert rs.value == pytest.approx(170e9, rel=0.05) and "version not printed" in rs.source
-    assert p.v("collectives.nccl_reduce_scatter.tp4.latency_s") == pytest.approx(13e-6, rel=0.1)
+    assert p.value("collectives.nccl_all_reduce.tp4.bus_bw_bytes_per_s") == pytest.approx(315e9, rel=0.05)
+    assert p.value("collectives.nccl_all_reduce.tp4.latency_s") == pytest.approx(12e-6, rel=0.1)
+    rs = p.provenance["collectives.nccl_reduce_scatter.tp4.bus_bw_bytes_per_s"]
+    assert p.value("collectives.nccl_reduce_scatter.tp4.bus_bw_bytes_per_s") == pytest.approx(170e9, rel=0.05) and "version not printed" in rs.source
+    assert p.value("collectives.nccl_reduce_scatter.tp4.latency_s") == pytest.approx(13e-6, rel=0.1)
     # everything else keeps its prior and says so
-    assert p.params["gemm.max_efficiency"].value == base.params["gemm.max_efficiency"].value
-    assert p.params["gemm.max_efficiency"].source == base.params["gemm.max_efficiency"].source
-    assert "gemm" in p.attrs["calibration.not_measured_kept_prior"]
+    assert p.value("gemm.max_efficiency") == base.value("gemm.max_efficiency")
+    assert p.provenance["gemm.max_efficiency"].source == base.provenance["gemm.max_efficiency"].source
+    assert "gemm" in p.notes["calibration.not_measured_kept_prior"]
     assert main(["whatif", "--gpu", str(out), "--no-band", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["gpu"] == "h100-sxm-nccl-tests"
 

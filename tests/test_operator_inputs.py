@@ -35,10 +35,9 @@ def test_weights_that_do_not_fit_are_noted(capsys):
 @pytest.mark.parametrize("name", builtin_profile_names())
 def test_every_builtin_has_a_capacity_and_round_trips(name):
     p = load_profile(name)
-    assert p.v("memory.hbm_capacity_bytes") > 1e10 and p.params["memory.hbm_capacity_bytes"].tier == "datasheet"
+    assert p.value("memory.hbm_capacity_bytes") > 1e10 and p.provenance["memory.hbm_capacity_bytes"].tier == "datasheet"
     q = profile_from_dict(profile_to_tree(p), "round-trip")
-    assert {k: (v.value, v.source, v.tier) for k, v in q.params.items()} == \
-           {k: (v.value, v.source, v.tier) for k, v in p.params.items()}
+    assert q.values() == p.values() and q.provenance == p.provenance
 
 
 def test_new_profile_from_builtin_with_faster_link(tmp_path, capsys):
@@ -47,11 +46,11 @@ def test_new_profile_from_builtin_with_faster_link(tmp_path, capsys):
                  "interconnect.link_bw_bytes_per_s=900e9", "--out", str(out)]) == 0
     capsys.readouterr()
     p, base = load_profile(str(out)), load_profile("h100-sxm")
-    assert p.name == "h100-nvl5" and p.v("interconnect.link_bw_bytes_per_s") == 900e9
-    assert p.params["interconnect.link_bw_bytes_per_s"].tier == "assumed"
+    assert p.name == "h100-nvl5" and p.value("interconnect.link_bw_bytes_per_s") == 900e9
+    assert p.provenance["interconnect.link_bw_bytes_per_s"].tier == "assumed"
     k = "collectives.nccl_all_reduce.tp4.bus_bw_bytes_per_s"
-    assert p.v(k) == pytest.approx(2 * base.v(k)) and p.params[k].tier == "assumed"  # rides on the link
-    assert p.params["gemm.max_efficiency"].source == base.params["gemm.max_efficiency"].source  # untouched
+    assert p.value(k) == pytest.approx(2 * base.value(k)) and p.provenance[k].tier == "assumed"  # rides on the link
+    assert p.provenance["gemm.max_efficiency"].source == base.provenance["gemm.max_efficiency"].source  # untouched
     cut = {}
     for gpu in ("h100-sxm", str(out)):
         assert main(["whatif", "--gpu", gpu, "--no-band", "--json"]) == 0

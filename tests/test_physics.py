@@ -33,7 +33,7 @@ def _predict(prof, model, tp, dtype):
 @pytest.mark.parametrize("prof,model,tp", list(_cases()))
 def test_every_prediction_is_physically_possible(prof, model, tp):
     p = load_profile(prof)
-    link = p.v("interconnect.link_bw_bytes_per_s")
+    link = p.value("interconnect.link_bw_bytes_per_s")
     for dtype in DTYPES:
         pred = _predict(prof, model, tp, dtype)
         sp, spa, tps = pred.schedules["sp"], pred.schedules["sp_asynctp"], pred.schedules["tp"]
@@ -76,7 +76,7 @@ def test_every_prediction_is_physically_possible(prof, model, tp):
 @pytest.mark.parametrize("prof", builtin_profile_names())
 def test_no_fused_ops_beyond_one_interconnect_domain(prof):
     p = load_profile(prof)
-    domain = int(p.v("interconnect.domain_size"))
+    domain = int(p.value("interconnect.domain_size"))
     if domain >= 64:  # an NVL72 is one domain: tp 16 keeps the fused ops
         assert ops.fused_ops_available(p, 16) is None
         return

@@ -311,10 +311,10 @@ def fit_fused_param(tree, rows, key, name, arm="fused"):
         return float(np.asarray(f.t_s if arm == "fused" else seq).ravel()[0])
 
     def resid(x):
-        prof = base.with_values({key: float(np.exp(x[0]))}, mark_modified=False)
+        prof = base.with_values({key: float(np.exp(x[0]))}, None, mark_modified=False)
         return np.log(np.array([one(prof, r) for r in rows]) / meas)
 
-    x0 = np.log([max(base.v(key), 1e-7)])
+    x0 = np.log([max(base.value(key), 1e-7)])
     r = least_squares(resid, x0, loss="soft_l1", f_scale=0.1, x_scale=1.0, diff_step=1e-3)
     dof = max(1, len(rows) - 1)
     s2 = float(np.sum(r.fun**2)) / dof

@@ -1,0 +1,98 @@
+"""The typed hardware profile: parsed once into frozen dataclasses; one function makes new instances."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from costmodel.errors import TpcostError
+from costmodel.model import predict
+from costmodel.profile import (Collective, Dispatch, HardwareProfile, Provenance, builtin_profile_names, load_profile,
+                               profile_from_dict, profile_to_tree, recording, with_overrides)
+from costmodel.shapes import load_model
+
+L70 = load_model("llama-3.1-70b")
+
+
+@pytest.mark.parametrize("name", builtin_profile_names())
+def test_typed_fields_are_the_values(name):
+    """Every numeric dotted key is a typed field and every field of a section has its provenance."""
+    p = load_profile(name)
+    vals = p.values()
+    assert set(vals) == set(p.provenance)  # one provenance per number, no number without one
+    assert p.gemm.max_efficiency == vals["gemm.max_efficiency"]
+    assert p.compute.peak_flops_per_s.bf16 == vals["compute.peak_flops_per_s.bf16"]
+    for impl, per_tp in p.collectives.items():
+        for tp, c in per_tp.items():
+            assert isinstance(c, Collective)
+            assert (c.latency_s, c.bus_bw_bytes_per_s) == (vals[f"collectives.{impl}.tp{tp}.latency_s"],
+                                                         vals[f"collectives.{impl}.tp{tp}.bus_bw_bytes_per_s"])
+    for tp, d in p.vllm_dispatch.items():
+        assert isinstance(d, Dispatch)
+        for f in dataclasses.fields(d):
+            v = getattr(d, f.name)
+            key = f"vllm_dispatch.tp{tp}.{f.name}"
+            assert v is None or v == vals.get(key, v if isinstance(v, str) else None)
+    assert p.interconnect.kind in ("nvswitch", "nvlink-mesh", "pcie", "xgmi", "host")
+
+
+def test_profile_is_immutable_and_with_values_makes_a_new_one():
+    p = load_profile("h100-sxm")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.gemm.max_efficiency = 0.5
+    with pytest.raises(TypeError):
+        p.collectives["nccl_all_reduce"][4] = Collective(0.0, 1.0)
+    q = p.with_values({"gemm.max_efficiency": 0.5})
+    assert p.gemm.max_efficiency == pytest.approx(0.8033) and q.gemm.max_efficiency == 0.5
+    assert q.provenance["gemm.max_efficiency"] == Provenance("--set by user", "assumed")
+    assert p.provenance["gemm.max_efficiency"].tier == "published-measurement"
+    assert q.modified == ("gemm.max_efficiency",) and p.modified == ()
+    # the band's draws keep each key's provenance and are not marked as --set
+    draws = np.array([[0.6], [0.7]])
+    b = p.with_values({"gemm.max_efficiency": draws}, None, mark_modified=False)
+    assert b.gemm.max_efficiency is draws and b.provenance == p.provenance and b.modified == ()
+
+
+def test_with_values_refuses_what_the_schema_lacks_and_checks_ranges():
+    p = load_profile("h100-sxm")
+    with pytest.raises(TpcostError, match="unknown quantity"):
+        p.with_values({"gemm.max_efficency": 0.5})
+    with pytest.raises(TpcostError, match=r"\(0, 1\]"):
+        p.with_values({"gemm.max_efficiency": 1.5})
+    # calibration may add a schema key the prior lacks (a collective at a new TP size), with its provenance
+    cal = Provenance("calibrated by a test", "calibrated", 0.01)
+    q = p.with_values({"collectives.nccl_all_reduce.tp16.latency_s": 3e-5,
+                       "collectives.nccl_all_reduce.tp16.bus_bw_bytes_per_s": 1e11}, cal,
+                      mark_modified=False, new_keys_ok=True, name="h100-cal", notes={"calibration.host": "node1"})
+    assert q.collectives["nccl_all_reduce"][16] == Collective(3e-5, 1e11) and q.name == "h100-cal"
+    assert q.notes["calibration.host"] == "node1" and q.provenance["collectives.nccl_all_reduce.tp16.latency_s"] == cal
+    with pytest.raises(TpcostError, match="not a table"):
+        p.with_values({"collectives.nccl_all_reduce.x16.latency_s": 1e-5}, cal, new_keys_ok=True)
+    with pytest.raises(TpcostError, match="needs both"):
+        p.with_values({"collectives.nccl_all_reduce.tp16.latency_s": 1e-5}, cal, new_keys_ok=True)
+    # what calibration writes loads back to the same profile
+    r = profile_from_dict(profile_to_tree(q), "round-trip")
+    assert r.values() == q.values() and r.provenance == q.provenance and r.notes == q.notes
+
+
+def test_set_on_a_dispatch_limit_changes_the_prediction():
+    """The profile is held once: --set on vLLM's dispatch table reaches the model (it once did not)."""
+    p = load_profile("h100-sxm")
+    n = np.array([64.0])  # 1 MiB messages: under vLLM's 2 MiB FlashInfer limit at tp 4
+    base = predict(p, L70, 4, "bf16", n).t_forward_s("tp")
+    off = predict(with_overrides(p, {"vllm_dispatch.tp4.fi_fusion_max_bytes": 0.0}), L70, 4, "bf16", n).t_forward_s("tp")
+    assert off[0] != base[0]
+
+
+def test_recording_sees_only_what_one_query_reads():
+    p = load_profile("h100-sxm")
+    traced, reads = recording(p)
+    pred = predict(traced, L70, 4, "bf16", np.array([512.0, 4096.0]))
+    assert np.array_equal(pred.t_forward_s("sp_asynctp"), predict(p, L70, 4, "bf16", np.array([512.0, 4096.0]))
+                          .t_forward_s("sp_asynctp"))
+    assert "gemm.max_efficiency" in reads and "asynctp.barrier_s" in reads
+    assert "collectives.nccl_all_reduce.tp4.latency_s" in reads or "vllm_dispatch.tp4.symm_mem_max_bytes" in reads
+    assert not any(".tp8." in k or k.endswith(".tp8") for k in reads)  # another TP size's entries
+    assert "compute.peak_flops_per_s.fp8" not in reads  # a bf16 run
+    assert all(k in p.provenance or k in p._leaves for k in reads)  # every read is a field of the schema
+    assert isinstance(p, HardwareProfile) and p.modified == ()
