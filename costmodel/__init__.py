@@ -2,15 +2,21 @@
 speedup curve → cutoff. Imports neither torch nor scipy."""
 
 
-from .errors import TpcostError  # noqa: F401
-from .profile import HardwareProfile, load_profile  # noqa: F401
-from .shapes import ModelShape, load_model  # noqa: F401
-from .model import predict, Prediction  # noqa: F401
-from .analysis import analyse, Analysis  # noqa: F401
+# The public names, imported on first use (PEP 562): `import costmodel.device` or the vLLM plugin's cache lookup
+# must not pay for the whole model.
+_PUBLIC = {"TpcostError": "errors", "HardwareProfile": "profile", "load_profile": "profile", "ModelShape": "shapes",
+           "load_model": "shapes", "predict": "model", "Prediction": "model", "analyse": "analysis",
+           "Analysis": "analysis"}
+__all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name):
-    """`costmodel.__version__`: the installed distribution's version (pyproject.toml is the one place it lives)."""
+    """The public names on first use; `costmodel.__version__`: the installed distribution's version (pyproject.toml
+    is the one place it lives)."""
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
     if name == "__version__":
         from importlib.metadata import PackageNotFoundError, version
 

@@ -653,28 +653,6 @@ def match_profile(device_name: str, capability: str | None = None) -> str | None
     return None
 
 
-def _local_device():
-    """(device name, 'major.minor') of GPU 0 via vLLM's platform if importable, else torch; (None, None) if none.
-    Imported only when called: `--gpu auto` is the one path of costmodel that asks the machine."""
-    try:
-        from vllm.platforms import current_platform
-
-        cap = current_platform.get_device_capability()
-        if cap is not None:
-            return current_platform.get_device_name(), f"{cap.major}.{cap.minor}"
-    except Exception:  # noqa: BLE001 - vllm absent or no device
-        pass
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability(0)
-            return torch.cuda.get_device_name(0), f"{major}.{minor}"
-    except Exception:  # noqa: BLE001
-        pass
-    return None, None
-
-
 def _env_profile() -> tuple[str, HardwareProfile] | None:
     """($TPCOST_PROFILE, its profile loaded) when the variable is set; errors name the variable."""
     import os
@@ -701,7 +679,9 @@ def detect_profile_name() -> str:
     env = _env_profile()
     if env:
         return env[0]
-    name, cap = _local_device()
+    from .device import local_device
+
+    name, cap = local_device()
     if name is None:
         raise TpcostError("--gpu auto: no GPU visible here; pass --gpu NAME or set TPCOST_PROFILE")
     found = match_profile(name, cap)

@@ -82,47 +82,69 @@ def _apply_inner(cfg) -> None:
         tp = cfg.parallel_config.tensor_parallel_size
         if tp <= 1 or cfg.model_config is None or not (want_sp or want_fi):
             return
-        from costmodel.profile import detect_profile
-        from costmodel.shapes import shape_from_config
-
-        from .recommend import recommend
-
-        prof = detect_profile()
         mc = cfg.model_config
-        shape = shape_from_config(mc.hf_text_config.to_dict(), str(mc.model))
-        max_tokens = cfg.scheduler_config.max_num_batched_tokens or 8192
-        workload = None
-        if os.environ.get("TPCOST_WORKLOAD"):
-            from costmodel.workload import read_workload
+        hf = mc.hf_text_config.to_dict()
+        inputs = {"hf_text_config": hf, "model": str(mc.model), "tp": tp, "dtype": _dtype_mode(mc),
+                  "max_tokens": int(cfg.scheduler_config.max_num_batched_tokens or 8192), "has_sp": has_sp,
+                  "want_sp": want_sp, "want_fi": want_fi, "fuse_allreduce_rms": pc.fuse_allreduce_rms,
+                  "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb}
+        from . import plugin_cache
 
-            workload = read_workload(os.environ["TPCOST_WORKLOAD"])
-        r = recommend(prof, shape, tp, _dtype_mode(mc), int(max_tokens), workload=workload,
-                      vllm_version=(0, 31) if has_sp else (0, 32), user_fuse_allreduce_rms=pc.fuse_allreduce_rms,
-                      user_fi_max_mb=pc.fi_allreduce_fusion_max_size_mb)
-        said = []
-        if want_fi and r.fusion is not None and r.fusion.why == "decided":
-            if r.fusion.tokens == 0:
-                if pc.fuse_allreduce_rms is None:
-                    pc.fuse_allreduce_rms = False
-                    said.append("fuse_allreduce_rms=False (the fused all-reduce+RMSNorm never wins here)")
-            else:
-                pc.fi_allreduce_fusion_max_size_mb = r.fusion.mb
-                said.append(f"fi_allreduce_fusion_max_size_mb={r.fusion.mb:.6g} (fused up to {r.fusion.tokens} tokens)")
-        if want_sp:
-            if r.enable:
-                pc.sp_min_token_num = r.cutoff_tokens
-                said.append(f"sp_min_token_num={r.cutoff_tokens} (predicted SP+AsyncTP speedup {r.speedup_at_cutoff:.3f}x "
-                            f"at the cutoff, {r.speedup_at_max_tokens:.3f}x at {r.max_num_batched_tokens} tokens; "
-                            f"{r.saving_line()})")
-            else:
-                # no gain predicted up to max_num_batched_tokens: SP would only cost (full graphs, padding), so turn
-                # it off the way vLLM does when its own table has no value (docs/vllm-plugin.md)
-                pc.enable_sp = False
-                pc.fuse_gemm_comms = False
-                said.append(f"SP+AsyncTP disabled: never predicted to gain up to {r.max_num_batched_tokens} tokens "
-                            f"({r.speedup_at_max_tokens:.3f}x there); set pass_config.sp_min_token_num to force it")
-        if said:
-            logger.info("tpcost: %s; profile %s, provenance tier %s", "; ".join(said), r.profile_name, r.profile_tier)
+        key = plugin_cache.decision_key(inputs)
+        plan = plugin_cache.load(key)
+        hit = plan is not None
+        if not hit:
+            plan = _plan(inputs)
+            if not plugin_cache.store(key, plan) and plugin_cache.cache_dir() is not None:
+                logger.info("tpcost: decision cache not written (%s is not a writable directory)",
+                            plugin_cache.cache_dir())
+        for attr, value in plan["set"]:
+            setattr(pc, attr, value)
+        if plan["said"]:
+            logger.info("tpcost: %s; profile %s, provenance tier %s%s", "; ".join(plan["said"]), plan["profile_name"],
+                        plan["profile_tier"], " (cached decision)" if hit else "")
     except Exception as e:  # noqa: BLE001
         logger.warning("tpcost: could not compute the pass config (%s: %s); vLLM's defaults apply",
                        type(e).__name__, e)
+
+
+def _plan(inputs: dict) -> dict:
+    """What to set on the pass config and what to say, from the cost model (a JSON-able plan; plugin_cache)."""
+    from costmodel.profile import detect_profile
+    from costmodel.shapes import shape_from_config
+
+    from .recommend import recommend
+
+    prof = detect_profile()
+    shape = shape_from_config(inputs["hf_text_config"], inputs["model"])
+    workload = None
+    if os.environ.get("TPCOST_WORKLOAD"):
+        from costmodel.workload import read_workload
+
+        workload = read_workload(os.environ["TPCOST_WORKLOAD"])
+    r = recommend(prof, shape, inputs["tp"], inputs["dtype"], inputs["max_tokens"], workload=workload,
+                  vllm_version=(0, 31) if inputs["has_sp"] else (0, 32),
+                  user_fuse_allreduce_rms=inputs["fuse_allreduce_rms"],
+                  user_fi_max_mb=inputs["fi_allreduce_fusion_max_size_mb"])
+    sets, said = [], []
+    if inputs["want_fi"] and r.fusion is not None and r.fusion.why == "decided":
+        if r.fusion.tokens == 0:
+            if inputs["fuse_allreduce_rms"] is None:
+                sets.append(("fuse_allreduce_rms", False))
+                said.append("fuse_allreduce_rms=False (the fused all-reduce+RMSNorm never wins here)")
+        else:
+            sets.append(("fi_allreduce_fusion_max_size_mb", r.fusion.mb))
+            said.append(f"fi_allreduce_fusion_max_size_mb={r.fusion.mb:.6g} (fused up to {r.fusion.tokens} tokens)")
+    if inputs["want_sp"]:
+        if r.enable:
+            sets.append(("sp_min_token_num", r.cutoff_tokens))
+            said.append(f"sp_min_token_num={r.cutoff_tokens} (predicted SP+AsyncTP speedup {r.speedup_at_cutoff:.3f}x "
+                        f"at the cutoff, {r.speedup_at_max_tokens:.3f}x at {r.max_num_batched_tokens} tokens; "
+                        f"{r.saving_line()})")
+        else:
+            # no gain predicted up to max_num_batched_tokens: SP would only cost (full graphs, padding), so turn
+            # it off the way vLLM does when its own table has no value (docs/vllm-plugin.md)
+            sets += [("enable_sp", False), ("fuse_gemm_comms", False)]
+            said.append(f"SP+AsyncTP disabled: never predicted to gain up to {r.max_num_batched_tokens} tokens "
+                        f"({r.speedup_at_max_tokens:.3f}x there); set pass_config.sp_min_token_num to force it")
+    return {"set": sets, "said": said, "profile_name": r.profile_name, "profile_tier": r.profile_tier}

@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -6,6 +7,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import pytest  # noqa: E402
+
+# the vLLM plugin's decision cache (integration/plugin_cache.py) of every test and every child process goes to a
+# fresh directory, never the user's ~/.cache
+if "TPCOST_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["TPCOST_CACHE_DIR"] = tempfile.mkdtemp(prefix="tpcost-test-cache-")
 
 
 @pytest.fixture

@@ -35,9 +35,10 @@ def _config(capsys, tp, model=MODEL):
 
 
 @pytest.fixture(scope="module")
-def scenarios():
+def scenarios(tmp_path_factory):
     assert main(["vllm-config", "--model", "llama-3.1-70b", "--tp", "4", "--gpu", "h100-sxm", "--format", "json"]) == 0
-    env = {**os.environ, "TPCOST_PROFILE": "h100-sxm", "VLLM_PLUGINS": "tpcost", "VLLM_LOGGING_LEVEL": "INFO"}
+    env = {**os.environ, "TPCOST_PROFILE": "h100-sxm", "VLLM_PLUGINS": "tpcost", "VLLM_LOGGING_LEVEL": "INFO",
+           "TPCOST_CACHE_DIR": str(tmp_path_factory.mktemp("plugin-cache"))}
     env.pop("TPCOST_DISABLE", None)
     import io
     from contextlib import redirect_stdout
@@ -114,3 +115,15 @@ def test_gpu_auto_detects_from_platform_name_and_capability(monkeypatch):
     assert detect_profile_name() == "h100-sxm"  # no name match: first profile with compute capability 9.0
     monkeypatch.setenv("TPCOST_PROFILE", "b200")
     assert detect_profile_name() == "b200"
+
+
+def test_plugin_decision_cache(scenarios):
+    """A second config with the same inputs reads the plan back (and says so); a malformed or foreign entry is
+    recomputed to the same values; TPCOST_CACHE=0 writes nothing."""
+    res, log = scenarios[0], scenarios[1]
+    # tp 2 and tp 4 with SP on, and tp 2 deciding the fusion range only: the user's own sp_min_token_num and SP off
+    # give the same inputs (SP is not decided in either) and share one entry
+    assert res["cache_entries"] == 3
+    assert res["cached_tp2"] == res["plugin_tp2"] and "(cached decision)" in log
+    assert res["after_corruption_tp2"] == res["plugin_tp2"] and res["after_corruption_tp4"] == res["plugin_tp4"]
+    assert res["cache_off_tp2"] == res["plugin_tp2"] and res["cache_off_wrote"] is False

@@ -28,6 +28,22 @@ for tp in (2, 4):
     out[f"plugin_tp{tp}"] = build(tp, sp_on)
 out["user_value_tp2"] = build(2, {"pass_config": {"enable_sp": True, "fuse_gemm_comms": True, "sp_min_token_num": 777}})
 out["sp_off_tp2"] = build(2, {"pass_config": {"enable_sp": False}})
+# the decision cache (integration/plugin_cache.py): the same inputs read the plan back, in this process too
+cache = os.environ["TPCOST_CACHE_DIR"]
+out["cache_entries"] = len([f for f in os.listdir(cache) if f.endswith(".json")])
+out["cached_tp2"] = build(2, sp_on)
+for i, f in enumerate(sorted(os.listdir(cache))):  # malformed entries, and plans setting what the plugin never sets
+    with open(os.path.join(cache, f), "w") as fh:
+        fh.write("{not json" if i % 2 == 0 else json.dumps({"set": [["max_num_seqs", 1]], "said": [],
+                                                               "profile_name": "x", "profile_tier": "assumed"}))
+out["after_corruption_tp2"] = build(2, sp_on)
+out["after_corruption_tp4"] = build(4, sp_on)
+os.environ["TPCOST_CACHE_DIR"] = os.path.join(cache, "off")
+os.environ["TPCOST_CACHE"] = "0"
+out["cache_off_tp2"] = build(2, sp_on)
+out["cache_off_wrote"] = os.path.exists(os.environ["TPCOST_CACHE_DIR"])
+del os.environ["TPCOST_CACHE"]
+os.environ["TPCOST_CACHE_DIR"] = cache
 os.environ["TPCOST_PLUGIN_FAIL_FOR_TEST"] = "1"
 out["injected_failure_tp2"] = build(2, sp_on)
 del os.environ["TPCOST_PLUGIN_FAIL_FOR_TEST"]

@@ -1,0 +1,25 @@
+"""Which GPU this process sees: one small query, imported alone by the vLLM plugin's cache lookup (no model code)."""
+
+from __future__ import annotations
+
+
+def local_device() -> tuple[str | None, str | None]:
+    """(device name, 'major.minor') of GPU 0 via vLLM's platform if importable, else torch; (None, None) if none.
+    Imported only when called: `--gpu auto` is the one path of costmodel that asks the machine."""
+    try:
+        from vllm.platforms import current_platform
+
+        cap = current_platform.get_device_capability()
+        if cap is not None:
+            return current_platform.get_device_name(), f"{cap.major}.{cap.minor}"
+    except Exception:  # noqa: BLE001 - vllm absent or no device
+        pass
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(0)
+            return torch.cuda.get_device_name(0), f"{major}.{minor}"
+    except Exception:  # noqa: BLE001
+        pass
+    return None, None

@@ -1,0 +1,123 @@
+"""The vLLM plugin's decision cache: the same inputs give the same pass-config plan, so a process that has seen them
+before reads the plan back instead of importing the cost model (docs/vllm-plugin.md, "Cost at config time").
+
+The key is a SHA-256 over everything the decision reads: tpcost's own code and built-in profiles (name, size and
+mtime of every file, so an edit or reinstall misses), the profile (TPCOST_PROFILE's text when it is a file, else
+the built-in name, or the local GPU's name and compute capability), the model's HF text config, tp, the dtype mode,
+vLLM's token budget and version range, the user's own pass-config values, and the workload file's bytes. Entries
+live in $TPCOST_CACHE_DIR (default $XDG_CACHE_HOME/tpcost, else ~/.cache/tpcost), one JSON file per key, written
+atomically; TPCOST_CACHE=0 turns the cache off. A missing, unreadable or malformed entry is recomputed; nothing
+here ever raises into vLLM (the plugin catches and warns).
+
+Imports only the standard library (and costmodel.device, which imports nothing of the model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from importlib.util import find_spec
+from pathlib import Path
+
+CACHE_FORMAT = 1
+_OWN_PACKAGES = ("costmodel", "costmodel.profiles", "integration")
+
+
+def cache_dir() -> Path | None:
+    """Where entries live, or None when TPCOST_CACHE=0."""
+    if os.environ.get("TPCOST_CACHE", "1").strip().lower() in ("0", "off", "false", "no"):
+        return None
+    d = os.environ.get("TPCOST_CACHE_DIR")
+    if not d:
+        d = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tpcost")
+    return Path(d)
+
+
+def code_fingerprint() -> str:
+    """Name, size and mtime of every .py and .toml file of tpcost's packages (a stat each; nothing is imported)."""
+    h = hashlib.sha256()
+    for pkg in _OWN_PACKAGES:
+        spec = find_spec(pkg)
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            for e in sorted(os.scandir(root), key=lambda e: e.name):
+                if e.is_file() and e.name.endswith((".py", ".toml")):
+                    st = e.stat()
+                    h.update(f"{pkg}/{e.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return h.hexdigest()
+
+
+def _file_digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def profile_identity() -> dict:
+    """What names the profile the plugin would load: TPCOST_PROFILE (a file's text digest, or a built-in name),
+    else the local GPU (its built-in profile is chosen from these, and the built-in files are in the fingerprint)."""
+    env = os.environ.get("TPCOST_PROFILE")
+    if env:
+        return {"tpcost_profile": env, "digest": _file_digest(env) if os.path.isfile(env) else None}
+    from costmodel.device import local_device
+
+    name, cap = local_device()
+    return {"device_name": name, "capability": cap}
+
+
+def decision_key(inputs: dict) -> str:
+    """SHA-256 of the decision's inputs (JSON-able), tpcost's code and the profile and workload they name."""
+    wl = os.environ.get("TPCOST_WORKLOAD")
+    full = {"format": CACHE_FORMAT, "code": code_fingerprint(), "profile": profile_identity(),
+            "workload": None if not wl else {"path": wl, "digest": _file_digest(wl)}, **inputs}
+    return hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def load(key: str) -> dict | None:
+    """The cached plan for `key`, or None (off, absent, unreadable or not a plan)."""
+    d = cache_dir()
+    if d is None:
+        return None
+    try:
+        plan = json.loads((d / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return plan if _is_plan(plan) else None
+
+
+PLAN_ATTRS = {"fuse_allreduce_rms": (bool,), "fi_allreduce_fusion_max_size_mb": (int, float),
+              "sp_min_token_num": (int,), "enable_sp": (bool,), "fuse_gemm_comms": (bool,)}
+
+
+def _is_plan(plan) -> bool:
+    """A plan sets only the pass-config fields the plugin decides, to values of their type, and says strings."""
+    if not isinstance(plan, dict) or not isinstance(plan.get("set"), list) or not isinstance(plan.get("said"), list):
+        return False
+    for entry in plan["set"]:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] in PLAN_ATTRS):
+            return False
+        attr, value = entry
+        if isinstance(value, bool) != (PLAN_ATTRS[attr] == (bool,)) or not isinstance(value, PLAN_ATTRS[attr]):
+            return False
+    return all(isinstance(x, str) for x in plan["said"]) and all(
+        isinstance(plan.get(k), str) for k in ("profile_name", "profile_tier"))
+
+
+def store(key: str, plan: dict) -> bool:
+    """Write the plan for `key` atomically (temporary file + rename in the same directory); False where it cannot."""
+    d = cache_dir()
+    if d is None:
+        return False
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{key}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(plan, f, allow_nan=False)
+            os.replace(tmp, d / f"{key}.json")
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return True
+    except (OSError, ValueError):
+        return False
