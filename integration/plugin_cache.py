@@ -25,9 +25,23 @@ CACHE_FORMAT = 1
 _OWN_PACKAGES = ("costmodel", "costmodel.profiles", "integration")
 
 
+_ON, _OFF = ("1", "on", "true", "yes", ""), ("0", "off", "false", "no")
+
+
+def setting_problem() -> str | None:
+    """One line on a TPCOST_CACHE / TPCOST_CACHE_DIR value that cannot be meant (the cache is then off), else None."""
+    v = os.environ.get("TPCOST_CACHE", "1").strip().lower()
+    if v not in _ON + _OFF:
+        return f"TPCOST_CACHE={os.environ['TPCOST_CACHE']!r} is not 0 or 1; the decision cache is off"
+    d = os.environ.get("TPCOST_CACHE_DIR")
+    if d is not None and (not d.strip() or os.path.exists(d) and not os.path.isdir(d)):
+        return f"TPCOST_CACHE_DIR={d!r} is not a directory; the decision cache is off"
+    return None
+
+
 def cache_dir() -> Path | None:
-    """Where entries live, or None when TPCOST_CACHE=0."""
-    if os.environ.get("TPCOST_CACHE", "1").strip().lower() in ("0", "off", "false", "no"):
+    """Where entries live, or None when TPCOST_CACHE=0 (or a setting is unusable: setting_problem)."""
+    if os.environ.get("TPCOST_CACHE", "1").strip().lower() not in _ON or setting_problem():
         return None
     d = os.environ.get("TPCOST_CACHE_DIR")
     if not d:

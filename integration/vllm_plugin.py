@@ -90,14 +90,17 @@ def _apply_inner(cfg) -> None:
                   "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb}
         from . import plugin_cache
 
+        problem = plugin_cache.setting_problem()
+        if problem:
+            logger.warning("tpcost: %s", problem)
         key = plugin_cache.decision_key(inputs)
         plan = plugin_cache.load(key)
         hit = plan is not None
         if not hit:
             plan = _plan(inputs)
             if not plugin_cache.store(key, plan) and plugin_cache.cache_dir() is not None:
-                logger.info("tpcost: decision cache not written (%s is not a writable directory)",
-                            plugin_cache.cache_dir())
+                logger.warning("tpcost: decision cache not written (%s is not a writable directory); the next start "
+                               "decides again", plugin_cache.cache_dir())
         for attr, value in plan["set"]:
             setattr(pc, attr, value)
         if plan["said"]:

@@ -119,7 +119,7 @@ def test_gpu_auto_detects_from_platform_name_and_capability(monkeypatch):
 
 def test_plugin_decision_cache(scenarios):
     """A second config with the same inputs reads the plan back (and says so); a malformed or foreign entry is
-    recomputed to the same values; TPCOST_CACHE=0 writes nothing."""
+    recomputed to the same values; TPCOST_CACHE=0 writes nothing; an unusable setting warns once and decides anyway."""
     res, log = scenarios[0], scenarios[1]
     # tp 2 and tp 4 with SP on, and tp 2 deciding the fusion range only: the user's own sp_min_token_num and SP off
     # give the same inputs (SP is not decided in either) and share one entry
@@ -127,3 +127,6 @@ def test_plugin_decision_cache(scenarios):
     assert res["cached_tp2"] == res["plugin_tp2"] and "(cached decision)" in log
     assert res["after_corruption_tp2"] == res["plugin_tp2"] and res["after_corruption_tp4"] == res["plugin_tp4"]
     assert res["cache_off_tp2"] == res["plugin_tp2"] and res["cache_off_wrote"] is False
+    assert res["cache_bad_setting_tp2"] == res["plugin_tp2"] and res["cache_bad_setting_wrote"] is False
+    assert "TPCOST_CACHE='maybe' is not 0 or 1; the decision cache is off" in log
+    assert res["cache_dir_is_file_tp2"] == res["plugin_tp2"] and "is not a directory; the decision cache is off" in log

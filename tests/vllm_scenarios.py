@@ -42,7 +42,12 @@ os.environ["TPCOST_CACHE_DIR"] = os.path.join(cache, "off")
 os.environ["TPCOST_CACHE"] = "0"
 out["cache_off_tp2"] = build(2, sp_on)
 out["cache_off_wrote"] = os.path.exists(os.environ["TPCOST_CACHE_DIR"])
+os.environ["TPCOST_CACHE"] = "maybe"  # not a setting: one warning, cache off, the decision stands
+out["cache_bad_setting_tp2"] = build(2, sp_on)
+out["cache_bad_setting_wrote"] = os.path.exists(os.environ["TPCOST_CACHE_DIR"])
 del os.environ["TPCOST_CACHE"]
+os.environ["TPCOST_CACHE_DIR"] = os.path.join(cache, next(f for f in os.listdir(cache) if f.endswith(".json")))
+out["cache_dir_is_file_tp2"] = build(2, sp_on)  # a file as the directory: one warning, the decision stands
 os.environ["TPCOST_CACHE_DIR"] = cache
 os.environ["TPCOST_PLUGIN_FAIL_FOR_TEST"] = "1"
 out["injected_failure_tp2"] = build(2, sp_on)
