@@ -247,9 +247,12 @@ class HardwareProfile:
     def kind(self) -> str:
         return self.interconnect.kind
 
+    def leaves(self) -> Mapping[str, Any]:
+        """Every field as dotted key -> value, numbers and strings (None fields left out), in schema order."""
+        return self._leaves
+
     @functools.cached_property
     def _leaves(self) -> Mapping[str, Any]:
-        """Every field as a dotted key -> value (numbers and strings; None fields left out), in schema order."""
         out: dict[str, Any] = {}
 
         def walk(obj, prefix):
@@ -704,7 +707,7 @@ def profile_to_tree(profile: HardwareProfile, name: str | None = None) -> dict:
         return t
 
     groups: dict = {}
-    for key, val in profile._leaves.items():
+    for key, val in profile.leaves().items():
         parent, leaf = key.rsplit(".", 1)
         prm = profile.provenance.get(key)
         if prm is None:  # a string field

@@ -10,7 +10,8 @@ See docs/vllm-plugin.md for why this hook.
 
 Rules: idempotent (a process may load plugins several times); a user value always wins; TPCOST_DISABLE=1
 opts out; TPCOST_WORKLOAD=FILE decides for that traffic; never raises into vLLM (any failure: one warning,
-vLLM's default stands); one log line.
+vLLM's default stands); one log line. Each decision is cached by its inputs (integration/plugin_cache.py), so a
+later start reads it back without importing the cost model.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _dtype_mode(model_config) -> str:
 
 
 def _apply(cfg) -> None:
-    """Set pass_config.sp_min_token_num from tpcost when SP is on and the value is unset. Never raises."""
+    """Set the pass-config values tpcost decides (fusion range; sp_min_token_num on <= 0.31). Never raises."""
     import time
 
     t0 = time.perf_counter()
