@@ -50,7 +50,8 @@ def cache_dir() -> Path | None:
 
 
 def code_fingerprint() -> str:
-    """Name, size and mtime of every .py and .toml file of tpcost's packages (a stat each; nothing is imported)."""
+    """Name, size and mtime of every .py and .toml file of tpcost's packages (a stat each; none of the model is
+    imported: costmodel's __init__ is lazy)."""
     h = hashlib.sha256()
     for pkg in _OWN_PACKAGES:
         spec = find_spec(pkg)
@@ -62,9 +63,13 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
-def _file_digest(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+def _file_digest(path: str) -> str | None:
+    """SHA-256 of a file's bytes; None where it cannot be read (the decision then reports the file itself)."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
 
 
 def profile_identity() -> dict:

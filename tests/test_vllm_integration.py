@@ -130,3 +130,14 @@ def test_plugin_decision_cache(scenarios):
     assert res["cache_bad_setting_tp2"] == res["plugin_tp2"] and res["cache_bad_setting_wrote"] is False
     assert "TPCOST_CACHE='maybe' is not 0 or 1; the decision cache is off" in log
     assert res["cache_dir_is_file_tp2"] == res["plugin_tp2"] and "is not a directory; the decision cache is off" in log
+
+
+def test_plugin_decides_for_the_workload_file(scenarios):
+    """TPCOST_WORKLOAD through the real plugin: all traffic at 8192 tokens enables SP at a cutoff at or below it;
+    all traffic at 64 tokens (where SP+AsyncTP loses) disables it; the same path with new bytes is a new decision
+    (the cache keys on the content); a missing file warns with its name and leaves vLLM's default."""
+    res, log = scenarios[0], scenarios[1]
+    large, small = res["workload_large_tp4"], res["workload_small_tp4"]
+    assert large["enable_sp"] is True and large["sp_min_token_num"] is not None and large["sp_min_token_num"] <= 8192
+    assert small["enable_sp"] is False and small["sp_min_token_num"] is None
+    assert res["workload_missing_tp4"]["sp_min_token_num"] is None and "no-such-traffic.csv" in log

@@ -49,6 +49,16 @@ del os.environ["TPCOST_CACHE"]
 os.environ["TPCOST_CACHE_DIR"] = os.path.join(cache, next(f for f in os.listdir(cache) if f.endswith(".json")))
 out["cache_dir_is_file_tp2"] = build(2, sp_on)  # a file as the directory: one warning, the decision stands
 os.environ["TPCOST_CACHE_DIR"] = cache
+# TPCOST_WORKLOAD: the decision serves that traffic, and the cache keys on the file's bytes (same path, new content)
+wl = os.path.join(cache, "traffic.csv")
+for name, text in (("workload_large_tp4", "num_tokens,count\n8192,1000\n"), ("workload_small_tp4", "num_tokens,count\n64,1000\n")):
+    with open(wl, "w") as fh:
+        fh.write(text)
+    os.environ["TPCOST_WORKLOAD"] = wl
+    out[name] = build(4, sp_on)
+os.environ["TPCOST_WORKLOAD"] = os.path.join(cache, "no-such-traffic.csv")
+out["workload_missing_tp4"] = build(4, sp_on)  # one warning naming the file; vLLM's default stands
+del os.environ["TPCOST_WORKLOAD"]
 os.environ["TPCOST_PLUGIN_FAIL_FOR_TEST"] = "1"
 out["injected_failure_tp2"] = build(2, sp_on)
 del os.environ["TPCOST_PLUGIN_FAIL_FOR_TEST"]
