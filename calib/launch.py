@@ -82,6 +82,11 @@ def _child(rank, world, port, target, args, errq):
             traceback.print_exc()
         sys.exit(1)
     finally:
+        # the rank is finishing: a second Ctrl-C (the parent forwards one after 1 s) must not interrupt torch's
+        # atexit hooks with a traceback; the parent kills a rank that does not end
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             import torch.distributed as dist
 
