@@ -9,15 +9,16 @@ live in $TPCOST_CACHE_DIR (default $XDG_CACHE_HOME/tpcost, else ~/.cache/tpcost)
 atomically; TPCOST_CACHE=0 turns the cache off. A missing, unreadable or malformed entry is recomputed; nothing
 here ever raises into vLLM (the plugin catches and warns).
 
-Imports only the standard library (and costmodel.device, which imports nothing of the model).
+A lookup imports only the standard library and costmodel.device (nothing of the model); a store, which follows a
+miss that has loaded the model anyway, writes through costmodel.io.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
-import tempfile
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -49,9 +50,10 @@ def cache_dir() -> Path | None:
     return Path(d)
 
 
+@functools.cache
 def code_fingerprint() -> str:
     """Name, size and mtime of every .py and .toml file of tpcost's packages (a stat each; none of the model is
-    imported: costmodel's __init__ is lazy)."""
+    imported: costmodel's __init__ is lazy). Once per process: the code it describes is the code already loaded."""
     h = hashlib.sha256()
     for pkg in _OWN_PACKAGES:
         spec = find_spec(pkg)
@@ -92,9 +94,9 @@ def decision_key(inputs: dict) -> str:
     return hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def load(key: str) -> dict | None:
-    """The cached plan for `key`, or None (off, absent, unreadable or not a plan)."""
-    d = cache_dir()
+def load(d: Path | None, key: str) -> dict | None:
+    """The cached plan for `key` in cache directory `d` (cache_dir()), or None (off, absent, unreadable or not a
+    plan)."""
     if d is None:
         return None
     try:
@@ -122,21 +124,17 @@ def _is_plan(plan) -> bool:
         isinstance(plan.get(k), str) for k in ("profile_name", "profile_tier"))
 
 
-def store(key: str, plan: dict) -> bool:
-    """Write the plan for `key` atomically (temporary file + rename in the same directory); False where it cannot."""
-    d = cache_dir()
+def store(d: Path | None, key: str, plan: dict) -> bool:
+    """Write the plan for `key` into `d` atomically (costmodel.io's temporary file + rename; only a miss gets here,
+    and it has imported costmodel already); False where it cannot."""
     if d is None:
         return False
+    from costmodel.errors import TpcostError
+    from costmodel.io import atomic_write_text, dumps_json
+
     try:
         d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{key}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(plan, f, allow_nan=False)
-            os.replace(tmp, d / f"{key}.json")
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        atomic_write_text(d / f"{key}.json", dumps_json(plan))
         return True
-    except (OSError, ValueError):
+    except (OSError, TpcostError):
         return False

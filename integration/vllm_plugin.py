@@ -94,14 +94,15 @@ def _apply_inner(cfg) -> None:
         problem = plugin_cache.setting_problem()
         if problem:
             logger.warning("tpcost: %s", problem)
+        cache = plugin_cache.cache_dir()
         key = plugin_cache.decision_key(inputs)
-        plan = plugin_cache.load(key)
+        plan = plugin_cache.load(cache, key)
         hit = plan is not None
         if not hit:
             plan = _plan(inputs)
-            if not plugin_cache.store(key, plan) and plugin_cache.cache_dir() is not None:
+            if not plugin_cache.store(cache, key, plan) and cache is not None:
                 logger.warning("tpcost: decision cache not written (%s is not a writable directory); the next start "
-                               "decides again", plugin_cache.cache_dir())
+                               "decides again", cache)
         for attr, value in plan["set"]:
             setattr(pc, attr, value)
         if plan["said"]:
