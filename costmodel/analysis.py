@@ -137,15 +137,16 @@ def perturbed(profile: HardwareProfile, key: str, z):
     return np.minimum(x, 1.0) if key.rsplit(".", 1)[-1] in EFFICIENCY_KEYS else x
 
 
+def perturbable_keys(profile: HardwareProfile) -> list[str]:
+    """The profile's quantities the band and the sensitivity table move, sorted: not code constants or shapes
+    (UNPERTURBED_PREFIXES), not 0 (an ideal part)."""
+    return [k for k, v in sorted(profile.values().items()) if not k.startswith(UNPERTURBED_PREFIXES) and v != 0]
+
+
 def perturbed_values(profile: HardwareProfile, draws: int, seed: int) -> dict[str, np.ndarray]:
     """Lognormal draws (median = profile value, σ by provenance tier) as (draws, 1) arrays."""
     rng = np.random.default_rng(seed)
-    out = {}
-    for key, value in sorted(profile.values().items()):
-        if key.startswith(UNPERTURBED_PREFIXES) or value == 0:
-            continue
-        out[key] = perturbed(profile, key, rng.standard_normal(draws))[:, None]
-    return out
+    return {key: perturbed(profile, key, rng.standard_normal(draws))[:, None] for key in perturbable_keys(profile)}
 
 
 def cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, draws=BAND_DRAWS, seed=BAND_SEED, weights=None,
@@ -170,9 +171,7 @@ def cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, draws=BAND_DRA
 def model_inputs(profile: HardwareProfile, tp: int) -> list[str]:
     """The perturbable inputs the model reads at this TP size (collective entries of other TP sizes dropped)."""
     keys = []
-    for key, value in sorted(profile.values().items()):
-        if key.startswith(UNPERTURBED_PREFIXES) or value == 0:
-            continue
+    for key in perturbable_keys(profile):
         parts = key.split(".")
         if parts[0] == "collectives" and len(parts) == 4 and parts[2] != f"tp{profile.collective_entry_tp(parts[1], tp)}":
             continue
