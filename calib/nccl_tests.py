@@ -132,10 +132,10 @@ def run(args) -> int:
                   f"rms log residual {res.get('rms_log_residual', 0):.3f} over {len(recs)} sizes")
         table = f"collectives.nccl_{log['op']}.tp{log['ranks']}"
         values[f"{table}.bus_bw_bytes_per_s"] = bw["value"]
-        provs[f"{table}.bus_bw_bytes_per_s"] = Provenance(source, "calibrated", bw["uncertainty_rel"])
+        provs[f"{table}.bus_bw_bytes_per_s"] = Provenance(source, "calibrated", min(float(bw["uncertainty_rel"]), 1.0))
         if lat is not None:
             values[f"{table}.latency_s"] = lat["value"]
-            provs[f"{table}.latency_s"] = Provenance(source, "calibrated", lat["uncertainty_rel"])
+            provs[f"{table}.latency_s"] = Provenance(source, "calibrated", min(float(lat["uncertainty_rel"]), 1.0))
         else:  # latency not pinned down (only large messages): keep the prior's, said in the source
             values[f"{table}.latency_s"] = float(base.collective(f"nccl_{log['op']}", log["ranks"])[0])
             provs[f"{table}.latency_s"] = Provenance(source + "; latency kept from the prior (not pinned down)",

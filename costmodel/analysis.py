@@ -8,14 +8,17 @@ import numpy as np
 
 from .errors import TpcostError
 from .model import BREAKDOWN_KEYS, SCHEDULES, Prediction, predict
-from .profile import UNPERTURBED_PREFIXES, HardwareProfile
+from .profile import UNPERTURBED_PREFIXES, HardwareProfile, value_range
 from .shapes import ModelShape
 from .vllm_rules import vllm_sp_min_token_num
 
 BAND_DRAWS = 200
 BAND_SEED = 0
 BAND_CHUNK = 50
-EFFICIENCY_KEYS = ("max_efficiency", "mem_efficiency", "stream_concurrency", "efficiency")
+# The band and the sensitivity are decided on at most this many grid points (every k-th multiple of tp beyond it,
+# each carrying its block's weight): 50 draws x 8192 points bound their arrays to ~3 MB each, so a 2^20-token
+# budget runs in ~2 GiB less memory and 5x less time than on the full grid. The cutoff itself is always exact.
+BAND_GRID_MAX = 8192
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
@@ -41,6 +44,7 @@ class Analysis:
     workload: str = ""  # what the decision was weighted by
     cutoff_by_spread: dict | None = None  # histogram workloads: the cutoff under each way of spreading a bucket
     memory: dict | None = None  # memory_fit(): weights per GPU against the HBM capacity
+    band_resolution_tokens: int | None = None  # the band's and the sensitivity's grid step (tp unless coarsened)
 
 
 def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
@@ -49,6 +53,16 @@ def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
     if top < tp:
         raise TpcostError(f"--max-num-batched-tokens {max_num_batched_tokens} is below tp={tp}")
     return np.arange(tp, top + 1, tp, dtype=float)
+
+
+def band_grid(grid: np.ndarray, weights=None) -> tuple[np.ndarray, np.ndarray, int]:
+    """(grid, weights, k) the band is decided on: the grid itself (k = 1) up to BAND_GRID_MAX points, else every
+    k-th point (k = ⌈n / BAND_GRID_MAX⌉), each carrying the summed weight of its block of k."""
+    w = uniform_workload(grid) if weights is None else np.asarray(weights, dtype=float)
+    k = -(-grid.size // BAND_GRID_MAX)
+    if k == 1:
+        return grid, w, 1
+    return grid[::k], np.add.reduceat(w, np.arange(0, grid.size, k)), k
 
 
 def uniform_workload(grid: np.ndarray) -> np.ndarray:
@@ -132,9 +146,11 @@ def decision_value(grid, t_off_s, t_on_s, margin, cutoff, weights=None, vllm_def
 
 
 def perturbed(profile: HardwareProfile, key: str, z):
-    """The value of `key` moved by z standard deviations of its tier: x·e^(σ·z), efficiencies capped at 1."""
+    """The value of `key` moved by z standard deviations of its tier: x·e^(σ·z), clipped into the key's plausible
+    range (profile.VALUE_RANGES: efficiencies and fractions at 1, slowdowns at 10, ...); draws are never refused."""
     x = profile.value(key) * np.exp(profile.provenance[key].sigma_rel * np.asarray(z, dtype=float))
-    return np.minimum(x, 1.0) if key.rsplit(".", 1)[-1] in EFFICIENCY_KEYS else x
+    r = value_range(key)
+    return np.clip(x, np.nextafter(r.lo, np.inf) if r.lo_open else r.lo, r.hi)
 
 
 def perturbable_keys(profile: HardwareProfile) -> list[str]:
@@ -242,8 +258,13 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
         by_spread = {sp: decide_cutoff(grid, t_tp, t_spa, margin, grid_weights(workload, grid, sp)) for sp in SPREADS}
     cut = decide_cutoff(grid, t_tp, t_spa, margin, weights)
     sp_cut = decide_cutoff(grid, t_tp, pred.t_forward_s("sp"), margin, weights)
-    band_v = cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, weights=weights, **kw) if band else None
-    sens = cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, cut, weights, **kw) if band else None
+    band_v = sens = resolution = None
+    if band and "sp_asynctp" not in pred.unavailable:  # nothing to draw where the schedule cannot run
+        b_grid, b_weights, k = band_grid(grid, weights)
+        b_cut = cut if k == 1 else decide_cutoff(b_grid, t_tp[::k], t_spa[::k], margin, b_weights)
+        band_v = cutoff_band(profile, shape, tp, dtype, seq_len, b_grid, margin, weights=b_weights, **kw)
+        sens = cutoff_sensitivity(profile, shape, tp, dtype, seq_len, b_grid, margin, b_cut, b_weights, **kw)
+        resolution = k * tp
     shown = display_tokens(display_max_tokens) if tokens is None else np.unique(np.asarray(tokens, dtype=float))
     if cut is not None:
         shown = np.union1d(shown, [cut])
@@ -258,7 +279,8 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     memory = memory_fit(profile, shape, tp, dtype)
     return Analysis(profile, shape, tp, dtype, seq_len, max_num_batched_tokens, margin, cut, sp_cut, band_v,
                     table, bd, grid, pred.speedup_sp_asynctp, sens, vllm_default, value, pred.asynctp_available,
-                    "uniform over the multiples of tp" if workload is None else workload.name, by_spread, memory)
+                    "uniform over the multiples of tp" if workload is None else workload.name, by_spread, memory,
+                    resolution)
 
 
 def memory_fit(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str) -> dict:
@@ -280,18 +302,26 @@ def provenance(profile: HardwareProfile) -> dict:
             "modified": list(profile.modified), "tier_counts": profile.tier_counts(), "sources": profile.sources()}
 
 
+def _finite(x) -> float | None:
+    """A JSON number, or None for a value that does not exist (inf, NaN)."""
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
 def analysis_json(a: Analysis) -> dict:
     t = a.table
     rows = []
-    for i, n in enumerate(t.num_tokens):
-        rows.append({"num_tokens": int(n), **{f"t_{s}_s": float(t.t_forward_s(s)[i]) for s in SCHEDULES},
-                     **{f"t_{s}_layer_s": float(t.schedules[s].t_layer_s[i]) for s in SCHEDULES},
-                     "speedup_sp": float(t.speedup_sp[i]), "speedup_sp_asynctp": float(t.speedup_sp_asynctp[i])})
+    speedups = {s: t.speedup(s) for s in SCHEDULES[1:]}
+    for i, n in enumerate(t.num_tokens):  # a schedule that cannot run: null (finite_json), never 0
+        rows.append({"num_tokens": int(n), **{f"t_{s}_s": _finite(t.t_forward_s(s)[i]) for s in SCHEDULES},
+                     **{f"t_{s}_layer_s": _finite(t.schedules[s].t_layer_s[i]) for s in SCHEDULES},
+                     **{f"speedup_{s}": _finite(v[i]) for s, v in speedups.items()}})
     return {
         "gpu": a.profile.name, "model": a.shape.name, "tp": a.tp, "dtype": a.dtype, "seq_len": a.seq_len,
         "max_num_batched_tokens": a.max_num_batched_tokens, "margin": a.margin,
         "cutoff_tokens": a.cutoff_tokens,
         "cutoff_band_tokens": list(a.cutoff_band_tokens) if a.cutoff_band_tokens else None,
+        "band_resolution_tokens": a.band_resolution_tokens,
         "sp_cutoff_tokens": a.sp_cutoff_tokens,
         "breakdown_at_cutoff_s": a.breakdown_at_cutoff,
         "cutoff_sensitivity": a.sensitivity,
@@ -301,6 +331,7 @@ def analysis_json(a: Analysis) -> dict:
         "cutoff_by_spread": a.cutoff_by_spread,
         "memory": a.memory,
         "asynctp_available": a.asynctp_available,
+        "unavailable": dict(t.unavailable),
         "notes": list(t.notes),
         "provenance": provenance(a.profile),
         "rows": rows,

@@ -6,9 +6,8 @@ import argparse
 import math
 
 from .errors import TpcostError
-from .io import dumps_json
+from .io import JSON_SCHEMA_VERSION, dumps_json
 
-JSON_SCHEMA_VERSION = 1  # of every --json output
 
 DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TP, DEFAULT_DTYPE = "h100-sxm", "llama-3.1-70b", 4, "bf16"
 SENSITIVITY_SHOWN = 5
@@ -160,18 +159,21 @@ def cmd_whatif(args) -> int:
            if n_derived else "") + "]") if prof.modified else ""
     print(f"tpcost whatif: {shape.name} on {prof.name} x{args.tp}, {args.dtype}, seq_len {args.seq_len}{mod}")
     print(f"{'N tokens':>9} {'t_tp [ms]':>10} {'t_sp [ms]':>10} {'t_sp+async [ms]':>16} {'speedup sp':>11} {'speedup sp+async':>17}")
-    na = lambda x, f: "n/a" if x is None or not math.isfinite(x) or (f == "s" and x == 0) else None  # noqa: E731
+    def cell(x, fmt):
+        return "n/a" if x is None else fmt(x)
+
     for r in out["rows"]:
         mark = "  <- cutoff" if r["num_tokens"] == a.cutoff_tokens else ""
-        spa_t = na(r["t_sp_asynctp_s"], "t") or _fmt_ms(r["t_sp_asynctp_s"])
-        spa_s = na(r["speedup_sp_asynctp"], "s") or f"{r['speedup_sp_asynctp']:.3f}"
-        print(f"{r['num_tokens']:9d} {_fmt_ms(r['t_tp_s'])} {_fmt_ms(r['t_sp_s'])} {spa_t:>16} "
-              f"{r['speedup_sp']:11.3f} {spa_s:>17}{mark}")
+        print(f"{r['num_tokens']:9d} {_fmt_ms(r['t_tp_s'])} {cell(r['t_sp_s'], _fmt_ms):>10} "
+              f"{cell(r['t_sp_asynctp_s'], _fmt_ms):>16} {cell(r['speedup_sp'], '{:.3f}'.format):>11} "
+              f"{cell(r['speedup_sp_asynctp'], '{:.3f}'.format):>17}{mark}")
     print("(times per forward pass; speedup = t_tp / t_schedule)")
-    if not a.asynctp_available:
-        print("\n" + next(n for n in a.table.notes if "not available" in n))
+    for sched, why in a.table.unavailable.items():
+        print(f"\n{sched}: {why}")
     band = a.cutoff_band_tokens
     band_s = "" if band is None else f"  band (5-95%): [{band[0]}, {band[1] if band[1] is not None else 'never'}]"
+    if band is not None and a.band_resolution_tokens != args.tp:
+        band_s += f" (band and sensitivity decided every {a.band_resolution_tokens} tokens)"
     cut = a.cutoff_tokens if a.cutoff_tokens is not None else "never (null)"
     print(f"\ncutoff (SP+AsyncTP; the threshold minimising the expected forward time over N <= "
           f"{args.max_num_batched_tokens}, {a.workload}, risk premium {args.margin:.0%}): {cut}{band_s}")
@@ -181,8 +183,9 @@ def cmd_whatif(args) -> int:
               ", ".join(f"{k} {never(v)}" for k, v in a.cutoff_by_spread.items()))
     print(f"cutoff (SP alone): {a.sp_cutoff_tokens if a.sp_cutoff_tokens is not None else 'never (null)'}")
     vd = a.vllm_default_tokens
-    print("vLLM 0.31's own default here: " + (f"sp_min_token_num {vd}" if vd is not None else
-          "SP off (its table covers sm90/sm100 with hidden >= 8192 and XPU with hidden >= 4096)"))
+    why_off = ("SP off (vLLM turns SP off at tp 1)" if args.tp < 2 else
+               "SP off (its table covers sm90/sm100 with hidden >= 8192 and XPU with hidden >= 4096)")
+    print("vLLM 0.31's own default here: " + (f"sp_min_token_num {vd}" if vd is not None else why_off))
     if a.sensitivity:
         never = lambda x: "never" if x is None else str(x)  # noqa: E731
         print(f"\nwhat moves the cutoff (each input alone scaled by e^-s and e^+s, s = its tier's sigma; top {SENSITIVITY_SHOWN}):")
@@ -332,7 +335,7 @@ def register(sub) -> None:
     """Add whatif, profiles and models to the CLI root's subparsers."""
     w = sub.add_parser("whatif", help="predict speedups and the cutoff for one (GPU, model, TP, dtype)")
     add_shape_args(w)
-    w.add_argument("--json", action="store_true", help="print JSON (schema_version 1) instead of the table")
+    w.add_argument("--json", action="store_true", help="print JSON instead of the table")
     w.add_argument("--plot", metavar="FILE.png", help="also write the speedup curve to this PNG")
     w.add_argument("--force", action="store_true", help="replace an existing --plot file")
     w.add_argument("--no-band", action="store_true", help="skip the Monte Carlo cutoff band and the sensitivity table")

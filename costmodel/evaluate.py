@@ -11,7 +11,7 @@ import numpy as np
 
 from . import ops
 from .errors import TpcostError
-from .io import check_output_path, dumps_json, read_text
+from .io import JSON_SCHEMA_VERSION, check_output_path, dumps_json, read_text
 from .io import savefig_atomic
 
 OP_COLUMNS = ("hardware", "tp", "op", "dtype", "m", "n", "k", "baseline_us", "overlap_us", "source")
@@ -269,8 +269,13 @@ def evaluate_files(paths):
             n_tok = np.array([float(r["num_tokens"]) for _, r in members])
             pred = predict(prof, shape, tp, dtype, n_tok, seq_len)
             attr = "t_layer_s" if scope == "layer" else "t_forward_s"
-            s_all = np.ravel(getattr(pred.schedules[base_sched], attr) / getattr(pred.schedules["sp_asynctp"], attr))
+            with np.errstate(invalid="ignore"):
+                s_all = np.ravel(getattr(pred.schedules[base_sched], attr) / getattr(pred.schedules["sp_asynctp"], attr))
             for (line, r), s_hat in zip(members, s_all):
+                if not np.isfinite(s_hat) or s_hat <= 0:  # a schedule that cannot run here: nothing to score
+                    why = pred.unavailable.get("sp_asynctp") or pred.unavailable.get(base_sched) or "not predictable"
+                    skipped.append({"where": f"{path}:{line}", "reason": why})
+                    continue
                 label = f"{hwname} tp{tp} {model} {dtype} N={r['num_tokens']} {scope} vs {base_sched}"
                 add(path, line, r, label, prof, float(s_hat), shape.hidden, r["num_tokens"])
     return scored, skipped
@@ -325,12 +330,17 @@ def cmd_evaluate(args) -> int:
     if args.plot:
         check_output_path(args.plot, args.force, "--plot", protect=tuple(args.files))
     scored, skipped = evaluate_files(args.files)
+    if not scored:  # scoring nothing is no result: say why every row was skipped
+        reasons = sorted({sk["reason"] for sk in skipped})
+        raise TpcostError(f"nothing to score: all {len(skipped)} row(s) skipped ("
+                          + "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} other reasons" if len(reasons) > 3
+                                                      else "") + ")")
     summ = summarise(scored, skipped)
     if args.plot and scored:
         plot_evaluation(scored, args.plot)
     if args.json:
         summ["rows"] = [{**dataclasses.asdict(s), "abs_error": s.abs_error, "tie": s.tie} for s in scored]
-        print(dumps_json({"schema_version": 1, **summ}, indent=2))
+        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, **summ}, indent=2))
         return 0
     print(f"{'row':60s} {'s meas':>7s} {'s pred':>7s} {'meas':>5s} {'pred':>5s} {'|err|':>6s} {'regret%':>8s} {'vLLM':>5s}")
     yn = lambda b: "on" if b else "off"  # noqa: E731
@@ -354,7 +364,7 @@ def cmd_evaluate(args) -> int:
 def register(sub):
     p = sub.add_parser("evaluate", help="score the model against measured overlap CSVs (op- or model-level)")
     p.add_argument("files", nargs="+", metavar="FILE.csv", help="op-level or model-level CSVs (see README)")
-    p.add_argument("--json", action="store_true", help="print JSON (schema_version 1) instead of the table")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--plot", metavar="FILE.png", help="also write measured vs predicted speedups to this PNG")
     p.add_argument("--force", action="store_true", help="replace an existing --plot file")
     p.set_defaults(func=cmd_evaluate)

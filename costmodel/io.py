@@ -91,6 +91,10 @@ def finite_json(obj: Any) -> Any:
     return obj
 
 
+# of every --json output; 2: a time or speedup of a schedule that cannot run is null (it was 0 in 1)
+JSON_SCHEMA_VERSION = 2
+
+
 def dumps_json(obj: Any, **kw) -> str:
     """json.dumps of finite_json(obj), refusing NaN/Infinity outright (allow_nan=False)."""
     return json.dumps(finite_json(obj), allow_nan=False, **kw)

@@ -94,6 +94,7 @@ class Prediction:
     notes: tuple[str, ...]
     asynctp_available: bool = True
     _breakdown: Any = dataclasses.field(default=None, repr=False, compare=False)
+    unavailable: Any = dataclasses.field(default_factory=dict)  # schedule -> why it cannot run here (one line)
 
     @functools.cached_property
     def breakdown(self) -> dict[str, Any]:
@@ -103,14 +104,19 @@ class Prediction:
     def t_forward_s(self, schedule: str):
         return self.schedules[schedule].t_forward_s
 
+    def speedup(self, schedule: str):
+        """t_tp / t_schedule over N; NaN where the schedule cannot run (its time is +inf there), never 0."""
+        t = self.t_forward_s(schedule)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(np.isfinite(t), self.t_forward_s("tp") / t, np.nan)
+
     @property
     def speedup_sp(self):
-        return self.t_forward_s("tp") / self.t_forward_s("sp")
+        return self.speedup("sp")
 
     @property
     def speedup_sp_asynctp(self):
-        """t_tp / t_sp_asynctp; NaN-free: where AsyncTP is unavailable, t_sp_asynctp is +inf and this is 0."""
-        return self.t_forward_s("tp") / self.t_forward_s("sp_asynctp")
+        return self.speedup("sp_asynctp")
 
 
 def cudagraph_max_tokens_default(profile: HardwareProfile) -> int:
@@ -150,6 +156,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     I_rank = (shape.moe_intermediate if shape.is_moe else shape.intermediate) // W
     notes: list[str] = []
     unavailable = ops.fused_ops_available(profile, tp)
+    sp_unavailable = None if tp >= 2 else "SP needs tp >= 2 (at tp 1 there is nothing to scatter)"
 
     def op(name, kind, t, count=1, formula="", section="", fused=None, host_calls=1.0, t_host=None, **work):
         return Op(name, kind, t, count, formula, section, host_calls * host_op if t_host is None else t_host, fused,
@@ -222,6 +229,10 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     dyn = [quant(Np, 2)] if dtype == "fp8-dynamic" else []
     sp_layer = (rs, norm_shard, ag, *dyn, gemm("qkv_gemm", Np, qkv_n, H), attention(Np),
                 gemm("o_gemm", Np, H, h_rank * d), *mlp_compute(Np))
+    if sp_unavailable:
+        notes.append(sp_unavailable)
+        sp_layer = (op("sp_unavailable", "comm", np.full(N.shape, np.inf), formula="tp >= 2", section="§4",
+                       host_calls=0.0),)
 
     # ---------------------------------------------------------------- sp_asynctp
     once = lambda o: dataclasses.replace(o, count=1)  # noqa: E731
@@ -257,7 +268,8 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
             notes.append(f"{shape.name} is MoE: its MoE block gets SP (RS/AG) but no GEMM fusion in vLLM 0.31")
         spa_layer = tuple(spa)
     else:
-        notes.append(unavailable + "; SP alone stays possible with inter-node collectives")
+        if not sp_unavailable:
+            notes.append(unavailable + "; SP alone stays possible with inter-node collectives")
         spa_layer = (op("asynctp_unavailable", "fused", np.full(N.shape, np.inf), formula="ops.fused_ops_available",
                         section="§6", host_calls=0.0),)
     if np.any(eager):
@@ -282,8 +294,9 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     def breakdown():
         return _breakdown(scheds, L, t_ag, t_rs, unavailable is None)
 
+    why = {k: v for k, v in (("sp", sp_unavailable), ("sp_asynctp", sp_unavailable or unavailable)) if v}
     return Prediction(num_tokens=N, tp=tp, dtype=dtype, schedules=scheds, notes=tuple(notes),
-                      asynctp_available=unavailable is None, _breakdown=breakdown)
+                      asynctp_available=unavailable is None, _breakdown=breakdown, unavailable=why)
 
 
 def _breakdown(scheds, L, t_ag, t_rs, available):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -202,15 +203,58 @@ OPTIONAL_DEFAULTS = {
                                 "built-in profiles' assumption (docs/model.md §6)"),
 }
 REQUIRED_COLLECTIVES = ("nccl_all_gather", "nccl_reduce_scatter", "nccl_all_reduce")
-# Ranges a value must lie in to be physical (checked on load and after every override; docs/model.md §7).
-UNIT_INTERVAL_OPEN = ("gemm.max_efficiency", "gemm.mem_efficiency", "kernels.mem_efficiency", "attention.efficiency")
-UNIT_INTERVAL_CLOSED = ("asynctp.stream_concurrency",)
-# relative slowdown σ of a GEMM while pulls run (g_eff = g_c·(1 + σ·f)): >= 0; above 10 (11x slower) is no GPU's
-# behaviour (a 2-core CPU sharing its cores with gloo's threads measured 1.3)
-SLOWDOWN_RANGE = {"asynctp.compute_slowdown": (0.0, 10.0)}
 INTEGER_PARAMS = ("identity.sm_count", "gemm.tile_m", "gemm.tile_n", "interconnect.domain_size")
-# may be 0: latencies and fixed costs (an ideal part), the two fractions above
-MAY_BE_ZERO_SUFFIXES = ("latency_s", "launch_overhead_s", "barrier_s", "host_op_s", "setup_s")
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueRange:
+    """The plausible range of one profile quantity: lo <= v <= hi (lo excluded when lo_open), in SI units."""
+
+    lo: float
+    hi: float
+    unit: str
+    why: str
+    lo_open: bool = False
+
+    def contains(self, v: float) -> bool:
+        return (v > self.lo if self.lo_open else v >= self.lo) and v <= self.hi
+
+    def text(self) -> str:
+        return f"{'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}] {self.unit}".rstrip()
+
+
+# Plausible ranges of every profile quantity (docs/profiles.md renders this table): wide enough for any GPU or
+# CPU host measured (the CPU calibration calib/data/cpu-gloo-w2: one "SM", 221 us barriers, sigma 0.76), narrow
+# enough that a typo (1e308, a value in ms, a negative) is refused. Checked on load, after every --set and
+# override, and on what calibrate writes; the Monte Carlo band clips its draws into them. First match wins:
+# (dotted-key regular expression, range).
+VALUE_RANGES: tuple[tuple[str, ValueRange], ...] = (
+    (r"identity\.sm_count", ValueRange(1, 4096, "SMs", "a CPU host is 1; the largest GPU has 304")),
+    (r"gemm\.tile_[mn]", ValueRange(1, 1024, "rows/columns", "GEMM output tiles are 8 to 256 wide")),
+    (r"interconnect\.domain_size", ValueRange(1, 65536, "GPUs", "NVL72 is 72; a CPU host's gloo domain 64")),
+    (r"compute\.peak_flops_per_s\..*", ValueRange(1e8, 1e17, "FLOP/s", "one CPU thread ~1e10; B300 fp8 5e15")),
+    (r"memory\.hbm_bw_bytes_per_s", ValueRange(1e8, 1e14, "bytes/s", "DDR channel ~1e10; B300 8e12")),
+    (r"memory\.hbm_capacity_bytes", ValueRange(1e8, 1e13, "bytes", "A100 40 GB; B300 288 GB")),
+    (r".*efficiency", ValueRange(0.0, 1.0, "", "achieved / peak", lo_open=True)),
+    (r"asynctp\.stream_concurrency", ValueRange(0.0, 1.0, "", "a fraction")),
+    (r"asynctp\.compute_slowdown", ValueRange(0.0, 10.0, "", "relative slowdown; a 2-core CPU measured 1.3")),
+    (r"vllm_dispatch\..*", ValueRange(0.0, 2.0**40, "bytes", "vLLM's size limits are <= 128 MiB")),
+    (r".*_bw_bytes_per_s", ValueRange(1e6, 1e14, "bytes/s", "gloo on a CPU ~4e8; NVLink 5 9e11")),
+    (r".*(latency_s|barrier_s)", ValueRange(0.0, 0.1, "s", "NVLink ~1e-6; gloo on a CPU ~3.5e-4")),
+    (r".*(launch_overhead_s|host_op_s)", ValueRange(0.0, 0.01, "s", "a kernel launch or torch call is ~1e-6..1e-5")),
+)
+UNCERTAINTY_RANGE = ValueRange(0.0, 1.0, "", "a relative 1-sigma; a fit worse than 100 % says nothing")
+_RANGE_RES = tuple((re.compile(pat), r) for pat, r in VALUE_RANGES)
+
+
+def value_range(key: str) -> ValueRange:
+    """The plausible range of the quantity at dotted `key` (first matching VALUE_RANGES pattern)."""
+    for rx, r in _RANGE_RES:
+        if rx.fullmatch(key):
+            return r
+    raise TpcostError(f"{key}: no plausible range defined (a schema field without an entry in VALUE_RANGES)")
+
+
 INTERCONNECT_KINDS = ("nvswitch", "nvlink-mesh", "pcie", "xgmi", "host")
 DERIVED_FROM_LINK = "--set on interconnect.* (derived: rides on the link)"
 USER_SET = Provenance("--set by user", "assumed")
@@ -354,8 +398,11 @@ class HardwareProfile:
                 prov[k] = provenance
             else:
                 prov[k] = provenance[k]
-        check_params({k: leaves[k] for k in values}, f"profile {self.name!r} after --set" if mark_modified
-                     else f"profile {self.name!r}")
+        where = f"profile {self.name!r} after --set" if mark_modified else f"profile {self.name!r}"
+        check_params({k: leaves[k] for k in values}, where)
+        for k in values:
+            if prov[k].uncertainty_rel is not None:
+                check_uncertainty(k, prov[k].uncertainty_rel, where)
         if name is not None:
             leaves["identity.name"] = name
         modified = self.modified + tuple(k for k in values if k not in self.modified) if mark_modified else self.modified
@@ -451,36 +498,37 @@ def with_overrides(profile: HardwareProfile, values: Mapping[str, float],
 
 
 def check_params(values: Mapping[str, Any], where: str) -> None:
-    """One validation path for every profile value, run on load and after every override: finite; > 0
-    unless a latency or fixed cost; efficiencies in (0, 1]; concurrency and slowdown in [0, 1]; counts and
-    tile sizes integers >= 1."""
+    """One validation path for every profile value, run on load, after every override and on what calibration
+    writes: finite, inside its plausible range (VALUE_RANGES), counts and tile sizes integers."""
     for k, v in values.items():
-        if hasattr(v, "shape"):  # Monte Carlo draws: checked where they are made
+        if hasattr(v, "shape"):  # Monte Carlo draws: clipped into the range where they are made
             continue
-        fv = float(v)
+        try:
+            fv = float(v)
+        except OverflowError:
+            raise TpcostError(f"{where}: {k} = {v} is beyond the range of a float") from None
         if not math.isfinite(fv):
             raise TpcostError(f"{where}: {k} = {v!r} must be finite")
-        if k in UNIT_INTERVAL_OPEN:
-            if not 0.0 < fv <= 1.0:
-                raise TpcostError(f"{where}: {k} = {v:g} is an efficiency and must lie in (0, 1]")
-        elif k in UNIT_INTERVAL_CLOSED:
-            if not 0.0 <= fv <= 1.0:
-                raise TpcostError(f"{where}: {k} = {v:g} is a fraction and must lie in [0, 1]")
-        elif k in SLOWDOWN_RANGE:
-            lo, hi = SLOWDOWN_RANGE[k]
-            if not lo <= fv <= hi:
-                raise TpcostError(f"{where}: {k} = {v:g} is a relative slowdown and must lie in [{lo:g}, {hi:g}]")
-        elif k in INTEGER_PARAMS:
-            if fv < 1 or fv != int(fv):
-                raise TpcostError(f"{where}: {k} = {v:g} must be an integer >= 1")
-        elif k.startswith("vllm_dispatch."):
-            if fv < 0:
-                raise TpcostError(f"{where}: {k} = {v:g} is a size limit in bytes and must be >= 0")
-        elif k.endswith(MAY_BE_ZERO_SUFFIXES) or k.endswith("_rel"):
-            if fv < 0:
-                raise TpcostError(f"{where}: {k} = {v:g} must be >= 0")
-        elif fv <= 0:
-            raise TpcostError(f"{where}: {k} = {v:g} must be > 0")
+        r = value_range(k)
+        if not r.contains(fv):
+            raise TpcostError(f"{where}: {k} = {fv:g} is outside its plausible range {r.text()} ({r.why}; "
+                              "docs/profiles.md)")
+        if k in INTEGER_PARAMS and fv != int(fv):
+            raise TpcostError(f"{where}: {k} = {fv:g} must be an integer")
+
+
+def check_uncertainty(key: str, u: Any, where: str) -> float:
+    """A fitted relative 1-sigma: a finite number in [0, 1]."""
+    if isinstance(u, bool) or not isinstance(u, (int, float)):
+        raise TpcostError(f"{where}: uncertainty_rel of {key} must be a number, got {u!r}")
+    try:
+        fu = float(u)
+    except OverflowError:
+        raise TpcostError(f"{where}: uncertainty_rel of {key} = {u} is beyond the range of a float") from None
+    if not (math.isfinite(fu) and UNCERTAINTY_RANGE.contains(fu)):
+        raise TpcostError(f"{where}: uncertainty_rel of {key} = {fu:g} is outside {UNCERTAINTY_RANGE.text().strip()} "
+                          f"({UNCERTAINTY_RANGE.why})")
+    return fu
 
 
 def _check_key(key: str, value: Any, where: str) -> None:
@@ -515,15 +563,21 @@ def _flatten(tree: Mapping[str, Any], path: str, leaves: dict, prov: dict, notes
         unc = tree.get("uncertainty_rel", {})
         if not isinstance(unc, dict):
             raise TpcostError(f"{where}: [{path}.uncertainty_rel] must be a table")
+        for k in unc:
+            if k not in numeric:
+                raise TpcostError(f"{where}: [{path}.uncertainty_rel] names {k!r}, which is not a number of [{path}]")
         for k, v in numeric.items():
-            fv = float(v)
+            try:
+                fv = float(v)
+            except OverflowError:
+                raise TpcostError(f"{where}: {path}.{k} = {v} is beyond the range of a float") from None
             if not math.isfinite(fv) or fv < 0:
                 raise TpcostError(f"{where}: {path}.{k} = {v} must be a finite number >= 0")
             u = unc.get(k)
             key = f"{path}.{k}" if path else k
             _check_key(key, fv, where)
             leaves[key] = fv
-            prov[key] = Provenance(src, tier, None if u is None else float(u))
+            prov[key] = Provenance(src, tier, None if u is None else check_uncertainty(key, u, where))
     for k, v in tree.items():
         key = f"{path}.{k}" if path else k
         if isinstance(v, dict):

@@ -27,7 +27,10 @@ def capability_bucket(vendor: str, compute_capability: str) -> int | None:
 
 def vllm_sp_min_token_num(vendor: str, compute_capability: str, hidden_size: int, tp_size: int,
                           element_size: int = 2) -> int | None:
-    """vLLM 0.31 get_sequence_parallelism_threshold: floor(MB·tp·MiB/(hidden·elem)), None = SP off."""
+    """vLLM 0.31 get_sequence_parallelism_threshold: floor(MB·tp·MiB/(hidden·elem)), None = SP off (always at
+    tp 1: VllmConfig.__post_init__, "Sequence Parallelism requires TP>1, disabling")."""
+    if tp_size < 2:
+        return None
     if vendor == "intel":
         min_hidden, mb = 4096, 8.0
     else:

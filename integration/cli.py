@@ -96,6 +96,10 @@ def main(argv=None) -> int:
     except TpcostError as e:
         print(f"tpcost: error: {e}", file=sys.stderr)
         return 2
+    except MemoryError:
+        print("tpcost: error: out of memory (a smaller --max-num-batched-tokens, fewer --tokens, or --no-band needs "
+              "less)", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("tpcost: interrupted", file=sys.stderr)
         return 130

@@ -69,7 +69,8 @@ def test_bad_profile_files_and_values(tmp_path, capsys, one_line_error):
         "deep.toml": (("a = " + "[" * 3000 + "]" * 3000).encode(), "nested"),
         "eff.toml": (src.replace("max_efficiency = 0.8033", "max_efficiency = 1.7").encode(), "(0, 1]"),
         "sm.toml": (src.replace("sm_count = 132", "sm_count = 131.5").encode(), "integer"),
-        "bw.toml": (src.replace("hbm_bw_bytes_per_s = 3350000000000.0", "hbm_bw_bytes_per_s = 0.0").encode(), "> 0"),
+        "bw.toml": (src.replace("hbm_bw_bytes_per_s = 3350000000000.0", "hbm_bw_bytes_per_s = 0.0").encode(),
+                   "memory.hbm_bw_bytes_per_s = 0 is outside its plausible range [1e+08, 1e+14] bytes/s"),
         "inf.toml": (src.replace("hbm_bw_bytes_per_s = 3350000000000.0", "hbm_bw_bytes_per_s = inf").encode(), "finite"),
         # the schema: a misspelt quantity, a table it does not have, a string where a number belongs
         "typo.toml": (src.replace("max_efficiency = 0.8033", "max_efficency = 0.8033").encode(),
@@ -89,10 +90,10 @@ def test_bad_profile_files_and_values(tmp_path, capsys, one_line_error):
 
 @pytest.mark.parametrize("item,needle", [
     ("gemm.max_efficiency=1.5", "(0, 1]"),
-    ("memory.hbm_bw_bytes_per_s=0", "> 0"),
-    ("memory.hbm_bw_bytes_per_s=-1e12", "> 0"),
+    ("memory.hbm_bw_bytes_per_s=0", "plausible range [1e+08, 1e+14]"),
+    ("memory.hbm_bw_bytes_per_s=-1e12", "plausible range [1e+08, 1e+14]"),
     ("identity.sm_count=100.5", "integer"),
-    ("gemm.tile_m=0", "integer"),
+    ("gemm.tile_m=0", "gemm.tile_m = 0 is outside its plausible range [1, 1024]"),
     ("asynctp.stream_concurrency=2", "[0, 1]"),
     ("memory.hbm_bw_bytes_per_s=inf", "finite"),
     ("memory.hbm_bw_bytes_per_s=nan", "finite"),
@@ -100,7 +101,10 @@ def test_bad_profile_files_and_values(tmp_path, capsys, one_line_error):
     ("compute.peak_flops_per_s.fp8=1e15", "no effect"),  # bf16 run: the fp8 peak is never read
     ("collectives.nccl_all_reduce.tp8.latency_s=1e-5", "not the entry used at tp=4"),
     ("vllm_dispatch.tp8.symm_mem_max_bytes=1", "not the entry used at tp=4"),
-    ("interconnect.domain_size=0", "integer"),
+    ("interconnect.domain_size=0", "interconnect.domain_size = 0 is outside its plausible range"),
+    ("asynctp.barrier_s=1e308", "asynctp.barrier_s = 1e+308 is outside its plausible range [0, 0.1] s"),
+    ("identity.sm_count=1e308", "identity.sm_count = 1e+308 is outside its plausible range [1, 4096]"),
+    ("interconnect.link_bw_bytes_per_s=1e308", "outside its plausible range [1e+06, 1e+14]"),
 ])
 def test_bad_set_values(capsys, item, needle, one_line_error):
     one_line_error("whatif", "--no-band", "--set", item, needle=needle)

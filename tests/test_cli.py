@@ -74,7 +74,7 @@ def test_plot(tmp_path, capsys):
 def test_profiles_and_models(capsys):
     rc, out, _ = run(capsys, "profiles", "--json")
     d = json.loads(out)
-    assert d["schema_version"] == 1
+    assert d["schema_version"] == 2
     names = {p["name"] for p in d["profiles"]}
     assert names == {"h100-sxm", "h200-sxm", "h800", "b200", "b300", "gb200-nvl72", "a100-sxm-80gb", "a800", "l40s", "mi300x"}
     rc, out, _ = run(capsys, "models", "--json")

@@ -20,7 +20,10 @@ N = np.array([1, 7, 64, 1000, 4096, 16384.0])
 
 
 def _hw(**vals):
-    return ops.Hw(H100.with_values(vals) if vals else H100, "bf16")
+    """Hw of H100 with `vals` replaced. The limit tests take quantities to 0 or 1e30, outside the plausible
+    ranges a profile may hold (docs/profiles.md): numpy values pass through with_values unchecked, as the band's
+    draws do, which is what lets the formulas' limits be tested."""
+    return ops.Hw(H100.with_values({k: np.float64(v) for k, v in vals.items()}) if vals else H100, "bf16")
 
 
 def _fused(kind, hw, m, n, k, W, eager=False):

@@ -88,6 +88,14 @@ def test_injected_failure_and_disable_leave_vllm_default(scenarios):
     assert "tpcost: could not compute the pass config (RuntimeError: injected failure" in log
 
 
+def test_out_of_range_profile_warns_once_and_leaves_vllm_default(scenarios):
+    res, log, _, _ = scenarios
+    assert res["out_of_range_profile_tp2"]["enable_sp"] is False
+    assert res["out_of_range_profile_tp2"]["sp_min_token_num"] is None
+    warned = [ln for ln in log.splitlines() if "identity.sm_count = 1e+308 is outside its plausible range" in ln]
+    assert len(warned) == 1, warned
+
+
 def test_vllm_config_json_accepted_by_compilation_config(scenarios, capsys):
     res, _, cc_json, jsons = scenarios
     d = json.loads(cc_json)

@@ -59,6 +59,14 @@ for name, text in (("workload_large_tp4", "num_tokens,count\n8192,1000\n"), ("wo
 os.environ["TPCOST_WORKLOAD"] = os.path.join(cache, "no-such-traffic.csv")
 out["workload_missing_tp4"] = build(4, sp_on)  # one warning naming the file; vLLM's default stands
 del os.environ["TPCOST_WORKLOAD"]
+# a profile outside the plausible ranges (docs/profiles.md): one warning naming the key; vLLM's default stands
+src = open(os.path.join(os.path.dirname(__file__), "..", "costmodel", "profiles", "h100-sxm.toml")).read()
+bad = os.path.join(cache, "absurd.toml")
+with open(bad, "w") as fh:
+    fh.write(src.replace("sm_count = 132", "sm_count = 1e308"))
+os.environ["TPCOST_PROFILE"] = bad
+out["out_of_range_profile_tp2"] = build(2, sp_on)
+os.environ["TPCOST_PROFILE"] = "h100-sxm"
 os.environ["TPCOST_PLUGIN_FAIL_FOR_TEST"] = "1"
 out["injected_failure_tp2"] = build(2, sp_on)
 del os.environ["TPCOST_PLUGIN_FAIL_FOR_TEST"]

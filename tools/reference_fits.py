@@ -314,8 +314,12 @@ def fit_fused_param(tree, rows, key, name, arm="fused"):
         prof = base.with_values({key: float(np.exp(x[0]))}, None, mark_modified=False)
         return np.log(np.array([one(prof, r) for r in rows]) / meas)
 
-    x0 = np.log([max(base.value(key), 1e-7)])
-    r = least_squares(resid, x0, loss="soft_l1", f_scale=0.1, x_scale=1.0, diff_step=1e-3)
+    from costmodel.profile import value_range
+
+    rng = value_range(key)  # the search stays inside the quantity's plausible range (docs/profiles.md)
+    lo, hi = np.log(max(rng.lo, 1e-9)), np.log(rng.hi) - 1e-9
+    x0 = np.clip(np.log([max(base.value(key), 1e-7)]), lo + 1e-6, hi - 1e-6)
+    r = least_squares(resid, x0, bounds=([lo], [hi]), loss="soft_l1", f_scale=0.1, x_scale=1.0, diff_step=1e-3)
     dof = max(1, len(rows) - 1)
     s2 = float(np.sum(r.fun**2)) / dof
     J = r.jac
