@@ -1,16 +1,19 @@
-"""Accuracy of tpcost on every measured set the project ships, per source, beside vLLM 0.31's rule.
+"""Accuracy of tpcost on every measured set the project ships, per source, in-sample and leave-one-source-out,
+beside vLLM 0.31's rule.
 
     python benchmarks/accuracy.py [--json benchmarks/results/accuracy.json]
 
-Sets: the published fused-op timings (data/reference/fused_ops.csv: KRAKEN_PR19 H100 bf16, PT_ISSUE179770
-B300 fp8, PT_PR183509 B300 NVFP4) and this project's CPU validate runs (calib/data/cpu-gloo-w2). Each row
-is scored by `tpcost evaluate` (costmodel.evaluate); the fused-op rows also print the predicted time of
-the fused op and its sequential arm with the model's parts (chunk GEMMs, pulls, barriers, host issue).
-
-In-sample / out-of-sample: a source is in-sample when a profile parameter was fitted to it
-(tools/build_profiles.py asynctp_fits and b300's NCCL reduce-scatter latency), else out-of-sample.
-Leave-one-source-out needs two usable sources for one GPU; none has two (H100: KRAKEN_PR19 only; B300:
-PT_ISSUE179770 only, PT_PR183509's NVFP4 path is out of scope), and the table says so.
+Fused-op sources (data/reference/fused_ops.csv, end_to_end.csv), per GPU family (tools/reference_fits.py
+FamilyFit, docs/model.md §6 "Joint fits"):
+- Hopper: KRAKEN_PR19 (H100 eager GEMM+RS) and VLLM_PR28672 (graph-mode decode, scored as its 1023-step cost);
+- Blackwell: PT_ISSUE179770 (B300 fp8 GEMM+RS) and FLASHINFER_GB200_GEMMRS_MATRIX (GB200 torch fused arm; fp16
+  scored as bf16).
+In-sample: the joint fit over all of a family's sources scores each of them. Leave-one-source-out: the family's
+GPU-side terms (barrier, copy-engine pulls) are fitted without the source, its own per-host terms (host issue
+time, benchmark overhead, its collective curve) are refitted on it, and it is scored.
+Out-of-sample always: META_AH_H100_ASYNCTP (its fused arm is not the pipelined op vLLM 0.31 runs: docs/model.md
+§6 "Reading the released sweeps"; scored with the built-in h100-sxm) and this project's CPU runs
+(calib/data/cpu-gloo-w2), both through `tpcost evaluate`.
 """
 
 from __future__ import annotations
@@ -27,102 +30,149 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from costmodel.evaluate import OP_COLUMNS, evaluate_files, summarise  # noqa: E402
+from costmodel.evaluate import OP_COLUMNS, TIE_BAND, evaluate_files, summarise  # noqa: E402
 from costmodel.io import atomic_write_text, dumps_json  # noqa: E402
 from costmodel.profile import load_profile  # noqa: E402
+from costmodel.vllm_rules import vllm_sp_min_token_num  # noqa: E402
+from tools import build_profiles as B  # noqa: E402
 from tools import reference_fits as R  # noqa: E402
 
-# which parameter each source fed (tools/build_profiles.py)
-FITTED_FROM = {
-    "KRAKEN_PR19": "h100-sxm asynctp.barrier_s",
-    "PT_ISSUE179770": "b300 asynctp.barrier_s; b300 collectives.nccl_reduce_scatter.tp8.latency_s (sequential arm)",
-}
 CPU_SETS = ("calib/data/cpu-gloo-w2/validate.csv", "calib/data/cpu-gloo-w2/profile.ops.csv")
+OUT_OF_SAMPLE_OPS = ("META_AH_H100_ASYNCTP",)
 
 
-def published_ops_csv(path: Path) -> None:
-    """data/reference/fused_ops.csv in evaluate's op-level schema (times in us)."""
+def family_trees() -> dict:
+    """The profile trees the family fits start from (the fitted terms at their priors)."""
+    pri = (B.BARRIER_PRIOR_S, "fit start", "assumed")
+    return {"hopper": {"h100-sxm": B.asynctp_section(B.h100(), pri, B.HOST_OP)},
+            "blackwell": {"b300": B.asynctp_section(B.b300(), pri, B.HOST_OP),
+                          "gb200-nvl72": B.asynctp_section(B.gb200(B.b200()), pri, B.HOST_OP)}}
+
+
+def score_rows(rows: list[dict]) -> dict:
+    """Speedup error, verdicts and regret of op rows (and the relative error of a decode row)."""
+    ops = [r for r in rows if r["arm"] == "op"]
+    out: dict = {"rows": len(ops)}
+    if ops:
+        sm = np.array([r["seq_measured_s"] / r["fused_measured_s"] for r in ops])
+        sp = np.array([r["seq_predicted_s"] / r["fused_predicted_s"] for r in ops])
+        err = np.abs(sp - sm)
+        tie = np.abs(sm - 1.0) <= TIE_BAND
+        right = tie | ((sp > 1.0) == (sm > 1.0))
+        vllm = []
+        for r in ops:
+            row = r["row"]
+            prof = load_profile(row["hardware"])
+            hidden = row["n"] if row["op"] == "gemm_rs" else row["k"]
+            thr = vllm_sp_min_token_num(prof.identity.vendor, prof.identity.compute_capability, hidden, row["tp"], 2)
+            vllm.append(thr is not None and row["m"] >= thr)
+        vllm = np.array(vllm)
+        best = np.minimum([r["seq_measured_s"] for r in ops], [r["fused_measured_s"] for r in ops])
+
+        def regret(choose):
+            t = np.where(choose, [r["fused_measured_s"] for r in ops], [r["seq_measured_s"] for r in ops])
+            return 100.0 * (t - best) / best
+
+        slow = sm < 0.9
+        out.update(median_abs_speedup_error=float(np.median(err)), p90_abs_speedup_error=float(np.percentile(err, 90)),
+                   max_abs_speedup_error=float(err.max()), verdict_accuracy=float(right.mean()),
+                   verdicts_right_where_measured_below_0_9=(f"{int(right[slow].sum())}/{int(slow.sum())}"),
+                   mean_regret_pct=float(regret(sp > 1.0).mean()),
+                   vllm_rule={"verdict_accuracy": float((tie | (vllm == (sm > 1.0))).mean()),
+                              "mean_regret_pct": float(regret(vllm).mean())})
+    dec = [r for r in rows if r["arm"] == "decode"]
+    if dec:
+        d = dec[0]
+        out.update(decode_measured_s=d["measured_s"], decode_predicted_s=d["predicted_s"],
+                   decode_rel_error=abs(d["predicted_s"] - d["measured_s"]) / d["measured_s"])
+    return out
+
+
+def family_results() -> dict:
+    """In-sample and leave-one-source-out scores per family and source, with the fits' values."""
+    out = {}
+    for family, trees in family_trees().items():
+        full = R.fit_family(family, trees)
+        fam = {"fit": full, "sources": {}}
+        for sid in R.family_sources(family):
+            ins = score_rows(R.source_rows(family, trees, sid, full))
+            loso_fit = R.fit_family(family, trees, leave_out=sid)
+            loso = score_rows(R.source_rows(family, trees, sid, loso_fit, refit_own=True))
+            loso["gpu_terms_from"] = loso_fit["sources"]
+            loso["gpu_terms"] = loso_fit["values"].get(None, {})
+            fam["sources"][sid] = {"in_sample": ins, "leave_one_source_out": loso}
+        out[family] = fam
+    return out
+
+
+def published_ops_csv(path: Path, sources) -> None:
+    """The fused-op rows of `sources` in evaluate's op-level schema (times in us)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(OP_COLUMNS)
-    for r in R.fused_op_rows():
-        w.writerow([r["hardware"], r["tp"], r["op"], r["dtype"], r["m"], r["n"] or "", r["k"] or "",
-                    f"{r['baseline_s'] * 1e6:.3f}", f"{r['overlap_s'] * 1e6:.3f}", r["source"]])
+    for sid in sources:
+        for r in R.fused_op_rows(sid):
+            w.writerow([r["hardware"], r["tp"], r["op"], r["dtype"], r["m"], r["n"] or "", r["k"] or "",
+                        f"{r['baseline_s'] * 1e6:.3f}", f"{r['overlap_s'] * 1e6:.3f}", r["source"]])
     atomic_write_text(path, buf.getvalue())
 
 
-def fused_rows_detail() -> list[dict]:
-    out = []
-    for r in R.fused_op_rows():
-        if not (r["n"] and r["k"]):
-            continue
-        prof = load_profile(r["hardware"])
-        seq, _, f = R.predict_fused_row(prof, r)
-        v = lambda x: float(np.ravel(x)[0])  # noqa: E731
-        out.append({"source": r["source"], "hardware": r["hardware"], "op": r["op"], "dtype": r["dtype"], "m": r["m"],
-                    "n": r["n"], "k": r["k"], "measured_sequential_s": r["baseline_s"], "measured_fused_s": r["overlap_s"],
-                    "predicted_sequential_s": v(seq), "predicted_fused_s": v(f.t_s), "predicted_fused_gpu_s": v(f.t_gpu_s),
-                    "parts_s": {"chunk_gemms": v(f.t_chunks_contended_s), "pulls": v(f.t_pulls_s),
-                                "barriers": v(f.t_sync_s), "copies_reduction": v(f.t_memory_s),
-                                "host_issue": v(f.t_host_s)}})
-    return out
-
-
-def per_source(scored, skipped) -> dict:
-    by = {}
+def evaluated_sets() -> tuple[dict, list]:
+    """META_AH (out-of-sample) and the CPU sets through `tpcost evaluate` with the built-in profiles."""
+    with tempfile.TemporaryDirectory() as tmp:
+        pub = Path(tmp) / "fused_ops.eval.csv"
+        published_ops_csv(pub, OUT_OF_SAMPLE_OPS)
+        scored, skipped = evaluate_files([str(pub)] + [str(ROOT / f) for f in CPU_SETS])
+    by: dict = {}
     for s in scored:
-        by.setdefault(s.source, []).append(s)
-    out = {}
+        by.setdefault("cpu-gloo-w2" if s.source.startswith("tpcost ") else s.source, []).append(s)
+    table = {}
     for src, rows in sorted(by.items()):
         summ = summarise(rows, [])
         summ.pop("skipped")
-        summ["sample"] = "in-sample" if src in FITTED_FROM else "out-of-sample"
-        summ["fitted"] = FITTED_FROM.get(src, "nothing")
-        out[src] = summ
-    return out
+        summ["sample"] = "out-of-sample"
+        table[src] = summ
+    return table, [{"where": Path(s["where"]).name, "reason": s["reason"]} for s in skipped]
+
+
+def _f(v, fmt):
+    return "n/a" if v is None else format(v, fmt)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        pub = Path(tmp) / "fused_ops.eval.csv"
-        published_ops_csv(pub)
-        files = [str(pub)] + [str(ROOT / f) for f in CPU_SETS]
-        scored, skipped = evaluate_files(files)
-    for s in scored:  # the CPU rows' source is "tpcost validate/calibrate ..."; name them by their set
-        if s.source.startswith("tpcost "):
-            object.__setattr__(s, "source", "cpu-gloo-w2")
-    table = per_source(scored, skipped)
-    detail = fused_rows_detail()
-    print("fused-op rows: measured and predicted (eager: torch's Python pipeline issues each call) [us]")
-    print(f"{'source':15s} {'hw':9s} {'op':8s} {'dtype':5s} {'M':>6s} {'seq meas':>9s} {'pred':>7s} {'fused meas':>10s} "
-          f"{'pred':>7s} {'s meas':>7s} {'s pred':>7s}  parts: gemms/pulls/barriers/mem/host")
-    for d in detail:
-        sm, sp = d["measured_sequential_s"] / d["measured_fused_s"], d["predicted_sequential_s"] / d["predicted_fused_s"]
-        p = d["parts_s"]
-        print(f"{d['source']:15s} {d['hardware']:9s} {d['op']:8s} {d['dtype']:5s} {d['m']:6d} "
-              f"{d['measured_sequential_s'] * 1e6:9.1f} {d['predicted_sequential_s'] * 1e6:7.1f} "
-              f"{d['measured_fused_s'] * 1e6:10.1f} {d['predicted_fused_s'] * 1e6:7.1f} {sm:7.3f} {sp:7.3f}  "
-              + "/".join(f"{p[k] * 1e6:.0f}" for k in ("chunk_gemms", "pulls", "barriers", "copies_reduction", "host_issue")))
-    print("\nper source (verdicts: a measured speedup within 2% of 1 is a tie, right either way)")
-    print(f"{'source':16s} {'sample':14s} {'rows':>4s} {'acc':>6s} {'vLLM acc':>8s} {'mean reg%':>9s} {'vLLM':>6s} "
-          f"{'max reg%':>8s} {'vLLM':>6s} {'med|err|':>8s} {'max|err|':>8s}  fitted")
+    fams = family_results()
+    print("fused-op sources per GPU family: in-sample (joint fit over all of the family's sources) and "
+          "leave-one-source-out (GPU-side terms fitted without the source; its own host terms refitted on it)")
+    print(f"{'family':9s} {'source':31s} {'sample':9s} {'rows':>4s} {'med|err|':>8s} {'p90|err|':>8s} {'acc':>6s} "
+          f"{'vLLM acc':>8s} {'reg%':>6s} {'vLLM reg%':>9s} {'s<0.9 right':>11s}  decode meas/pred [s]")
+    for family, fam in fams.items():
+        for sid, res in fam["sources"].items():
+            for label, r in (("in", res["in_sample"]), ("LOSO", res["leave_one_source_out"])):
+                v = r.get("vllm_rule", {})
+                dec = (f"{r['decode_measured_s']:.1f}/{r['decode_predicted_s']:.1f} "
+                       f"(|rel err| {r['decode_rel_error']:.2f})") if "decode_measured_s" in r else ""
+                print(f"{family:9s} {sid:31s} {label:9s} {r['rows']:4d} {_f(r.get('median_abs_speedup_error'), '8.3f')} "
+                      f"{_f(r.get('p90_abs_speedup_error'), '8.3f')} {_f(r.get('verdict_accuracy'), '6.1%')} "
+                      f"{_f(v.get('verdict_accuracy'), '8.1%')} {_f(r.get('mean_regret_pct'), '6.2f')} "
+                      f"{_f(v.get('mean_regret_pct'), '9.2f')} {r.get('verdicts_right_where_measured_below_0_9', ''):>11s}  {dec}")
+        vals = fam["fit"]["values"]
+        print(f"  {family} joint fit (rms log {fam['fit']['rms_log']:.3f}): " + "; ".join(
+            f"{sid or 'GPU'}: " + ", ".join(f"{k.split('.')[-1] if k != 'offset_s' else 'benchmark offset_s'} "
+                                             f"{v:.4g}" for k, v in kv.items()) for sid, kv in vals.items()))
+    table, skipped = evaluated_sets()
+    print("\nout-of-sample through `tpcost evaluate` (built-in profiles)")
+    print(f"{'source':31s} {'rows':>4s} {'med|err|':>8s} {'acc':>6s} {'vLLM acc':>8s} {'reg%':>6s} {'vLLM reg%':>9s}")
     for src, t in table.items():
         v = t["vllm_rule"]
-        print(f"{src:16s} {t['sample']:14s} {t['rows_scored']:4d} {t['verdict_accuracy']:6.1%} {v['verdict_accuracy']:8.1%} "
-              f"{t['mean_regret_pct']:9.2f} {v['mean_regret_pct']:6.2f} {t['max_regret_pct']:8.2f} {v['max_regret_pct']:6.2f} "
-              f"{t['median_abs_speedup_error']:8.3f} {t['max_abs_speedup_error']:8.3f}  {t['fitted']}")
-    print("\nleave-one-source-out: not possible; no GPU has two usable sources (H100: KRAKEN_PR19; B300: "
-          "PT_ISSUE179770, with PT_PR183509's NVFP4 native path out of scope)")
-    for sk in skipped:
-        print(f"skipped {Path(sk['where']).name}: {sk['reason']}")
-    res = {"schema_version": 1, "per_source": table, "fused_rows": detail,
-           "skipped": [{"where": Path(s["where"]).name, "reason": s["reason"]} for s in skipped],
-           "leave_one_source_out": None}
+        print(f"{src:31s} {t['rows_scored']:4d} {t['median_abs_speedup_error']:8.3f} {t['verdict_accuracy']:6.1%} "
+              f"{v['verdict_accuracy']:8.1%} {t['mean_regret_pct']:6.2f} {v['mean_regret_pct']:9.2f}")
+    print(f"skipped rows: {len(skipped)} (" + "; ".join(sorted({s['reason'] for s in skipped})) + ")")
+    res = {"schema_version": 2, "families": fams, "evaluated": table, "skipped": skipped}
     if a.json:
-        atomic_write_text(a.json, dumps_json(res, indent=2) + "\n")
+        atomic_write_text(a.json, dumps_json(res, indent=2, default=str) + "\n")
     return 0
 
 

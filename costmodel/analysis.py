@@ -166,14 +166,14 @@ def perturbed_values(profile: HardwareProfile, draws: int, seed: int) -> dict[st
 
 
 def cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, draws=BAND_DRAWS, seed=BAND_SEED, weights=None,
-                fi_max_bytes=None):
+                **predict_kw):
     """5th–95th percentile of the cutoff decision over a fixed-seed Monte Carlo of the profile (never = +inf)."""
     vals = perturbed_values(profile, draws, seed)
     cuts = []
     for lo in range(0, draws, BAND_CHUNK):
         chunk = {k: v[lo:lo + BAND_CHUNK] for k, v in vals.items()}
         prof = profile.with_values(chunk, None, mark_modified=False)
-        pred = predict(prof, shape, tp, dtype, grid, seq_len, fi_max_bytes=fi_max_bytes)
+        pred = predict(prof, shape, tp, dtype, grid, seq_len, **predict_kw)
         cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights))
     c = np.concatenate(cuts)
     lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
@@ -196,7 +196,7 @@ def model_inputs(profile: HardwareProfile, tp: int) -> list[str]:
 
 
 def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, base_cutoff, weights=None,
-                       fi_max_bytes=None) -> list[dict]:
+                       **predict_kw) -> list[dict]:
     """One at a time, each model input × e^(−σ) and × e^(+σ) (σ of its tier; efficiencies capped at 1): the
     cutoff with each. Returned for the inputs that move it away from `base_cutoff` (the profile's own),
     largest move first ("never" = beyond the grid)."""
@@ -210,7 +210,7 @@ def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, base_cu
             row = vals.setdefault(k, np.full((len(part), 1), profile.value(k)))
             row[i, 0] = perturbed(profile, k, sign)
         pred = predict(profile.with_values(vals, None, mark_modified=False), shape, tp, dtype, grid, seq_len,
-                       fi_max_bytes=fi_max_bytes)
+                       **predict_kw)
         cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights))
     c = np.concatenate(cuts)
     beyond = grid[-1] + tp
@@ -234,12 +234,15 @@ def display_tokens(max_tokens: int = 65536) -> np.ndarray:
 
 def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *, seq_len: int = 1024,
             max_num_batched_tokens: int = 8192, margin: float = 0.02, band: bool = True,
-            display_max_tokens: int = 65536, tokens=None, workload=None, fi_max_bytes=None) -> Analysis:
+            display_max_tokens: int = 65536, tokens=None, workload=None, fi_max_bytes=None,
+            cudagraph_max_tokens: int | None = None) -> Analysis:
     """Cutoff decision, band and a table at `tokens` (default: powers of two up to display_max_tokens, plus the
     cutoff). `workload` (costmodel.workload.Workload; default uniform over the multiples of tp) is the traffic
     the decision serves; its histogram buckets are spread uniformly, and the other spreads are reported.
-    `fi_max_bytes`: the FlashInfer fusion limit vLLM will run with (None: its table; 0: fusion off)."""
-    kw = {"fi_max_bytes": fi_max_bytes}
+    `fi_max_bytes`: the FlashInfer fusion limit vLLM will run with (None: its table; 0: fusion off).
+    `cudagraph_max_tokens`: vLLM's largest CUDA-graph capture size (None: vLLM's default for the GPU; 0: eager,
+    `--enforce-eager`): steps above it pay the host's issue time."""
+    kw = {"fi_max_bytes": fi_max_bytes, "cudagraph_max_tokens": cudagraph_max_tokens}
     if tokens is not None and (len(tokens) == 0 or any(int(t) != t or t <= 0 for t in tokens)):
         raise TpcostError("--tokens: token counts N must be integers > 0")
     if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:

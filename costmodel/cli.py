@@ -68,6 +68,25 @@ def add_shape_args(p, gpu_help="built-in GPU profile name, a profile .toml path,
                    "(vllm:iteration_tokens_total) or a CSV num_tokens,count (default: uniform over the multiples of tp)")
     p.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE",
                    help="override one profile quantity, e.g. interconnect.link_bw_bytes_per_s=900e9")
+    add_regime_args(p)
+
+
+def add_regime_args(p) -> None:
+    """--cudagraph-max-tokens / --enforce-eager: which steps replay CUDA graphs (no host cost) and which run eagerly."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--cudagraph-max-tokens", type=bounded_int("--cudagraph-max-tokens", 0, MAX_TOKENS,
+                   "vLLM's capture sizes stay within the token budget"), metavar="N",
+                   help="vLLM's largest CUDA-graph capture size (max_cudagraph_capture_size): steps of more tokens run "
+                        "eagerly and pay the host's issue time (default: vLLM's own, 512; 1024 on datacenter Blackwell)")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="vLLM's --enforce-eager: every step runs eagerly (no CUDA graphs)")
+
+
+def cudagraph_arg(args) -> int | None:
+    """The CUDA-graph capture limit the prediction uses: 0 under --enforce-eager, None for vLLM's default."""
+    if getattr(args, "enforce_eager", False):
+        return 0
+    return getattr(args, "cudagraph_max_tokens", None)
 
 
 def resolve_inputs(args):
@@ -114,7 +133,7 @@ def check_overrides_take_effect(prof, overrides, shape, args) -> None:
 
     grid = np.arange(args.tp, args.max_num_batched_tokens + args.tp, args.tp, dtype=float)
     traced, reads = recording(prof)
-    predict(traced, shape, args.tp, args.dtype, grid, seq_len=args.seq_len)
+    predict(traced, shape, args.tp, args.dtype, grid, seq_len=args.seq_len, cudagraph_max_tokens=cudagraph_arg(args))
     rides_on_link = any(prof.provenance[k].source == DERIVED_FROM_LINK for k in reads if k in prof.provenance)
     for key in overrides:
         if key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s") and rides_on_link:
@@ -142,7 +161,8 @@ def cmd_whatif(args) -> int:
         return _print_ops(prof, shape, args)
     a = analyse(prof, shape, args.tp, args.dtype, seq_len=args.seq_len,
                 max_num_batched_tokens=args.max_num_batched_tokens, margin=args.margin, band=not args.no_band,
-                tokens=args.tokens, workload=load_workload_arg(args), fi_max_bytes=fi_max_bytes_arg(args))
+                tokens=args.tokens, workload=load_workload_arg(args), fi_max_bytes=fi_max_bytes_arg(args),
+                cudagraph_max_tokens=cudagraph_arg(args))
     out = analysis_json(a)
     if args.plot:
         from .plot import plot_whatif
@@ -226,7 +246,7 @@ def _print_ops(prof, shape, args) -> int:
     from .model import predict
 
     pred = predict(prof, shape, args.tp, args.dtype, [float(args.ops)], seq_len=args.seq_len,
-                   fi_max_bytes=fi_max_bytes_arg(args))
+                   fi_max_bytes=fi_max_bytes_arg(args), cudagraph_max_tokens=cudagraph_arg(args))
     view = ops_view(pred)
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "gpu": prof.name, "model": shape.name, "tp": args.tp,

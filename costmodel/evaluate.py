@@ -161,9 +161,10 @@ def _profile(cache, name):
     return cache[name]
 
 
-def predict_op_row(prof, op: str, dtype: str, tp: int, m: int, n: int | None, k: int | None):
+def predict_op_row(prof, op: str, dtype: str, tp: int, m: int, n: int | None, k: int | None, eager: bool = True):
     """(predicted speedup of the fused op over its sequential arm, hidden size vLLM's rule sees) for one
-    microbenchmark row; the fused op runs eagerly (a Python loop issued per call, as in the benchmarks)."""
+    microbenchmark row; by default the fused op runs eagerly (a Python loop issued per call, as in the benchmarks),
+    `eager=False` under CUDA-graph replay (no host issue time)."""
     if dtype not in OP_DTYPES:
         raise _Skip(f"dtype {dtype!r} is out of scope (modelled: {', '.join(OP_DTYPES)}; torch's NVFP4 native "
                     "path is a different kernel, docs/model.md §6)")
@@ -182,11 +183,11 @@ def predict_op_row(prof, op: str, dtype: str, tp: int, m: int, n: int | None, k:
             raise _Skip("ag_gemm does not fuse with per-token (dynamic) fp8 in vLLM 0.31")
         a_bytes = hw.mode.ag_bytes
         base = ops.sequential_ag_gemm_s(hw, float(m), n, k, tp, a_bytes)
-        over = ops.fused_ag_gemm(hw, float(m), n, k, tp, a_bytes, eager=True).t_s
+        over = ops.fused_ag_gemm(hw, float(m), n, k, tp, a_bytes, eager=eager).t_s
         hidden = k
     elif op == "gemm_rs":
         base = ops.sequential_gemm_rs_s(hw, float(m), n, k, tp)
-        over = ops.fused_gemm_rs(hw, float(m), n, k, tp, eager=True).t_s
+        over = ops.fused_gemm_rs(hw, float(m), n, k, tp, eager=eager).t_s
         hidden = n
     else:
         raise _Skip(f"unknown op {op!r} (ag_gemm | gemm_rs)")
@@ -226,7 +227,10 @@ def _model_groups(rows, profiles, models, skipped, path):
     return groups
 
 
-def evaluate_files(paths):
+def evaluate_files(paths, cudagraph_max_tokens: int | None = None):
+    """Score every row of `paths`. `cudagraph_max_tokens`: None keeps each set's own regime (op microbenchmarks
+    eager; model rows vLLM's default capture size), else rows of more tokens run eagerly and the rest replay graphs
+    (0: everything eager)."""
     from .model import predict
     from .vllm_rules import vllm_sp_min_token_num
 
@@ -256,8 +260,9 @@ def evaluate_files(paths):
                 try:
                     _need(r, "baseline_us", "overlap_us", "hardware", "tp", "m", "op", "dtype")
                     prof = _profile(profiles, r["hardware"])
+                    eager = cudagraph_max_tokens is None or r["m"] > cudagraph_max_tokens
                     s_hat, hidden = predict_op_row(prof, r["op"], r["dtype"], r["tp"], r["m"], r["n"] or None,
-                                                   r["k"] or None)
+                                                   r["k"] or None, eager=eager)
                 except _Skip as e:
                     skipped.append({"where": f"{path}:{line}", "reason": str(e)})
                     continue
@@ -267,7 +272,7 @@ def evaluate_files(paths):
         for (hwname, model, tp, dtype, scope, base_sched, seq_len), (prof, shape, members) in \
                 _model_groups(rows, profiles, models, skipped, path).items():
             n_tok = np.array([float(r["num_tokens"]) for _, r in members])
-            pred = predict(prof, shape, tp, dtype, n_tok, seq_len)
+            pred = predict(prof, shape, tp, dtype, n_tok, seq_len, cudagraph_max_tokens=cudagraph_max_tokens)
             attr = "t_layer_s" if scope == "layer" else "t_forward_s"
             with np.errstate(invalid="ignore"):
                 s_all = np.ravel(getattr(pred.schedules[base_sched], attr) / getattr(pred.schedules["sp_asynctp"], attr))
@@ -329,7 +334,9 @@ def plot_evaluation(scored, path):
 def cmd_evaluate(args) -> int:
     if args.plot:
         check_output_path(args.plot, args.force, "--plot", protect=tuple(args.files))
-    scored, skipped = evaluate_files(args.files)
+    from .cli import cudagraph_arg
+
+    scored, skipped = evaluate_files(args.files, cudagraph_max_tokens=cudagraph_arg(args))
     if not scored:  # scoring nothing is no result: say why every row was skipped
         reasons = sorted({sk["reason"] for sk in skipped})
         raise TpcostError(f"nothing to score: all {len(skipped)} row(s) skipped ("
@@ -367,4 +374,7 @@ def register(sub):
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--plot", metavar="FILE.png", help="also write measured vs predicted speedups to this PNG")
     p.add_argument("--force", action="store_true", help="replace an existing --plot file")
+    from .cli import add_regime_args
+
+    add_regime_args(p)
     p.set_defaults(func=cmd_evaluate)

@@ -141,6 +141,8 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
         raise TpcostError("token counts N must be finite and > 0")
     if cudagraph_max_tokens is None:
         cudagraph_max_tokens = cudagraph_max_tokens_default(profile)
+    elif not isinstance(cudagraph_max_tokens, (int, np.integer)) or cudagraph_max_tokens < 0:
+        raise TpcostError(f"--cudagraph-max-tokens must be an integer >= 0, got {cudagraph_max_tokens}")
     W = tp
     Np = np.ceil(N / W) * W  # SP pads N up to a multiple of tp
     hw = ops.Hw(profile, dtype, float(Np.max()))
@@ -272,7 +274,10 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
             notes.append(unavailable + "; SP alone stays possible with inter-node collectives")
         spa_layer = (op("asynctp_unavailable", "fused", np.full(N.shape, np.inf), formula="ops.fused_ops_available",
                         section="§6", host_calls=0.0),)
-    if np.any(eager):
+    if cudagraph_max_tokens == 0:
+        notes.append("every step runs eagerly (--enforce-eager): the host issue time of every op counts, torch's "
+                     "Python AsyncTP pipeline included")
+    elif np.any(eager):
         notes.append(f"N > {cudagraph_max_tokens} runs eagerly (vLLM's largest CUDA-graph capture size): the host "
                      "issue time of every op counts there, torch's Python AsyncTP pipeline included; below, graphs replay")
 

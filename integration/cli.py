@@ -55,7 +55,8 @@ def cmd_vllm_config(args) -> int:
     mb = args.fi_allreduce_fusion_max_size_mb
     r = recommend(prof, shape, args.tp, args.dtype, args.max_num_batched_tokens, args.margin, args.seq_len,
                   workload=costmodel_cli.load_workload_arg(args), vllm_version=version,
-                  user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None)
+                  user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
+                  cudagraph_max_tokens=costmodel_cli.cudagraph_arg(args))
     cc = {"pass_config": r.pass_config()}
     text = json.dumps(cc, separators=(",", ":"))
     if args.format == "json":

@@ -173,7 +173,8 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
 
 def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int = 8192, margin: float = 0.02,
               seq_len: int = 1024, workload=None, vllm_version: tuple[int, int] = (0, 31),
-              user_fuse_allreduce_rms: bool | None = None, user_fi_max_mb: float | None = None) -> Recommendation:
+              user_fuse_allreduce_rms: bool | None = None, user_fi_max_mb: float | None = None,
+              cudagraph_max_tokens: int | None = None) -> Recommendation:
     """One configuration, one prediction: the fusion range first, then (vLLM <= 0.31) the SP cutoff computed
     with exactly that range, so every number printed belongs to the configuration emitted."""
     from costmodel.analysis import analyse
@@ -183,7 +184,8 @@ def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int =
                            user_fuse_allreduce_rms, user_fi_max_mb)
     fi_bytes = None if fusion is None else fusion.tokens * shape.hidden * (4.0 if dtype == "fp32" else 2.0)
     a = analyse(profile, shape, tp, dtype, seq_len=seq_len, max_num_batched_tokens=max_num_batched_tokens,
-                margin=margin, band=False, tokens=[max_num_batched_tokens], workload=workload, fi_max_bytes=fi_bytes)
+                margin=margin, band=False, tokens=[max_num_batched_tokens], workload=workload, fi_max_bytes=fi_bytes,
+                cudagraph_max_tokens=cudagraph_max_tokens)
     grid, s = a.grid_tokens, a.grid_speedup_sp_asynctp
     cut = a.cutoff_tokens
     at_cut = worst_below = None

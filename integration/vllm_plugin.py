@@ -88,7 +88,8 @@ def _apply_inner(cfg) -> None:
         inputs = {"hf_text_config": hf, "model": str(mc.model), "tp": tp, "dtype": _dtype_mode(mc),
                   "max_tokens": int(cfg.scheduler_config.max_num_batched_tokens or 8192), "has_sp": has_sp,
                   "want_sp": want_sp, "want_fi": want_fi, "fuse_allreduce_rms": pc.fuse_allreduce_rms,
-                  "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb}
+                  "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb,
+                  "cudagraph_max_tokens": _cudagraph_max_tokens(cfg)}
         from . import plugin_cache
 
         problem = plugin_cache.setting_problem()
@@ -113,6 +114,19 @@ def _apply_inner(cfg) -> None:
                        type(e).__name__, e)
 
 
+def _cudagraph_max_tokens(cfg) -> int | None:
+    """The regime the user asked vLLM for: 0 when every step runs eagerly (enforce_eager, or cudagraph_mode NONE),
+    the user's max_cudagraph_capture_size, else None (vLLM's default for the GPU: 512, 1024 on datacenter
+    Blackwell). Read before VllmConfig.__post_init__, so only what the user set counts, never what a platform
+    without graphs (the CPU build) resolves it to."""
+    cc = cfg.compilation_config
+    mode = getattr(cc, "cudagraph_mode", None)
+    if getattr(cfg.model_config, "enforce_eager", False) or (mode is not None and getattr(mode, "name", "") == "NONE"):
+        return 0
+    size = getattr(cc, "max_cudagraph_capture_size", None)
+    return int(size) if size is not None else None
+
+
 def _plan(inputs: dict) -> dict:
     """What to set on the pass config and what to say, from the cost model (a JSON-able plan; plugin_cache)."""
     from costmodel.profile import detect_profile
@@ -130,7 +144,8 @@ def _plan(inputs: dict) -> dict:
     r = recommend(prof, shape, inputs["tp"], inputs["dtype"], inputs["max_tokens"], workload=workload,
                   vllm_version=(0, 31) if inputs["has_sp"] else (0, 32),
                   user_fuse_allreduce_rms=inputs["fuse_allreduce_rms"],
-                  user_fi_max_mb=inputs["fi_allreduce_fusion_max_size_mb"])
+                  user_fi_max_mb=inputs["fi_allreduce_fusion_max_size_mb"],
+                  cudagraph_max_tokens=inputs.get("cudagraph_max_tokens"))
     sets, said = [], []
     if inputs["want_fi"] and r.fusion is not None and r.fusion.why == "decided":
         if r.fusion.tokens == 0:

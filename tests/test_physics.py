@@ -91,3 +91,35 @@ def test_decode_sized_batches_are_a_clear_slowdown():
     """vLLM PR #28672 saw SP+AsyncTP slow decode-sized batches end to end."""
     pred = predict(load_profile("h100-sxm"), load_model("llama-3.1-70b"), 4, "bf16", np.array([1, 8, 32, 64.0]))
     assert np.all(pred.speedup_sp_asynctp <= 0.5)
+
+
+@pytest.mark.parametrize("prof", builtin_profile_names())
+def test_torch_pipelined_fused_ops_never_beat_their_sequential_arm_by_2x(prof):
+    """t_seq / t_fused <= 2 for torch's pipelined AG+GEMM and GEMM+RS, every built-in model x TP x dtype, eager and
+    graph-replayed: the fused op overlaps one GEMM with one collective, so it gains at most (a + b)/max(a, b) <= 2
+    over running them back to back (docs/model.md §6 bounds; issue: 85 Blackwell TP 2 configurations broke it)."""
+    p = load_profile(prof)
+    m = np.unique(np.round(np.geomspace(8, 65536, 160) / 8) * 8)
+    for name in builtin_model_names():
+        shape = load_model(name)
+        for tp in (2, 4, 8):
+            try:
+                shape.check_tp(tp)
+            except TpcostError:
+                continue
+            if ops.fused_ops_available(p, tp):
+                continue
+            mm = np.unique(np.ceil(m / tp) * tp)
+            inter = (shape.moe_intermediate if shape.is_moe else shape.intermediate) // tp
+            h_rank, kv = shape.num_heads // tp, shape.kv_heads_per_rank(tp)
+            for dtype in ("bf16", "fp8"):
+                hw = ops.Hw(p, dtype)
+                for eager in (True, False):
+                    for n, k in ((shape.hidden, h_rank * shape.head_dim), (shape.hidden, inter)):
+                        s = ops.sequential_gemm_rs_s(hw, mm, n, k, tp) / ops.fused_gemm_rs(hw, mm, n, k, tp, eager).t_s
+                        assert np.all(s <= 2.0), (prof, name, tp, dtype, eager, "gemm_rs", n, k, float(s.max()))
+                    a_b = hw.mode.ag_bytes
+                    for n, k in (((h_rank + 2 * kv) * shape.head_dim, shape.hidden), (2 * inter, shape.hidden)):
+                        s = (ops.sequential_ag_gemm_s(hw, mm, n, k, tp, a_b)
+                             / ops.fused_ag_gemm(hw, mm, n, k, tp, a_b, eager).t_s)
+                        assert np.all(s <= 2.0), (prof, name, tp, dtype, eager, "ag_gemm", n, k, float(s.max()))

@@ -22,14 +22,14 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(ROOT / "tests" / "fixtures" / "llama-h8192-tiny")
 
 
-def _config(capsys, tp, model=MODEL):
+def _config(capsys, tp, model=MODEL, regime=()):
     """`tpcost vllm-config` for vLLM 0.31: its pass_config, and whatif's cutoff for exactly that config."""
     assert main(["vllm-config", "--gpu", "h100-sxm", "--model", model, "--tp", str(tp), "--vllm-version", "0.31",
-                 "--max-num-batched-tokens", "8192", "--format", "json"]) == 0
+                 "--max-num-batched-tokens", "8192", "--format", "json", *regime]) == 0
     pc = json.loads(capsys.readouterr().out)["pass_config"]
     mb = pc.get("fi_allreduce_fusion_max_size_mb", 0.0 if pc.get("fuse_allreduce_rms") is False else None)
     argv = ["whatif", "--gpu", "h100-sxm", "--model", model, "--tp", str(tp), "--max-num-batched-tokens", "8192",
-            "--no-band", "--json"] + ([] if mb is None else ["--fi-allreduce-fusion-max-size-mb", repr(mb)])
+            "--no-band", "--json", *regime] + ([] if mb is None else ["--fi-allreduce-fusion-max-size-mb", repr(mb)])
     assert main(argv) == 0
     return pc, json.loads(capsys.readouterr().out)["cutoff_tokens"]
 
@@ -72,6 +72,17 @@ def test_plugin_value_is_whatif_cutoff_and_ranges_split(scenarios, capsys, tp):
         assert got["sp_min_token_num"] == cut
         assert cut - 1 in got["endpoints"]
     assert f"sp_min_token_num={cut} (" in log or cut is None
+
+
+@pytest.mark.parametrize("key,regime", [("enforce_eager_tp4", ["--enforce-eager"]),
+                                        ("capture_2048_tp4", ["--cudagraph-max-tokens", "2048"])])
+def test_plugin_reads_the_cudagraph_regime(scenarios, capsys, key, regime):
+    """enforce_eager / max_cudagraph_capture_size in vLLM's config decide like vllm-config's flags (that the regime
+    moves a prediction is tests/test_decode_regime.py's; for this two-layer fixture it leaves the cutoff)."""
+    res, _, _, _ = scenarios
+    pc, cut = _config(capsys, 4, regime=regime)
+    assert pc.get("sp_min_token_num") == cut
+    assert res[key]["sp_min_token_num"] == cut
 
 
 def test_user_value_and_sp_off_untouched(scenarios):
@@ -130,8 +141,9 @@ def test_plugin_decision_cache(scenarios):
     recomputed to the same values; TPCOST_CACHE=0 writes nothing; an unusable setting warns once and decides anyway."""
     res, log = scenarios[0], scenarios[1]
     # tp 2 and tp 4 with SP on, and tp 2 deciding the fusion range only: the user's own sp_min_token_num and SP off
-    # give the same inputs (SP is not decided in either) and share one entry
-    assert res["cache_entries"] == 3
+    # give the same inputs (SP is not decided in either) and share one entry; enforce_eager and a capture size of
+    # 2048 at tp 4 are inputs of their own (the regime is part of the key)
+    assert res["cache_entries"] == 5
     assert res["cached_tp2"] == res["plugin_tp2"] and "(cached decision)" in log
     assert res["after_corruption_tp2"] == res["plugin_tp2"] and res["after_corruption_tp4"] == res["plugin_tp4"]
     assert res["cache_off_tp2"] == res["plugin_tp2"] and res["cache_off_wrote"] is False

@@ -12,9 +12,9 @@ from vllm.engine.arg_utils import EngineArgs
 MODEL = sys.argv[1]
 
 
-def build(tp, cc):
+def build(tp, cc, **kw):
     cfg = EngineArgs(model=MODEL, tensor_parallel_size=tp, skip_tokenizer_init=True, load_format="dummy",
-                     max_num_batched_tokens=8192, compilation_config=cc).create_engine_config()
+                     max_num_batched_tokens=8192, compilation_config=cc, **kw).create_engine_config()
     pc = cfg.compilation_config.pass_config
     return {"enable_sp": pc.enable_sp, "fuse_gemm_comms": pc.fuse_gemm_comms, "sp_min_token_num": pc.sp_min_token_num,
             "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb,
@@ -26,6 +26,8 @@ out = {}
 sp_on = {"pass_config": {"enable_sp": True, "fuse_gemm_comms": True}}
 for tp in (2, 4):
     out[f"plugin_tp{tp}"] = build(tp, sp_on)
+out["enforce_eager_tp4"] = build(4, sp_on, enforce_eager=True)  # the regime is read from the config
+out["capture_2048_tp4"] = build(4, {**sp_on, "max_cudagraph_capture_size": 2048})
 out["user_value_tp2"] = build(2, {"pass_config": {"enable_sp": True, "fuse_gemm_comms": True, "sp_min_token_num": 777}})
 out["sp_off_tp2"] = build(2, {"pass_config": {"enable_sp": False}})
 # the decision cache (integration/plugin_cache.py): the same inputs read the plan back, in this process too

@@ -475,21 +475,89 @@ def asynctp_section(p, sync, host, streams=None):
     return p
 
 
-HOST_OP = (3e-6, "assumed: one eager torch call (Python -> dispatcher -> launch) ~3 us on a current server CPU; "
-           "PT_ISSUE179770 bounds it above: at its 58 calls per fused GEMM+RS, more than ~4 us would put the B300 "
-           "small-M floor above the measured 0.25 ms; KRAKEN_PR19 (GPU-bound) does not identify it", "assumed")
+HOST_OP = (3e-6, "assumed: one eager torch call (Python -> dispatcher -> launch) ~3 us on a current server CPU; the "
+           "hosts of the released sweeps fit 3.8 us (PT_ISSUE179770, B300) to 12 us (KRAKEN_PR19 H100, the GB200 Grace "
+           "host): a property of the host, never carried from one source's machine to another", "assumed")
 BARRIER_PRIOR_S = 4e-6  # fit start: signal-pad put + wait (SYMMMEM_RECIPES_PR3: one-shot AR with 2 barriers 10.8 us)
 
 
 def asynctp_fits():
-    """Least-squares fits of the AsyncTP terms to the published fused-op timings (tools/reference_fits.py):
-    the per-barrier synchronisation cost on B300 from PT_ISSUE179770 and on H100 from KRAKEN_PR19, both
-    GPU-bound (the host issue time stays assumed). Returns {name: {value, sigma_rel, source}}."""
-    b3 = asynctp_section(b300(), (BARRIER_PRIOR_S, "fit start", "assumed"), HOST_OP)
-    bar_b3 = R.fit_fused_param(b3, R.fused_op_rows("PT_ISSUE179770"), "asynctp.barrier_s", "b300")
-    h1 = asynctp_section(h100(), (BARRIER_PRIOR_S, "fit start", "assumed"), HOST_OP)
-    bar_h1 = R.fit_fused_param(h1, R.fused_op_rows("KRAKEN_PR19"), "asynctp.barrier_s", "h100-sxm")
-    return {"h100_barrier": bar_h1, "b300_barrier": bar_b3}
+    """The joint fits of the fused-op terms per GPU family (tools/reference_fits.py FamilyFit; docs/model.md §6):
+    Hopper over KRAKEN_PR19 (eager GEMM+RS) and VLLM_PR28672 (graph-mode decode: the GPU side alone); Blackwell over
+    PT_ISSUE179770 (B300 fp8) and FLASHINFER_GB200_GEMMRS_MATRIX (GB200, torch's fused arm, with its baseline arm
+    fitting the NCCL reduce-scatter busBW at TP 2/4 and the benchmark's own overhead). The barrier (and on Blackwell
+    the copy-engine pull bandwidth) is shared by a family's sources; host_op_s is each source's own host."""
+    pri = (BARRIER_PRIOR_S, "fit start", "assumed")
+    hop = R.fit_family("hopper", {"h100-sxm": asynctp_section(h100(), pri, HOST_OP)})
+    bw = R.fit_family("blackwell", {"b300": asynctp_section(b300(), pri, HOST_OP),
+                                    "gb200-nvl72": asynctp_section(gb200(b200()), pri, HOST_OP)})
+    return {"hopper": hop, "blackwell": bw}
+
+
+def _fit_spec(fit, sid, key, what):
+    """(value, source, tier, sigma) of one fitted term for asynctp_section / sec; a term the fit could not identify
+    keeps its prior, tier assumed, and says so."""
+    v, sg = fit["values"][sid][key], fit["sigma_rel"][sid][key]
+    over = (f"joint least-squares fit over {' + '.join(fit['sources'])} ({fit['n_residuals']} log residuals, "
+            f"{fit['n_params']} terms, rms {fit['rms_log']:.3f}; tools/reference_fits.py FamilyFit)")
+    if not math.isfinite(sg):
+        return (v, f"assumed: {what}: prior kept, not identified by the {over}", "assumed")
+    return (v, f"{what}: {over}", "published-measurement", min(sg, 1.0))
+
+
+def _with_slowdown(p, spec):
+    """The chunk-GEMM slowdown while pulls run (asynctp.compute_slowdown) of a fit."""
+    p["asynctp"]["_interference"] = sec(spec[1], spec[2], compute_slowdown=spec[0])
+    if len(spec) > 3 and spec[3] is not None:
+        p["asynctp"]["_interference"]["uncertainty_rel"] = {"compute_slowdown": _round(spec[3])}
+    return p
+
+
+def _assumed(spec, why):
+    return (spec[0], f"assumed: {why} ({spec[1]})", "assumed")
+
+
+def _gb200_rs(p, fit, tier_note=None):
+    """NCCL reduce-scatter (and all-gather: same ring, no reduction) busBW at TP 2/4 from the GB200 baseline arm."""
+    sid = "FLASHINFER_GB200_GEMMRS_MATRIX"
+    for tp in (2, 4):
+        key = f"collectives.nccl_reduce_scatter.tp{tp}.bus_bw_bytes_per_s"
+        v, src, tier, sg = _fit_spec(fit, sid, key, f"NCCL reduce-scatter busBW at TP{tp} from the sequential arm "
+                                                    "(cuBLAS + reduce_scatter_tensor), benchmark overhead fitted apart")
+        for impl in ("nccl_reduce_scatter", "nccl_all_gather"):
+            old = p["collectives"][impl].get(f"tp{tp}") or p["collectives"][impl]["tp8"]
+            why = src if impl == "nccl_reduce_scatter" else "assumed: all-gather = reduce-scatter (same ring, " \
+                                                            "no reduction): " + src
+            t_tier = tier if impl == "nccl_reduce_scatter" else "assumed"
+            if tier_note:
+                why, t_tier = f"assumed: {tier_note}: " + why, "assumed"
+            p["collectives"][impl][f"tp{tp}"] = sec(f"busBW: {why}; latency: {old['source']}", t_tier,
+                                                    latency_s=old["latency_s"], bus_bw_bytes_per_s=v)
+            if t_tier != "assumed":
+                p["collectives"][impl][f"tp{tp}"]["uncertainty_rel"] = {"bus_bw_bytes_per_s": _round(min(sg, 1.0))}
+    # TP2 all-reduce: VLLM_PR42324's pynccl points stop at 2 MiB; at the sizes vLLM sends NCCL (above its 2 MiB
+    # custom-AR limit) a ring all-reduce is a reduce-scatter + an all-gather at the same busBW: the large-message
+    # point comes from the fitted reduce-scatter (so RS + AG and AR agree, CONSISTENCY_BAND)
+    bw2 = fit["values"][sid]["collectives.nccl_reduce_scatter.tp2.bus_bw_bytes_per_s"]
+    ar2 = R.fit_vllm_bench("VLLM_PR42324", 2, "allreduce_time_pynccl", gpu_match="B200",
+                           extra_points=[R.asymptote_point(bw2 / 1e9, 2)])
+    p["collectives"]["nccl_all_reduce"]["tp2"] = sec(
+        f"VLLM_PR42324 B200 WS=2 allreduce_time_pynccl (0.5-2 MiB) plus a 2 GiB point at the TP2 reduce-scatter "
+        f"busBW fitted to FLASHINFER_GB200_GEMMRS_MATRIX's sequential arm; rms rel err {ar2['rms_rel_err']:.3f} over "
+        f"{ar2['n']} points" + (f" ({tier_note})" if tier_note else ""),
+        "assumed" if tier_note else "published-measurement", latency_s=ar2["latency_s"],
+        bus_bw_bytes_per_s=ar2["bus_bw_bytes_per_s"])
+    return p
+
+
+def _with_pull(p, spec):
+    """The copy-engine pull bandwidth of a fit, replacing asynctp_section's NCCL-capped assumption."""
+    v, src, tier = spec[0], spec[1], spec[2]
+    p["asynctp"]["_pull"] = sec(src, tier, copy_engine_bw_bytes_per_s=v)
+    if len(spec) > 3 and spec[3] is not None:
+        p["asynctp"]["_pull"]["uncertainty_rel"] = {"copy_engine_bw_bytes_per_s": _round(spec[3])}
+    p["asynctp"]["_pull_latency"] = sec("assumed: pull start latency ~3 us", "assumed", copy_latency_s=3e-6)
+    return p
 
 
 # HBM capacity per GPU from the datasheets (decimal GB as the datasheets print them)
@@ -510,24 +578,33 @@ def with_capacity(name, p):
 def build_all(root=ROOT):
     """Every built-in profile tree; single-GPU calibration results under `root`/calib/data are folded in."""
     fits = asynctp_fits()
-    bh, bb = fits["h100_barrier"], fits["b300_barrier"]
-    sync_h100 = (bh["value"], bh["source"], "published-measurement", bh["sigma_rel"])
-    sync_h100_assumed = (bh["value"], "assumed: = H100 fit (" + bh["source"] + ")", "assumed")
-    sync_b300 = (bb["value"], bb["source"], "published-measurement", bb["sigma_rel"])
-    sync_b300_assumed = (bb["value"], "assumed: scaled from B300 (same NVLink5/NVSwitch, SM100 family): " + bb["source"],
-                         "assumed")
-    host_assumed = host_b300 = HOST_OP
-    h = asynctp_section(h100(), sync_h100, host_assumed)
+    hop, bw = fits["hopper"], fits["blackwell"]
+    sync_h100 = _fit_spec(hop, None, "asynctp.barrier_s", "per-barrier GPU cost")
+    host_h100 = _fit_spec(hop, "KRAKEN_PR19", "asynctp.host_op_s", "the KRAKEN_PR19 host's issue time per torch call")
+    sync_h100_assumed = _assumed(sync_h100, "= the H100 fit")
+    sync_bw = _fit_spec(bw, None, "asynctp.barrier_s", "per-barrier GPU cost")
+    pull_bw = _fit_spec(bw, None, "asynctp.copy_engine_bw_bytes_per_s", "copy-engine pull bandwidth")
+    slow_bw = _fit_spec(bw, None, "asynctp.compute_slowdown", "chunk-GEMM slowdown while pulls run")
+    host_b300 = _fit_spec(bw, "PT_ISSUE179770", "asynctp.host_op_s", "the PT_ISSUE179770 (B300) host's issue time")
+    host_gb200 = _fit_spec(bw, "FLASHINFER_GB200_GEMMRS_MATRIX", "asynctp.host_op_s",
+                           "the FLASHINFER_GB200_GEMMRS_MATRIX (GB200, Grace) host's issue time")
+    host_assumed = HOST_OP
+    h = asynctp_section(h100(), sync_h100, host_h100)
     h = calibrated_overrides(h, "h200-sxm", root=root, keys=SAME_DIE_KEYS,
                              note="; measured on an H200, which has the H100's GH100 die and 132 SMs")
-    b = b200()
+    fam = "same NVLink5/NVSwitch and SM100 family as the Blackwell fit"
+    b = _with_pull(asynctp_section(b200(), _assumed(sync_bw, fam), host_assumed), _assumed(pull_bw, fam))
+    b = _with_slowdown(b, _assumed(slow_bw, fam))
+    b = _gb200_rs(b, bw, tier_note="GB200 value carried to B200 (same NVLink5 switch)")
+    gb = _with_slowdown(_with_pull(asynctp_section(gb200(b200()), sync_bw, host_gb200), pull_bw), slow_bw)
     profiles = {"h100-sxm": h,
                 "h200-sxm": calibrated_overrides(asynctp_section(h200(h100()), sync_h100_assumed, host_assumed), "h200-sxm",
                                                  root=root),
                 "h800": asynctp_section(h800(h100()), sync_h100_assumed, host_assumed),
-                "b200": asynctp_section(b, sync_b300_assumed, host_assumed),
-                "b300": asynctp_section(b300(), sync_b300, host_b300),
-                "gb200-nvl72": asynctp_section(gb200(b200()), sync_b300_assumed, host_assumed),
+                "b200": b,
+                "b300": _gb200_rs(_with_slowdown(_with_pull(asynctp_section(b300(), sync_bw, host_b300), pull_bw),
+                                                 slow_bw), bw, tier_note="GB200 value carried to B300 (same NVLink5 switch)"),
+                "gb200-nvl72": _gb200_rs(gb, bw),
                 "a100-sxm-80gb": asynctp_section(a100(), sync_h100_assumed, host_assumed),
                 "a800": asynctp_section(a800(), sync_h100_assumed, host_assumed),
                 "l40s": asynctp_section(l40s(), sync_h100_assumed, host_assumed),

@@ -260,25 +260,45 @@ def asynctp_slowdown_h100(peak_bf16, max_eff):
 # --------------------------------------------------------------------------- fused AsyncTP ops
 
 FUSED_CSV = CSV.with_name("fused_ops.csv")
-FUSED_HARDWARE = {"H100": "h100-sxm", "B300": "b300"}  # gpu column -> built-in profile
-FUSED_DTYPES = {"bf16": "bf16", "fp8 (scaled_mm)": "fp8"}  # dtype column -> tpcost dtype mode
+FUSED_HARDWARE = {"H100": "h100-sxm", "B300": "b300", "GB200": "gb200-nvl72"}  # gpu column -> built-in profile
+# dtype column -> tpcost dtype mode; fp16 runs the same tensor-core rate and bytes as bf16 (scored as bf16, said so)
+FUSED_DTYPES = {"bf16": "bf16", "fp8 (scaled_mm)": "fp8", "fp16": "bf16", "bf16 (assumed; not stated in data file)": "bf16"}
 
 
-def fused_op_rows(source_id=None):
+def _row_semantics(r: dict) -> tuple[str, int | None, str]:
+    """(impl, per-rank k, how read) of one fused_ops.csv row: which fused arm it times and the GEMM's per-rank
+    contraction size k (the README of each source; docs/model.md §6 "Reading the released sweeps")."""
+    k = int(r["K"]) if r["K"] else None
+    impl = "kernel" if "CuTe" in r["workload"] else "torch"
+    if r["source_id"] == "FLASHINFER_GB200_GEMMRS_MATRIX":  # x[M, K/ws] @ w[K/ws, 2048]: K is the global size
+        return impl, k // int(r["num_gpus"]), "K/ws per rank (x[M, K/ws] @ w[K/ws, 2048]); M global, M/ws out per rank"
+    if r["source_id"] == "META_AH_H100_ASYNCTP":
+        return impl, k, ("m = gathered (global) rows; k, n the per-rank GEMM's own sizes (its weight k·n·2 bytes "
+                         "over HBM is the m = 1 time; a per-rank K_shard reading would need 15 TB/s)")
+    return impl, k, "as published"
+
+
+def fused_op_rows(source_id=None, impl: str | None = "torch"):
     """The published fused-op timings of data/reference/fused_ops.csv (a copy of ../shared/reference; sources in
-    FUSED_OPS_SOURCES.md) as dicts: hardware, tp, op, dtype, m, n, k, baseline_s, overlap_s, source, line.
-    Rows without N and K (the NVFP4 native path) come back with n = k = None and dtype 'nvfp4'."""
+    FUSED_OPS_SOURCES.md) as dicts: hardware, tp, op, impl, dtype, m, n, k (per rank), baseline_s, overlap_s,
+    source, line, dtype_as_published. `impl`: "torch" (torch's pipelined symm-mem ops), "kernel" (single-kernel
+    fused GEMM+collective), None for both. Rows without N and K (the NVFP4 native path) come back with
+    n = k = None and dtype 'nvfp4'."""
     out = []
     with open(FUSED_CSV, newline="", encoding="utf-8-sig") as f:
         for line, r in enumerate(csv.DictReader(f), start=2):
             if source_id and r["source_id"] != source_id:
                 continue
+            row_impl, k, _ = _row_semantics(r)
+            if impl is not None and row_impl != impl:
+                continue
             scale = {"ms": 1e-3, "us": 1e-6}[r["unit"]]
-            gpu = next((v for k, v in FUSED_HARDWARE.items() if r["gpu"].startswith(k)), None)
-            op = "gemm_rs" if "ReduceScatter" in r["workload"] or "reduce-scatter" in r["workload"] else "ag_gemm"
-            out.append(dict(hardware=gpu or r["gpu"], tp=int(r["num_gpus"]), op=op,
-                            dtype=FUSED_DTYPES.get(r["dtype"], r["dtype"]), m=int(r["M_or_tokens"]),
-                            n=int(r["N"]) if r["N"] else None, k=int(r["K"]) if r["K"] else None,
+            gpu = next((v for key, v in FUSED_HARDWARE.items() if r["gpu"].startswith(key)), None)
+            wl = r["workload"]
+            op = "gemm_rs" if ("ReduceScatter" in wl or "reduce-scatter" in wl or wl.startswith("gemm_rs")) else "ag_gemm"
+            out.append(dict(hardware=gpu or r["gpu"], tp=int(r["num_gpus"]), op=op, impl=row_impl,
+                            dtype=FUSED_DTYPES.get(r["dtype"], r["dtype"]), dtype_as_published=r["dtype"],
+                            m=int(r["M_or_tokens"]), n=int(r["N"]) if r["N"] else None, k=k,
                             baseline_s=float(r["baseline_value"]) * scale, overlap_s=float(r["overlap_value"]) * scale,
                             source=r["source_id"], line=line))
     return out
@@ -332,3 +352,233 @@ def fit_fused_param(tree, rows, key, name, arm="fused"):
                 source=(f"least-squares fit to the {arm} arm of {src} ({len(rows)} {rows[0]['op']} {rows[0]['dtype']} rows, "
                         f"M={ms[0]}..{ms[-1]}): rms log residual {rms:.3f}, sigma_rel {sigma:.2f} "
                         "(tools/reference_fits.py fit_fused_param)"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One joint fit per GPU family across every released source (docs/model.md §6 "Joint fits"): GPU-side terms
+# (barriers, copy-engine pulls, NCCL curves) are shared by the family's sources; the host's issue time per torch
+# call and a benchmark's own overhead are per source (a property of that source's machine and harness), refitted
+# on each source and never written into another source's profile.
+
+E2E_CSV = CSV.with_name("end_to_end.csv")
+PR28672_DECODE_STEPS = 1023  # vllm bench latency: output 1024 tokens = 1 prefill + 1023 decode steps
+PR28672_SETUP = dict(profile="h100-sxm", model="llama-3.1-70b", tp=4, dtype="fp8", num_tokens=64.0)
+
+
+def pr28672_measured_decode_s() -> float:
+    """VLLM_PR28672: SP+AsyncTP at every size (before) minus thresholded (after); the 4 prefill steps run SP+AsyncTP
+    in both runs, so the difference is 1023 graph-replayed decode steps of 64 tokens (s)."""
+    with open(E2E_CSV, newline="", encoding="utf-8-sig") as f:
+        r = next(x for x in csv.DictReader(f) if x["source_id"] == "VLLM_PR28672")
+    return float(r["baseline_value"]) - float(r["overlap_value"])
+
+
+def pr28672_predicted_decode_s(profile) -> float:
+    """1023 · (t_sp_asynctp(64) − t_tp(64)) for PR #28672's setup (Llama-3.3-70B = Llama-3.1-70B's shape, static fp8,
+    TP 4, decode under CUDA-graph replay: vLLM's default capture size 512 > 64) (s)."""
+    from costmodel.model import predict
+    from costmodel.shapes import load_model
+
+    s = PR28672_SETUP
+    pred = predict(profile, load_model(s["model"]), s["tp"], s["dtype"], [s["num_tokens"]])
+    d = pred.t_forward_s("sp_asynctp") - pred.t_forward_s("tp")
+    return PR28672_DECODE_STEPS * float(np.ravel(d)[0])
+
+
+class FamilyFit:
+    """A joint least-squares fit (log residuals, soft-L1) of shared GPU-side terms and per-source terms.
+
+    `sources`: source_id -> dict(profile=name, rows=fused-op rows or None, decode=True for PR #28672's run,
+    host=True to fit that source's host_op_s, offset=True to fit an additive benchmark overhead on both arms,
+    baseline_keys=[collective keys the source's sequential arm fits]). `shared`: GPU-side keys fitted on every
+    source of the family (each value written into every source's profile)."""
+
+    def __init__(self, family: str, sources: dict, shared: tuple[str, ...], trees: dict):
+        from costmodel.profile import profile_from_dict
+
+        self.family, self.sources, self.shared = family, sources, shared
+        self.base = {name: profile_from_dict(t, f"fit:{name}") for name, t in trees.items()}
+        self.names: list[tuple[str, str | None]] = [(k, None) for k in shared]
+        for sid, s in sources.items():
+            if s.get("host"):
+                self.names.append(("asynctp.host_op_s", sid))
+            if s.get("offset"):
+                self.names.append(("offset_s", sid))
+            for k in s.get("baseline_keys", ()):
+                self.names.append((k, sid))
+
+    def _x0(self):
+        x = []
+        for key, sid in self.names:
+            if key == "offset_s":
+                x.append(np.log(50e-6))
+                continue
+            prof = self.base[self.sources[sid]["profile"] if sid else next(iter(self.base))]
+            x.append(np.log(max(prof.value(key), 1e-8)))
+        return np.array(x)
+
+    def _bounds(self):
+        from costmodel.profile import value_range
+
+        lo, hi = [], []
+        for key, _ in self.names:
+            r = value_range(key) if key != "offset_s" else None
+            lo.append(np.log(max(r.lo, 1e-9)) if r else np.log(1e-7))
+            hi.append(np.log(r.hi) if r else np.log(1e-2))
+        return np.array(lo), np.array(hi)
+
+    def values(self, x) -> dict:
+        """(source_id or None) -> {key: value} of the parameter vector x (log space)."""
+        out: dict = {}
+        for (key, sid), v in zip(self.names, np.exp(x)):
+            out.setdefault(sid, {})[key] = float(v)
+        return out
+
+    def profile_for(self, sid, vals):
+        s = self.sources[sid]
+        own = {k: v for k, v in vals.get(sid, {}).items() if k != "offset_s"}
+        return self.base[s["profile"]].with_values({**vals.get(None, {}), **own}, None, mark_modified=False)
+
+    def predictions(self, sid, vals):
+        """(measured s, predicted s, arm) triples of one source under parameter values `vals`."""
+        s = self.sources[sid]
+        prof = self.profile_for(sid, vals)
+        off = vals.get(sid, {}).get("offset_s", 0.0)
+        out = []
+        if s.get("decode"):
+            out.append((pr28672_measured_decode_s(), pr28672_predicted_decode_s(prof), "decode"))
+        for r in s.get("rows") or ():
+            seq, _, f = predict_fused_row(prof, r)
+            out.append((r["overlap_s"], float(np.ravel(f.t_s)[0]) + off, "fused"))
+            if s.get("baseline_keys") or s.get("offset"):
+                out.append((r["baseline_s"], float(np.ravel(seq)[0]) + off, "sequential"))
+        return out
+
+    def row_predictions(self, sid, vals) -> list[dict]:
+        """Per measured row of one source: measured and predicted times of each arm (s), the benchmark offset
+        included on both arms where the source has one (what that harness adds to every op it times)."""
+        s = self.sources[sid]
+        prof = self.profile_for(sid, vals)
+        off = vals.get(sid, {}).get("offset_s", 0.0)
+        out = []
+        if s.get("decode"):
+            out.append({"arm": "decode", "measured_s": pr28672_measured_decode_s(),
+                        "predicted_s": pr28672_predicted_decode_s(prof)})
+        for r in s.get("rows") or ():
+            seq, _, f = predict_fused_row(prof, r)
+            out.append({"arm": "op", "row": r, "fused_measured_s": r["overlap_s"], "seq_measured_s": r["baseline_s"],
+                        "fused_predicted_s": float(np.ravel(f.t_s)[0]) + off,
+                        "seq_predicted_s": float(np.ravel(seq)[0]) + off, "offset_s": off})
+        return out
+
+    def residuals(self, x):
+        vals = self.values(x)
+        res = []
+        for sid in self.sources:
+            res += [np.log(p / m) for m, p, _ in self.predictions(sid, vals)]
+        return np.array(res)
+
+    HOST_STARTS_S = (3e-6, 1e-5, 3e-5)  # max(GPU, host + tail) is flat in the host term until it binds: multi-start
+    IDENTIFIED_SIGMA_REL = 1.0  # a term whose fitted relative sigma exceeds this is not identified by the data
+
+    def fit(self) -> dict:
+        """The fit; a term the data cannot identify (sigma_rel > IDENTIFIED_SIGMA_REL) is fixed at its prior and the
+        others refitted, and listed under "unidentified" (it stays `assumed` in the profiles)."""
+        res = self._fit_once()
+        fixed = []
+        while True:
+            bad = [(key, sid) for key, sid in self.names
+                   if res["sigma_rel"][sid][key] > self.IDENTIFIED_SIGMA_REL and (key, sid) not in fixed]
+            if not bad:
+                break
+            worst = max(bad, key=lambda ks: res["sigma_rel"][ks[1]][ks[0]])
+            fixed.append(worst)
+            self.names = [n for n in self.names if n != worst]
+            res = self._fit_once()
+        for key, sid in fixed:
+            prior = self._prior(key, sid)
+            res["values"].setdefault(sid, {})[key] = prior
+            res["sigma_rel"].setdefault(sid, {})[key] = float("inf")
+        res["unidentified"] = [f"{sid + ': ' if sid else ''}{key}" for key, sid in fixed]
+        return res
+
+    def _prior(self, key, sid):
+        prof = self.base[self.sources[sid]["profile"] if sid else next(iter(self.base))]
+        return float(prof.value(key))
+
+    def _fit_once(self) -> dict:
+        if not self.names:  # everything fixed: nothing to fit, the residuals at the priors
+            fun = self.residuals(np.array([]))
+            return {"values": {}, "sigma_rel": {}, "rms_log": float(np.sqrt(np.mean(fun**2))),
+                    "n_residuals": int(fun.size), "n_params": 0, "sources": sorted(self.sources)}
+        lo, hi = self._bounds()
+        best = None
+        for h0 in self.HOST_STARTS_S:
+            x0 = self._x0()
+            for i, (key, _) in enumerate(self.names):
+                if key == "asynctp.host_op_s":
+                    x0[i] = np.log(h0)
+            x0 = np.clip(x0, lo + 1e-6, hi - 1e-6)
+            r = least_squares(self.residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, diff_step=1e-3)
+            if best is None or r.cost < best.cost - 1e-12:
+                best = r
+        r = best
+        dof = max(1, r.fun.size - x0.size)
+        s2 = float(np.sum(r.fun**2)) / dof
+        jtj = r.jac.T @ r.jac
+        try:
+            cov = s2 * np.linalg.pinv(jtj)
+            sig = np.sqrt(np.clip(np.diag(cov), 0, None))
+        except np.linalg.LinAlgError:
+            sig = np.full(x0.size, np.inf)
+        flat = np.diag(jtj) <= 1e-12 * max(float(np.max(np.diag(jtj))), 1e-300)
+        sig = np.where(flat, np.inf, sig)  # a term the residuals do not move (e.g. a host that never binds)
+        vals = self.values(r.x)
+        sigmas = {}
+        for (key, sid), sg in zip(self.names, sig):
+            sigmas.setdefault(sid, {})[key] = float(sg)  # log-space sigma = relative sigma
+        return {"values": vals, "sigma_rel": sigmas, "rms_log": float(np.sqrt(np.mean(r.fun**2))),
+                "n_residuals": int(r.fun.size), "n_params": int(x0.size), "sources": sorted(self.sources)}
+
+
+def family_sources(family: str) -> dict:
+    """The released sources of one GPU family and what each fits (docs/model.md §6 "Joint fits")."""
+    if family == "hopper":
+        return {"KRAKEN_PR19": dict(profile="h100-sxm", rows=fused_op_rows("KRAKEN_PR19"), host=True),
+                "VLLM_PR28672": dict(profile="h100-sxm", decode=True)}
+    if family == "blackwell":
+        fi = fused_op_rows("FLASHINFER_GB200_GEMMRS_MATRIX")
+        return {"PT_ISSUE179770": dict(profile="b300", rows=fused_op_rows("PT_ISSUE179770"), host=True),
+                "FLASHINFER_GB200_GEMMRS_MATRIX": dict(
+                    profile="gb200-nvl72", rows=fi, host=True, offset=True,
+                    baseline_keys=("collectives.nccl_reduce_scatter.tp2.bus_bw_bytes_per_s",
+                                   "collectives.nccl_reduce_scatter.tp4.bus_bw_bytes_per_s"))}
+    raise ValueError(family)
+
+
+FAMILY_SHARED = {"hopper": ("asynctp.barrier_s",),
+                 "blackwell": ("asynctp.barrier_s", "asynctp.copy_engine_bw_bytes_per_s", "asynctp.compute_slowdown")}
+
+
+def fit_family(family: str, trees: dict, leave_out: str | None = None) -> dict:
+    """The joint fit of one family over its sources (without `leave_out`: its GPU-side terms come from the others)."""
+    srcs = {k: v for k, v in family_sources(family).items() if k != leave_out}
+    return FamilyFit(family, srcs, FAMILY_SHARED[family], trees).fit()
+
+
+def source_rows(family: str, trees: dict, sid: str, fit: dict, refit_own: bool = False) -> list[dict]:
+    """Row predictions of source `sid` with the GPU-side terms of `fit`. `refit_own`: its per-source terms (host,
+    benchmark offset, its own collective curve) refitted on its own rows with those GPU-side terms fixed (the
+    leave-one-source-out rule: a host is never carried from one source's machine to another)."""
+    from costmodel.profile import profile_from_dict, profile_to_tree
+
+    src = family_sources(family)[sid]
+    shared = fit["values"].get(None, {})
+    vals = {None: shared, sid: fit["values"].get(sid, {})}
+    own = FamilyFit(family, {sid: src}, (), trees)
+    if refit_own and own.names:
+        name = src["profile"]
+        fixed = profile_from_dict(trees[name], f"fit:{name}").with_values(shared, None, mark_modified=False)
+        own_fit = FamilyFit(family, {sid: src}, (), {name: profile_to_tree(fixed)}).fit()
+        vals[sid] = own_fit["values"].get(sid, {})
+    return own.row_predictions(sid, vals)
