@@ -30,7 +30,120 @@ def value_ranges_table() -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {("profiles.md", "value-ranges"): value_ranges_table}
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _load(name: str) -> dict:
+    import json
+
+    return json.loads((RESULTS / name).read_text())
+
+
+def _n(v, fmt: str) -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+def accuracy_table() -> str:
+    """benchmarks/results/accuracy.json: every fused-op source per family, in-sample and leave-one-source-out."""
+    d = _load("accuracy.json")
+    lines = ["| family | source | sample | rows | median \\|speedup err\\| | p90 | verdicts | vLLM 0.31 rule "
+             "| mean regret % | vLLM regret % | right where measured < 0.9 | decode meas / pred [s] |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for fam, f in d["families"].items():
+        for sid, res in f["sources"].items():
+            for label, r in (("in-sample", res["in_sample"]), ("leave-one-source-out", res["leave_one_source_out"])):
+                v = r.get("vllm_rule", {})
+                dec = (f"{r['decode_measured_s']:.1f} / {r['decode_predicted_s']:.1f}"
+                       if "decode_measured_s" in r else "")
+                lines.append(f"| {fam} | {sid} | {label} | {r['rows']} | {_n(r.get('median_abs_speedup_error'), '.3f')} "
+                             f"| {_n(r.get('p90_abs_speedup_error'), '.3f')} | {_n(r.get('verdict_accuracy'), '.1%')} "
+                             f"| {_n(v.get('verdict_accuracy'), '.1%')} | {_n(r.get('mean_regret_pct'), '.2f')} "
+                             f"| {_n(v.get('mean_regret_pct'), '.2f')} "
+                             f"| {r.get('verdicts_right_where_measured_below_0_9', '')} | {dec} |")
+    for src, t in d["evaluated"].items():
+        v = t["vllm_rule"]
+        lines.append(f"| {'hopper' if src.startswith('META') else 'cpu'} | {src} | out-of-sample | {t['rows_scored']} "
+                     f"| {t['median_abs_speedup_error']:.3f} | {t['p90_abs_speedup_error']:.3f} "
+                     f"| {t['verdict_accuracy']:.1%} | {v['verdict_accuracy']:.1%} | {t['mean_regret_pct']:.2f} "
+                     f"| {v['mean_regret_pct']:.2f} | | |")
+    return "\n".join(lines)
+
+
+def fits_table() -> str:
+    """benchmarks/results/accuracy.json: every term of each family's joint fit, with its sigma."""
+    d = _load("accuracy.json")
+    lines = ["| family | term | of | value | σ (relative) |", "|---|---|---|---|---|"]
+    for fam, f in d["families"].items():
+        fit = f["fit"]
+        for sid, kv in fit["values"].items():
+            for key, val in kv.items():
+                sg = fit["sigma_rel"].get(sid, {}).get(key)
+                sg_s = "not identified: prior kept" if sg is None or sg == float("inf") else f"{sg:.2f}"
+                who = "GPU (shared)" if sid in (None, "None", "null") else sid
+                lines.append(f"| {fam} | `{key}` | {who} | {val:.4g} | {sg_s} |")
+        lines.append(f"| {fam} | rms log residual | {len(fit['sources'])} sources, {fit['n_residuals']} residuals "
+                     f"| {fit['rms_log']:.3f} | |")
+    return "\n".join(lines)
+
+
+def sp_cutoffs_table() -> str:
+    """benchmarks/results/vllm_thresholds.json: tpcost's SP+AsyncTP cutoff beside vLLM 0.31's table."""
+    d = _load("vllm_thresholds.json")
+    lines = ["| GPU | model | TP | vLLM 0.31 `sp_min_token_num` | tpcost cutoff | band 5–95 % | ratio | token budget |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in d["sp_cutoffs"]:
+        band = r["band"] or [None, None]
+        vllm = r["vllm_threshold"] if r["vllm_threshold"] is not None else "SP off (hidden < 8192)"
+        cut = r["cutoff_tokens"] if r["cutoff_tokens"] is not None else "never"
+        lines.append(f"| {r['gpu']} | {r['model']} | {r['tp']} | {vllm} | {cut} "
+                     f"| [{'never' if band[0] is None else band[0]}, {'never' if band[1] is None else band[1]}] "
+                     f"| {_n(r.get('ratio'), '.2f')} | {r.get('max_num_batched_tokens', 8192)} |")
+    return "\n".join(lines)
+
+
+def fusion_ranges_table() -> str:
+    """benchmarks/results/vllm_thresholds.json: tpcost's FlashInfer fusion range beside vLLM's table."""
+    d = _load("vllm_thresholds.json")
+    lines = ["| GPU | hidden | TP | vLLM's limit [tokens] | tpcost [tokens] | saves vs vLLM [ms/forward] |",
+             "|---|---|---|---|---|---|"]
+    for r in d["fusion_ranges"]:
+        lines.append(f"| {r['gpu']} | {r['hidden']} | {r['tp']} | {r['vllm_tokens']} | {r['tpcost_tokens']} "
+                     f"| {r['saving_vs_vllm_s_per_forward'] * 1e3:.3f} |")
+    return "\n".join(lines)
+
+
+def transcript(*argv: str, keep=None) -> str:
+    """A fenced transcript of `tpcost ARGV` run in process (stdout, then stderr), `keep` lines of it or all."""
+    import contextlib
+    import io
+
+    from integration.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(argv))
+    if rc != 0:
+        raise SystemExit(f"render_docs: tpcost {' '.join(argv)} exited {rc}: {err.getvalue()}")
+    lines = (out.getvalue() + err.getvalue()).rstrip("\n").splitlines()
+    if keep is not None:
+        lines = [ln for i, ln in enumerate(lines) if keep(i, ln)]
+    return "```\n$ tpcost " + " ".join(argv) + "\n" + "\n".join(lines) + "\n```"
+
+
+def _whatif_sample() -> str:
+    shown = ("1 ", "64 ", "512 ", "2048 ", "8192 ", "65536 ")
+    return transcript("whatif", "--no-band", keep=lambda i, ln: i < 2 or ln.lstrip().startswith(shown)
+                      or "<- cutoff" in ln or ln.startswith(("(times", "cutoff", "vLLM 0.31", "value of")))
+
+
+BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
+          ("vllm.md", "vllm-config-031"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",
+                                                             "--gpu", "h100-sxm", "--vllm-version", "0.31"),
+          ("vllm.md", "vllm-config-032"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",
+                                                             "--gpu", "h100-sxm", "--vllm-version", "0.32"),
+          ("profiles.md", "value-ranges"): value_ranges_table, ("accuracy.md", "accuracy"): accuracy_table,
+          ("accuracy.md", "fits"): fits_table, ("vllm-thresholds.md", "sp-cutoffs"): sp_cutoffs_table,
+          ("vllm-thresholds.md", "fusion-ranges"): fusion_ranges_table}
 
 
 def render(text: str, name: str, body: str) -> str:
