@@ -170,7 +170,10 @@ def main() -> int:
         print(f"{src:31s} {t['rows_scored']:4d} {t['median_abs_speedup_error']:8.3f} {t['verdict_accuracy']:6.1%} "
               f"{v['verdict_accuracy']:8.1%} {t['mean_regret_pct']:6.2f} {v['mean_regret_pct']:9.2f}")
     print(f"skipped rows: {len(skipped)} (" + "; ".join(sorted({s['reason'] for s in skipped})) + ")")
-    res = {"schema_version": 2, "families": fams, "evaluated": table, "skipped": skipped}
+    excluded = R.excluded_fused_rows()
+    for why in sorted({e["reason"] for e in excluded}):
+        print(f"not scored: {sum(e['reason'] == why for e in excluded)} rows: {why}")
+    res = {"schema_version": 2, "families": fams, "evaluated": table, "skipped": skipped, "excluded": excluded}
     if a.json:
         atomic_write_text(a.json, dumps_json(res, indent=2, default=str) + "\n")
     return 0
