@@ -73,13 +73,16 @@ def fusion_ranges():
         for model in FI_MODELS:
             shape = load_model(model)
             for tp in (2, 4, 8):
-                f = decide_fusion(prof, shape, tp, "bf16", 8192, 0.02)
-                if f is None:
-                    continue
-                v = f.value
-                out.append({"gpu": gpu, "hidden": shape.hidden, "tp": tp, "vllm_tokens": f.vllm_default_tokens,
-                            "tpcost_tokens": f.tokens, "saving_vs_vllm_s_per_forward": v["vllm_default_s"] - v["expected_s"],
-                            "model": model})
+                row = {"gpu": gpu, "hidden": shape.hidden, "tp": tp, "model": model}
+                for ver in ((0, 31), (0, 33)):  # each version's own tables (costmodel/vllm_tables.py)
+                    f = decide_fusion(prof, shape, tp, "bf16", 8192, 0.02, vllm_version=ver)
+                    if f is None:
+                        continue
+                    tag = f"{ver[0]}.{ver[1]}".replace(".", "")
+                    row.update({f"vllm_{tag}_tokens": f.vllm_default_tokens, f"tpcost_{tag}_tokens": f.tokens,
+                                f"saving_vs_vllm_{tag}_s_per_forward": f.value["vllm_default_s"] - f.value["expected_s"]})
+                if "vllm_031_tokens" in row:
+                    out.append(row)
     return out
 
 
@@ -131,10 +134,12 @@ def main_fusion(json_path=None):
     fr = fusion_ranges()
     print("\nFlashInfer fused all-reduce+RMSNorm range (tokens; vLLM >= 0.32 fi_allreduce_fusion_max_size_mb), "
           "uniform workload to 8192 tokens, 2 % premium:")
-    print(f"  {'gpu':9s} {'hidden':>6s} {'tp':>3s} {'vLLM':>6s} {'tpcost':>7s} {'saves vs vLLM [ms/fwd]':>23s}")
+    print(f"  {'gpu':9s} {'hidden':>6s} {'tp':>3s} {'vLLM 0.31':>9s} {'tpcost':>7s} {'vLLM 0.33':>9s} {'tpcost':>7s} "
+          f"{'saves vs vLLM 0.33 [ms/fwd]':>28s}")
     for r in fr:
-        print(f"  {r['gpu']:9s} {r['hidden']:6d} {r['tp']:3d} {r['vllm_tokens']:6d} {r['tpcost_tokens']:7d} "
-              f"{r['saving_vs_vllm_s_per_forward'] * 1e3:23.3f}")
+        print(f"  {r['gpu']:9s} {r['hidden']:6d} {r['tp']:3d} {r['vllm_031_tokens']:9d} {r['tpcost_031_tokens']:7d} "
+              f"{r.get('vllm_033_tokens', 0):9d} {r.get('tpcost_033_tokens', 0):7d} "
+              f"{r.get('saving_vs_vllm_033_s_per_forward', 0.0) * 1e3:28.3f}")
     chk = fused_kernel_check()
     print("\nfused-kernel model against the published fused AR+RMSNorm timings:")
     print(f"  {'source':15s} {'kernel':30s} {'sample':14s} {'rows':>4s} {'median |rel err|':>17s} {'max':>6s}")

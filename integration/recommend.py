@@ -7,25 +7,13 @@ import dataclasses
 
 import numpy as np
 
-from costmodel.errors import TpcostError
+from costmodel.vllm_tables import parse_version as parse_vllm_version
 
 MiB = 1024 * 1024
 
 
 FIRST_WITHOUT_SP = (0, 32)  # vLLM 0.32 removed the SP and AsyncTP passes and their PassConfig fields
 CURRENT_VLLM = (0, 33)  # the release current when this was written (2026-12): the default without vLLM here
-
-
-def parse_vllm_version(text: str) -> tuple[int, int]:
-    """'0.32', '0.32.0', '0.31.1+cpu' -> (0, 32) / (0, 31); one clear error otherwise."""
-    parts = text.strip().split("+")[0].split(".")
-    try:
-        major, minor = int(parts[0]), int(parts[1])
-    except (ValueError, IndexError):
-        raise TpcostError(f"--vllm-version {text!r}: expected MAJOR.MINOR, e.g. 0.31 or 0.32") from None
-    if major != 0 or not 13 <= minor <= 99:
-        raise TpcostError(f"--vllm-version {text!r}: tpcost supports vLLM 0.13 and later 0.x releases")
-    return major, minor
 
 
 def installed_vllm_version() -> tuple[tuple[int, int] | None, str]:
@@ -128,7 +116,8 @@ class Recommendation:
 
 
 def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int, margin: float, workload=None,
-                  user_enabled: bool | None = None, user_mb: float | None = None) -> FusionRange | None:
+                  user_enabled: bool | None = None, user_mb: float | None = None,
+                  vllm_version: tuple[int, int] | None = None) -> FusionRange | None:
     """The FlashInfer fusion range: the user's when given, else the largest token count up to which the fused
     all-reduce+RMSNorm beats the next all-reduce + RMSNorm on the workload, by the SP cutoff's rule
     (costmodel.analysis.decide_fusion_limit), never above vLLM's own limit (FlashInfer's workspace is sized by
@@ -137,7 +126,12 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
     from costmodel import ops
     from costmodel.analysis import decide_fusion_limit, expected_time_by_threshold_s, uniform_workload
 
-    d = profile.dispatch(tp)
+    from costmodel import vllm_tables
+
+    d = profile.dispatch(tp)  # vLLM <= 0.31's limits, changed where `vllm_version`'s tables differ
+    delta = vllm_tables.version_delta(vllm_version, profile.identity.compute_capability, tp) if vllm_version else {}
+    if delta:
+        d = dataclasses.replace(d, **delta)
     if d.fi_fusion_max_bytes is None or not profile.has_collective("flashinfer_ar_rmsnorm"):
         return None
     hw = ops.Hw(profile, dtype)
@@ -152,8 +146,8 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
     else:
         w = uniform_workload(n)
     msg = n * row
-    t_fused = ops.all_reduce_dispatch(hw, msg, tp, True, fi_max_bytes=np.inf).t_s
-    t_alt = ops.all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0).t_s
+    t_fused = ops.all_reduce_dispatch(hw, msg, tp, True, fi_max_bytes=np.inf, vllm_version=vllm_version).t_s
+    t_alt = ops.all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm_version=vllm_version).t_s
     t_unfused = t_alt + hw.t_mem(F.rms_norm_bytes(n, shape.hidden, elem, hw.mode.quant_bytes))
     if user_enabled is False:
         tokens, why = 0, "user: fuse_allreduce_rms = false"
@@ -174,18 +168,21 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
 def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int = 8192, margin: float = 0.02,
               seq_len: int = 1024, workload=None, vllm_version: tuple[int, int] = (0, 31),
               user_fuse_allreduce_rms: bool | None = None, user_fi_max_mb: float | None = None,
-              cudagraph_max_tokens: int | None = None) -> Recommendation:
+              cudagraph_max_tokens: int | None = None, draft_hidden_size: int | None = None) -> Recommendation:
     """One configuration, one prediction: the fusion range first, then (vLLM <= 0.31) the SP cutoff computed
     with exactly that range, so every number printed belongs to the configuration emitted."""
     from costmodel.analysis import analyse
     from costmodel.ops import fused_ops_available
 
     fusion = decide_fusion(profile, shape, tp, dtype, max_num_batched_tokens, margin, workload,
-                           user_fuse_allreduce_rms, user_fi_max_mb)
+                           user_fuse_allreduce_rms, user_fi_max_mb, vllm_version=vllm_version)
+    if draft_hidden_size and fusion is not None:
+        fusion = draft_fusion_range(fusion, shape.hidden, draft_hidden_size, 4.0 if dtype == "fp32" else 2.0,
+                                    vllm_version)
     fi_bytes = None if fusion is None else fusion.tokens * shape.hidden * (4.0 if dtype == "fp32" else 2.0)
     a = analyse(profile, shape, tp, dtype, seq_len=seq_len, max_num_batched_tokens=max_num_batched_tokens,
                 margin=margin, band=False, tokens=[max_num_batched_tokens], workload=workload, fi_max_bytes=fi_bytes,
-                cudagraph_max_tokens=cudagraph_max_tokens)
+                cudagraph_max_tokens=cudagraph_max_tokens, vllm_version=vllm_version)
     grid, s = a.grid_tokens, a.grid_speedup_sp_asynctp
     cut = a.cutoff_tokens
     at_cut = worst_below = None
@@ -196,6 +193,29 @@ def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int =
     return Recommendation(profile.name, profile.tier, profile.origin, bool(profile.modified), tp, dtype,
                           max_num_batched_tokens, cut, at_cut, float(s[-1]), worst_below, fusion, profile.kind,
                           fused_ops_available(profile, tp), a.decision_value, a.workload, vllm_version)
+
+
+def draft_fusion_range(f: FusionRange, hidden: int, draft_hidden: int, elem_bytes: float, vllm_version) -> FusionRange:
+    """The fusion range with a speculative-decoding draft model wider than the target (vLLM >= 0.32).
+
+    vLLM splits its compile ranges at int(mb·MiB) // (hidden·b) tokens (config/vllm.py _set_compile_ranges) but
+    sizes the fused pass at int(mb·MiB) // (max(hidden, draft)·b) (allreduce_rms_fusion.py
+    _fused_ar_workspace_hidden_dim), and fuses a range only if it ends within the pass's limit: with a wider draft
+    the whole first range is left unfused. Both conversions give the same T only for T < hidden/(draft − hidden);
+    the range is capped there and the MB value taken from the draft's width, so that the two limits agree."""
+    if draft_hidden <= hidden or not f.tokens or (vllm_version is not None and tuple(vllm_version) < (0, 32)):
+        return f
+    t_max = -(-hidden // (draft_hidden - hidden)) - 1  # the largest T with T·draft < (T + 1)·hidden
+    t = min(f.tokens, t_max)
+    note = (f"{f.why}; capped at {t} tokens for the draft model (hidden {draft_hidden} > {hidden}: vLLM's compile "
+            f"range and its fused pass agree only below {t_max + 1} tokens; the expected times above are the uncapped "
+            f"range's)")
+    if t == 0:
+        return dataclasses.replace(f, tokens=0, mb=None, why=note)
+    nbytes = t * draft_hidden * elem_bytes
+    mb = (nbytes + 0.5) / MiB
+    assert int(mb * MiB) // int(draft_hidden * elem_bytes) == t == int(mb * MiB) // int(hidden * elem_bytes)
+    return dataclasses.replace(f, tokens=t, mb=mb, why=note)
 
 
 def fusion_lines(r: Recommendation) -> list[str]:
@@ -209,7 +229,8 @@ def fusion_lines(r: Recommendation) -> list[str]:
     src = "your setting" if f.why.startswith("user") else "decided on the workload"
     return [f"tpcost: FlashInfer fused all-reduce+RMSNorm {where} ({src}; vLLM's own limit here: "
             f"{f.vllm_default_tokens} tokens): all-reduce+norm {ms(v['expected_s'])} per forward on the workload, "
-            f"against {ms(v['off_s'])} with the fusion off and {ms(v['vllm_default_s'])} at vLLM's limit"]
+            f"against {ms(v['off_s'])} with the fusion off and {ms(v['vllm_default_s'])} at vLLM's limit"] + \
+        ([f"tpcost: {f.why[f.why.index('capped'):]}"] if "draft model" in f.why else [])
 
 
 def explain(r: Recommendation) -> list[str]:

@@ -89,7 +89,7 @@ def _apply_inner(cfg) -> None:
                   "max_tokens": int(cfg.scheduler_config.max_num_batched_tokens or 8192), "has_sp": has_sp,
                   "want_sp": want_sp, "want_fi": want_fi, "fuse_allreduce_rms": pc.fuse_allreduce_rms,
                   "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb,
-                  "cudagraph_max_tokens": _cudagraph_max_tokens(cfg)}
+                  "cudagraph_max_tokens": _cudagraph_max_tokens(cfg), "vllm_version": _vllm_version(has_sp)}
         from . import plugin_cache
 
         problem = plugin_cache.setting_problem()
@@ -112,6 +112,17 @@ def _apply_inner(cfg) -> None:
     except Exception as e:  # noqa: BLE001
         logger.warning("tpcost: could not compute the pass config (%s: %s); vLLM's defaults apply",
                        type(e).__name__, e)
+
+
+def _vllm_version(has_sp: bool) -> list[int]:
+    """The running vLLM's (major, minor): the installed distribution, else what its PassConfig says (SP fields:
+    <= 0.31; none: 0.32); its dispatch tables are the ones the decision uses (costmodel/vllm_tables.py)."""
+    from .recommend import installed_vllm_version
+
+    v, _ = installed_vllm_version()
+    if v is None or (v > (0, 31)) == has_sp:  # a distribution that disagrees with the config in hand loses
+        v = (0, 31) if has_sp else (0, 32)
+    return list(v)
 
 
 def _cudagraph_max_tokens(cfg) -> int | None:
@@ -142,7 +153,7 @@ def _plan(inputs: dict) -> dict:
 
         workload = read_workload(os.environ["TPCOST_WORKLOAD"])
     r = recommend(prof, shape, inputs["tp"], inputs["dtype"], inputs["max_tokens"], workload=workload,
-                  vllm_version=(0, 31) if inputs["has_sp"] else (0, 32),
+                  vllm_version=tuple(inputs["vllm_version"]),
                   user_fuse_allreduce_rms=inputs["fuse_allreduce_rms"],
                   user_fi_max_mb=inputs["fi_allreduce_fusion_max_size_mb"],
                   cudagraph_max_tokens=inputs.get("cudagraph_max_tokens"))
@@ -154,7 +165,9 @@ def _plan(inputs: dict) -> dict:
                 said.append("fuse_allreduce_rms=False (the fused all-reduce+RMSNorm never wins here)")
         else:
             sets.append(("fi_allreduce_fusion_max_size_mb", r.fusion.mb))
-            said.append(f"fi_allreduce_fusion_max_size_mb={r.fusion.mb:.6g} (fused up to {r.fusion.tokens} tokens)")
+            v = inputs["vllm_version"]
+            said.append(f"fi_allreduce_fusion_max_size_mb={r.fusion.mb:.6g} (fused up to {r.fusion.tokens} tokens; "
+                        f"vLLM {v[0]}.{v[1]}'s tables)")
     if inputs["want_sp"]:
         if r.enable:
             sets.append(("sp_min_token_num", r.cutoff_tokens))

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 from costmodel.io import atomic_write_text  # noqa: E402
 from costmodel.profile import SCHEMA_VERSION, dump_profile, profile_from_dict  # noqa: E402
 from costmodel import formulas as F  # noqa: E402
+from costmodel import vllm_tables as T  # noqa: E402
 from tools import reference_fits as R  # noqa: E402
 
 MiB = 1024 * 1024
@@ -50,40 +51,32 @@ def sec(source, tier, **vals):
     return {**{k: _round(v) for k, v in vals.items()}, "source": source, "tier": tier}
 
 
-def one_stage_max(world):
-    """csrc/custom_all_reduce.cuh: bytes below which the 1-stage kernel runs."""
-    if world == 2:
-        return 2**62
-    return 512 * 1024 if world <= 4 else 256 * 1024
-
-
 def dispatch(fi=None, custom=None, symm=None, multimem_ws=(), custom_ws=(2, 4, 6, 8), src=VLLM_AR, worlds=(2, 4, 6, 8),
-             fi_oneshot=None):
-    """vllm_dispatch tables per TP size (bytes); entries absent where vLLM has no implementation."""
+             fi_oneshot=None, capability=None):
+    """vllm_dispatch tables per TP size (bytes); entries absent where vLLM has no implementation. `capability`
+    ("major.minor"): vLLM 0.31's own tables for it (costmodel/vllm_tables.py, the one home); else the given dicts
+    (MB) for GPUs outside vLLM's tables."""
     out = {}
     for w in worlds:
-        e = {}
-        if fi and w in fi:
-            e["fi_fusion_max_bytes"] = int(fi[w] * MiB)
-            if fi_oneshot and w in fi_oneshot:
-                e["fi_oneshot_max_bytes"] = int(fi_oneshot[w] * MiB)
-        if custom and w in custom and w in custom_ws:
-            e["custom_ar_max_bytes"] = int(min(custom[w], 8) * MiB)
-            e["custom_ar_1stage_max_bytes"] = min(one_stage_max(w), e["custom_ar_max_bytes"])
-        if symm and w in symm:
-            e["symm_mem_max_bytes"] = int(symm[w] * MiB)
-            e["symm_mem_algo"] = "multimem" if w in multimem_ws else "two_shot"
+        if capability is not None:
+            e = T.dispatch_limits(T.OLDEST, capability, w)
+        else:
+            e = {}
+            if fi and w in fi:
+                e["fi_fusion_max_bytes"] = int(fi[w] * MiB)
+                if fi_oneshot and w in fi_oneshot:
+                    e["fi_oneshot_max_bytes"] = int(fi_oneshot[w] * MiB)
+            if custom and w in custom and w in custom_ws:
+                e["custom_ar_max_bytes"] = int(min(custom[w], 8) * MiB)
+                e["custom_ar_1stage_max_bytes"] = min(T.custom_ar_1stage_max_bytes(w), e["custom_ar_max_bytes"])
+            if symm and w in symm:
+                e["symm_mem_max_bytes"] = int(symm[w] * MiB)
+                e["symm_mem_algo"] = "multimem" if w in multimem_ws else "two_shot"
         if e:
             out[f"tp{w}"] = sec(src, "datasheet", **e)
     return out
 
 
-SM90 = dict(fi={2: 64, 4: 2, 8: 0.5}, fi_oneshot={2: 32, 4: 2, 8: 0.5}, custom={2: 64, 4: 32, 6: 0.5, 8: 0.25},
-            symm={2: 64, 4: 32, 6: 64, 8: 64}, multimem_ws=(4, 6, 8))
-SM100 = dict(fi={2: 64, 4: 32, 8: 1}, fi_oneshot={2: 32, 4: 4, 8: 1}, custom={2: 2, 4: 2, 6: 1, 8: 1},
-             symm={2: 8, 4: 32, 6: 128, 8: 128}, multimem_ws=(6, 8))
-SM103 = dict(fi={2: 64, 4: 64, 8: 4}, fi_oneshot={2: 32, 4: 4, 8: 2}, custom={2: 4, 4: 4, 6: 8, 8: 4},
-             symm={2: 4, 4: 32, 6: 32, 8: 64}, multimem_ws=(6, 8))  # vLLM's own sm_103 entries (B300)
 PRE_HOPPER = dict(custom={2: 8, 4: 8, 6: 8, 8: 8})  # cc not in vLLM's tables: CustomAllreduce default 8 MiB
 
 
@@ -126,7 +119,7 @@ def h100():
                                                    "datasheet", link_bw_bytes_per_s=450e9, latency_s=1e-6, domain_size=8,
                                                    internode_bw_bytes_per_s=50e9, internode_latency_s=5e-6)},
         "collectives": coll,
-        "vllm_dispatch": dispatch(**SM90),
+        "vllm_dispatch": dispatch(capability="9.0"),
         "asynctp": {
             "_sync": sec("assumed: symm-mem barrier = signal-pad put + wait ~4 us (SYMMMEM_RECIPES_PR3: a Triton one-shot all-reduce, 2 barriers + launch, takes 10.8 us at 8 KiB); CE pull start ~3 us; two-stream GEMM concurrency recovers half of the wave-quantisation loss",
                         "assumed", barrier_s=4e-6, copy_latency_s=3e-6, stream_concurrency=0.5),
@@ -262,7 +255,7 @@ def b200():
                                                    "datasheet", link_bw_bytes_per_s=900e9, latency_s=1e-6, domain_size=8,
                                                    internode_bw_bytes_per_s=50e9, internode_latency_s=5e-6)},
         "collectives": coll,
-        "vllm_dispatch": dispatch(**SM100),
+        "vllm_dispatch": dispatch(capability="10.0"),
         "asynctp": {
             "_sync": h["asynctp"]["_sync"],
             "_copy": sec("assumed: copy-engine pull at 0.816 x 900 GB/s (H100 ring busBW/link ratio)", "assumed",
@@ -287,7 +280,7 @@ def b300():
     p["compute"]["peak_flops_per_s"] = sec(NV_B300 + "; fp32 non-tensor assumed as B200", "datasheet",
                                            bf16=2250e12, fp8=4500e12, fp32=75e12)
     p["memory"] = sec(NV_B300, "datasheet", hbm_bw_bytes_per_s=8e12)
-    p["vllm_dispatch"] = dispatch(**SM103, src=VLLM_AR + " (sm_103 entries)")
+    p["vllm_dispatch"] = dispatch(capability="10.3", src=VLLM_AR + " (sm_103 entries)")
     for part in ("_efficiency", "_small_m"):
         p["gemm"][part]["source"] = "B200 value (same SM100 tensor cores): " + p["gemm"][part]["source"]
         p["gemm"][part]["tier"] = "assumed"

@@ -104,11 +104,12 @@ def sp_cutoffs_table() -> str:
 def fusion_ranges_table() -> str:
     """benchmarks/results/vllm_thresholds.json: tpcost's FlashInfer fusion range beside vLLM's table."""
     d = _load("vllm_thresholds.json")
-    lines = ["| GPU | hidden | TP | vLLM's limit [tokens] | tpcost [tokens] | saves vs vLLM [ms/forward] |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| GPU | hidden | TP | vLLM 0.31's limit [tokens] | tpcost (0.31 tables) | vLLM 0.33's limit "
+             "| tpcost (0.33 tables) | saves vs vLLM 0.33 [ms/forward] |", "|---|---|---|---|---|---|---|---|"]
     for r in d["fusion_ranges"]:
-        lines.append(f"| {r['gpu']} | {r['hidden']} | {r['tp']} | {r['vllm_tokens']} | {r['tpcost_tokens']} "
-                     f"| {r['saving_vs_vllm_s_per_forward'] * 1e3:.3f} |")
+        lines.append(f"| {r['gpu']} | {r['hidden']} | {r['tp']} | {r['vllm_031_tokens']} | {r['tpcost_031_tokens']} "
+                     f"| {r.get('vllm_033_tokens', 'n/a')} | {r.get('tpcost_033_tokens', 'n/a')} "
+                     f"| {r.get('saving_vs_vllm_033_s_per_forward', 0.0) * 1e3:.3f} |")
     return "\n".join(lines)
 
 

@@ -1,0 +1,45 @@
+"""Against the real vLLM 0.33.0 (the current release, a CUDA wheel): its config classes import on this CPU machine
+when the wheel is laid over the vLLM 0.32 test venv without its dependencies (README test command: `pip install
+--no-deps --target .vllm033 vllm==0.33.0`, then PYTHONPATH=.vllm033). Its pinned torch (2.14.0, CUDA) is not
+installed: torch 2.13.0+cpu of the 0.32 venv serves the config classes, which is all this file uses."""
+
+import io
+import json
+from contextlib import redirect_stdout
+
+import pytest
+
+from costmodel import vllm_tables as T
+from integration.cli import main
+from integration.recommend import installed_vllm_version
+
+VERSION, _ = installed_vllm_version()
+pytestmark = pytest.mark.skipif(VERSION != (0, 33), reason="needs the vLLM 0.33.0 wheel on PYTHONPATH (README)")
+
+
+def _config(*argv):
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["vllm-config", "--format", "json", "--gpu", "h100-sxm", *argv]) == 0
+    return json.loads(buf.getvalue())
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_vllm_config_033_is_accepted_by_033s_config_classes(tp):
+    from vllm.config import CompilationConfig, PassConfig
+
+    cc = _config("--model", "llama-3.1-70b", "--tp", str(tp))  # the installed version: 0.33
+    assert not any(k.startswith(("enable_sp", "fuse_gemm", "sp_min")) for k in cc["pass_config"])
+    built = CompilationConfig(**cc)
+    for k, v in cc["pass_config"].items():
+        assert getattr(built.pass_config, k) == v
+    assert "sp_min_token_num" not in PassConfig.__dataclass_fields__
+
+
+def test_tables_equal_the_running_033():
+    """costmodel/vllm_tables.py's 0.33 tables against the imported modules (besides the fixture read from the wheel)."""
+    from vllm.distributed.device_communicators import all_reduce_utils as ar
+
+    assert ar.CUSTOM_ALL_REDUCE_MAX_SIZES == T.table((0, 33), "CUSTOM_ALL_REDUCE_MAX_SIZES")[0]
+    assert ar.SYMM_MEM_ALL_REDUCE_MAX_SIZES == T.table((0, 33), "SYMM_MEM_ALL_REDUCE_MAX_SIZES")[0]
+    assert ar.FI_MNNVL_ALLREDUCE_MAX_SIZE_MB == T.table((0, 33), "FI_MNNVL_ALLREDUCE_MAX_SIZE_MB")[0]
