@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from costmodel.evaluate import OP_COLUMNS, TIE_BAND, evaluate_files, summarise  # noqa: E402
 from costmodel.io import atomic_write_text, dumps_json  # noqa: E402
 from costmodel.profile import load_profile  # noqa: E402
+from costmodel.op_analysis import vllm_rule  # noqa: E402
 from costmodel.vllm_rules import vllm_sp_min_token_num  # noqa: E402
 from tools import build_profiles as B  # noqa: E402
 from tools import reference_fits as R  # noqa: E402
@@ -49,8 +50,9 @@ def family_trees() -> dict:
                           "gb200-nvl72": B.asynctp_section(B.gb200(B.b200()), pri, B.HOST_OP)}}
 
 
-def score_rows(rows: list[dict]) -> dict:
-    """Speedup error, verdicts and regret of op rows (and the relative error of a decode row)."""
+def score_rows(rows: list[dict], kernel: bool = False) -> dict:
+    """Speedup error, verdicts and regret of op rows (and the relative error of a decode row); vLLM's rule is its SP
+    table for torch's ops, gemm_rs_ar's M >= 128 (or Muse Spark's) for the single kernel (`kernel`)."""
     ops = [r for r in rows if r["arm"] == "op"]
     out: dict = {"rows": len(ops)}
     if ops:
@@ -63,6 +65,9 @@ def score_rows(rows: list[dict]) -> dict:
         for r in ops:
             row = r["row"]
             prof = load_profile(row["hardware"])
+            if kernel:
+                vllm.append(bool(vllm_rule(prof, row["op"], "kernel", row["tp"], row["n"], row["k"])[2](float(row["m"]))))
+                continue
             hidden = row["n"] if row["op"] == "gemm_rs" else row["k"]
             thr = vllm_sp_min_token_num(prof.identity.vendor, prof.identity.compute_capability, hidden, row["tp"], 2)
             vllm.append(thr is not None and row["m"] >= thr)
@@ -86,6 +91,17 @@ def score_rows(rows: list[dict]) -> dict:
         out.update(decode_measured_s=d["measured_s"], decode_predicted_s=d["predicted_s"],
                    decode_rel_error=abs(d["predicted_s"] - d["measured_s"]) / d["measured_s"])
     return out
+
+
+def kernel_results() -> dict:
+    """The single-kernel family (CuTe GEMM+RS arm of the GB200 matrix): its fit and in-sample score (the only
+    released single-kernel source, so there is no leave-one-source-out line)."""
+    trees = family_trees()["blackwell"]
+    bw = R.fit_family("blackwell", trees)
+    kf = R.fit_kernel(trees["gb200-nvl72"], bw)
+    score = score_rows(R.kernel_rows(kf["values"], trees["gb200-nvl72"], bw), kernel=True)
+    score["sample"] = "in-sample"
+    return {"fit": kf, R.KERNEL_SOURCE: score}
 
 
 def family_results() -> dict:
@@ -162,6 +178,16 @@ def main() -> int:
         print(f"  {family} joint fit (rms log {fam['fit']['rms_log']:.3f}): " + "; ".join(
             f"{sid or 'GPU'}: " + ", ".join(f"{k.split('.')[-1] if k != 'offset_s' else 'benchmark offset_s'} "
                                              f"{v:.4g}" for k, v in kv.items()) for sid, kv in vals.items()))
+    kern = kernel_results()
+    k = kern[R.KERNEL_SOURCE]
+    v = k["vllm_rule"]
+    print(f"\nsingle-kernel family (CuTe GEMM+RS, fp16 scored as bf16), in-sample; vLLM's rule here: gemm_rs_ar's "
+          f"M >= 128\n{'kernel':9s} {R.KERNEL_SOURCE:31s} {'in':9s} {k['rows']:4d} {k['median_abs_speedup_error']:8.3f} "
+          f"{k['p90_abs_speedup_error']:8.3f} {k['verdict_accuracy']:6.1%} {v['verdict_accuracy']:8.1%} "
+          f"{k['mean_regret_pct']:6.2f} {v['mean_regret_pct']:9.2f} {k['verdicts_right_where_measured_below_0_9']:>11s}")
+    print("  kernel fit (rms log {:.3f}): ".format(kern["fit"]["rms_log"]) + ", ".join(
+        f"{key.split('.')[-1]} {val:.4g}" + (" (not identified: prior)" if key in kern["fit"]["unidentified"] else "")
+        for key, val in kern["fit"]["values"].items()))
     table, skipped = evaluated_sets()
     print("\nout-of-sample through `tpcost evaluate` (built-in profiles)")
     print(f"{'source':31s} {'rows':>4s} {'med|err|':>8s} {'acc':>6s} {'vLLM acc':>8s} {'reg%':>6s} {'vLLM reg%':>9s}")
@@ -173,7 +199,8 @@ def main() -> int:
     excluded = R.excluded_fused_rows()
     for why in sorted({e["reason"] for e in excluded}):
         print(f"not scored: {sum(e['reason'] == why for e in excluded)} rows: {why}")
-    res = {"schema_version": 2, "families": fams, "evaluated": table, "skipped": skipped, "excluded": excluded}
+    res = {"schema_version": 2, "families": fams, "kernel": kern, "evaluated": table, "skipped": skipped,
+           "excluded": excluded}
     if a.json:
         atomic_write_text(a.json, dumps_json(res, indent=2, default=str) + "\n")
     return 0

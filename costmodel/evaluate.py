@@ -17,6 +17,10 @@ from .io import savefig_atomic
 OP_COLUMNS = ("hardware", "tp", "op", "dtype", "m", "n", "k", "baseline_us", "overlap_us", "source")
 MODEL_COLUMNS = ("hardware", "tp", "model", "dtype", "num_tokens", "baseline_us", "overlap_us", "scope", "source")
 OPTIONAL_MODEL_COLUMNS = ("baseline_schedule", "seq_len")  # tp (default) | sp; default 1024
+# impl: torch (default; torch's pipelined symm-mem ops) | kernel (the single-kernel GEMM+RS/AR, docs/model.md §6b);
+# baseline_impl: nccl (default; the GEMM then NCCL) | vllm (the GEMM then vLLM's dispatched collective)
+OPTIONAL_OP_COLUMNS = ("impl", "baseline_impl")
+OP_IMPLS, BASELINE_IMPLS = ("torch", "kernel"), ("nccl", "vllm")
 TIE_BAND = 0.02  # a measured speedup within 2 % of 1 is a tie: either verdict counts as right
 INT_LIMITS = {"tp": 4096, "m": 2**24, "n": 2**20, "k": 2**20, "num_tokens": 2**24, "seq_len": 2**24}
 OP_DTYPES = ("bf16", "fp8", "fp8-dynamic", "fp32")
@@ -108,7 +112,7 @@ def read_rows(path: str):
     if schema is None:
         raise TpcostError(f"{path}: header has neither an 'op' nor a 'model' column: cannot tell the schema")
     cols = OP_COLUMNS if schema == "op" else MODEL_COLUMNS
-    allowed = cols + (OPTIONAL_MODEL_COLUMNS if schema == "model" else ())
+    allowed = cols + (OPTIONAL_MODEL_COLUMNS if schema == "model" else OPTIONAL_OP_COLUMNS)
     dup = sorted({h for h in header if header.count(h) > 1})
     if dup:
         raise TpcostError(f"{path}:{numbered[0][0]}: duplicate column {dup[0]!r}")
@@ -129,6 +133,12 @@ def read_rows(path: str):
         for c in ("tp", "m", "n", "k", "num_tokens", "seq_len"):
             if r.get(c, "") != "":
                 r[c] = _int_cell(path, line, c, r[c])
+        if schema == "op":
+            if r.get("impl", "") not in ("",) + OP_IMPLS:
+                raise TpcostError(f"{path}:{line}: impl must be one of {', '.join(OP_IMPLS)}, got {r['impl']!r}")
+            if r.get("baseline_impl", "") not in ("",) + BASELINE_IMPLS:
+                raise TpcostError(f"{path}:{line}: baseline_impl must be one of {', '.join(BASELINE_IMPLS)}, "
+                                  f"got {r['baseline_impl']!r}")
         if schema == "model":
             if r.get("baseline_schedule", "") not in ("", "tp", "sp"):
                 raise TpcostError(f"{path}:{line}: baseline_schedule must be tp or sp, got {r['baseline_schedule']!r}")
@@ -161,10 +171,14 @@ def _profile(cache, name):
     return cache[name]
 
 
-def predict_op_row(prof, op: str, dtype: str, tp: int, m: int, n: int | None, k: int | None, eager: bool = True):
+def predict_op_row(prof, op: str, dtype: str, tp: int, m: int, n: int | None, k: int | None, eager: bool = True,
+                   impl: str = "torch", baseline_impl: str = "nccl", vllm_version=None):
     """(predicted speedup of the fused op over its sequential arm, hidden size vLLM's rule sees) for one
     microbenchmark row; by default the fused op runs eagerly (a Python loop issued per call, as in the benchmarks),
-    `eager=False` under CUDA-graph replay (no host issue time)."""
+    `eager=False` under CUDA-graph replay (no host issue time). impl "kernel": the single-kernel family;
+    baseline_impl "vllm": the GEMM then vLLM's dispatched collective of `vllm_version`."""
+    if impl == "kernel":
+        return _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_version)
     if dtype not in OP_DTYPES:
         raise _Skip(f"dtype {dtype!r} is out of scope (modelled: {', '.join(OP_DTYPES)}; torch's NVFP4 native "
                     "path is a different kernel, docs/model.md §6)")
@@ -192,6 +206,26 @@ def predict_op_row(prof, op: str, dtype: str, tp: int, m: int, n: int | None, k:
     else:
         raise _Skip(f"unknown op {op!r} (ag_gemm | gemm_rs)")
     return float(np.ravel(base)[0] / np.ravel(over)[0]), hidden
+
+
+def _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_version):
+    if n is None or k is None:
+        raise _Skip(f"missing {'n' if n is None else 'k'}")
+    if op not in ops.KERNEL_OPS:
+        raise _Skip(f"op {op!r} has no single-kernel form (gemm_rs | gemm_ar)")
+    why = ops.kernel_available(prof, tp, dtype, n)
+    if why:
+        raise _Skip(why)
+    hw = ops.Hw(prof, "bf16")
+    mm = float(m)
+    if op == "gemm_ar" and baseline_impl == "vllm":  # the GEMM, then the all-reduce vLLM dispatches at that size
+        base = ops.sequential_gemm_ar_s(hw, mm, n, k, tp, vllm_version)
+    elif op == "gemm_ar":  # the GEMM, then NCCL all-reduce
+        base = hw.t_gemm(mm, n, k) + ops.t_nccl_all_reduce_s(hw, tp, mm * n * hw.act_bytes)
+    else:
+        base = ops.sequential_gemm_rs_s(hw, mm, n, k, tp)  # vLLM's custom RS is not modelled: NCCL stands in
+    over = ops.fused_kernel(hw, op, mm, n, k, tp).t_s
+    return float(np.ravel(base)[0] / np.ravel(over)[0]), n
 
 
 def _model_groups(rows, profiles, models, skipped, path):
@@ -227,7 +261,7 @@ def _model_groups(rows, profiles, models, skipped, path):
     return groups
 
 
-def evaluate_files(paths, cudagraph_max_tokens: int | None = None):
+def evaluate_files(paths, cudagraph_max_tokens: int | None = None, vllm_version=None):
     """Score every row of `paths`. `cudagraph_max_tokens`: None keeps each set's own regime (op microbenchmarks
     eager; model rows vLLM's default capture size), else rows of more tokens run eagerly and the rest replay graphs
     (0: everything eager)."""
@@ -246,7 +280,12 @@ def evaluate_files(paths, cudagraph_max_tokens: int | None = None):
 
     def add(path, line, r, label, prof, s_hat, hidden, tokens):
         base, over = r["baseline_us"], r["overlap_us"]
-        v_vllm = vllm_verdict(prof, hidden, r["tp"], tokens)
+        if r.get("impl") == "kernel":  # vLLM's own rule for the single kernel (gemm_rs_ar's M >= 128, Muse Spark's)
+            from .op_analysis import vllm_rule
+
+            v_vllm = bool(vllm_rule(prof, r["op"], "kernel", r["tp"], r["n"], r["k"])[2](float(tokens)))
+        else:
+            v_vllm = vllm_verdict(prof, hidden, r["tp"], tokens)
         v_pred = s_hat > 1.0
         scored.append(Scored(path, line, label, r["source"], base / over, s_hat, over < base, v_pred,
                              _regret(v_pred, base, over), v_vllm, _regret(v_vllm, base, over)))
@@ -262,11 +301,14 @@ def evaluate_files(paths, cudagraph_max_tokens: int | None = None):
                     prof = _profile(profiles, r["hardware"])
                     eager = cudagraph_max_tokens is None or r["m"] > cudagraph_max_tokens
                     s_hat, hidden = predict_op_row(prof, r["op"], r["dtype"], r["tp"], r["m"], r["n"] or None,
-                                                   r["k"] or None, eager=eager)
+                                                   r["k"] or None, eager=eager, impl=r.get("impl") or "torch",
+                                                   baseline_impl=r.get("baseline_impl") or "nccl",
+                                                   vllm_version=vllm_version)
                 except _Skip as e:
                     skipped.append({"where": f"{path}:{line}", "reason": str(e)})
                     continue
-                label = f"{r['hardware']} tp{r['tp']} {r['op']} {r['dtype']} m={r['m']} n={r['n']} k={r['k']}"
+                label = (f"{r['hardware']} tp{r['tp']} {r['op']}{' kernel' if r.get('impl') == 'kernel' else ''} "
+                         f"{r['dtype']} m={r['m']} n={r['n']} k={r['k']}")
                 add(path, line, r, label, prof, s_hat, hidden, r["m"])
             continue
         for (hwname, model, tp, dtype, scope, base_sched, seq_len), (prof, shape, members) in \
@@ -336,7 +378,10 @@ def cmd_evaluate(args) -> int:
         check_output_path(args.plot, args.force, "--plot", protect=tuple(args.files))
     from .cli import cudagraph_arg
 
-    scored, skipped = evaluate_files(args.files, cudagraph_max_tokens=cudagraph_arg(args))
+    from .cli import vllm_version_arg
+
+    scored, skipped = evaluate_files(args.files, cudagraph_max_tokens=cudagraph_arg(args),
+                                     vllm_version=vllm_version_arg(args))
     if not scored:  # scoring nothing is no result: say why every row was skipped
         reasons = sorted({sk["reason"] for sk in skipped})
         raise TpcostError(f"nothing to score: all {len(skipped)} row(s) skipped ("
@@ -359,7 +404,7 @@ def cmd_evaluate(args) -> int:
     for sk in skipped:
         print(f"  skipped {sk['where']}: {sk['reason']}")
     v = summ["vllm_rule"]
-    print(f"{'':24s} {'tpcost':>10s} {'vLLM 0.31 rule':>15s}")
+    print(f"{'':24s} {'tpcost':>10s} {'vLLM rule':>15s}")
     print(f"{'verdict accuracy':24s} {f(summ['verdict_accuracy'], '10.1%')} {f(v['verdict_accuracy'], '15.1%')}")
     print(f"{'mean regret [%]':24s} {f(summ['mean_regret_pct'], '10.2f')} {f(v['mean_regret_pct'], '15.2f')}")
     print(f"{'max regret [%]':24s} {f(summ['max_regret_pct'], '10.2f')} {f(v['max_regret_pct'], '15.2f')}")
@@ -377,4 +422,5 @@ def register(sub):
     from .cli import add_regime_args
 
     add_regime_args(p)
+    p.add_argument("--vllm-version", metavar="X.Y", help="whose dispatched collective a baseline_impl=vllm row uses")
     p.set_defaults(func=cmd_evaluate)

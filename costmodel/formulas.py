@@ -182,3 +182,19 @@ def host_ops_gemm_rs(world):
 def t_eager_s(t_gpu_s, t_host_s, t_tail_s):
     """An eagerly issued op: max(GPU time, host issue time + the GPU work left after the last issue) (s)."""
     return np.maximum(t_gpu_s, t_host_s + t_tail_s)
+
+
+def t_fused_kernel_s(t_gemm_s, t_link_s, fixed_s, compute_overhead, exposed_fraction):
+    """Single-kernel GEMM+collective: c + max(g·(1+φ), L) + α·min(g·(1+φ), L) (s; docs/model.md §6b).
+
+    g the whole GEMM, L the communication at the kernel's own link rate, φ the GEMM time lost to the communicating
+    warps, α the share of the shorter side left exposed (0: perfect overlap, 1: serial), c the per-call fence and
+    signals. Never below the whole GEMM nor below L; no per-chunk weight re-reads, no host loop."""
+    g = t_gemm_s * (1.0 + compute_overhead)
+    return fixed_s + np.maximum(g, t_link_s) + exposed_fraction * np.minimum(g, t_link_s)
+
+
+def kernel_link_bytes(m, n, out_bytes, world, all_reduce: bool):
+    """Bytes one rank moves over the link in a fused GEMM+RS: (W−1)/W·m·n·b; GEMM+AR adds the all-gather: ×2 (bytes)."""
+    rs = (world - 1) / world * m * n * out_bytes
+    return 2.0 * rs if all_reduce else rs

@@ -194,6 +194,12 @@ def t_reduce_scatter_s(hw: Hw, tp: int, in_bytes):
     return F.t_reduce_scatter_s(in_bytes, lat, bw, tp)
 
 
+def t_nccl_all_reduce_s(hw: Hw, tp: int, msg_bytes):
+    """NCCL all-reduce of a msg_bytes tensor at this TP (s)."""
+    lat, bw = hw.p.collective("nccl_all_reduce", tp)
+    return F.t_all_reduce_s(msg_bytes, lat, bw, tp)
+
+
 class AllReduce(NamedTuple):
     """What all_reduce_dispatch picks over the message sizes."""
 
@@ -351,3 +357,52 @@ def fused_op_bound_s(hw: Hw, op: str, m, n, k, tp: int, a_bytes: float | None = 
     """Least time any fused op can take: max(whole GEMM, (W−1)/W of the moved tensor / link peak) (s)."""
     moved = m * (k * a_bytes) if op == "ag_gemm" else m * (n * hw.act_bytes)
     return np.maximum(hw.t_gemm(m, n, k), F.t_link_s(moved, tp, hw.p.interconnect.link_bw_bytes_per_s))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The single-kernel family (docs/model.md §6b): vLLM 0.33's CuTe gemm_rs_ar, FlashInfer's CuTe GEMM+RS
+
+KERNEL_OPS = ("gemm_rs", "gemm_ar")
+KERNEL_DTYPES = ("bf16", "mxfp8")  # gemm_rs_ar.py l. 946-961, 1009-1026
+
+
+def kernel_available(profile: HardwareProfile, tp: int, dtype: str = "bf16", n: int | None = None) -> str | None:
+    """None if the single-kernel fused GEMM+RS/AR can run here, else why not (one line): vLLM 0.33's init gate
+    (gemm_rs_ar.py l. 1105-1152: SM100 family, bf16 model, 1 < TP <= 16, 128 % TP == 0, N % 128 == 0) and a
+    multicast-capable NVLink domain (the profile's [fused_kernel] table)."""
+    cc = profile.identity.compute_capability
+    if profile.fused_kernel is None or not cc.startswith("10."):
+        return (f"no single-kernel fused GEMM+collective on {profile.name} (cc {cc or 'n/a'}): vLLM 0.33's gemm_rs_ar "
+                "needs the SM100 family and multicast over NVSwitch")
+    if dtype not in KERNEL_DTYPES:
+        return f"the single-kernel fused GEMM+collective takes bf16 or mxfp8 weights, not {dtype}"
+    if not (1 < tp <= 16 and 128 % tp == 0):
+        return f"vLLM's gemm_rs_ar needs 1 < tp <= 16 with 128 % tp == 0, got tp={tp}"
+    if tp > int(profile.interconnect.domain_size):
+        return f"tp={tp} spans more than one NVLink domain ({int(profile.interconnect.domain_size)} GPUs)"
+    if n is not None and n % 128:
+        return f"vLLM's gemm_rs_ar needs N % 128 == 0, got n={n}"
+    return None
+
+
+def fused_kernel(hw: Hw, op: str, m, n, k, tp: int) -> FusedOp:
+    """One single-kernel fused GEMM+RS (op "gemm_rs") or GEMM+AR ("gemm_ar") on m rows (formulas.t_fused_kernel_s);
+    GEMM+AR ends with vLLM's `partial[:M].clone()` (gemm_rs_ar.py l. 1081): one more m·n copy in HBM."""
+    fk = hw.p.fused_kernel
+    if fk is None:
+        raise TpcostError(kernel_available(hw.p, tp) or "no fused kernel")
+    t_whole = hw.t_gemm(m, n, k)
+    link_bw = hw.p.interconnect.link_bw_bytes_per_s * fk.link_efficiency
+    moved = F.kernel_link_bytes(m, n, hw.act_bytes, tp, op == "gemm_ar")
+    t_link = moved / link_bw
+    t = F.t_fused_kernel_s(t_whole, t_link, fk.fixed_s, fk.compute_overhead, fk.exposed_fraction)
+    t_copy = hw.t_mem(2.0 * m * n * hw.act_bytes) if op == "gemm_ar" else 0.0
+    t = t + t_copy
+    return FusedOp(t, t, 0.0, 0.0, t_whole, t_whole, t_whole * (1.0 + fk.compute_overhead), t_link, fk.fixed_s, t_copy)
+
+
+def sequential_gemm_ar_s(hw: Hw, m, n, k, tp: int, vllm_version=None):
+    """What GEMM+AR replaces: the whole GEMM, then the all-reduce vLLM dispatches for its m·n partials (s)."""
+    msg = np.atleast_1d(np.asarray(m, dtype=float) * (n * hw.act_bytes))
+    ar = all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm_version=vllm_version)
+    return hw.t_gemm(m, n, k) + (ar.t_s if np.ndim(m) else ar.t_s[..., 0])

@@ -164,11 +164,24 @@ class AsyncTP:
     host_op_s: Num  # one eager torch call (s)
 
 
+@dataclasses.dataclass(frozen=True)
+class FusedKernel:
+    """[fused_kernel]: a single-kernel fused GEMM + reduce-scatter / all-reduce whose GEMM tiles hand finished
+    output to the link (vLLM 0.33's CuTe `gemm_rs_ar`, FlashInfer's CuTe GEMM+RS; docs/model.md §6b). Optional:
+    only profiles whose hardware has it (multicast over NVSwitch, SM100 family) carry the table."""
+
+    fixed_s: Num  # per call: workspace fence and signals (s)
+    compute_overhead: Num  # φ: GEMM time lost to the communicating warps and to contention (relative), in [0, 10]
+    link_efficiency: Num  # achieved / peak link bandwidth of the multimem reduction, in (0, 1]
+    exposed_fraction: Num  # share of the shorter of GEMM and communication left exposed, in [0, 1]
+
+
 _NO_DISPATCH = Dispatch()
 # fixed tables: dotted path -> dataclass; patterned ones: collectives.<impl>.tp<W>, vllm_dispatch.tp<W>
 _TABLES = {"identity": Identity, "compute.peak_flops_per_s": PeakFlops, "memory": Memory, "kernels": Kernels,
            "gemm": Gemm, "attention": Attention, "interconnect": Interconnect, "asynctp": AsyncTP}
 _SECTIONS = ("identity", "compute", "memory", "kernels", "gemm", "attention", "interconnect", "asynctp")
+_OPTIONAL_TABLES = {"fused_kernel": FusedKernel}  # present in some profiles only; all fields or none
 NOTES_TABLE = "calibration"  # free string leaves
 
 
@@ -180,7 +193,7 @@ def _field_kinds(cls) -> dict[str, tuple[bool, bool]]:
 
 def _table_class(parent: str):
     """The dataclass of the table at dotted path `parent`, or None where the schema has no such table."""
-    cls = _TABLES.get(parent)
+    cls = _TABLES.get(parent) or _OPTIONAL_TABLES.get(parent)
     if cls is not None:
         return cls
     parts = parent.split(".")
@@ -236,6 +249,9 @@ VALUE_RANGES: tuple[tuple[str, ValueRange], ...] = (
     (r"memory\.hbm_bw_bytes_per_s", ValueRange(1e8, 1e14, "bytes/s", "DDR channel ~1e10; B300 8e12")),
     (r"memory\.hbm_capacity_bytes", ValueRange(1e8, 1e13, "bytes", "A100 40 GB; B300 288 GB")),
     (r".*efficiency", ValueRange(0.0, 1.0, "", "achieved / peak", lo_open=True)),
+    (r"fused_kernel\.compute_overhead", ValueRange(0.0, 10.0, "", "relative GEMM slowdown inside the fused kernel")),
+    (r"fused_kernel\.exposed_fraction", ValueRange(0.0, 1.0, "", "a fraction")),
+    (r"fused_kernel\.fixed_s", ValueRange(0.0, 0.01, "s", "a fence and signals: ~1e-6..1e-5")),
     (r"asynctp\.stream_concurrency", ValueRange(0.0, 1.0, "", "a fraction")),
     (r"asynctp\.compute_slowdown", ValueRange(0.0, 10.0, "", "relative slowdown; a 2-core CPU measured 1.3")),
     (r"vllm_dispatch\..*", ValueRange(0.0, 2.0**40, "bytes", "vLLM's size limits are <= 128 MiB")),
@@ -279,6 +295,7 @@ class HardwareProfile:
     provenance: Mapping[str, Provenance]  # every numeric dotted key -> where its value came from
     notes: Mapping[str, str]  # [calibration] strings, dotted
     modified: tuple[str, ...] = ()  # keys changed by --set
+    fused_kernel: FusedKernel | None = None  # single-kernel fused GEMM+collective, where the hardware has it
 
     def __repr__(self) -> str:
         return f"HardwareProfile({self.name!r}, origin={self.origin!r}, {len(self.provenance)} quantities)"
@@ -307,8 +324,9 @@ class HardwareProfile:
                 elif v is not None:
                     out[f"{prefix}.{f.name}"] = v
 
-        for sec in _SECTIONS:
-            walk(getattr(self, sec), sec)
+        for sec in _SECTIONS + tuple(_OPTIONAL_TABLES):
+            if getattr(self, sec) is not None:
+                walk(getattr(self, sec), sec)
         for impl, per_tp in self.collectives.items():
             for tp, c in per_tp.items():
                 walk(c, f"collectives.{impl}.tp{tp}")
@@ -423,6 +441,12 @@ def _assemble(leaves: Mapping[str, Any], provenance: Mapping[str, Provenance], n
             colls.setdefault(parts[1], set()).add(int(parts[2][2:]))
         elif key.startswith("vllm_dispatch."):
             disp.add(int(key.split(".")[1][2:]))
+    optional = {}
+    for sec, cls in _OPTIONAL_TABLES.items():
+        have = [f for f in _field_kinds(cls) if f"{sec}.{f}" in leaves]
+        if have and len(have) != len(_field_kinds(cls)):
+            raise TpcostError(f"{origin}: [{sec}] needs all of {', '.join(_field_kinds(cls))} (or none)")
+        optional[sec] = build(cls, sec) if have else None
     try:
         collectives = {impl: MappingProxyType({tp: build(Collective, f"collectives.{impl}.tp{tp}") for tp in sorted(tps)})
                        for impl, tps in colls.items()}
@@ -437,7 +461,7 @@ def _assemble(leaves: Mapping[str, Any], provenance: Mapping[str, Provenance], n
         interconnect=build(Interconnect, "interconnect"), collectives=MappingProxyType(collectives),
         vllm_dispatch=MappingProxyType({tp: build(Dispatch, f"vllm_dispatch.tp{tp}") for tp in sorted(disp)}),
         asynctp=build(AsyncTP, "asynctp"), provenance=MappingProxyType(dict(provenance)),
-        notes=MappingProxyType(dict(notes)), modified=modified)
+        notes=MappingProxyType(dict(notes)), modified=modified, **optional)
 
 
 class _Recorder:
@@ -464,7 +488,8 @@ def recording(profile: HardwareProfile) -> tuple[HardwareProfile, set[str]]:
     reads: set[str] = set()
     rec = lambda obj, path: _Recorder(obj, path, reads)  # noqa: E731
     traced = dataclasses.replace(
-        profile, **{s: rec(getattr(profile, s), s) for s in _SECTIONS},
+        profile, **{s: rec(getattr(profile, s), s) for s in _SECTIONS + tuple(_OPTIONAL_TABLES)
+                    if getattr(profile, s) is not None},
         collectives={impl: {tp: rec(c, f"collectives.{impl}.tp{tp}") for tp, c in per.items()}
                      for impl, per in profile.collectives.items()},
         vllm_dispatch={tp: rec(d, f"vllm_dispatch.tp{tp}") for tp, d in profile.vllm_dispatch.items()})

@@ -54,7 +54,7 @@ def test_table_and_plot(tmp_path, capsys):
     png = tmp_path / "e.png"
     rc = main(["evaluate", str(FIX / "eval_model.csv"), str(FIX / "eval_op.csv"), "--plot", str(png)])
     out, _ = capsys.readouterr()
-    assert rc == 0 and "vLLM 0.31 rule" in out and png.stat().st_size > 1000
+    assert rc == 0 and "vLLM rule" in out and png.stat().st_size > 1000
 
 
 @pytest.mark.parametrize("text,needle", [

@@ -484,7 +484,30 @@ def asynctp_fits():
     hop = R.fit_family("hopper", {"h100-sxm": asynctp_section(h100(), pri, HOST_OP)})
     bw = R.fit_family("blackwell", {"b300": asynctp_section(b300(), pri, HOST_OP),
                                     "gb200-nvl72": asynctp_section(gb200(b200()), pri, HOST_OP)})
-    return {"hopper": hop, "blackwell": bw}
+    kern = R.fit_kernel(asynctp_section(gb200(b200()), pri, HOST_OP), bw)
+    return {"hopper": hop, "blackwell": bw, "kernel": kern}
+
+
+def kernel_section(p, kern, carried_from: str | None = None):
+    """[fused_kernel] of a profile from the single-kernel fit (tools/reference_fits.py fit_kernel): each fitted term
+    published-measurement with its sigma, unidentified ones the prior (assumed); `carried_from`: every term assumed."""
+    over = (f"least-squares fit to the CuTe single-kernel GEMM+RS arm of {kern['source']} ({kern['n_rows']} rows, "
+            f"rms log {kern['rms_log']:.3f}; GEMM, NCCL and the harness offset from the Blackwell joint fit; "
+            "tools/reference_fits.py fit_kernel)")
+    out = {}
+    for i, (key, v) in enumerate(sorted(kern["values"].items())):
+        leaf = key.split(".", 1)[1]
+        sg = kern["sigma_rel"][key]
+        if carried_from:
+            t = sec(f"assumed: {carried_from}: {over}", "assumed", **{leaf: v})
+        elif not math.isfinite(sg):
+            t = sec(f"assumed: prior kept, not identified by the {over}", "assumed", **{leaf: v})
+        else:
+            t = sec(over, "published-measurement", **{leaf: v})
+            t["uncertainty_rel"] = {leaf: _round(min(sg, 1.0))}
+        out[f"_{leaf}"] = t
+    p["fused_kernel"] = out
+    return p
 
 
 def _fit_spec(fit, sid, key, what):
@@ -571,7 +594,7 @@ def with_capacity(name, p):
 def build_all(root=ROOT):
     """Every built-in profile tree; single-GPU calibration results under `root`/calib/data are folded in."""
     fits = asynctp_fits()
-    hop, bw = fits["hopper"], fits["blackwell"]
+    hop, bw, kern = fits["hopper"], fits["blackwell"], fits["kernel"]
     sync_h100 = _fit_spec(hop, None, "asynctp.barrier_s", "per-barrier GPU cost")
     host_h100 = _fit_spec(hop, "KRAKEN_PR19", "asynctp.host_op_s", "the KRAKEN_PR19 host's issue time per torch call")
     sync_h100_assumed = _assumed(sync_h100, "= the H100 fit")
@@ -589,15 +612,18 @@ def build_all(root=ROOT):
     b = _with_pull(asynctp_section(b200(), _assumed(sync_bw, fam), host_assumed), _assumed(pull_bw, fam))
     b = _with_slowdown(b, _assumed(slow_bw, fam))
     b = _gb200_rs(b, bw, tier_note="GB200 value carried to B200 (same NVLink5 switch)")
+    b = kernel_section(b, kern, carried_from="GB200 value carried to B200 (same SM100 kernel, NVLink5 multicast)")
     gb = _with_slowdown(_with_pull(asynctp_section(gb200(b200()), sync_bw, host_gb200), pull_bw), slow_bw)
     profiles = {"h100-sxm": h,
                 "h200-sxm": calibrated_overrides(asynctp_section(h200(h100()), sync_h100_assumed, host_assumed), "h200-sxm",
                                                  root=root),
                 "h800": asynctp_section(h800(h100()), sync_h100_assumed, host_assumed),
                 "b200": b,
-                "b300": _gb200_rs(_with_slowdown(_with_pull(asynctp_section(b300(), sync_bw, host_b300), pull_bw),
-                                                 slow_bw), bw, tier_note="GB200 value carried to B300 (same NVLink5 switch)"),
-                "gb200-nvl72": _gb200_rs(gb, bw),
+                "b300": kernel_section(_gb200_rs(_with_slowdown(_with_pull(asynctp_section(b300(), sync_bw, host_b300),
+                                                                           pull_bw), slow_bw), bw,
+                                                 tier_note="GB200 value carried to B300 (same NVLink5 switch)"),
+                                       kern, carried_from="GB200 value carried to B300 (same SM100-family kernel)"),
+                "gb200-nvl72": kernel_section(_gb200_rs(gb, bw), kern),
                 "a100-sxm-80gb": asynctp_section(a100(), sync_h100_assumed, host_assumed),
                 "a800": asynctp_section(a800(), sync_h100_assumed, host_assumed),
                 "l40s": asynctp_section(l40s(), sync_h100_assumed, host_assumed),

@@ -601,3 +601,79 @@ def source_rows(family: str, trees: dict, sid: str, fit: dict, refit_own: bool =
         own_fit = FamilyFit(family, {sid: src}, (), {name: profile_to_tree(fixed)}).fit()
         vals[sid] = own_fit["values"].get(sid, {})
     return own.row_predictions(sid, vals)
+
+
+KERNEL_SOURCE = "FLASHINFER_GB200_GEMMRS_MATRIX"
+KERNEL_PRIOR = {"fused_kernel.fixed_s": 5e-6, "fused_kernel.compute_overhead": 0.1,
+                "fused_kernel.link_efficiency": 0.5, "fused_kernel.exposed_fraction": 0.5}
+
+
+def predict_kernel_row(profile, r, offset_s=0.0):
+    """(predicted sequential s, predicted fused-kernel s) of one single-kernel row, the harness offset on both."""
+    from costmodel import ops
+
+    hw = ops.Hw(profile, r["dtype"])
+    m, n, k, tp = float(r["m"]), r["n"], r["k"], r["tp"]
+    op = "gemm_ar" if r["op"] == "gemm_ar" else "gemm_rs"
+    seq = ops.sequential_gemm_rs_s(hw, m, n, k, tp) if op == "gemm_rs" else ops.sequential_gemm_ar_s(hw, m, n, k, tp)
+    f = ops.fused_kernel(hw, op, m, n, k, tp)
+    return float(np.ravel(seq)[0]) + offset_s, float(np.ravel(f.t_s)[0]) + offset_s
+
+
+def fit_kernel(gb200_tree: dict, blackwell_fit: dict) -> dict:
+    """The single-kernel family's terms (KERNEL_PRIOR keys) fitted to the CuTe arm of the GB200 matrix: log residuals,
+    soft-L1, sigma from the Jacobian. The GEMM, the NCCL curve and the harness offset come from the Blackwell joint
+    fit over the same source's torch arm and sequential arm (so the kernel's own terms are all that is fitted)."""
+    from costmodel.profile import Provenance, profile_from_dict
+
+    vals = {**blackwell_fit["values"].get(None, {}),
+            **{k: v for k, v in blackwell_fit["values"].get(KERNEL_SOURCE, {}).items() if k != "offset_s"}}
+    off = blackwell_fit["values"].get(KERNEL_SOURCE, {}).get("offset_s", 0.0)
+    base = profile_from_dict(gb200_tree, "fit:gb200-nvl72").with_values(vals, None, mark_modified=False)
+    base = base.with_values(KERNEL_PRIOR, Provenance("fit start", "assumed"), mark_modified=False, new_keys_ok=True)
+    rows = fused_op_rows(KERNEL_SOURCE, impl="kernel")
+    meas = np.array([r["overlap_s"] for r in rows])
+    from costmodel.profile import value_range
+
+    fixed: list[str] = []  # terms the data does not identify (sigma_rel > 1): kept at the prior, the rest refitted
+    while True:
+        keys = [k for k in KERNEL_PRIOR if k not in fixed]
+
+        def resid(x, keys=keys):
+            p = base.with_values(dict(zip(keys, np.exp(x))), None, mark_modified=False)
+            return np.log(np.array([predict_kernel_row(p, r, off)[1] for r in rows]) / meas)
+
+        lo = np.array([np.log(max(value_range(k).lo, 1e-9)) for k in keys])
+        hi = np.array([np.log(value_range(k).hi) for k in keys])
+        x0 = np.clip(np.log([KERNEL_PRIOR[k] for k in keys]), lo + 1e-6, hi - 1e-6)
+        r = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, diff_step=1e-3)
+        dof = max(1, r.fun.size - x0.size)
+        jtj = r.jac.T @ r.jac
+        cov = float(np.sum(r.fun**2)) / dof * np.linalg.pinv(jtj)
+        sig = np.sqrt(np.clip(np.diag(cov), 0, None))
+        sig = np.where(np.diag(jtj) <= 1e-12 * max(float(np.max(np.diag(jtj))), 1e-300), np.inf, sig)
+        if not np.any(sig > 1.0):
+            break
+        fixed.append(keys[int(np.argmax(sig))])
+    values = {**{k: KERNEL_PRIOR[k] for k in fixed}, **dict(zip(keys, map(float, np.exp(r.x))))}
+    sigmas = {**{k: float("inf") for k in fixed}, **dict(zip(keys, map(float, sig)))}
+    return {"values": values, "sigma_rel": sigmas, "unidentified": fixed,
+            "rms_log": float(np.sqrt(np.mean(r.fun**2))), "n_rows": len(rows), "offset_s": off,
+            "source": KERNEL_SOURCE}
+
+
+def kernel_rows(profile_values: dict, gb200_tree: dict, blackwell_fit: dict) -> list[dict]:
+    """Row predictions of the CuTe arm with fitted kernel terms `profile_values` (benchmarks/accuracy.py)."""
+    from costmodel.profile import Provenance, profile_from_dict
+
+    vals = {**blackwell_fit["values"].get(None, {}),
+            **{k: v for k, v in blackwell_fit["values"].get(KERNEL_SOURCE, {}).items() if k != "offset_s"}}
+    off = blackwell_fit["values"].get(KERNEL_SOURCE, {}).get("offset_s", 0.0)
+    p = profile_from_dict(gb200_tree, "fit:gb200-nvl72").with_values(vals, None, mark_modified=False)
+    p = p.with_values(profile_values, Provenance("fit", "assumed"), mark_modified=False, new_keys_ok=True)
+    out = []
+    for r in fused_op_rows(KERNEL_SOURCE, impl="kernel"):
+        seq, fused = predict_kernel_row(p, r, off)
+        out.append({"arm": "op", "row": r, "fused_measured_s": r["overlap_s"], "seq_measured_s": r["baseline_s"],
+                    "fused_predicted_s": fused, "seq_predicted_s": seq, "offset_s": off})
+    return out

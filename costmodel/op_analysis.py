@@ -1,0 +1,172 @@
+"""One fused op against vLLM's unfused path over M: the per-op what-if behind `tpcost op` (docs/model.md §6b, §9).
+
+The question a kernel author or a vLLM maintainer asks: on this GPU at this TP, from which M does this fused
+GEMM+collective beat the GEMM followed by the collective vLLM dispatches? The cutoff is decided by the same rule as
+everywhere (costmodel.analysis.decide_cutoff: the threshold c of "fused when M >= c" minimising the expected time
+over the workload, the fused side paying the risk premium; None = never).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from . import ops
+from .analysis import decide_cutoff, decision_value, uniform_workload
+from .errors import TpcostError
+from .profile import HardwareProfile
+
+OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
+IMPLS = ("torch", "kernel")
+OP_DTYPES = ("bf16", "fp8", "mxfp8")
+M_STEP = 128  # M runs over the multiples of 128 (vLLM's gemm_rs_ar tiles M by 128)
+GEMM_RS_AR_MIN_M = 128  # gemm_rs_ar.py should_run (l. 982-985): x.shape[0] >= 128
+MUSE_SPARK_MIN_M = 512  # models/muse_spark/nvidia/ops/gemm_rs.py l. 44-75: 512 <= M <= max_M on sm103 at TP 4/8
+MUSE_SPARK_ALIGN = {4: 128, 8: 256}
+
+
+@dataclasses.dataclass(frozen=True)
+class OpAnalysis:
+    gpu: str
+    op: str
+    impl: str
+    tp: int
+    n: int
+    k: int
+    dtype: str
+    calls_per_forward: int
+    m: np.ndarray
+    t_fused_s: np.ndarray  # per forward (× calls)
+    t_unfused_s: np.ndarray
+    cutoff_tokens: int | None
+    vllm_rule: str
+    vllm_rule_tokens: int | None
+    vllm_runs_kernel: np.ndarray
+    decision_value: dict
+    unfused_impl: str
+    notes: tuple[str, ...]
+
+    def wins_m_ranges(self) -> list[list[int]]:
+        """[first, last] M of every run of rows where the fused op is faster (speedup > 1)."""
+        out: list[list[int]] = []
+        prev = False
+        for m, w in zip(self.m, self.t_unfused_s > self.t_fused_s):
+            if w and not prev:
+                out.append([int(m), int(m)])
+            elif w:
+                out[-1][1] = int(m)
+            prev = bool(w)
+        return out
+
+    def to_json(self) -> dict:
+        rows = [{"m": int(m), "t_fused_s": float(f), "t_unfused_s": float(u), "speedup": float(u / f),
+                 "vllm_runs_kernel": bool(v)}
+                for m, f, u, v in zip(self.m, self.t_fused_s, self.t_unfused_s, self.vllm_runs_kernel)]
+        return {"gpu": self.gpu, "op": self.op, "impl": self.impl, "tp": self.tp, "n": self.n, "k": self.k,
+                "dtype": self.dtype, "calls_per_forward": self.calls_per_forward, "cutoff_tokens": self.cutoff_tokens,
+                "vllm_rule": self.vllm_rule, "vllm_rule_tokens": self.vllm_rule_tokens,
+                "decision_value": self.decision_value, "unfused_impl": self.unfused_impl,
+                "fused_wins_m_ranges": self.wins_m_ranges(), "notes": list(self.notes), "rows": rows}
+
+
+def check_combination(profile: HardwareProfile, op: str, impl: str, tp: int, dtype: str, n: int) -> None:
+    """One clear error for an op/impl/dtype/GPU combination that does not exist."""
+    if op not in OPS:
+        raise TpcostError(f"--op {op!r}: one of {', '.join(OPS)}")
+    if impl not in IMPLS:
+        raise TpcostError(f"--impl {impl!r}: one of {', '.join(IMPLS)}")
+    if dtype not in OP_DTYPES:
+        raise TpcostError(f"--dtype {dtype!r}: one of {', '.join(OP_DTYPES)}")
+    if impl == "torch":
+        if op == "gemm_ar":
+            raise TpcostError("--op gemm_ar --impl torch: torch has no fused GEMM+all-reduce (its pipelined ops are "
+                              "all-gather+GEMM and GEMM+reduce-scatter); use --impl kernel")
+        if dtype == "mxfp8":
+            raise TpcostError("--dtype mxfp8 is the single kernel's weight format; torch's fused ops take bf16 or fp8")
+        why = ops.fused_ops_available(profile, tp)
+        if why:
+            raise TpcostError(why)
+    else:
+        if op == "ag_gemm":
+            raise TpcostError("--op ag_gemm --impl kernel: vLLM 0.33's single kernel fuses GEMM+RS and GEMM+AR only")
+        why = ops.kernel_available(profile, tp, "bf16" if dtype == "mxfp8" else dtype, n)
+        if why:
+            raise TpcostError(why)
+
+
+def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int):
+    """(description, threshold tokens or None, runs(m) -> bool array) of vLLM's own rule for this op."""
+    if impl == "kernel":
+        cc = profile.identity.compute_capability
+        if op == "gemm_rs" and cc == "10.3" and tp in MUSE_SPARK_ALIGN:
+            a = MUSE_SPARK_ALIGN[tp]
+            return (f"Muse Spark's B300 GEMM+RS: {MUSE_SPARK_MIN_M} <= M, M % {a} == 0 (gemm_rs.py l. 44-75)",
+                    MUSE_SPARK_MIN_M, lambda m: (m >= MUSE_SPARK_MIN_M) & (m % a == 0))
+        return (f"gemm_rs_ar should_run: M >= {GEMM_RS_AR_MIN_M} (gemm_rs_ar.py l. 982-985)", GEMM_RS_AR_MIN_M,
+                lambda m: m >= GEMM_RS_AR_MIN_M)
+    from .vllm_rules import vllm_sp_min_token_num
+
+    hidden = n if op == "gemm_rs" else k
+    thr = vllm_sp_min_token_num(profile.identity.vendor, profile.identity.compute_capability, hidden, tp)
+    if thr is None:
+        return "vLLM 0.31's SP table: off here", None, lambda m: np.zeros(np.shape(m), dtype=bool)
+    return f"vLLM 0.31's sp_min_token_num {thr}", thr, lambda m: m >= thr
+
+
+def analyse_op(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int, dtype: str = "bf16", *,
+               calls_per_forward: int = 1, max_num_batched_tokens: int = 8192, margin: float = 0.02, workload=None,
+               extra_m=(), vllm_version=None, cudagraph_max_tokens: int | None = None) -> OpAnalysis:
+    """Fused against unfused over M = the multiples of 128 up to max_num_batched_tokens (and `extra_m`), per forward
+    (× calls_per_forward); the cutoff on that grid; vLLM's own rule and the saving against it."""
+    check_combination(profile, op, impl, tp, dtype, n)
+    if max_num_batched_tokens < M_STEP:
+        raise TpcostError(f"--max-num-batched-tokens must be >= {M_STEP} (M runs over the multiples of {M_STEP})")
+    grid = np.arange(M_STEP, max_num_batched_tokens // M_STEP * M_STEP + 1, M_STEP, dtype=float)
+    m_all = np.union1d(grid, np.asarray(list(extra_m), dtype=float))
+    if impl == "torch" and np.any(m_all % tp):
+        raise TpcostError(f"--m: torch's fused ops split M into tp={tp} chunks; every M must be a multiple of tp")
+    mode = "fp8" if dtype == "mxfp8" else dtype
+    hw = ops.Hw(profile, mode)
+    notes = []
+
+    def arms(m):
+        if op == "ag_gemm":
+            unfused = ops.sequential_ag_gemm_s(hw, m, n, k, tp, hw.mode.ag_bytes)
+            cap = 512 if cudagraph_max_tokens is None else cudagraph_max_tokens
+            fused = ops.fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=False).t_s
+            eager = ops.fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=True).t_s
+            return np.where(m > cap, eager, fused), unfused, "NCCL all-gather"
+        if op == "gemm_rs":
+            unfused = ops.sequential_gemm_rs_s(hw, m, n, k, tp)
+            if impl == "torch":
+                cap = 512 if cudagraph_max_tokens is None else cudagraph_max_tokens
+                fused = np.where(m > cap, ops.fused_gemm_rs(hw, m, n, k, tp, eager=True).t_s,
+                                 ops.fused_gemm_rs(hw, m, n, k, tp, eager=False).t_s)
+            else:
+                fused = ops.fused_kernel(hw, "gemm_rs", m, n, k, tp).t_s
+            return fused, unfused, "NCCL reduce-scatter"
+        unfused = ops.sequential_gemm_ar_s(hw, m, n, k, tp, vllm_version)
+        return ops.fused_kernel(hw, "gemm_ar", m, n, k, tp).t_s, unfused, "vLLM's dispatched all-reduce"
+
+    f_all, u_all, unfused_impl = arms(m_all)
+    if dtype == "mxfp8":  # the kernel path quantises its activations itself (gemm_rs_ar.py l. 1009-1026)
+        f_all = f_all + hw.t_mem(m_all * k * (hw.act_bytes + 1.0))
+        notes.append("mxfp8: the fused kernel adds its activation-quantise kernel (m·k·(2+1) bytes)")
+    if op == "gemm_rs":
+        notes.append("unfused arm: the GEMM, then NCCL reduce-scatter (vLLM's custom reduce-scatter below 16 MiB "
+                     "is not in the profiles; NCCL's fitted curve stands in)")
+    f_all, u_all = f_all * calls_per_forward, u_all * calls_per_forward
+    on_grid = np.isin(m_all, grid)
+    t_on, t_off = f_all[on_grid], u_all[on_grid]
+    if workload is not None:
+        from .workload import grid_weights
+
+        weights = grid_weights(workload, grid)
+    else:
+        weights = uniform_workload(grid)
+    cut = decide_cutoff(grid, t_off, t_on, margin, weights)
+    rule_text, rule_tokens, runs = vllm_rule(profile, op, impl, tp, n, k)
+    value = decision_value(grid, t_off, t_on, margin, cut, weights, vllm_default=rule_tokens)
+    return OpAnalysis(profile.name, op, impl, tp, n, k, dtype, calls_per_forward, m_all, f_all, u_all, cut, rule_text,
+                      rule_tokens, runs(m_all), value, unfused_impl, tuple(notes))

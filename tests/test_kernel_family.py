@@ -1,0 +1,124 @@
+"""The single-kernel fused GEMM+RS / GEMM+AR family (docs/model.md §6b) and `tpcost op`."""
+
+import json
+
+import numpy as np
+import pytest
+
+from costmodel import formulas as F
+from costmodel import ops
+from costmodel.profile import builtin_profile_names, load_profile
+from integration.cli import main
+
+WITH_KERNEL = [n for n in builtin_profile_names() if load_profile(n).fused_kernel is not None]
+WITHOUT = [n for n in builtin_profile_names() if n not in WITH_KERNEL]
+M = np.unique(np.round(np.geomspace(1, 65536, 120)))
+
+
+def test_which_profiles_have_it():
+    assert sorted(WITH_KERNEL) == ["b200", "b300", "gb200-nvl72"]  # the SM100 family with NVLink5 multicast
+
+
+@pytest.mark.parametrize("name", WITH_KERNEL)
+@pytest.mark.parametrize("op", ["gemm_rs", "gemm_ar"])
+def test_bounds(name, op):
+    """Never faster than the whole GEMM nor than its bytes over the link's peak; finite and positive; may beat
+    GEMM + NCCL by more than 2x (unlike torch's pipelined ops), so no such bound is asserted."""
+    p = load_profile(name)
+    hw = ops.Hw(p, "bf16")
+    for tp in (2, 4, 8):
+        for n, k in ((7168, 1536), (2048, 4096), (8192, 28672 // tp)):
+            t = ops.fused_kernel(hw, op, M, n, k, tp).t_s
+            assert np.all(np.isfinite(t)) and np.all(t > 0)
+            assert np.all(t >= hw.t_gemm(M, n, k))
+            link = F.kernel_link_bytes(M, n, 2.0, tp, op == "gemm_ar") / p.interconnect.link_bw_bytes_per_s
+            assert np.all(t >= link)
+
+
+@pytest.mark.parametrize("name", WITHOUT)
+def test_others_refuse(name, one_line_error):
+    why = ops.kernel_available(load_profile(name), 4)
+    assert why and "SM100" in why
+    one_line_error("op", "--gpu", name, "--tp", "4", "--op", "gemm_rs", "--impl", "kernel", "--n", "7168", "--k",
+                   "1536", needle="no single-kernel fused GEMM+collective")
+
+
+@pytest.mark.parametrize("op", ["gemm_rs", "gemm_ar"])
+def test_op_json_for_b200_tp4(capsys, op):
+    assert main(["op", "--gpu", "b200", "--tp", "4", "--op", op, "--impl", "kernel", "--n", "7168", "--k", "1536",
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["vllm_rule_tokens"] == 128
+    assert d["cutoff_tokens"] is None or (isinstance(d["cutoff_tokens"], int) and d["cutoff_tokens"] % 128 == 0)
+    ms = [r["m"] for r in d["rows"]]
+    assert ms == sorted(ms) and ms[0] == 128 and ms[-1] == 8192 and all(m % 128 == 0 for m in ms)
+    for r in d["rows"]:
+        assert set(r) == {"m", "t_fused_s", "t_unfused_s", "speedup", "vllm_runs_kernel"}
+        assert r["vllm_runs_kernel"] == (r["m"] >= 128)
+        assert r["speedup"] == pytest.approx(r["t_unfused_s"] / r["t_fused_s"])
+
+
+def test_muse_spark_rule_on_b300(capsys):
+    assert main(["op", "--gpu", "b300", "--tp", "8", "--op", "gemm_rs", "--impl", "kernel", "--n", "8192", "--k",
+                 "1024", "--m", "640", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["vllm_rule_tokens"] == 512
+    runs = {r["m"]: r["vllm_runs_kernel"] for r in d["rows"]}
+    assert runs[256] is False and runs[512] is True and runs[640] is False and runs[768] is True
+
+
+def test_cutoff_follows_the_rule_and_the_workload(capsys, tmp_path):
+    """All traffic at one M: the cutoff is that M or below when the kernel wins there, never when it loses."""
+    base = ["op", "--gpu", "gb200-nvl72", "--tp", "4", "--op", "gemm_rs", "--impl", "kernel", "--n", "2048", "--k",
+            "1024", "--json"]
+    assert main(base) == 0
+    rows = {r["m"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    for m in (128, 8192):
+        wl = tmp_path / f"w{m}.csv"
+        wl.write_text(f"num_tokens,count\n{m},100\n")
+        assert main(base + ["--workload", str(wl)]) == 0
+        cut = json.loads(capsys.readouterr().out)["cutoff_tokens"]
+        if rows[m]["speedup"] > 1.02:
+            assert cut is not None and cut <= m
+        elif rows[m]["speedup"] < 1.0:
+            assert cut is None or cut > m
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--op", "gemm_ar", "--impl", "torch"], "torch has no fused GEMM+all-reduce"),
+    (["--op", "ag_gemm", "--impl", "kernel"], "fuses GEMM+RS and GEMM+AR only"),
+    (["--op", "gemm_rs", "--impl", "kernel", "--gpu", "b200", "--n", "7000"], "N % 128 == 0"),
+    (["--op", "gemm_rs", "--impl", "kernel", "--gpu", "b200", "--tp", "3"], "128 % tp == 0"),
+    (["--op", "gemm_rs", "--impl", "torch", "--dtype", "mxfp8"], "mxfp8 is the single kernel's"),
+    (["--op", "gemm_rs", "--impl", "kernel", "--gpu", "b200", "--n", "-4"], "--n must be in"),
+    (["--op", "gemm_rs", "--impl", "kernel", "--gpu", "b200", "--max-num-batched-tokens", "64"], "must be in [128"),
+    (["--op", "gemm_rs", "--impl", "torch", "--m", "130"], "multiple of tp"),
+    (["--op", "gemm_rs", "--impl", "kernel", "--gpu", "b200", "--set", "fused_kernel.link_efficiency=2"],
+     "outside its plausible range (0, 1]"),
+    (["--op", "gemm_rs", "--impl", "kernel", "--gpu", "b200", "--workload", "/no/such.csv"], "/no/such.csv"),
+])
+def test_op_bad_input(one_line_error, argv, needle):
+    base = {"--gpu": "h100-sxm", "--tp": "4", "--n": "7168", "--k": "1536"}
+    args = list(argv)
+    for flag, v in base.items():
+        if flag not in args:
+            args += [flag, v]
+    one_line_error("op", *args, needle=needle)
+
+
+def test_evaluate_kernel_columns(tmp_path, capsys, one_line_error):
+    f = tmp_path / "k.csv"
+    head = "hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,impl,baseline_impl\n"
+    f.write_text(head + "gb200-nvl72,4,gemm_rs,bf16,2048,2048,1024,231,134,x,kernel,nccl\n"
+                        "b200,4,gemm_ar,bf16,4096,7168,1536,300,280,x,kernel,vllm\n"
+                        "h100-sxm,8,gemm_rs,bf16,4096,8192,2048,300,280,x,,\n")
+    assert main(["evaluate", str(f), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["rows_scored"] == 3
+    labels = [r["label"] for r in d["rows"]]
+    assert sum(" kernel " in x for x in labels) == 2
+    g = tmp_path / "bad.csv"
+    g.write_text(head + "b200,4,gemm_rs,bf16,2048,2048,1024,231,134,x,cute,nccl\n")
+    one_line_error("evaluate", str(g), needle="impl must be one of torch, kernel")
+    g.write_text(head + "b200,4,gemm_rs,bf16,2048,2048,1024,231,134,x,kernel,lamport\n")
+    one_line_error("evaluate", str(g), needle="baseline_impl must be one of nccl, vllm")
