@@ -9,7 +9,6 @@ none is fitted to these thresholds.
 
 import argparse
 import csv
-import json
 import sys
 from pathlib import Path
 
@@ -50,8 +49,46 @@ def main():
         s8k = float(an.table.speedup_sp_asynctp[list(an.table.num_tokens).index(8192.0)])
         print(f"  tp {tp}: cutoff {an.cutoff_tokens}, band {list(an.cutoff_band_tokens)}, speedup at 8192 tokens {s8k:.3f}")
     fusion = main_fusion()
+    kernel = main_kernel()
     if a.json:
-        Path(a.json).write_text(json.dumps({"schema_version": 1, "sp_cutoffs": rows, **fusion}, indent=2) + "\n")
+        from costmodel.io import atomic_write_text, dumps_json
+
+        atomic_write_text(a.json, dumps_json({"schema_version": 2, "sp_cutoffs": rows, **fusion,
+                                              "kernel_cutoffs": kernel}, indent=2) + "\n")
+
+
+# (gpu, tp, op, n, k, calls per forward, what the slot is): vLLM 0.33's single-kernel users at their shapes
+KERNEL_CASES = (
+    ("b200", 4, "gemm_rs", 7168, 1536, 1, "gemm_rs_ar, the issue's B200 TP 4 shape (n 7168, k 1536)"),
+    ("b200", 4, "gemm_ar", 7168, 1536, 1, "gemm_rs_ar GEMM+AR (Kimi-K3's default), same shape"),
+    ("gb200-nvl72", 4, "gemm_ar", 7168, 1536, 1, "the same on GB200"),
+    ("b200", 8, "gemm_ar", 7168, 2048, 1, "TP 8"),
+    ("b300", 4, "gemm_rs", 8192, 1024, 1, "Muse Spark B300 GEMM+RS, weight 8192 x 1024 (TP 4)"),
+    ("b300", 8, "gemm_rs", 8192, 2048, 1, "Muse Spark B300 GEMM+RS, weight 8192 x 2048 (TP 8)"),
+)
+
+
+def main_kernel():
+    """tpcost's cutoff for vLLM 0.33's single-kernel fused GEMM+RS/AR beside vLLM's hand constant."""
+    from costmodel import load_profile
+    from costmodel.op_analysis import analyse_op
+
+    print("\nsingle-kernel fused GEMM+collective (vLLM 0.33), uniform workload over M = 128..8192, 2 % premium:")
+    print(f"  {'gpu':12s} {'tp':>3s} {'op':8s} {'n':>6s} {'k':>6s} {'vLLM':>5s} {'tpcost':>7s} {'faster at M':>16s} "
+          f"{'saves vs vLLM [us/call]':>24s}")
+    out = []
+    for gpu, tp, op, n, k, calls, what in KERNEL_CASES:
+        a = analyse_op(load_profile(gpu), op, "kernel", tp, n, k, calls_per_forward=calls, vllm_version=(0, 33))
+        wins = a.wins_m_ranges()
+        sv = a.decision_value.get("saving_vs_vllm_default_s")
+        out.append({"gpu": gpu, "tp": tp, "op": op, "n": n, "k": k, "slot": what, "vllm_rule": a.vllm_rule,
+                    "vllm_rule_tokens": a.vllm_rule_tokens, "cutoff_tokens": a.cutoff_tokens,
+                    "fused_wins_m_ranges": wins, "saving_vs_vllm_s_per_call": sv})
+        print(f"  {gpu:12s} {tp:3d} {op:8s} {n:6d} {k:6d} {a.vllm_rule_tokens:5d} "
+              f"{str(a.cutoff_tokens) if a.cutoff_tokens is not None else 'never':>7s} "
+              f"{', '.join(f'{lo}-{hi}' for lo, hi in wins) or 'none':>16s} "
+              f"{(sv or 0.0) * 1e6:24.2f}")
+    return out
 
 
 

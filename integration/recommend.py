@@ -261,3 +261,47 @@ def explain(r: Recommendation) -> list[str]:
     lines.append(f"tpcost: profile {r.profile_name} ({r.profile_origin}), weakest provenance tier {r.profile_tier}"
                  + (", MODIFIED by --set" if r.modified else ""))
     return lines
+
+
+# vLLM 0.33's live switches for its single-kernel fused GEMM+collective (envs.py l. 1669, 1674)
+KERNEL_SWITCH = {"gemm_ar": ("VLLM_KIMI_K3_GEMM_AR", True), "gemm_rs": ("VLLM_ENABLE_GEMM_RS", False)}
+
+
+def model_kernel_slots(shape, tp: int) -> list[tuple[str, int, int, int]]:
+    """(slot, n, k, calls per forward) of the GEMMs that end in a reduction in one forward: o_proj and down_proj
+    (MoE: o_proj only; the experts' reduction is not a single GEMM)."""
+    slots = [("o_proj", shape.hidden, shape.num_heads // tp * shape.head_dim, shape.num_layers)]
+    if not shape.is_moe:
+        slots.append(("down_proj", shape.hidden, shape.intermediate // tp, shape.num_layers))
+    return slots
+
+
+def kernel_switch(profile, slots, tp: int, op: str, dtype: str = "bf16", max_num_batched_tokens: int = 8192,
+                  workload=None, vllm_version=(0, 33)) -> dict:
+    """Should vLLM 0.33's switch for the fused kernel be on for this traffic? Expected time per step over the
+    workload with the switch on (vLLM then runs the kernel wherever its own rule, M >= 128, says) against off, summed
+    over the slots (costmodel.op_analysis.analyse_op per slot)."""
+    from costmodel.op_analysis import analyse_op
+
+    env, default_on = KERNEL_SWITCH[op]
+    on = off = 0.0
+    per_slot = []
+    for name, n, k, calls in slots:
+        a = analyse_op(profile, op, "kernel", tp, n, k, dtype, calls_per_forward=calls,
+                       max_num_batched_tokens=max_num_batched_tokens, workload=workload, vllm_version=vllm_version)
+        grid = a.m[np.isin(a.m, np.arange(128, max_num_batched_tokens + 1, 128))]
+        sel = np.isin(a.m, grid)
+        if workload is not None:
+            from costmodel.workload import grid_weights
+
+            w = grid_weights(workload, grid)
+        else:
+            w = np.full(grid.size, 1.0 / grid.size)
+        t_on = float(np.sum(w * np.where(a.vllm_runs_kernel[sel], a.t_fused_s[sel], a.t_unfused_s[sel])))
+        t_off = float(np.sum(w * a.t_unfused_s[sel]))
+        on, off = on + t_on, off + t_off
+        per_slot.append({"slot": name, "n": n, "k": k, "calls_per_forward": calls, "expected_on_s": t_on,
+                         "expected_off_s": t_off, "cutoff_tokens": a.cutoff_tokens})
+    best_on = on < off
+    return {"env": env, "vllm_default_on": default_on, "set_on": best_on, "expected_on_s": on, "expected_off_s": off,
+            "saving_vs_vllm_default_s": (on if default_on else off) - (on if best_on else off), "slots": per_slot}

@@ -122,3 +122,23 @@ def test_evaluate_kernel_columns(tmp_path, capsys, one_line_error):
     one_line_error("evaluate", str(g), needle="impl must be one of torch, kernel")
     g.write_text(head + "b200,4,gemm_rs,bf16,2048,2048,1024,231,134,x,kernel,lamport\n")
     one_line_error("evaluate", str(g), needle="baseline_impl must be one of nccl, vllm")
+
+
+def test_vllm_config_kernel_switch(capsys, one_line_error, tmp_path):
+    """vLLM 0.33's live switch for the fused kernel, decided on the traffic; refused where the kernel cannot run."""
+    base = ["vllm-config", "--gpu", "b200", "--tp", "4", "--model", "llama-3.1-70b", "--vllm-version", "0.33",
+            "--kernel-op", "gemm_ar"]
+    assert main(base) == 0
+    err = capsys.readouterr().err
+    assert "VLLM_KIMI_K3_GEMM_AR=" in err and "(vLLM's default 1)" in err and "o_proj, down_proj" in err
+    wl = tmp_path / "small.csv"
+    wl.write_text("num_tokens,count\n128,1000\n")  # all traffic where the fitted kernel wins against the all-reduce
+    assert main(base + ["--workload", str(wl)]) == 0
+    assert "VLLM_KIMI_K3_GEMM_AR=1" in capsys.readouterr().err
+    assert main(base[:-1] + ["gemm_rs", "--n", "7168", "--k", "1536", "--calls-per-forward", "61"]) == 0
+    assert "VLLM_ENABLE_GEMM_RS=" in capsys.readouterr().err
+    one_line_error("vllm-config", "--gpu", "h100-sxm", "--tp", "4", "--vllm-version", "0.33", "--kernel-op", "gemm_ar",
+                   needle="no single-kernel fused GEMM+collective on h100-sxm")
+    one_line_error("vllm-config", "--gpu", "b200", "--tp", "4", "--vllm-version", "0.31", "--kernel-op", "gemm_ar",
+                   needle="has no single-kernel fused")
+    one_line_error(*base, "--n", "7168", needle="give both --n and --k")

@@ -149,7 +149,21 @@ def _whatif_sample() -> str:
                       or "<- cutoff" in ln or ln.startswith(("(times", "cutoff", "vLLM 0.31", "value of")))
 
 
+def kernel_cutoffs_table() -> str:
+    """benchmarks/results/vllm_thresholds.json: tpcost's single-kernel cutoffs beside vLLM 0.33's constants."""
+    d = _load("vllm_thresholds.json")
+    lines = ["| GPU | TP | op | n | k | slot | vLLM's rule | tpcost cutoff | fused faster at M | saves vs vLLM [µs/call] |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in d["kernel_cutoffs"]:
+        wins = ", ".join(f"{lo}–{hi}" for lo, hi in r["fused_wins_m_ranges"]) or "none"
+        cut = r["cutoff_tokens"] if r["cutoff_tokens"] is not None else "never"
+        lines.append(f"| {r['gpu']} | {r['tp']} | {r['op']} | {r['n']} | {r['k']} | {r['slot']} | {r['vllm_rule']} "
+                     f"| {cut} | {wins} | {(r['saving_vs_vllm_s_per_call'] or 0.0) * 1e6:.2f} |")
+    return "\n".join(lines)
+
+
 BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
+          ("vllm-thresholds.md", "kernel-cutoffs"): kernel_cutoffs_table,
           ("vllm.md", "vllm-config-031"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",
                                                              "--gpu", "h100-sxm", "--vllm-version", "0.31"),
           ("vllm.md", "vllm-config-032"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",
