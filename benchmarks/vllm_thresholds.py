@@ -127,6 +127,8 @@ def fused_kernel_check():
     """The fused AR+RMSNorm model against the published fused-kernel timings: median |relative error| per source."""
     import statistics
 
+    import numpy as np
+
     from costmodel import formulas as F
     from costmodel import load_profile, ops
 
@@ -154,8 +156,7 @@ def fused_kernel_check():
             cases.append(("standard", float(r["baseline_value"]) * scale, "out-of-sample"))
         for impl, meas, sample in cases:
             if impl == "standard":  # vLLM's next all-reduce + the RMSNorm kernel
-                t_ar = ops.all_reduce_dispatch(hw, [msg], tp, False, fi_max_bytes=0).t_s
-                pred = float(t_ar[0] + hw.t_mem(F.rms_norm_bytes(n, h, 2.0, 2.0)))
+                pred = float(ops.unfused_all_reduce_norm_s(hw, np.array([n]), int(h), tp)[0])
             else:
                 if not prof.has_collective(impl):
                     continue

@@ -24,20 +24,19 @@ CPU_MODEL = str(Path(__file__).parent / "models" / "cpu-tiny.json")
 
 
 def rank_shapes(model_names, world):
-    """Per-rank GEMM shapes (name, n, k) and AsyncTP op shapes (name, op, n, k) of the models at TP=world."""
+    """Per-rank GEMM shapes (name, n, k) and AsyncTP op shapes (name, op, n, k) of the models at TP=world, from the
+    one per-rank layer description (costmodel.layer.LayerSpec; an MoE layer: one expert's GEMMs, unfused)."""
+    from costmodel.layer import LayerSpec
     from costmodel.shapes import load_model
 
     gemms, fused = {}, {}
     for name in model_names:
-        s = load_model(name)
-        s.check_tp(world)
-        h, kv, d, H = s.num_heads // world, s.kv_heads_per_rank(world), s.head_dim, s.hidden
-        I = (s.moe_intermediate if s.is_moe else s.intermediate) // world
+        spec = LayerSpec.build(load_model(name), world, "bf16")
         tag = Path(name).stem
-        for op_name, op, n, k in ((f"{tag}_qkv", "ag_gemm", (h + 2 * kv) * d, H), (f"{tag}_o", "gemm_rs", H, h * d),
-                                  (f"{tag}_gate_up", "ag_gemm", 2 * I, H), (f"{tag}_down", "gemm_rs", H, I)):
-            gemms.setdefault((n, k), (op_name, n, k))
-            fused.setdefault((op, n, k), (op_name, op, n, k))
+        for slot, n, k, fuses in spec.rank_gemms():
+            gemms.setdefault((n, k), (f"{tag}_{slot}", n, k))
+            if fuses:
+                fused.setdefault((fuses, n, k), (f"{tag}_{slot}", fuses, n, k))
     return list(gemms.values()), list(fused.values())
 
 

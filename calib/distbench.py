@@ -83,9 +83,9 @@ def bench_comm_interference(timer: Timer, shapes, m, device, rank, world, dtype)
                 w.wait()
         t = torch.tensor(samples, dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        from .timing import _summary
+        from .timing import summary
 
-        both = _summary(t.tolist())
+        both = summary(t.tolist())
         yield {"kind": "interference", "name": name, "m": m, "n": n, "k": k, "dtype": dtype,
                "t_gemm_alone_s": alone.median_s, **both.as_dict()}
 
@@ -252,8 +252,20 @@ def bench_vllm_all_reduce(timer: Timer, sizes_bytes, device, world, hidden=8192)
                 impl = "custom_ar_1stage" if _one_stage(world, nbytes) else "custom_ar_2stage"
                 fn = lambda c=c: c.custom_all_reduce(x)  # noqa: E731
             else:
-                multimem = world in c._WORLD_SIZES_MULTIMEM.get(c.device_capability, [])
+                multimem = world in multimem_world_sizes(c)
                 impl = "symm_mem_multimem" if multimem else "symm_mem_two_shot"
                 fn = lambda c=c: c.all_reduce(x)  # noqa: E731
             yield {"kind": "collective", "impl": impl, "op": "all_reduce", "world": world, "msg_bytes": nbytes,
                    **timer(fn).as_dict()}
+
+
+def multimem_world_sizes(comm) -> list[int]:
+    """The world sizes at which vLLM's SymmMemCommunicator runs the multimem all-reduce on this GPU: the one adapter
+    to vLLM's private `_WORLD_SIZES_MULTIMEM` (symm_mem.py:26), with costmodel.vllm_tables' copy of it as the
+    fallback when a vLLM release renames or drops it."""
+    from costmodel import vllm_tables
+
+    table = getattr(type(comm), "_WORLD_SIZES_MULTIMEM", None)
+    if not isinstance(table, dict):
+        table = vllm_tables.table(None, "_WORLD_SIZES_MULTIMEM")[0]
+    return list(table.get(getattr(comm, "device_capability", None), []))

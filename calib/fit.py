@@ -9,6 +9,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from costmodel import formulas as F
+from costmodel.ops import dtype_mode
 
 
 def fit_log_space(resid, x0, lo, hi, names):
@@ -49,7 +50,8 @@ def fit_gemm(records, prior, dtype):
         return {}, {}
     m, n, k = (np.array([r[x] for r in rs], float) for x in ("m", "n", "k"))
     t = np.array([r["median_s"] for r in rs])
-    b = {"fp8": 1.0, "bf16": 2.0, "fp32": 4.0}[dtype]
+    mode = dtype_mode(dtype)
+    b = mode.gemm_in_bytes
     peak = prior[f"compute.peak_flops_per_s.{dtype}"]
 
     def model(x):
@@ -57,7 +59,7 @@ def fit_gemm(records, prior, dtype):
         return F.t_gemm_s(m, n, k, peak_flops_per_s=peak, max_efficiency=eff, mem_efficiency=mem_eff,
                           hbm_bw_bytes_per_s=prior["memory.hbm_bw_bytes_per_s"], tile_m=prior["gemm.tile_m"],
                           tile_n=prior["gemm.tile_n"], sm_count=prior["identity.sm_count"], launch_overhead_s=launch,
-                          in_bytes=b, w_bytes=b, out_bytes=2.0 if dtype != "fp32" else 4.0)
+                          in_bytes=b, w_bytes=b, out_bytes=mode.act_bytes)
 
     return fit_log_space(lambda x: np.log(model(x) / t), [0.7, 0.8, 3e-6], [0.05, 0.05, 0.0], [1.0, 1.0, 1e-3],
                 ["gemm.max_efficiency", "gemm.mem_efficiency", "gemm.launch_overhead_s"])
@@ -93,7 +95,7 @@ def fit_concurrency(records, prior=None):
             gc.append(v["two_streams"] / w)
             g2.append(pair)
             n, k = shapes.get((name, 2 * m // w, dt), (0, 0))
-            b = {"fp8": 1.0, "bf16": 2.0, "fp32": 4.0}.get(dt, 2.0)
+            b = dtype_mode(dt).gemm_in_bytes
             bw = (prior or {}).get("memory.hbm_bw_bytes_per_s", float("inf")) * (prior or {}).get("gemm.mem_efficiency", 1.0)
             tm.append(F.gemm_bytes(m / w, n, k, b, b, b) / bw)
     if len(g) < 2:
@@ -128,8 +130,9 @@ def fit_latency_bandwidth(rs, factor, names=("latency_s", "bus_bw_bytes_per_s"))
 def fit_collective(records, impl, world):
     """(latency_s, bus_bw_bytes_per_s) of one collective at one world size (nccl-tests busBW convention)."""
     rs = [r for r in records if r["kind"] == "collective" and r["impl"] == impl and r["world"] == world]
-    op = rs[0].get("op", impl) if rs else impl
-    return fit_latency_bandwidth(rs, float(F.bus_bw_factor("all_reduce" if op == "all_reduce" else "all_gather", world)))
+    if not rs:
+        return fit_latency_bandwidth(rs, 1.0)  # nothing measured: the factor does not matter
+    return fit_latency_bandwidth(rs, float(F.bus_bw_factor(rs[0].get("op", impl), world)))
 
 
 def fit_single_device(records, prior, gemm_dtype):

@@ -17,9 +17,20 @@ import sys
 import time
 from pathlib import Path
 
-# per-rank GEMM shapes (name, n, k) of Llama-3.1-70B at TP4 and TP8
-SHAPES = [("70b_tp4_qkv", 2560, 8192), ("70b_tp4_o", 8192, 2048), ("70b_tp4_gate_up", 14336, 8192),
-          ("70b_tp4_down", 8192, 7168), ("70b_tp8_qkv", 1280, 8192), ("70b_tp8_down", 8192, 3584)]
+
+def _shapes():
+    """Per-rank GEMM shapes (name, n, k) of Llama-3.1-70B: every slot at TP 4, qkv and down at TP 8 (LayerSpec)."""
+    from costmodel.layer import LayerSpec
+    from costmodel.shapes import load_model
+
+    out = []
+    for tp, keep in ((4, ("qkv", "o", "gate_up", "down")), (8, ("qkv", "down"))):
+        spec = LayerSpec.build(load_model("llama-3.1-70b"), tp, "bf16")
+        out += [(f"70b_tp{tp}_{s.name}", s.n, s.k) for s in spec.slots if s.name in keep]
+    return out
+
+
+SHAPES = _shapes()
 MS = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 # M/W from 32 to 4096 rows: the small-chunk regime (64-512 rows, weights far larger than L2) where every chunk
 # re-streams its weights and two streams can only recover compute quantisation (docs/model.md §6)

@@ -115,7 +115,7 @@ def bench_interference(timer: Timer, shapes, m, device, dtype, reps=30):
     s0, s1 = _streams(device)
     if s1 is None:
         return
-    from .timing import _summary
+    from .timing import summary
 
     for (name, n, k) in shapes:
         g = make_gemm(m, n, k, dtype, device)
@@ -137,7 +137,7 @@ def bench_interference(timer: Timer, shapes, m, device, dtype, reps=30):
             e1.record(s0)
             torch.cuda.synchronize()
             samples.append(e0.elapsed_time(e1) * 1e-3)
-        both = _summary(samples)
+        both = summary(samples)
         src = dst = None  # free the copy buffers before the next shape allocates its own
         yield {"kind": "interference", "name": name, "m": m, "n": n, "k": k, "dtype": dtype,
                "t_gemm_alone_s": alone.median_s, "t_copy_alone_s": t_copy.median_s, "copy_bytes": copy_bytes,

@@ -121,7 +121,7 @@ def run(args) -> int:
     provs: dict[str, Provenance] = {}
     fitted = []
     for log in logs:
-        factor = float(F.bus_bw_factor("all_reduce" if log["op"] == "all_reduce" else "all_gather", log["ranks"]))
+        factor = float(F.bus_bw_factor(log["op"], log["ranks"]))
         recs = [{"msg_bytes": s, "median_s": t} for s, t in log["rows"]]
         params, res = fit_latency_bandwidth(recs, factor)
         lat, bw = params.get("latency_s"), params.get("bus_bw_bytes_per_s")

@@ -38,7 +38,7 @@ def clean_samples(samples):
     return kept, len(samples) - len(kept)
 
 
-def _summary(samples) -> Timing:
+def summary(samples) -> Timing:
     kept, rejected = clean_samples(samples)
     if not kept:
         raise RuntimeError("every timing sample was rejected (NaN or outlier)")
@@ -106,4 +106,4 @@ class Timer:
             t = torch.tensor(samples, dtype=torch.float64, device=self.device if self.cuda else "cpu")
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
             samples = t.tolist()
-        return _summary(samples)
+        return summary(samples)

@@ -29,10 +29,13 @@ def _layer_fns(shape, world, rank, dev, seq_len, ops):
 
     from .distbench import all_gather_flat, reduce_scatter_flat
 
+    from costmodel.layer import LayerSpec
+
     dt = torch.bfloat16 if dev.startswith("cuda") else torch.float32
-    H, d = shape.hidden, shape.head_dim
-    h, kv = shape.num_heads // world, shape.kv_heads_per_rank(world)
-    I = shape.intermediate // world
+    spec = LayerSpec.build(shape, world, "bf16")  # the one per-rank description (dense: run() refuses MoE)
+    H, d = spec.hidden, spec.head_dim
+    h, kv = spec.heads_per_rank, spec.kv_heads_per_rank
+    I = spec.intermediate_per_rank
     g = torch.Generator(device="cpu").manual_seed(rank)
     w = lambda *s: (torch.randn(*s, generator=g) * 0.02).to(device=dev, dtype=dt)  # noqa: E731
     Wqkv, Wo, Wgu, Wd = w(H, (h + 2 * kv) * d), w(h * d, H), w(H, 2 * I), w(I, H)
@@ -165,6 +168,10 @@ def run(args) -> int:
     launch.check_environment()
     load_profile(args.gpu)
     shape = load_model(args.model)
+    if shape.is_moe:  # the layer timed here is a dense MLP; timing router + grouped experts is not built
+        raise TpcostError(f"validate --model {args.model}: {shape.name} is MoE ({shape.num_experts} experts, top-"
+                          f"{shape.experts_per_token}); validate times a dense layer only (its router and grouped "
+                          "experts are not timed), so it would measure the wrong layer")
     if args.device == "cpu" and not launch.under_torchrun():
         if not 1 <= args.nproc <= max(1, os.cpu_count() or 1) * 4:
             raise TpcostError(f"validate --nproc must be in [1, {max(1, os.cpu_count() or 1) * 4}], got {args.nproc}")

@@ -45,6 +45,12 @@ class Analysis:
     cutoff_by_spread: dict | None = None  # histogram workloads: the cutoff under each way of spreading a bucket
     memory: dict | None = None  # memory_fit(): weights per GPU against the HBM capacity
     band_resolution_tokens: int | None = None  # the band's and the sensitivity's grid step (tp unless coarsened)
+    predict_kw: dict = dataclasses.field(default_factory=dict)  # fi_max_bytes, cudagraph_max_tokens, vllm_version
+
+
+def curve(a: Analysis, num_tokens) -> Prediction:
+    """The prediction of analysis `a` (same profile, model, TP, dtype, fusion range and regime) at other N."""
+    return predict(a.profile, a.shape, a.tp, a.dtype, num_tokens, a.seq_len, **a.predict_kw)
 
 
 def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
@@ -283,7 +289,7 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     return Analysis(profile, shape, tp, dtype, seq_len, max_num_batched_tokens, margin, cut, sp_cut, band_v,
                     table, bd, grid, pred.speedup_sp_asynctp, sens, vllm_default, value, pred.asynctp_available,
                     "uniform over the multiples of tp" if workload is None else workload.name, by_spread, memory,
-                    resolution)
+                    resolution, kw)
 
 
 def memory_fit(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str) -> dict:
@@ -291,7 +297,9 @@ def memory_fit(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str)
     from . import formulas as F
     from .ops import dtype_mode
 
-    w = float(F.weight_bytes_per_gpu(shape.params_per_gpu(tp), dtype_mode(dtype).gemm_in_bytes))
+    from .layer import LayerSpec
+
+    w = float(F.weight_bytes_per_gpu(LayerSpec.build(shape, tp, dtype).params_per_rank(), dtype_mode(dtype).gemm_in_bytes))
     cap = profile.memory.hbm_capacity_bytes
     out = {"weights_per_gpu_bytes": w, "hbm_capacity_bytes": cap, "fits": None if cap is None else w <= cap}
     if cap is not None and w > cap:

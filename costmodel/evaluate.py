@@ -349,14 +349,19 @@ def summarise(scored, skipped) -> dict:
     return out
 
 
-def plot_evaluation(scored, path):
-    from .plot import _plt
+def evaluation_series(scored) -> dict:
+    """What plot_evaluation draws: measured and predicted speedups, and which verdicts are wrong."""
+    return {"measured": np.array([x.s_measured for x in scored]), "predicted": np.array([x.s_predicted for x in scored]),
+            "wrong": np.array([not x.right for x in scored], dtype=bool)}
 
-    plt = _plt()
+
+def plot_evaluation(scored, path):
+    from .plot import pyplot
+
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 5))
-    s = np.array([x.s_measured for x in scored])
-    p = np.array([x.s_predicted for x in scored])
-    wrong = np.array([not x.right for x in scored], dtype=bool)
+    series = evaluation_series(scored)
+    s, p, wrong = series["measured"], series["predicted"], series["wrong"]
     ax.scatter(s[~wrong], p[~wrong], s=18, label="verdict right")
     ax.scatter(s[wrong], p[wrong], s=30, marker="x", color="C3", label="verdict wrong")
     lo, hi = min(s.min(), p.min(), 0.9) * 0.95, max(s.max(), p.max(), 1.1) * 1.05

@@ -122,8 +122,13 @@ def attention_bytes(tokens, heads_per_rank, kv_heads_per_rank, head_dim, act_byt
 # --------------------------------------------------------------------------- AsyncTP (§6)
 
 
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+
+
 def bus_bw_factor(collective, world):
     """nccl-tests bus-bandwidth factor: all_reduce 2(W−1)/W; all_gather, reduce_scatter (W−1)/W (dimensionless)."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"bus_bw_factor: unknown collective {collective!r} (one of {', '.join(COLLECTIVES)})")
     f = (np.asarray(world, dtype=float) - 1.0) / world
     return 2.0 * f if collective == "all_reduce" else f
 
@@ -198,3 +203,29 @@ def kernel_link_bytes(m, n, out_bytes, world, all_reduce: bool):
     """Bytes one rank moves over the link in a fused GEMM+RS: (W−1)/W·m·n·b; GEMM+AR adds the all-gather: ×2 (bytes)."""
     rs = (world - 1) / world * m * n * out_bytes
     return 2.0 * rs if all_reduce else rs
+
+
+def collective_beyond_domain(latency_s, bus_bw_bytes_per_s, internode_bw_bytes_per_s, internode_latency_s):
+    """(α + α_net, min(busBW, net busBW)) of a collective whose ranks span more than one NVLink domain: the network
+    caps the bus bandwidth and adds its latency (s, bytes/s; docs/model.md §4)."""
+    return latency_s + internode_latency_s, np.minimum(bus_bw_bytes_per_s, internode_bw_bytes_per_s)
+
+
+def dynamic_quant_bytes(n, hidden, act_bytes):
+    """Per-token fp8 quantisation kernel after a bf16 all-gather: reads n·H·b, writes n·H fp8: n·H·(b+1) (bytes)."""
+    return n * (hidden * (act_bytes + 1.0))
+
+
+def embedding_bytes(n, hidden, act_bytes):
+    """Embedding lookup: n rows of H gathered and written: n·2H·b (bytes)."""
+    return n * (2.0 * hidden * act_bytes)
+
+
+def logits_bytes(n_seqs, vocab):
+    """The fp32 logits of the last token of each sequence, gathered over the vocab shards: n_seqs·V·4 (bytes)."""
+    return n_seqs * vocab * 4.0
+
+
+def moe_expert_weight_bytes(n, top_k, num_experts, hidden, inter_rank, w_bytes):
+    """Expert weights a grouped MoE GEMM streams for n tokens: E(1−(1−k/E)^n) experts × 3·H·I·b (bytes; §8)."""
+    return expected_experts_touched(n, top_k, num_experts) * (3 * hidden * inter_rank * w_bytes)

@@ -38,25 +38,26 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
         raise TpcostError(f"{what} {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
 
 
-def _depth(text: str) -> int:
-    """Deepest bracket nesting of a JSON text, counted outside strings (linear, no recursion)."""
+def bracket_depth(text: str, json_strings: bool = True) -> int:
+    """Deepest [ / { nesting of a text (linear, no recursion): outside JSON strings, or (json_strings=False) every
+    bracket, an upper bound for formats with other quoting (TOML). The one nesting scanner (io, profile)."""
     depth = best = 0
     in_str = esc = False
     for ch in text:
-        if in_str:
+        if in_str and json_strings:
             if esc:
                 esc = False
             elif ch == "\\":
                 esc = True
             elif ch == '"':
                 in_str = False
-        elif ch == '"':
+        elif ch == '"' and json_strings:
             in_str = True
         elif ch in "[{":
             depth += 1
             best = max(best, depth)
         elif ch in "]}":
-            depth -= 1
+            depth = max(0, depth - 1)
     return best
 
 
@@ -66,7 +67,7 @@ def _reject_constant(name: str):
 
 def loads_json(text: str, where: str) -> Any:
     """json.loads that refuses NaN/Infinity and nesting deeper than MAX_JSON_DEPTH, with one-line errors."""
-    if _depth(text) > MAX_JSON_DEPTH:
+    if bracket_depth(text) > MAX_JSON_DEPTH:
         raise TpcostError(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         return json.loads(text, parse_constant=_reject_constant)

@@ -16,6 +16,7 @@ import numpy as np
 from . import formulas as F
 from . import ops
 from .errors import TpcostError
+from .layer import LayerSpec
 from .profile import HardwareProfile
 from .shapes import ModelShape, check_dtype
 
@@ -43,6 +44,7 @@ class Op:
     section: str = ""  # docs/model.md section
     t_host_s: Any = 0.0  # host issue time per call when the forward runs eagerly
     fused: ops.FusedOp | None = None  # the parts of a fused AsyncTP op
+    slot: str | None = None  # the per-rank layer's GEMM slot it computes (costmodel.layer), if any
     flops: Any = 0.0  # FLOP per call (for achieved TFLOP/s)
     hbm_bytes: Any = 0.0  # HBM bytes per call (for achieved GB/s)
     link_bytes: Any = 0.0  # bus bytes per call: factor·S of a collective, bytes pulled by a fused op
@@ -93,13 +95,16 @@ class Prediction:
     schedules: dict[str, Schedule]
     notes: tuple[str, ...]
     asynctp_available: bool = True
-    _breakdown: Any = dataclasses.field(default=None, repr=False, compare=False)
     unavailable: Any = dataclasses.field(default_factory=dict)  # schedule -> why it cannot run here (one line)
+    num_layers: int = 0
+    t_all_gather_s: Any = 0.0  # the SP schedule's all-gather and reduce-scatter per call (the breakdown's terms)
+    t_reduce_scatter_s: Any = 0.0
 
     @functools.cached_property
     def breakdown(self) -> dict[str, Any]:
         """BREAKDOWN_KEYS -> per-forward seconds over N, positive = SP+AsyncTP saves (computed on first use)."""
-        return self._breakdown()
+        return breakdown_terms(self.schedules, self.num_layers, self.t_all_gather_s, self.t_reduce_scatter_s,
+                               self.asynctp_available)
 
     def t_forward_s(self, schedule: str):
         return self.schedules[schedule].t_forward_s
@@ -145,32 +150,35 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     elif not isinstance(cudagraph_max_tokens, (int, np.integer)) or cudagraph_max_tokens < 0:
         raise TpcostError(f"--cudagraph-max-tokens must be an integer >= 0, got {cudagraph_max_tokens}")
     W = tp
+    spec = LayerSpec.build(shape, tp, dtype)
     Np = np.ceil(N / W) * W  # SP pads N up to a multiple of tp
     hw = ops.Hw(profile, dtype, float(Np.max()))
     mode = hw.mode
     act = mode.act_bytes
     eager = N > cudagraph_max_tokens
     host_op = profile.asynctp.host_op_s
-    H, L = shape.hidden, shape.num_layers
-    h_rank = shape.num_heads // W
-    kv_rank = shape.kv_heads_per_rank(W)
-    d = shape.head_dim
-    qkv_n = (h_rank + 2 * kv_rank) * d
-    I_rank = (shape.moe_intermediate if shape.is_moe else shape.intermediate) // W
+    H, L = spec.hidden, spec.num_layers
+    h_rank, kv_rank, d, I_rank = spec.heads_per_rank, spec.kv_heads_per_rank, spec.head_dim, spec.intermediate_per_rank
     notes: list[str] = []
     unavailable = ops.fused_ops_available(profile, tp)
     sp_unavailable = None if tp >= 2 else "SP needs tp >= 2 (at tp 1 there is nothing to scatter)"
 
-    def op(name, kind, t, count=1, formula="", section="", fused=None, host_calls=1.0, t_host=None, **work):
+    def op(name, kind, t, count=1, formula="", section="", fused=None, host_calls=1.0, t_host=None, slot=None,
+           **work):
         return Op(name, kind, t, count, formula, section, host_calls * host_op if t_host is None else t_host, fused,
-                  **work)
+                  slot=slot, **work)
 
-    def gemm(name, n_rows, n, k, fp8_ok=True):
+    def gemm(name, n_rows, n, k, fp8_ok=True, slot=None):
         b = hw.gemm_in_bytes if fp8_ok else act
         return op(name, "gemm", hw.t_gemm(n_rows, n, k, fp8_ok=fp8_ok), formula="formulas.t_gemm_s", section="§2",
                   flops=F.gemm_flops(n_rows, n, k), hbm_bytes=F.gemm_bytes(n_rows, n, k, b, b, act),
                   parts={"compute": hw.t_gemm_comp(n_rows, n, k, fp8_ok=fp8_ok),
-                         "HBM": hw.t_gemm_mem(n_rows, n, k, fp8_ok=fp8_ok), "latency": hw.gemm["launch_overhead_s"]})
+                         "HBM": hw.t_gemm_mem(n_rows, n, k, fp8_ok=fp8_ok), "latency": hw.gemm["launch_overhead_s"]},
+                  slot=slot)
+
+    def slot_gemm(slot, n_rows):
+        """The whole GEMM of one slot of the per-rank layer (the router runs unquantised)."""
+        return gemm(f"{slot.name}_gemm", n_rows, slot.n, slot.k, fp8_ok=slot.name != "router", slot=slot.name)
 
     def mem(name, nbytes, formula, count=1):
         return op(name, "memory", hw.t_mem(nbytes), count, f"formulas.t_memory_bound_s({formula})", "§3",
@@ -188,27 +196,36 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
                   formula="formulas.attention_flops/attention_bytes", section="§5", flops=flops, hbm_bytes=nbytes,
                   parts={"compute": t_c, "HBM": t_m, "latency": hw.launch})
 
-    def mlp_compute(n):
-        """Dense: gate_up GEMM, SiluMul, down GEMM. MoE: router + grouped experts (roofline)."""
-        if not shape.is_moe:
-            return [gemm("gate_up_gemm", n, 2 * I_rank, H),
-                    mem("silu_mul", F.silu_mul_bytes(n, I_rank, act, mode.quant_bytes), "silu_mul_bytes"),
-                    gemm("down_gemm", n, H, I_rank)]
-        E, k = shape.num_experts, shape.experts_per_token
+    def silu_mul(n):
+        return mem("silu_mul", F.silu_mul_bytes(n, I_rank, act, mode.quant_bytes), "silu_mul_bytes")
+
+    def moe_experts(n):
+        """Grouped experts (roofline): the expected experts touched stream their weights (§8)."""
+        E, k = spec.num_experts, spec.experts_per_token
         flops = F.gemm_flops(n * k, 3 * I_rank, H)
-        w_bytes = F.expected_experts_touched(n, k, E) * (3 * H * I_rank * hw.gemm_in_bytes)
+        w_bytes = F.moe_expert_weight_bytes(n, k, E, H, I_rank, hw.gemm_in_bytes)
         t_exp = hw.gemm["launch_overhead_s"] * 3 + np.maximum(
             flops / (hw.peak * hw.gemm["max_efficiency"]), w_bytes / (hw.hbm * hw.gemm["mem_efficiency"]))
-        return [gemm("router_gemm", n, E, H, fp8_ok=False),
-                op("moe_experts", "gemm", t_exp, formula="formulas.gemm_flops + expected_experts_touched (grouped roofline)",
-                   section="§8",
-                   host_calls=3.0)]
+        return op("moe_experts", "gemm", t_exp, formula="formulas.gemm_flops + moe_expert_weight_bytes (grouped roofline)",
+                  section="§8", host_calls=3.0)
+
+    def after(slot, n):
+        """What runs right after a slot's GEMM, in vLLM's order: attention after qkv, SiluMul after gate_up,
+        the grouped experts after the router."""
+        follow = {"qkv": attention, "gate_up": silu_mul, "router": moe_experts}.get(slot.name)
+        return [follow(n)] if follow else []
+
+    def compute_ops(n, slots):
+        out = []
+        for slot in slots:
+            out += [slot_gemm(slot, n)] + after(slot, n)
+        return out
 
     def quant(n, count=1):  # dynamic per-token quantisation kernel after a bf16 all-gather
-        return mem("dynamic_quant", n * (H * (act + 1.0)), "n·H·(b+1)", count)
+        return mem("dynamic_quant", F.dynamic_quant_bytes(n, H, act), "dynamic_quant_bytes", count)
 
     # ---------------------------------------------------------------- tp
-    msg = N * (H * act)
+    msg = spec.reduce_msg_bytes(N)
     ar = ops.all_reduce_dispatch(hw, msg, W, True, fi_max_bytes=fi_max_bytes, vllm_version=vllm_version)
     t_ar, fused_mask, impls, lat_ar = ar.t_s, ar.fused, ar.impls, ar.latency_s
     norm_bytes = np.where(fused_mask, 0.0, F.rms_norm_bytes(N, H, act, mode.quant_bytes))
@@ -219,8 +236,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
                op("rms_norm", "memory", t_norm_unfused, 2, "formulas.t_memory_bound_s(rms_norm_bytes); 0 where fused", "§3",
                   hbm_bytes=norm_bytes, parts={"HBM": norm_bytes / (hw.hbm * hw.mem_eff),
                                                "latency": np.where(fused_mask, 0.0, hw.launch)})]
-    tp_layer = tuple([gemm("qkv_gemm", N, qkv_n, H), attention(N), gemm("o_gemm", N, H, h_rank * d)]
-                     + mlp_compute(N) + unit_tp)
+    tp_layer = tuple(compute_ops(N, spec.slots) + unit_tp)
 
     # ---------------------------------------------------------------- sp (RS -> norm(N/W) -> AG)
     t_rs = ops.t_reduce_scatter_s(hw, W, Np * (H * act))
@@ -231,43 +247,36 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
               ops.collective_latency_s(hw, "nccl_all_gather", W), 2, "ops.t_all_gather_s -> formulas.t_all_gather_s")
     norm_shard = mem("rms_norm_shard", F.rms_norm_bytes(Np / W, H, act, mode.ag_bytes), "rms_norm_bytes on N/tp rows", 2)
     dyn = [quant(Np, 2)] if dtype == "fp8-dynamic" else []
-    sp_layer = (rs, norm_shard, ag, *dyn, gemm("qkv_gemm", Np, qkv_n, H), attention(Np),
-                gemm("o_gemm", Np, H, h_rank * d), *mlp_compute(Np))
+    sp_layer = (rs, norm_shard, ag, *dyn, *compute_ops(Np, spec.slots))
     if sp_unavailable:
         notes.append(sp_unavailable)
         sp_layer = (op("sp_unavailable", "comm", np.full(N.shape, np.inf), formula="tp >= 2", section="§4",
                        host_calls=0.0),)
 
-    # ---------------------------------------------------------------- sp_asynctp
+    # ---------------------------------------------------------------- sp_asynctp: each slot's fusion, in order
     once = lambda o: dataclasses.replace(o, count=1)  # noqa: E731
     if unavailable is None:
-        def fused(name, f, formula, n_out, k, moved_bytes):
+        def fused(slot, f, formula, moved_bytes):
+            name = (f"fused_all_gather_{slot.name}_gemm" if slot.fuses == "ag_gemm"
+                    else f"fused_{slot.name}_gemm_reduce_scatter")
             return op(name, "fused", f.t_gpu_s, formula=formula, section="§6", fused=f, t_host=f.t_host_s,
-                      flops=F.gemm_flops(Np, n_out, k), link_bytes=F.bus_bw_factor("all_gather", W) * moved_bytes,
+                      flops=F.gemm_flops(Np, slot.n, slot.k), link_bytes=F.bus_bw_factor("all_gather", W) * moved_bytes,
                       parts={"compute": f.t_chunks_contended_s, "link": f.t_pulls_s, "latency": f.t_sync_s,
-                             "HBM": f.t_memory_s})
+                             "HBM": f.t_memory_s}, slot=slot.name)
         spa = [norm_shard]
-        for name, n_out, with_attn in (("qkv", qkv_n, True), ("gate_up", 2 * I_rank, False)):
-            if name == "gate_up" and shape.is_moe:
-                spa += [once(ag)] + mlp_compute(Np)
-                continue
-            if not mode.ag_gemm_fuses:
-                spa += [once(ag), quant(Np), gemm(f"{name}_gemm", Np, n_out, H)]
-            else:
-                f = ops.fused_ag_gemm(hw, Np, n_out, H, W, mode.ag_bytes, eager=True)
-                spa.append(fused(f"fused_all_gather_{name}_gemm", f, "ops.fused_ag_gemm -> formulas.t_ag_gemm_gpu_s",
-                                 n_out, H, Np * (H * mode.ag_bytes)))
-            if with_attn:
-                spa.append(attention(Np))
-                f = ops.fused_gemm_rs(hw, Np, H, h_rank * d, W, eager=True)
-                spa.append(fused("fused_o_gemm_reduce_scatter", f, "ops.fused_gemm_rs -> formulas.t_gemm_rs_gpu_s",
-                                 H, h_rank * d, Np * (H * act)))
-        if not shape.is_moe:
-            spa.append(mem("silu_mul", F.silu_mul_bytes(Np, I_rank, act, mode.quant_bytes), "silu_mul_bytes"))
-            f = ops.fused_gemm_rs(hw, Np, H, I_rank, W, eager=True)
-            spa.append(fused("fused_down_gemm_reduce_scatter", f, "ops.fused_gemm_rs -> formulas.t_gemm_rs_gpu_s",
-                             H, I_rank, Np * (H * act)))
-        else:
+        for slot in spec.slots:
+            if slot.name == "router":  # an MoE block: SP's all-gather before it, no GEMM fusion in vLLM 0.31
+                spa += [once(ag)] + compute_ops(Np, [slot])
+            elif slot.fuses == "ag_gemm" and not mode.ag_gemm_fuses:  # per-token fp8: a quant kernel sits between
+                spa += [once(ag), quant(Np), slot_gemm(slot, Np)] + after(slot, Np)
+            elif slot.fuses == "ag_gemm":
+                f = ops.fused_ag_gemm(hw, Np, slot.n, slot.k, W, mode.ag_bytes, eager=True)
+                spa += [fused(slot, f, "ops.fused_ag_gemm -> formulas.t_ag_gemm_gpu_s", Np * (H * mode.ag_bytes))]
+                spa += after(slot, Np)
+            else:  # gemm_rs
+                f = ops.fused_gemm_rs(hw, Np, slot.n, slot.k, W, eager=True)
+                spa.append(fused(slot, f, "ops.fused_gemm_rs -> formulas.t_gemm_rs_gpu_s", Np * (H * act)))
+        if spec.is_moe:
             spa.append(once(rs))
             notes.append(f"{shape.name} is MoE: its MoE block gets SP (RS/AG) but no GEMM fusion in vLLM 0.31")
         spa_layer = tuple(spa)
@@ -285,28 +294,27 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
 
     # ---------------------------------------------------------------- non-layer parts
     n_seqs = np.ceil(N / seq_len)
-    embed = mem("embedding", N * (2.0 * H * act), "N·2H·b")
+    embed = mem("embedding", F.embedding_bytes(N, H, act), "embedding_bytes")
     lm_head = gemm("lm_head_gemm", n_seqs, shape.vocab / W, H, fp8_ok=False)
-    logit_bytes = n_seqs * shape.vocab * 4.0
+    logit_bytes = F.logits_bytes(n_seqs, shape.vocab)
     logits = comm("logits_gather", ops.t_all_gather_s(hw, W, logit_bytes), logit_bytes, F.bus_bw_factor("all_gather", W),
                   ops.collective_latency_s(hw, "nccl_all_gather", W), 1, "ops.t_all_gather_s")
     nonlayer_tp = (embed, *[once(o) for o in unit_tp], lm_head, logits)
-    nonlayer_sp = (mem("embedding", Np * (2.0 * H * act), "N_p·2H·b"), once(rs), once(norm_shard), once(ag),
+    nonlayer_sp = (mem("embedding", F.embedding_bytes(Np, H, act), "embedding_bytes on N_p rows"), once(rs),
+                   once(norm_shard), once(ag),
                    lm_head, logits)
 
     scheds = {"tp": Schedule("tp", tp_layer, nonlayer_tp, L, eager),
               "sp": Schedule("sp", sp_layer, nonlayer_sp, L, eager),
               "sp_asynctp": Schedule("sp_asynctp", spa_layer, nonlayer_sp, L, eager)}
 
-    def breakdown():
-        return _breakdown(scheds, L, t_ag, t_rs, unavailable is None)
-
     why = {k: v for k, v in (("sp", sp_unavailable), ("sp_asynctp", sp_unavailable or unavailable)) if v}
     return Prediction(num_tokens=N, tp=tp, dtype=dtype, schedules=scheds, notes=tuple(notes),
-                      asynctp_available=unavailable is None, _breakdown=breakdown, unavailable=why)
+                      asynctp_available=unavailable is None, unavailable=why, num_layers=L, t_all_gather_s=t_ag,
+                      t_reduce_scatter_s=t_rs)
 
 
-def _breakdown(scheds, L, t_ag, t_rs, available):
+def breakdown_terms(scheds, L, t_ag, t_rs, available):
     """Each term computed directly from its own ops (none is a remainder); positive = SP+AsyncTP saves.
 
     Σ terms = t_tp − t_sp_asynctp is then an identity that the tests check (docs/model.md §6)."""
@@ -351,10 +359,8 @@ def _breakdown(scheds, L, t_ag, t_rs, available):
 
 
 def _whole_gemm(sp, fused_op):
-    """t of the whole GEMM a fused op replaces, from the SP schedule (same rows, same n, k)."""
-    name = {"fused_all_gather_qkv_gemm": "qkv_gemm", "fused_all_gather_gate_up_gemm": "gate_up_gemm",
-            "fused_o_gemm_reduce_scatter": "o_gemm", "fused_down_gemm_reduce_scatter": "down_gemm"}[fused_op.name]
-    return next(o.t_s for o in sp.layer_ops if o.name == name)
+    """t of the whole GEMM a fused op replaces: the SP schedule's GEMM of the same slot (same rows, n and k)."""
+    return next(o.t_s for o in sp.layer_ops if o.kind == "gemm" and o.slot == fused_op.slot)
 
 
 def _unfused_sp_ops_delta(sp, spa, L):

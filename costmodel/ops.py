@@ -401,6 +401,14 @@ def fused_kernel(hw: Hw, op: str, m, n, k, tp: int) -> FusedOp:
     return FusedOp(t, t, 0.0, 0.0, t_whole, t_whole, t_whole * (1.0 + fk.compute_overhead), t_link, fk.fixed_s, t_copy)
 
 
+def unfused_all_reduce_norm_s(hw: Hw, rows, hidden: int, tp: int, vllm_version=None):
+    """The all-reduce + RMSNorm unit without FlashInfer's fusion: vLLM's next all-reduce for rows·H activations, then
+    the RMSNorm kernel (s; docs/model.md §3-4; the one home of this unit outside the schedules)."""
+    msg = rows * (hidden * hw.act_bytes)
+    t_ar = all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm_version=vllm_version).t_s
+    return t_ar + hw.t_mem(F.rms_norm_bytes(rows, hidden, hw.act_bytes, hw.mode.quant_bytes))
+
+
 def sequential_gemm_ar_s(hw: Hw, m, n, k, tp: int, vllm_version=None):
     """What GEMM+AR replaces: the whole GEMM, then the all-reduce vLLM dispatches for its m·n partials (s)."""
     msg = np.atleast_1d(np.asarray(m, dtype=float) * (n * hw.act_bytes))

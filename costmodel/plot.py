@@ -8,7 +8,7 @@ from .errors import TpcostError
 from .io import savefig_atomic
 
 
-def _plt():
+def pyplot():
     try:
         import matplotlib
 
@@ -19,24 +19,34 @@ def _plt():
     return plt
 
 
-def plot_whatif(a, path: str) -> None:
-    """Speedup vs N for sp and sp_asynctp, the cutoff and its band marked."""
-    from .model import predict
+def whatif_series(a) -> dict:
+    """What plot_whatif draws: N (a geometric grid of multiples of tp to 65536), both speedup curves (NaN where a
+    schedule cannot run), the cutoff and its band, the token budget and the 1 + margin line."""
+    from .analysis import curve
 
-    plt = _plt()
     n = np.unique(np.round(np.geomspace(a.tp, 65536, 400) / a.tp) * a.tp)
-    pred = predict(a.profile, a.shape, a.tp, a.dtype, n, a.seq_len)
+    pred = curve(a, n)
+    return {"num_tokens": n, "speedup_sp_asynctp": pred.speedup_sp_asynctp, "speedup_sp": pred.speedup_sp,
+            "cutoff_tokens": a.cutoff_tokens, "band": a.cutoff_band_tokens, "margin_line": 1.0 + a.margin,
+            "max_num_batched_tokens": a.max_num_batched_tokens}
+
+
+def plot_whatif(a, path: str) -> None:
+    """Speedup vs N for sp and sp_asynctp, the cutoff and its band marked (whatif_series)."""
+    plt = pyplot()
+    s = whatif_series(a)
+    n = s["num_tokens"]
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    ax.semilogx(n, pred.speedup_sp_asynctp, label="SP + AsyncTP")
-    ax.semilogx(n, pred.speedup_sp, label="SP alone", alpha=0.8)
+    ax.semilogx(n, s["speedup_sp_asynctp"], label="SP + AsyncTP")
+    ax.semilogx(n, s["speedup_sp"], label="SP alone", alpha=0.8)
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.axhline(1.0 + a.margin, color="k", lw=0.6, ls=":", label=f"1 + margin ({a.margin:.0%})")
-    if a.cutoff_band_tokens:
-        lo, hi = a.cutoff_band_tokens
+    ax.axhline(s["margin_line"], color="k", lw=0.6, ls=":", label=f"1 + margin ({a.margin:.0%})")
+    if s["band"]:
+        lo, hi = s["band"]
         ax.axvspan(lo or a.tp, hi or 65536, color="C2", alpha=0.15, label="cutoff band (5-95%)")
-    if a.cutoff_tokens:
-        ax.axvline(a.cutoff_tokens, color="C2", ls="--", label=f"cutoff {a.cutoff_tokens}")
-    ax.axvline(a.max_num_batched_tokens, color="gray", ls="-.", lw=0.8, label="max_num_batched_tokens")
+    if s["cutoff_tokens"]:
+        ax.axvline(s["cutoff_tokens"], color="C2", ls="--", label=f"cutoff {s['cutoff_tokens']}")
+    ax.axvline(s["max_num_batched_tokens"], color="gray", ls="-.", lw=0.8, label="max_num_batched_tokens")
     ax.set_xlabel("tokens per forward N")
     ax.set_ylabel("speedup vs plain TP (t_tp / t)")
     mod = " (modified)" if a.profile.modified else ""

@@ -345,19 +345,17 @@ class HardwareProfile:
         return self._leaves[key]
 
     def collective(self, impl: str, tp: int) -> tuple[Any, Any]:
-        """(latency_s, bus_bw_bytes_per_s) of collective `impl` at TP size `tp`.
+        """(latency_s, bus_bw_bytes_per_s) of collective `impl` at TP size `tp`: the entry for `tp` if present, else
+        the nearest listed TP size (larger preferred), through formulas.collective_beyond_domain (the network's cap
+        beyond the interconnect domain)."""
+        from .formulas import collective_beyond_domain
 
-        Uses the entry for `tp` if present, else the nearest listed TP size (larger preferred);
-        beyond the interconnect domain the internode link caps the bandwidth and adds latency."""
         c = self.collectives[impl][self.collective_entry_tp(impl, tp)]
-        lat, bw = c.latency_s, c.bus_bw_bytes_per_s
         ic = self.interconnect
-        if tp > ic.domain_size:
-            import numpy as np
-
-            bw = np.minimum(bw, ic.internode_bw_bytes_per_s)
-            lat = lat + ic.internode_latency_s
-        return lat, bw
+        if tp <= ic.domain_size:
+            return c.latency_s, c.bus_bw_bytes_per_s
+        return collective_beyond_domain(c.latency_s, c.bus_bw_bytes_per_s, ic.internode_bw_bytes_per_s,
+                                        ic.internode_latency_s)
 
     def collective_entry_tp(self, impl: str, tp: int) -> int:
         """The TP size whose `collectives.<impl>` entry serves `tp`: tp itself, else the nearest (larger preferred)."""
@@ -683,15 +681,10 @@ MAX_TOML_DEPTH = 32
 
 def _toml_depth(text: str) -> int:
     """A cheap upper bound on TOML nesting: dotted table-header depth and inline bracket depth."""
-    best = depth = 0
-    for ch in text:
-        if ch in "[{":
-            depth += 1
-            best = max(best, depth)
-        elif ch in "]}":
-            depth = max(0, depth - 1)
+    from .io import bracket_depth
+
     headers = [ln.count(".") + 1 for ln in text.splitlines() if ln.lstrip().startswith("[")]
-    return max([best, *headers])
+    return max([bracket_depth(text, json_strings=False), *headers])
 
 
 def dump_profile(tree: Mapping[str, Any]) -> str:

@@ -52,19 +52,6 @@ class ModelShape:
         if self.num_kv_heads % tp and tp % self.num_kv_heads:
             raise TpcostError(f"num_key_value_heads {self.num_kv_heads} of {self.name} neither divides nor is divisible by tp={tp}")
 
-    def params_per_gpu(self, tp: int) -> float:
-        """Parameters one rank holds under vLLM's TP sharding: attention and MLP split tp ways (KV heads
-        replicated below one per rank), vocab-parallel embedding and lm_head (one if tied), the MoE router
-        replicated; norms ignored (count)."""
-        h, kv, d, H = self.num_heads // tp, self.kv_heads_per_rank(tp), self.head_dim, self.hidden
-        attn = H * (h + 2 * kv) * d + h * d * H
-        if self.is_moe:
-            mlp = self.num_experts * 3 * H * self.moe_intermediate / tp + H * self.num_experts
-        else:
-            mlp = 3 * H * self.intermediate / tp
-        emb = self.vocab * H / tp * (1 if self.tied_embeddings else 2)
-        return self.num_layers * (attn + mlp) + emb
-
     def kv_heads_per_rank(self, tp: int) -> int:
         """vLLM replicates KV heads when tp > num_kv_heads: max(1, kv/tp) per rank."""
         return max(1, self.num_kv_heads // tp)

@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 
+from costmodel.ops import dtype_mode
 from costmodel.vllm_tables import parse_version as parse_vllm_version
 
 MiB = 1024 * 1024
@@ -122,7 +123,6 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
     all-reduce+RMSNorm beats the next all-reduce + RMSNorm on the workload, by the SP cutoff's rule
     (costmodel.analysis.decide_fusion_limit), never above vLLM's own limit (FlashInfer's workspace is sized by
     it: raising it costs HBM on every rank and may exceed the one-shot/two-shot kernels' tuned range)."""
-    from costmodel import formulas as F
     from costmodel import ops
     from costmodel.analysis import decide_fusion_limit, expected_time_by_threshold_s, uniform_workload
 
@@ -147,8 +147,7 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
         w = uniform_workload(n)
     msg = n * row
     t_fused = ops.all_reduce_dispatch(hw, msg, tp, True, fi_max_bytes=np.inf, vllm_version=vllm_version).t_s
-    t_alt = ops.all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm_version=vllm_version).t_s
-    t_unfused = t_alt + hw.t_mem(F.rms_norm_bytes(n, shape.hidden, elem, hw.mode.quant_bytes))
+    t_unfused = ops.unfused_all_reduce_norm_s(hw, n, shape.hidden, tp, vllm_version)
     if user_enabled is False:
         tokens, why = 0, "user: fuse_allreduce_rms = false"
     elif user_mb is not None:
@@ -177,9 +176,9 @@ def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int =
     fusion = decide_fusion(profile, shape, tp, dtype, max_num_batched_tokens, margin, workload,
                            user_fuse_allreduce_rms, user_fi_max_mb, vllm_version=vllm_version)
     if draft_hidden_size and fusion is not None:
-        fusion = draft_fusion_range(fusion, shape.hidden, draft_hidden_size, 4.0 if dtype == "fp32" else 2.0,
+        fusion = draft_fusion_range(fusion, shape.hidden, draft_hidden_size, dtype_mode(dtype).act_bytes,
                                     vllm_version)
-    fi_bytes = None if fusion is None else fusion.tokens * shape.hidden * (4.0 if dtype == "fp32" else 2.0)
+    fi_bytes = None if fusion is None else fusion.tokens * shape.hidden * dtype_mode(dtype).act_bytes
     a = analyse(profile, shape, tp, dtype, seq_len=seq_len, max_num_batched_tokens=max_num_batched_tokens,
                 margin=margin, band=False, tokens=[max_num_batched_tokens], workload=workload, fi_max_bytes=fi_bytes,
                 cudagraph_max_tokens=cudagraph_max_tokens, vllm_version=vllm_version)
@@ -270,10 +269,11 @@ KERNEL_SWITCH = {"gemm_ar": ("VLLM_KIMI_K3_GEMM_AR", True), "gemm_rs": ("VLLM_EN
 def model_kernel_slots(shape, tp: int) -> list[tuple[str, int, int, int]]:
     """(slot, n, k, calls per forward) of the GEMMs that end in a reduction in one forward: o_proj and down_proj
     (MoE: o_proj only; the experts' reduction is not a single GEMM)."""
-    slots = [("o_proj", shape.hidden, shape.num_heads // tp * shape.head_dim, shape.num_layers)]
-    if not shape.is_moe:
-        slots.append(("down_proj", shape.hidden, shape.intermediate // tp, shape.num_layers))
-    return slots
+    from costmodel.layer import LayerSpec
+
+    spec = LayerSpec.build(shape, tp, "bf16")
+    names = {"o": "o_proj", "down": "down_proj"}
+    return [(names[s.name], s.n, s.k, spec.num_layers) for s in spec.slots if s.name in names]
 
 
 def kernel_switch(profile, slots, tp: int, op: str, dtype: str = "bf16", max_num_batched_tokens: int = 8192,

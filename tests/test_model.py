@@ -137,12 +137,7 @@ def test_analysis_cutoff_is_the_argmin_and_band_is_deterministic():
     a = analyse(H100, L70, 4, "bf16")
     b = analyse(H100, L70, 4, "bf16")
     assert a.cutoff_band_tokens == b.cutoff_band_tokens
-    grid = token_grid(4, 8192)
-    pred = predict(H100, L70, 4, "bf16", grid)
-    cost = expected_time_by_threshold_s(pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"),
-                                        np.full(grid.size, 1 / grid.size), 0.02)
-    i = int(np.searchsorted(grid, a.cutoff_tokens))
-    assert cost[i] == cost.min()
+    # that the cutoff is the argmin is checked by brute force in tests/test_architecture.py
     lo, hi = a.cutoff_band_tokens
     assert lo <= a.cutoff_tokens <= (hi if hi is not None else 1e9)
     dv = a.decision_value

@@ -29,7 +29,9 @@ def test_weights_that_do_not_fit_are_noted(capsys):
     assert main(["whatif", "--model", "llama-3.1-8b", "--tp", "2", "--no-band", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["memory"]["fits"] is True
     # by hand: llama-3.1-8b has ~8.03e9 parameters; at tp 1 in bf16 that is ~16 GB
-    assert load_model("llama-3.1-8b").params_per_gpu(1) == pytest.approx(8.03e9, rel=0.01)
+    from costmodel.layer import LayerSpec
+
+    assert LayerSpec.build(load_model("llama-3.1-8b"), 1, "bf16").params_per_rank() == pytest.approx(8.03e9, rel=0.01)
 
 
 @pytest.mark.parametrize("name", builtin_profile_names())

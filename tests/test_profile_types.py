@@ -15,24 +15,13 @@ L70 = load_model("llama-3.1-70b")
 
 
 @pytest.mark.parametrize("name", builtin_profile_names())
-def test_typed_fields_are_the_values(name):
-    """Every numeric dotted key is a typed field and every field of a section has its provenance."""
+def test_every_number_has_provenance_and_the_types_hold(name):
+    """One provenance per number and no number without one; the sections are the schema's classes. (The typed values
+    themselves are checked against the TOML text, parsed independently: tests/test_architecture.py.)"""
     p = load_profile(name)
-    vals = p.values()
-    assert set(vals) == set(p.provenance)  # one provenance per number, no number without one
-    assert p.gemm.max_efficiency == vals["gemm.max_efficiency"]
-    assert p.compute.peak_flops_per_s.bf16 == vals["compute.peak_flops_per_s.bf16"]
-    for impl, per_tp in p.collectives.items():
-        for tp, c in per_tp.items():
-            assert isinstance(c, Collective)
-            assert (c.latency_s, c.bus_bw_bytes_per_s) == (vals[f"collectives.{impl}.tp{tp}.latency_s"],
-                                                         vals[f"collectives.{impl}.tp{tp}.bus_bw_bytes_per_s"])
-    for tp, d in p.vllm_dispatch.items():
-        assert isinstance(d, Dispatch)
-        for f in dataclasses.fields(d):
-            v = getattr(d, f.name)
-            key = f"vllm_dispatch.tp{tp}.{f.name}"
-            assert v is None or v == vals.get(key, v if isinstance(v, str) else None)
+    assert set(p.values()) == set(p.provenance)
+    assert all(isinstance(c, Collective) for per_tp in p.collectives.values() for c in per_tp.values())
+    assert all(isinstance(d, Dispatch) for d in p.vllm_dispatch.values())
     assert p.interconnect.kind in ("nvswitch", "nvlink-mesh", "pcie", "xgmi", "host")
 
 

@@ -193,7 +193,7 @@ def b200():
                                   ("nccl_reduce_scatter", "reduce_scatter_latency_median", "reduce_scatter_peak_busbw")):
         lat, peak_bw = float(readme[lat_key]["baseline_value"]) * 1e-6, float(readme[bw_key]["baseline_value"]) * 1e9
         half = R.size_in_notes(readme[bw_key]["notes"].replace("half-peak payload", "payload"))
-        f = F.bus_bw_factor("all_reduce" if impl == "nccl_all_reduce" else "all_gather", 8)
+        f = F.bus_bw_factor(impl.removeprefix("nccl_"), 8)
         S = [1024.0, half, 16 * 1024.0**3]
         t = [lat, f * half / (peak_bw / 2), f * S[2] / peak_bw]
         a, bw, err = R.fit_alpha_beta(S, t, f)
