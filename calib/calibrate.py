@@ -133,7 +133,7 @@ def partial_path(samples: Path) -> Path:
     return samples.with_name(samples.name + ".partial")
 
 
-def worker(args) -> None:
+def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgeted: one reading of the run)
     """Runs on every rank (under torchrun or spawned)."""
     import torch
     import torch.distributed as dist

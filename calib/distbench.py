@@ -223,7 +223,7 @@ def bench_vllm_all_reduce(timer: Timer, sizes_bytes, device, world, hidden=8192)
     try:
         from vllm.distributed.device_communicators.custom_all_reduce import CustomAllreduce
         from vllm.distributed.device_communicators.symm_mem import SymmMemCommunicator
-    except Exception as e:  # noqa: BLE001 - vLLM absent or a CPU build
+    except Exception as e:
         yield {"kind": "skipped", "what": "vllm all-reduce implementations", "why": f"{type(e).__name__}: {e}"[:200]}
         return
     cpu_group = dist.new_group(backend="gloo")  # collective: every rank creates it
@@ -237,7 +237,7 @@ def bench_vllm_all_reduce(timer: Timer, sizes_bytes, device, world, hidden=8192)
                 comms[name] = c
             else:
                 yield {"kind": "skipped", "what": f"vllm {name}", "why": "disabled on this device/world size"}
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             yield {"kind": "skipped", "what": f"vllm {name}", "why": f"{type(e).__name__}: {e}"[:200]}
     for S in sizes_bytes:
         x = torch.randn(max(1, S // (2 * hidden)), hidden, device=dev, dtype=torch.bfloat16)

@@ -56,7 +56,7 @@ def provenance(device_name=None):
                     cuda=torch.version.cuda, memory_bytes=p.total_memory)
         try:
             prov["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # noqa: BLE001 - optional metadata
+        except Exception:
             pass
         try:
             prov["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],

@@ -73,7 +73,7 @@ def _child(rank, world, port, target, args, errq):
     except KeyboardInterrupt:
         errq.put((rank, "interrupted"))
         sys.exit(130)
-    except Exception as e:  # noqa: BLE001 - reported by the parent as one line
+    except Exception as e:
         msg = f"{type(e).__name__}: {e}".splitlines()[0]
         if "timeout" in msg.lower() or "timed out" in msg.lower():
             msg = f"a collective timed out after {timeout_s():.0f} s (a rank hung or died): {msg}"
@@ -92,7 +92,7 @@ def _child(rank, world, port, target, args, errq):
 
             if dist.is_initialized():
                 dist.destroy_process_group()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 

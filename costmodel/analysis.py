@@ -362,7 +362,7 @@ def ops_view(pred: Prediction) -> dict[str, list[dict]]:
             for o in group:
                 t = first(o.t_s)
                 parts = {k: first(v) for k, v in (o.parts or {}).items()}
-                bound = max(parts, key=parts.get) if parts else None
+                bound = max(parts, key=lambda b: parts[b]) if parts else None
                 if o.fused is not None and first(o.fused.t_s) > t * (1 + 1e-12):
                     bound = "host"  # an eager call waits for torch's Python loop
                 rows.append({"op": o.name, "where": where, "calls_per_forward": o.count * mult, "t_s": t,

@@ -12,7 +12,7 @@ def local_device() -> tuple[str | None, str | None]:
         cap = current_platform.get_device_capability()
         if cap is not None:
             return current_platform.get_device_name(), f"{cap.major}.{cap.minor}"
-    except Exception:  # noqa: BLE001 - vllm absent or no device
+    except Exception:
         pass
     try:
         import torch
@@ -20,6 +20,6 @@ def local_device() -> tuple[str | None, str | None]:
         if torch.cuda.is_available():
             major, minor = torch.cuda.get_device_capability(0)
             return torch.cuda.get_device_name(0), f"{major}.{minor}"
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     return None, None

@@ -94,7 +94,7 @@ def _time_cell(path, line, col, text):
     return v
 
 
-def read_rows(path: str):
+def read_rows(path: str):  # noqa: C901 (one pass of per-cell checks, each a one-line error)
     """(schema, rows with line numbers): every cell checked; a malformed one is exit 2 naming file:line.
 
     A file with only a header gives (schema, []); the caller reports it."""
@@ -269,7 +269,8 @@ def evaluate_files(paths, cudagraph_max_tokens: int | None = None, vllm_version=
     from .vllm_rules import vllm_sp_min_token_num
 
     scored, skipped = [], []
-    profiles, models = {}, {}
+    profiles: dict = {}
+    models: dict = {}
     parsed = [(path, *read_rows(path)) for path in paths]
     if all(not rows for _, _, rows in parsed):
         raise TpcostError(f"{', '.join(paths)}: no data rows (only a header)")

@@ -129,7 +129,7 @@ def cudagraph_max_tokens_default(profile: HardwareProfile) -> int:
     return CUDAGRAPH_MAX_TOKENS_BLACKWELL if cc.startswith("10.") else CUDAGRAPH_MAX_TOKENS_DEFAULT
 
 
-def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens,
+def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens,  # noqa: C901 (ops in order)
             seq_len: int = 1024, cudagraph_max_tokens: int | None = None, fi_max_bytes=None,
             vllm_version: tuple[int, int] | None = None) -> Prediction:
     """Per-op times of tp / sp / sp_asynctp for one forward over token counts `num_tokens`.

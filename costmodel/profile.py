@@ -484,7 +484,10 @@ def recording(profile: HardwareProfile) -> tuple[HardwareProfile, set[str]]:
     """(a copy of `profile` that records reads, the set it records into): what the model reads for one query,
     which is how --set finds keys with no effect. The copy is for that one prediction only."""
     reads: set[str] = set()
-    rec = lambda obj, path: _Recorder(obj, path, reads)  # noqa: E731
+
+    def rec(obj, path) -> Any:  # a _Recorder stands in for the section it wraps (duck-typed)
+        return _Recorder(obj, path, reads)
+
     traced = dataclasses.replace(
         profile, **{s: rec(getattr(profile, s), s) for s in _SECTIONS + tuple(_OPTIONAL_TABLES)
                     if getattr(profile, s) is not None},
@@ -568,7 +571,8 @@ def _check_key(key: str, value: Any, where: str) -> None:
         raise TpcostError(f"{where}: {key} must be a {'string' if kinds[leaf][0] else 'number'}, got {value!r}")
 
 
-def _flatten(tree: Mapping[str, Any], path: str, leaves: dict, prov: dict, notes: dict, where: str) -> None:
+def _flatten(tree: Mapping[str, Any], path: str, leaves: dict, prov: dict, notes: dict,  # noqa: C901
+             where: str) -> None:  # (the schema walk: a branch per kind of TOML value, each a one-line error)
     if path == NOTES_TABLE:
         for k, v in tree.items():
             if not isinstance(v, str):

@@ -129,7 +129,7 @@ def shape_from_config(cfg: Mapping[str, Any], name: str, where: str | None = Non
         vocab=_int(cfg, "vocab_size", where),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         num_experts=n_exp,
-        experts_per_token=int(top_k) if n_exp else 0,
+        experts_per_token=int(top_k or 0) if n_exp else 0,
         moe_intermediate=int(moe_inter) if n_exp else 0,
         quantization=quant,
     )

@@ -13,6 +13,8 @@ version whose tables it used.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .errors import TpcostError
 
 MiB = 1024 * 1024
@@ -58,7 +60,7 @@ CUSTOM_AR_CAP_BYTES = 8 * MiB
 _AR = "vllm/distributed/device_communicators/all_reduce_utils.py"
 _FUSION = "vllm/compilation/passes/fusion/allreduce_rms_fusion.py"
 _SYMM = "vllm/distributed/device_communicators/symm_mem.py"
-_COMMON = {
+_COMMON: dict[str, tuple[Any, str]] = {
     "CUSTOM_ALL_REDUCE_MAX_SIZES": (_CUSTOM_AR_MAX_BYTES, f"{_AR}:31"),
     "SYMM_MEM_ALL_REDUCE_MAX_SIZES": (_SYMM_MEM_MAX_BYTES, f"{_AR}:58"),
     "_WORLD_SIZES_MULTIMEM": (_WORLD_SIZES_MULTIMEM, f"{_SYMM}:26"),
@@ -66,7 +68,7 @@ _COMMON = {
     "_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB": (_FI_ONESHOT_MAX_MB, f"{_FUSION}:132"),
 }
 # version range -> table name -> (value, "file:line")
-TABLES: dict[tuple[int, int], dict[str, tuple[dict, str]]] = {
+TABLES: dict[tuple[int, int], dict[str, tuple[Any, str]]] = {
     (0, 31): {**_COMMON, "FI_MNNVL_ALLREDUCE_MAX_SIZE_MB": (_MNNVL_031, f"{_AR}:87"),
               "NCCL_SYMM_MEM_ALL_REDUCE_CONFIG": (_NCCL_SYMM_MEM_CONFIG, f"{_AR}:109")},
     (0, 32): {**_COMMON, "FI_MNNVL_ALLREDUCE_MAX_SIZE_MB": (_MNNVL_031, f"{_AR}:87"),
@@ -86,7 +88,7 @@ def version_range(version: tuple[int, int] | None) -> tuple[int, int]:
     return (0, 32) if tuple(version) == (0, 32) else CURRENT
 
 
-def table(version: tuple[int, int] | None, name: str) -> tuple[dict, str]:
+def table(version: tuple[int, int] | None, name: str) -> tuple[Any, str]:
     """(value, "vLLM X.Y file:line") of one table."""
     v = version_range(version)
     try:

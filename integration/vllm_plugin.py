@@ -44,7 +44,7 @@ def register() -> None:
 
         setattr(__post_init__, _MARK, True)
         VllmConfig.__post_init__ = __post_init__
-    except Exception as e:  # noqa: BLE001 - a plugin must never break vLLM
+    except Exception as e:
         logger.warning("tpcost: plugin not installed (%s: %s); vLLM's own SP threshold applies", type(e).__name__, e)
 
 
@@ -109,7 +109,7 @@ def _apply_inner(cfg) -> None:
         if plan["said"]:
             logger.info("tpcost: %s; profile %s, provenance tier %s%s", "; ".join(plan["said"]), plan["profile_name"],
                         plan["profile_tier"], " (cached decision)" if hit else "")
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         logger.warning("tpcost: could not compute the pass config (%s: %s); vLLM's defaults apply",
                        type(e).__name__, e)
 

@@ -5,7 +5,7 @@ prints one JSON object with what vLLM ended up with. Nothing of vLLM is mocked o
 import json
 import sys
 
-from vllm_accepts import accepted  # noqa: E402  (this script's folder is on sys.path)
+from vllm_accepts import accepted
 from vllm.engine.arg_utils import EngineArgs
 
 MODEL = sys.argv[1]

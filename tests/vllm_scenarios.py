@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from vllm_accepts import accepted  # noqa: E402  (this script's folder is on sys.path)
+from vllm_accepts import accepted
 from vllm.engine.arg_utils import EngineArgs
 
 MODEL = sys.argv[1]

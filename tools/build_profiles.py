@@ -495,7 +495,7 @@ def kernel_section(p, kern, carried_from: str | None = None):
             f"rms log {kern['rms_log']:.3f}; GEMM, NCCL and the harness offset from the Blackwell joint fit; "
             "tools/reference_fits.py fit_kernel)")
     out = {}
-    for i, (key, v) in enumerate(sorted(kern["values"].items())):
+    for key, v in sorted(kern["values"].items()):
         leaf = key.split(".", 1)[1]
         sg = kern["sigma_rel"][key]
         if carried_from:
