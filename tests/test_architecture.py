@@ -176,3 +176,15 @@ def test_whatif_json_uses_the_layer(capsys):
     d = json.loads(capsys.readouterr().out)
     qkv = next(r for r in d["ops"]["tp"] if r["op"] == "qkv_gemm")
     assert qkv["achieved_flops_per_s"] * qkv["t_s"] == pytest.approx(2 * 64 * 2560 * 8192)
+
+
+def test_cli_lives_in_one_package_and_imports_calib_lazily():
+    """No argparse in costmodel; the CLI root imports neither calib nor torch nor vllm (fresh interpreter)."""
+    import subprocess
+    import sys
+
+    assert not [p for p in (ROOT / "costmodel").rglob("*.py") if "argparse" in p.read_text()]
+    code = ("import sys, integration.cli; "
+            "print(sorted(m for m in ('calib', 'torch', 'vllm', 'scipy') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert r.stdout.strip() == "[]", r.stdout

@@ -1,4 +1,4 @@
-"""`tpcost calibrate` and `tpcost validate` sub-commands (torch is imported only when they run)."""
+"""`tpcost calibrate` and `tpcost validate` (calib, and torch, are imported only when they run)."""
 
 from __future__ import annotations
 
@@ -45,17 +45,17 @@ def _need_torch():
 
 def _calibrate(args):
     if args.from_nccl_tests:
-        from .nccl_tests import run as from_logs
+        from calib.nccl_tests import run as from_logs
 
         return from_logs(args)
     _need_torch()
-    from .calibrate import run
+    from calib.calibrate import run
 
     return run(args)
 
 
 def _validate(args):
     _need_torch()
-    from .validate import run
+    from calib.validate import run
 
     return run(args)

@@ -1,0 +1,76 @@
+"""The `tpcost` command line: the one root; one module per subcommand in this package, each with register(sub)
+and its command function(s):
+
+    whatif, op, profiles (profiles, models), evaluate, vllm_config, calib_cmds (calibrate, validate)
+
+costmodel holds no argparse; calib (and torch) are imported only inside the calibrate/validate commands.
+
+Used by the console script and by `python -m integration`. Importing a subcommand module is not
+optional: an ImportError there is a bug and fails loudly, never a silently missing command (torch and
+vllm themselves are imported only inside the commands that need them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from costmodel.errors import TpcostError
+
+from . import calib_cmds, evaluate, op, profiles, vllm_config, whatif
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse's own convention, without the usage dump)
+        raise TpcostError(message)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tpcost")
+    except PackageNotFoundError:  # a source checkout that was never installed
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="tpcost", description="When does SP + AsyncTP pay off? A calibrated cost model for vLLM.")
+    ap.add_argument("--version", action="version", version=f"tpcost {_version()}")
+    sub = ap.add_subparsers(dest="cmd", parser_class=_Parser)
+    for module in (whatif, op, profiles, evaluate, vllm_config, calib_cmds):
+        module.register(sub)
+    return ap
+
+
+def main(argv=None) -> int:
+    """Run one tpcost command; returns its exit code (0 ok, 2 bad input, 130 interrupted)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        ap = build_parser()
+        if not argv:
+            argv = ["whatif"]
+        args = ap.parse_args(argv)
+        if not getattr(args, "func", None):
+            ap.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    except TpcostError as e:
+        print(f"tpcost: error: {e}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("tpcost: error: out of memory (a smaller --max-num-batched-tokens, fewer --tokens, or --no-band needs "
+              "less)", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tpcost: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `tpcost whatif | head`: the reader left; not an error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Shared arguments and input resolution of the tpcost subcommands (the one home of each flag's rules)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from costmodel.errors import TpcostError
+
+DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TP, DEFAULT_DTYPE = "h100-sxm", "llama-3.1-70b", 4, "bf16"
+MAX_TOKENS = 2**20  # vLLM's largest useful token budget is ~1e5; the arrays of 2^20 points take ~100 MB
+MAX_SEQ_LEN = 2**24  # 16 M tokens: beyond any context window served today
+MAX_TP = 4096
+
+
+def bounded_int(name, lo, hi, why):
+    """argparse type: an integer in [lo, hi], with the reason for the bound in the error."""
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: {s!r} is not an integer") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{name} must be in [{lo}, {hi}] ({why}), got {v}")
+        return v
+    return parse
+
+
+def fraction(name, lo=0.0, hi=1.0):
+    """argparse type: a finite float in [lo, hi)."""
+    def parse(s):
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: {s!r} is not a number") from None
+        if not (math.isfinite(v) and lo <= v < hi):
+            raise argparse.ArgumentTypeError(f"{name} must be a finite number in [{lo:g}, {hi:g}), got {s}")
+        return v
+    return parse
+
+
+tokens_arg = bounded_int("token count", 1, MAX_TOKENS, f"at most 2^20 = {MAX_TOKENS} points fit a sweep in memory")
+
+
+def add_shape_args(p, gpu_help="built-in GPU profile name, a profile .toml path, or 'auto' (the local GPU; "
+                                "$TPCOST_PROFILE overrides)", default_gpu=DEFAULT_GPU):
+    p.add_argument("--gpu", default=default_gpu, help=f"{gpu_help} (default {default_gpu})")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in model name or a config.json path (default {DEFAULT_MODEL})")
+    p.add_argument("--tp", type=bounded_int("--tp", 1, MAX_TP, "tensor-parallel sizes beyond that are not built"),
+                   default=DEFAULT_TP, help=f"tensor-parallel size (default {DEFAULT_TP})")
+    p.add_argument("--dtype", default=DEFAULT_DTYPE, help="bf16 | fp8 | fp8-dynamic | fp32 (CPU runs) (default bf16)")
+    p.add_argument("--seq-len", type=bounded_int("--seq-len", 1, MAX_SEQ_LEN, "16 M tokens, beyond any context window"),
+                   default=1024, help="prefill sequence length (default 1024)")
+    p.add_argument("--max-num-batched-tokens", type=bounded_int("--max-num-batched-tokens", 1, MAX_TOKENS,
+                   "the cutoff search evaluates every multiple of tp up to it"), default=8192,
+                   help="vLLM's token budget (default 8192)")
+    p.add_argument("--margin", type=fraction("--margin"), default=0.02,
+                   help="risk premium on the overlapped schedule's time in the cutoff decision, in [0, 1) (default 0.02)")
+    p.add_argument("--fi-allreduce-fusion-max-size-mb", type=fraction("--fi-allreduce-fusion-max-size-mb", 0.0, 1e6),
+                   metavar="MB", help="vLLM's PassConfig value to predict with (0: fuse_allreduce_rms off; default: "
+                   "vllm-config decides it, whatif uses vLLM's own table)")
+    p.add_argument("--workload", metavar="FILE", help="your traffic: a scrape of vLLM's /metrics "
+                   "(vllm:iteration_tokens_total) or a CSV num_tokens,count (default: uniform over the multiples of tp)")
+    p.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE",
+                   help="override one profile quantity, e.g. interconnect.link_bw_bytes_per_s=900e9")
+    add_regime_args(p)
+
+
+def add_regime_args(p) -> None:
+    """--cudagraph-max-tokens / --enforce-eager: which steps replay CUDA graphs (no host cost) and which run eagerly."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--cudagraph-max-tokens", type=bounded_int("--cudagraph-max-tokens", 0, MAX_TOKENS,
+                   "vLLM's capture sizes stay within the token budget"), metavar="N",
+                   help="vLLM's largest CUDA-graph capture size (max_cudagraph_capture_size): steps of more tokens run "
+                        "eagerly and pay the host's issue time (default: vLLM's own, 512; 1024 on datacenter Blackwell)")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="vLLM's --enforce-eager: every step runs eagerly (no CUDA graphs)")
+
+
+def vllm_version_arg(args) -> tuple[int, int] | None:
+    """whatif --vllm-version X.Y as (major, minor); None: vLLM <= 0.31 (the version with the SP schedules)."""
+    v = getattr(args, "vllm_version", None)
+    if not v:
+        return None
+    from costmodel.vllm_tables import parse_version
+
+    return parse_version(v)
+
+
+def cudagraph_arg(args) -> int | None:
+    """The CUDA-graph capture limit the prediction uses: 0 under --enforce-eager, None for vLLM's default."""
+    if getattr(args, "enforce_eager", False):
+        return 0
+    return getattr(args, "cudagraph_max_tokens", None)
+
+
+def resolve_inputs(args):
+    from costmodel.profile import load_profile, parse_set, with_overrides
+    from costmodel.shapes import check_dtype, load_model
+
+    if args.gpu == "auto":
+        from costmodel.profile import detect_profile_name
+
+        args.gpu = detect_profile_name()
+    prof = load_profile(args.gpu)
+    overrides = parse_set(args.set)
+    shape = load_model(args.model)
+    check_dtype(args.dtype)
+    shape.check_tp(args.tp)
+    if overrides:
+        prof = with_overrides(prof, overrides)
+        check_overrides_take_effect(prof, overrides, shape, args)
+    return prof, shape
+
+
+def fi_max_bytes_arg(args):
+    """--fi-allreduce-fusion-max-size-mb as vLLM converts it (int(MB·MiB) bytes); None when not given."""
+    mb = getattr(args, "fi_allreduce_fusion_max_size_mb", None)
+    return None if mb is None else float(int(mb * 1024 * 1024))
+
+
+def load_workload_arg(args):
+    """The --workload file, parsed (None: the uniform default)."""
+    if not getattr(args, "workload", None):
+        return None
+    from costmodel.workload import read_workload
+
+    return read_workload(args.workload)
+
+
+def check_overrides_take_effect(prof, overrides, shape, args) -> None:
+    """Refuse a --set key the model does not read for this (model, tp, dtype): it would be marked
+    MODIFIED while changing nothing. The reads are recorded over the sweep the command evaluates."""
+    import numpy as np
+
+    from costmodel.model import predict
+    from costmodel.profile import DERIVED_FROM_LINK, recording
+
+    grid = np.arange(args.tp, args.max_num_batched_tokens + args.tp, args.tp, dtype=float)
+    traced, reads = recording(prof)
+    predict(traced, shape, args.tp, args.dtype, grid, seq_len=args.seq_len, cudagraph_max_tokens=cudagraph_arg(args))
+    rides_on_link = any(prof.provenance[k].source == DERIVED_FROM_LINK for k in reads if k in prof.provenance)
+    for key in overrides:
+        if key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s") and rides_on_link:
+            continue  # its dependants (collectives, pulls) were read
+        if key not in reads:
+            why = "the model does not read it"
+            if key.startswith(("collectives.", "vllm_dispatch.")):
+                why = f"it is not the entry used at tp={args.tp}"
+            raise TpcostError(f"--set {key}: no effect for {shape.name} at tp={args.tp}, {args.dtype} ({why})")

@@ -1,0 +1,80 @@
+"""`tpcost op`: one fused GEMM+collective against vLLM's unfused path over M, and its cutoff."""
+
+from __future__ import annotations
+
+from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
+
+from .common import (DEFAULT_GPU, MAX_TOKENS, add_regime_args, bounded_int, cudagraph_arg,
+                     fraction, load_workload_arg, vllm_version_arg)
+
+
+def cmd_op(args) -> int:
+    """tpcost op: one fused GEMM+collective against vLLM's unfused path over M, and its cutoff."""
+    from costmodel.op_analysis import analyse_op
+    from costmodel.profile import load_profile, parse_set, with_overrides
+
+    if args.gpu == "auto":
+        from costmodel.profile import detect_profile_name
+
+        args.gpu = detect_profile_name()
+    prof = load_profile(args.gpu)
+    if args.set:
+        prof = with_overrides(prof, parse_set(args.set))
+    a = analyse_op(prof, args.op, args.impl, args.tp, args.n, args.k, args.dtype,
+                   calls_per_forward=args.calls_per_forward, max_num_batched_tokens=args.max_num_batched_tokens,
+                   margin=args.margin, workload=load_workload_arg(args), extra_m=args.m or (),
+                   vllm_version=vllm_version_arg(args), cudagraph_max_tokens=cudagraph_arg(args))
+    out = a.to_json()
+    if args.json:
+        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, **out}, indent=2))
+        return 0
+    print(f"tpcost op: {args.op} ({args.impl}) on {prof.name} x{args.tp}, n={args.n} k={args.k} per rank, {args.dtype}, "
+          f"{args.calls_per_forward} call(s) per forward; unfused: GEMM + {a.unfused_impl}")
+    print(f"{'M':>7} {'t_fused [us]':>13} {'t_unfused [us]':>15} {'speedup':>8} {'vLLM runs it':>13}")
+    shown = set(int(x) for x in (args.m or ())) | {128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536}
+    for r in out["rows"]:
+        if r["m"] in shown or r["m"] == a.cutoff_tokens:
+            mark = "  <- cutoff" if r["m"] == a.cutoff_tokens else ""
+            print(f"{r['m']:7d} {r['t_fused_s'] * 1e6:13.2f} {r['t_unfused_s'] * 1e6:15.2f} {r['speedup']:8.3f} "
+                  f"{'yes' if r['vllm_runs_kernel'] else 'no':>13}{mark}")
+    never = "never (null)"
+    print(f"\ncutoff (fused when M >= c; the c minimising the expected time over M <= {args.max_num_batched_tokens}, "
+          f"risk premium {args.margin:.0%}): {a.cutoff_tokens if a.cutoff_tokens is not None else never}")
+    print(f"vLLM's own rule: {a.vllm_rule}")
+    wins = a.wins_m_ranges()
+    print("the fused op is faster at M in " + (", ".join(f"[{lo}, {hi}]" for lo, hi in wins) if wins else "no row"))
+    dv = a.decision_value
+    if dv.get("saving_vs_vllm_default_s") is not None:
+        print(f"expected saving of tpcost's cutoff against vLLM's rule: {dv['saving_vs_vllm_default_s'] * 1e6:.2f} us "
+              "per forward on the workload")
+    for n in a.notes:
+        print(f"note: {n}")
+    return 0
+
+
+def register(sub) -> None:
+    """Add `op` to the CLI root's subparsers."""
+    o = sub.add_parser("op", help="one fused GEMM+collective against vLLM's unfused path over M, and its cutoff")
+    o.add_argument("--gpu", default=DEFAULT_GPU, help=f"built-in GPU profile, a .toml path, or 'auto' (default {DEFAULT_GPU})")
+    o.add_argument("--tp", type=bounded_int("--tp", 2, 64, "a collective needs 2 ranks; fused ops stay in one domain"),
+                   required=True, help="tensor-parallel size")
+    o.add_argument("--op", required=True, choices=("ag_gemm", "gemm_rs", "gemm_ar"), help="the fused operation")
+    o.add_argument("--impl", default="torch", choices=("torch", "kernel"),
+                   help="torch: torch's pipelined symm-mem op (vLLM <= 0.31); kernel: the single-kernel fused "
+                        "GEMM+RS/AR (vLLM 0.33's gemm_rs_ar, SM100 family) (default torch)")
+    o.add_argument("--n", type=bounded_int("--n", 1, 2**20, "a GEMM width"), required=True, help="GEMM N per rank")
+    o.add_argument("--k", type=bounded_int("--k", 1, 2**20, "a GEMM depth"), required=True, help="GEMM K per rank")
+    o.add_argument("--dtype", default="bf16", choices=("bf16", "fp8", "mxfp8"), help="weights (default bf16)")
+    o.add_argument("--calls-per-forward", type=bounded_int("--calls-per-forward", 1, 10**6, "calls of one slot"),
+                   default=1, metavar="C", help="how often the slot runs per forward (layers x slots; default 1)")
+    o.add_argument("--m", type=bounded_int("--m", 1, MAX_TOKENS, "rows"), nargs="+", metavar="M",
+                   help="extra rows to show beside the multiples of 128")
+    o.add_argument("--max-num-batched-tokens", type=bounded_int("--max-num-batched-tokens", 128, MAX_TOKENS,
+                   "M runs over the multiples of 128 up to it"), default=8192, help="vLLM's token budget (default 8192)")
+    o.add_argument("--margin", type=fraction("--margin"), default=0.02, help="risk premium on the fused side (default 0.02)")
+    o.add_argument("--workload", metavar="FILE", help="your traffic (as whatif's --workload)")
+    o.add_argument("--vllm-version", metavar="X.Y", help="whose dispatch tables the unfused all-reduce uses")
+    o.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE", help="override one profile quantity")
+    add_regime_args(o)
+    o.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    o.set_defaults(func=cmd_op)

@@ -1,0 +1,158 @@
+"""`tpcost whatif`: speedups, the cutoff, its band and the breakdown for one (GPU, model, TP, dtype)."""
+
+from __future__ import annotations
+
+import math
+
+from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
+
+from .common import (add_shape_args, cudagraph_arg,
+                     fi_max_bytes_arg, load_workload_arg, resolve_inputs, tokens_arg,
+                     vllm_version_arg)
+
+SENSITIVITY_SHOWN = 5
+
+
+def _fmt_ms(x):
+    return f"{x * 1e3:10.3f}"
+
+
+def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
+    from costmodel.analysis import analyse, analysis_json
+
+    if args.plot:
+        from costmodel.io import check_output_path
+
+        check_output_path(args.plot, args.force, "--plot")
+    prof, shape = resolve_inputs(args)
+    if args.ops is not None:
+        return _print_ops(prof, shape, args)
+    a = analyse(prof, shape, args.tp, args.dtype, seq_len=args.seq_len,
+                max_num_batched_tokens=args.max_num_batched_tokens, margin=args.margin, band=not args.no_band,
+                tokens=args.tokens, workload=load_workload_arg(args), fi_max_bytes=fi_max_bytes_arg(args),
+                cudagraph_max_tokens=cudagraph_arg(args), vllm_version=vllm_version_arg(args))
+    out = analysis_json(a)
+    if args.plot:
+        from costmodel.plot import plot_whatif
+
+        plot_whatif(a, args.plot)
+    if args.json:
+        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, **out}, indent=2))
+        return 0
+    from costmodel.profile import DERIVED_FROM_LINK
+
+    given = [k for k in prof.modified if prof.provenance[k].source != DERIVED_FROM_LINK]
+    n_derived = len(prof.modified) - len(given)
+    mod = (f"  [MODIFIED by --set: {', '.join(given)}" + (f" (+{n_derived} quantities that ride on the link)"
+           if n_derived else "") + "]") if prof.modified else ""
+    print(f"tpcost whatif: {shape.name} on {prof.name} x{args.tp}, {args.dtype}, seq_len {args.seq_len}{mod}")
+    print(f"{'N tokens':>9} {'t_tp [ms]':>10} {'t_sp [ms]':>10} {'t_sp+async [ms]':>16} {'speedup sp':>11} {'speedup sp+async':>17}")
+    def cell(x, fmt):
+        return "n/a" if x is None else fmt(x)
+
+    for r in out["rows"]:
+        mark = "  <- cutoff" if r["num_tokens"] == a.cutoff_tokens else ""
+        print(f"{r['num_tokens']:9d} {_fmt_ms(r['t_tp_s'])} {cell(r['t_sp_s'], _fmt_ms):>10} "
+              f"{cell(r['t_sp_asynctp_s'], _fmt_ms):>16} {cell(r['speedup_sp'], '{:.3f}'.format):>11} "
+              f"{cell(r['speedup_sp_asynctp'], '{:.3f}'.format):>17}{mark}")
+    print("(times per forward pass; speedup = t_tp / t_schedule)")
+    for sched, why in a.table.unavailable.items():
+        print(f"\n{sched}: {why}")
+    band = a.cutoff_band_tokens
+    band_s = "" if band is None else f"  band (5-95%): [{band[0]}, {band[1] if band[1] is not None else 'never'}]"
+    if band is not None and a.band_resolution_tokens != args.tp:
+        band_s += f" (band and sensitivity decided every {a.band_resolution_tokens} tokens)"
+    cut = a.cutoff_tokens if a.cutoff_tokens is not None else "never (null)"
+    print(f"\ncutoff (SP+AsyncTP; the threshold minimising the expected forward time over N <= "
+          f"{args.max_num_batched_tokens}, {a.workload}, risk premium {args.margin:.0%}): {cut}{band_s}")
+    if a.cutoff_by_spread:
+        never = lambda x: "never" if x is None else str(x)  # noqa: E731
+        print("  the same decision with each histogram bucket spread otherwise: " +
+              ", ".join(f"{k} {never(v)}" for k, v in a.cutoff_by_spread.items()))
+    print(f"cutoff (SP alone): {a.sp_cutoff_tokens if a.sp_cutoff_tokens is not None else 'never (null)'}")
+    vd = a.vllm_default_tokens
+    why_off = ("SP off (vLLM turns SP off at tp 1)" if args.tp < 2 else
+               "SP off (its table covers sm90/sm100 with hidden >= 8192 and XPU with hidden >= 4096)")
+    print("vLLM 0.31's own default here: " + (f"sp_min_token_num {vd}" if vd is not None else why_off))
+    if a.sensitivity:
+        never = lambda x: "never" if x is None else str(x)  # noqa: E731
+        print(f"\nwhat moves the cutoff (each input alone scaled by e^-s and e^+s, s = its tier's sigma; top {SENSITIVITY_SHOWN}):")
+        print(f"  {'quantity':56s} {'tier':22s} {'x e^-s':>7s} {'x e^+s':>7s}")
+        for r in a.sensitivity[:SENSITIVITY_SHOWN]:
+            print(f"  {r['quantity']:56s} {r['tier']:22s} {never(r['cutoff_minus_sigma_tokens']):>7s} "
+                  f"{never(r['cutoff_plus_sigma_tokens']):>7s}")
+    dv = a.decision_value
+    if dv:
+        ms = lambda x: f"{x * 1e3:.3f} ms"  # noqa: E731
+        line = (f"value of the decision (expected forward {ms(dv['expected_forward_s'])}): saves "
+                f"{ms(dv['saving_vs_never_s'])} ({dv['saving_vs_never_rel']:.1%}) against never")
+        if "saving_vs_vllm_default_s" in dv:
+            v = dv["saving_vs_vllm_default_s"]
+            line += (f", {ms(v)} against vLLM's default" if v is not None else
+                     ", and vLLM's default would enable an op that cannot run here")
+        oc = dv["oracle_cutoff_tokens"]
+        line += f"; regret against the best threshold in hindsight ({'never' if oc is None else oc}): {ms(dv['regret_vs_oracle_s'])}"
+        print(line)
+    if a.breakdown_at_cutoff:
+        print("\nbreakdown at the cutoff, per forward [ms] (every term: positive = SP+AsyncTP saves; they sum to "
+              "t_tp - t_sp+async):")
+        for k, v in a.breakdown_at_cutoff.items():
+            print(f"  {k[:-2]:24s} {v * 1e3:+9.3f}")
+    for n in a.table.notes:
+        print(f"note: {n}")
+    if a.memory and a.memory.get("note"):
+        print(f"note: {a.memory['note']}")
+    pv = out["provenance"]
+    counts = ", ".join(f"{k} {v}" for k, v in pv["tier_counts"].items() if v)
+    print(f"\nprovenance: profile {pv['profile']} ({pv['origin']}), weakest tier used: {pv['tier']}; values by tier: {counts}")
+    return 0
+
+
+def _print_ops(prof, shape, args) -> int:
+    """whatif --ops N: every op of each schedule at N, with the formula that times it."""
+    from costmodel.analysis import ops_view
+    from costmodel.model import predict
+
+    pred = predict(prof, shape, args.tp, args.dtype, [float(args.ops)], seq_len=args.seq_len,
+                   fi_max_bytes=fi_max_bytes_arg(args), cudagraph_max_tokens=cudagraph_arg(args),
+                   vllm_version=vllm_version_arg(args))
+    view = ops_view(pred)
+    if args.json:
+        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "gpu": prof.name, "model": shape.name, "tp": args.tp,
+                          "dtype": args.dtype, "num_tokens": args.ops, "notes": list(pred.notes),
+                          "t_forward_s": {s: float(pred.t_forward_s(s)[0]) for s in pred.schedules}, "ops": view},
+                         indent=2))
+        return 0
+    print(f"tpcost whatif --ops {args.ops}: {shape.name} on {prof.name} x{args.tp}, {args.dtype}")
+    for name, rows in view.items():
+        t = float(pred.t_forward_s(name)[0])
+        print(f"\n[{name}]  t_forward {t * 1e3:.3f} ms")
+        print(f"  {'op':32s} {'calls':>6s} {'t/call [us]':>12s} {'TFLOP/s':>8s} {'HBM GB/s':>9s} {'bus GB/s':>9s} "
+              f"{'bound':>8s}  formula")
+        for r in rows:
+            f = lambda x, sc: "" if x is None else f"{x / sc:.1f}"  # noqa: E731
+            t_us = "n/a" if not math.isfinite(r["t_s"]) else f"{r['t_s'] * 1e6:.2f}"
+            print(f"  {r['op'][:32]:32s} {r['calls_per_forward']:6d} {t_us:>12s} {f(r['achieved_flops_per_s'], 1e12):>8s} "
+                  f"{f(r['achieved_hbm_bytes_per_s'], 1e9):>9s} {f(r['achieved_bus_bytes_per_s'], 1e9):>9s} "
+                  f"{r['bound'] or '':>8s}  {r['formula']} ({r['docs']})")
+    for n in pred.notes:
+        print(f"note: {n}")
+    return 0
+
+
+def register(sub) -> None:
+    """Add `whatif` to the CLI root's subparsers."""
+    w = sub.add_parser("whatif", help="predict speedups and the cutoff for one (GPU, model, TP, dtype)")
+    add_shape_args(w)
+    w.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    w.add_argument("--plot", metavar="FILE.png", help="also write the speedup curve to this PNG")
+    w.add_argument("--force", action="store_true", help="replace an existing --plot file")
+    w.add_argument("--no-band", action="store_true", help="skip the Monte Carlo cutoff band and the sensitivity table")
+    w.add_argument("--ops", type=tokens_arg, metavar="N",
+                   help="instead of the sweep: every op of each schedule at N tokens with its time, achieved rate, bound "
+                        "and formula")
+    w.add_argument("--vllm-version", metavar="X.Y", help="whose all-reduce dispatch tables the plain-TP arm uses "
+                   "(default 0.31, the last version with the SP passes; costmodel/vllm_tables.py)")
+    w.add_argument("--tokens", type=tokens_arg, nargs="+", metavar="N",
+                   help="token counts for the table (default: powers of two to 65536, plus the cutoff)")
+    w.set_defaults(func=cmd_whatif)
