@@ -151,6 +151,22 @@ def evaluated_sets() -> tuple[dict, list]:
     return table, [{"where": Path(s["where"]).name, "reason": s["reason"]} for s in skipped]
 
 
+def band_coverage() -> dict:
+    """How often the cutoff band's machinery (the profile's Monte Carlo draws, 5-95 %) covers each op row's measured
+    speedup, per source, through `tpcost evaluate --band` with the built-in profiles (no harness offset: a source
+    whose harness adds time to both arms is not covered by construction)."""
+    sources = ["KRAKEN_PR19", "PT_ISSUE179770", "FLASHINFER_GB200_GEMMRS_MATRIX", "META_AH_H100_ASYNCTP"]
+    with tempfile.TemporaryDirectory() as tmp:
+        pub = Path(tmp) / "fused_ops.eval.csv"
+        published_ops_csv(pub, sources)
+        scored, _ = evaluate_files([str(pub)], band=True)
+    out = {}
+    for src in sources:
+        cov = [x.covered for x in scored if x.source == src and x.covered is not None]
+        out[src] = {"rows": len(cov), "covered": float(np.mean(cov)) if cov else None}
+    return out
+
+
 def _f(v, fmt):
     return "n/a" if v is None else format(v, fmt)
 
@@ -196,11 +212,15 @@ def main() -> int:
         print(f"{src:31s} {t['rows_scored']:4d} {t['median_abs_speedup_error']:8.3f} {t['verdict_accuracy']:6.1%} "
               f"{v['verdict_accuracy']:8.1%} {t['mean_regret_pct']:6.2f} {v['mean_regret_pct']:9.2f}")
     print(f"skipped rows: {len(skipped)} (" + "; ".join(sorted({s['reason'] for s in skipped})) + ")")
+    cov = band_coverage()
+    print("\nband coverage (5-95 % of the predicted speedup over the profile's draws holds the measured one):")
+    for src, c in cov.items():
+        print(f"  {src:31s} {c['rows']:4d} rows  {_f(c['covered'], '6.1%')}")
     excluded = R.excluded_fused_rows()
     for why in sorted({e["reason"] for e in excluded}):
         print(f"not scored: {sum(e['reason'] == why for e in excluded)} rows: {why}")
     res = {"schema_version": 2, "families": fams, "kernel": kern, "evaluated": table, "skipped": skipped,
-           "excluded": excluded}
+           "excluded": excluded, "band_coverage": cov}
     if a.json:
         atomic_write_text(a.json, dumps_json(res, indent=2, default=str) + "\n")
     return 0

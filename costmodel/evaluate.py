@@ -49,6 +49,15 @@ class Scored:
     regret_pct: float
     vllm_verdict: bool
     vllm_regret_pct: float
+    band_lo: float | None = None  # 5th-95th percentile of the predicted speedup over the profile's Monte Carlo draws
+    band_hi: float | None = None
+
+    @property
+    def covered(self) -> bool | None:
+        """Whether the band holds the measured speedup (None: no band computed)."""
+        if self.band_lo is None or self.band_hi is None:
+            return None
+        return self.band_lo <= self.s_measured <= self.band_hi
 
     @property
     def abs_error(self) -> float:
@@ -172,13 +181,15 @@ def _profile(cache, name):
 
 
 def predict_op_row(prof, op: str, dtype: str, tp: int, m: int, n: int | None, k: int | None, eager: bool = True,
-                   impl: str = "torch", baseline_impl: str = "nccl", vllm_version=None):
+                   impl: str = "torch", baseline_impl: str = "nccl", vllm_version=None, all_draws: bool = False):
     """(predicted speedup of the fused op over its sequential arm, hidden size vLLM's rule sees) for one
     microbenchmark row; by default the fused op runs eagerly (a Python loop issued per call, as in the benchmarks),
     `eager=False` under CUDA-graph replay (no host issue time). impl "kernel": the single-kernel family;
-    baseline_impl "vllm": the GEMM then vLLM's dispatched collective of `vllm_version`."""
+    baseline_impl "vllm": the GEMM then vLLM's dispatched collective of `vllm_version`. `all_draws`: the speedup of
+    every Monte Carlo draw of a drawn profile (an array) instead of one float."""
     if impl == "kernel":
-        return _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_version)
+        s_k, hidden = _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_version)
+        return (s_k if all_draws else float(s_k[0])), hidden
     if dtype not in OP_DTYPES:
         raise _Skip(f"dtype {dtype!r} is out of scope (modelled: {', '.join(OP_DTYPES)}; torch's NVFP4 native "
                     "path is a different kernel, docs/model.md §6)")
@@ -205,7 +216,8 @@ def predict_op_row(prof, op: str, dtype: str, tp: int, m: int, n: int | None, k:
         hidden = n
     else:
         raise _Skip(f"unknown op {op!r} (ag_gemm | gemm_rs)")
-    return float(np.ravel(base)[0] / np.ravel(over)[0]), hidden
+    s_all = np.ravel(base / over)
+    return (s_all if all_draws else float(s_all[0])), hidden
 
 
 def _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_version):
@@ -225,7 +237,7 @@ def _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_versio
     else:
         base = ops.sequential_gemm_rs_s(hw, mm, n, k, tp)  # vLLM's custom RS is not modelled: NCCL stands in
     over = ops.fused_kernel(hw, op, mm, n, k, tp).t_s
-    return float(np.ravel(base)[0] / np.ravel(over)[0]), n
+    return np.ravel(base / over), n
 
 
 def _model_groups(rows, profiles, models, skipped, path):
@@ -261,7 +273,7 @@ def _model_groups(rows, profiles, models, skipped, path):
     return groups
 
 
-def evaluate_files(paths, cudagraph_max_tokens: int | None = None, vllm_version=None):
+def evaluate_files(paths, cudagraph_max_tokens: int | None = None, vllm_version=None, band: bool = False):
     """Score every row of `paths`. `cudagraph_max_tokens`: None keeps each set's own regime (op microbenchmarks
     eager; model rows vLLM's default capture size), else rows of more tokens run eagerly and the rest replay graphs
     (0: everything eager)."""
@@ -279,7 +291,22 @@ def evaluate_files(paths, cudagraph_max_tokens: int | None = None, vllm_version=
         thr = vllm_sp_min_token_num(prof.identity.vendor, prof.identity.compute_capability, hidden, tp, 2)
         return thr is not None and tokens >= thr
 
-    def add(path, line, r, label, prof, s_hat, hidden, tokens):
+    drawn: dict = {}
+
+    def band_of(prof, r, eager):
+        """5-95 % of the op row's predicted speedup over the profile's band draws (costmodel.analysis)."""
+        from .analysis import BAND_DRAWS, BAND_SEED, perturbed_values
+
+        if prof.name not in drawn:
+            drawn[prof.name] = prof.with_values(perturbed_values(prof, BAND_DRAWS, BAND_SEED), None,
+                                                mark_modified=False)
+        s_d, _ = predict_op_row(drawn[prof.name], r["op"], r["dtype"], r["tp"], r["m"], r["n"] or None,
+                                r["k"] or None, eager=eager, impl=r.get("impl") or "torch",
+                                baseline_impl=r.get("baseline_impl") or "nccl", vllm_version=vllm_version,
+                                all_draws=True)
+        return float(np.percentile(s_d, 5)), float(np.percentile(s_d, 95))
+
+    def add(path, line, r, label, prof, s_hat, hidden, tokens, bounds=(None, None)):
         base, over = r["baseline_us"], r["overlap_us"]
         if r.get("impl") == "kernel":  # vLLM's own rule for the single kernel (gemm_rs_ar's M >= 128, Muse Spark's)
             from .op_analysis import vllm_rule
@@ -289,7 +316,7 @@ def evaluate_files(paths, cudagraph_max_tokens: int | None = None, vllm_version=
             v_vllm = vllm_verdict(prof, hidden, r["tp"], tokens)
         v_pred = s_hat > 1.0
         scored.append(Scored(path, line, label, r["source"], base / over, s_hat, over < base, v_pred,
-                             _regret(v_pred, base, over), v_vllm, _regret(v_vllm, base, over)))
+                             _regret(v_pred, base, over), v_vllm, _regret(v_vllm, base, over), *bounds))
 
     for path, schema, rows in parsed:
         if not rows:
@@ -310,7 +337,7 @@ def evaluate_files(paths, cudagraph_max_tokens: int | None = None, vllm_version=
                     continue
                 label = (f"{r['hardware']} tp{r['tp']} {r['op']}{' kernel' if r.get('impl') == 'kernel' else ''} "
                          f"{r['dtype']} m={r['m']} n={r['n']} k={r['k']}")
-                add(path, line, r, label, prof, s_hat, hidden, r["m"])
+                add(path, line, r, label, prof, s_hat, hidden, r["m"], band_of(prof, r, eager) if band else (None, None))
             continue
         for (hwname, model, tp, dtype, scope, base_sched, seq_len), (prof, shape, members) in \
                 _model_groups(rows, profiles, models, skipped, path).items():
@@ -346,6 +373,8 @@ def summarise(scored, skipped) -> dict:
         out = {k: None for k in ("verdict_accuracy", "median_abs_speedup_error", "p90_abs_speedup_error",
                                  "max_abs_speedup_error", "ties", "mean_regret_pct", "max_regret_pct")}
         out["vllm_rule"] = {"verdict_accuracy": None, "mean_regret_pct": None, "max_regret_pct": None}
+    cov = [s.covered for s in scored if s.covered is not None]
+    out["band_coverage"] = {"rows": len(cov), "covered": float(np.mean(cov)) if cov else None}
     out.update(rows_scored=len(scored), rows_skipped=len(skipped), skipped=skipped)
     return out
 

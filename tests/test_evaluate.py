@@ -70,3 +70,23 @@ def test_bad_csv_exit_2(tmp_path, one_line_error, text, needle):
     f = tmp_path / "bad.csv"
     f.write_text(text)
     one_line_error("evaluate", str(f), needle=needle)
+
+
+def test_band_coverage_of_op_rows(tmp_path, capsys):
+    """--band: each op row gets the 5-95 % of its predicted speedup over the profile's draws, which holds the point
+    prediction, and the summary counts how often the measured speedup falls inside."""
+    import json
+
+    from integration.cli import main
+
+    f = tmp_path / "ops.csv"
+    f.write_text("hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source\n"
+                 "h100-sxm,8,gemm_rs,bf16,512,4096,14336,133.653,613.784,x\n"
+                 "h100-sxm,8,gemm_rs,bf16,2048,4096,14336,422.704,755.246,x\n"
+                 "h100-sxm,8,gemm_rs,bf16,2048,4096,14336,422.704,40.0,x\n")  # a 10x speedup no band holds
+    assert main(["evaluate", str(f), "--band", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    for r in d["rows"]:
+        assert r["band_lo"] <= r["s_predicted"] <= r["band_hi"]
+    assert d["band_coverage"]["rows"] == 3 and d["band_coverage"]["covered"] <= 2 / 3
+    assert main(["evaluate", str(f)]) == 0 and "band covers" not in capsys.readouterr().out

@@ -305,3 +305,6 @@ def test_generator_flags_inconsistent_collectives():
     bad["collectives"]["nccl_all_reduce"]["tp2"]["bus_bw_bytes_per_s"] = 168e9
     flagged = inconsistent_collectives("b200", round_tree(bad))
     assert flagged and "b200 tp2" in flagged[0]
+    fast = copy.deepcopy(trees["h100-sxm"])  # a busBW above the 450 GB/s NVLink4 link
+    fast["collectives"]["nccl_all_gather"]["tp8"]["bus_bw_bytes_per_s"] = 500e9
+    assert any("above the link's 450 GB/s" in f for f in inconsistent_collectives("h100-sxm", round_tree(fast)))

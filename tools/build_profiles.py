@@ -665,9 +665,17 @@ CONSISTENCY_BAND = (0.5, 1.5)  # t_AR / (t_RS + t_AG): an all-reduce is a reduce
 
 def inconsistent_collectives(name, tree) -> list[str]:
     """NCCL entries at one TP whose all-reduce is far slower or faster than its reduce-scatter + all-gather at
-    64 MiB (outside CONSISTENCY_BAND): a fit to latency-bound points, or an assumption contradicting a fit."""
+    64 MiB (outside CONSISTENCY_BAND): a fit to latency-bound points, or an assumption contradicting a fit; and any
+    collective whose bus bandwidth exceeds the link's (busBW is at most the per-GPU link bandwidth: nccl-tests'
+    convention)."""
     prof = profile_from_dict(tree, name)
     out = []
+    link = prof.interconnect.link_bw_bytes_per_s
+    for impl, per_tp in prof.collectives.items():
+        for tp, c in per_tp.items():
+            if c.bus_bw_bytes_per_s > link * (1 + 1e-9):
+                out.append(f"{name} {impl} tp{tp}: busBW {c.bus_bw_bytes_per_s / 1e9:.0f} GB/s above the link's "
+                           f"{link / 1e9:.0f} GB/s")
     s = float(CONSISTENCY_MSG_BYTES)
     for tp in prof.collective_tps("nccl_all_reduce"):
         if tp not in prof.collective_tps("nccl_reduce_scatter") or tp not in prof.collective_tps("nccl_all_gather"):

@@ -75,6 +75,15 @@ def accuracy_table() -> str:
     return "\n".join(lines)
 
 
+def band_coverage_table() -> str:
+    """benchmarks/results/accuracy.json: how often the band covers the measured speedup, per source."""
+    d = _load("accuracy.json")
+    lines = ["| source | op rows | band covers the measured speedup |", "|---|---|---|"]
+    for src, c in d["band_coverage"].items():
+        lines.append(f"| {src} | {c['rows']} | {_n(c['covered'], '.1%')} |")
+    return "\n".join(lines)
+
+
 def fits_table() -> str:
     """benchmarks/results/accuracy.json: every term of each family's joint fit, with its sigma."""
     d = _load("accuracy.json")
@@ -169,7 +178,8 @@ BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
           ("vllm.md", "vllm-config-032"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",
                                                              "--gpu", "h100-sxm", "--vllm-version", "0.32"),
           ("profiles.md", "value-ranges"): value_ranges_table, ("accuracy.md", "accuracy"): accuracy_table,
-          ("accuracy.md", "fits"): fits_table, ("vllm-thresholds.md", "sp-cutoffs"): sp_cutoffs_table,
+          ("accuracy.md", "fits"): fits_table, ("accuracy.md", "band-coverage"): band_coverage_table,
+          ("vllm-thresholds.md", "sp-cutoffs"): sp_cutoffs_table,
           ("vllm-thresholds.md", "fusion-ranges"): fusion_ranges_table}
 
 

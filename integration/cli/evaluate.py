@@ -15,7 +15,7 @@ def cmd_evaluate(args) -> int:
     if args.plot:
         check_output_path(args.plot, args.force, "--plot", protect=tuple(args.files))
     scored, skipped = evaluate_files(args.files, cudagraph_max_tokens=cudagraph_arg(args),
-                                     vllm_version=vllm_version_arg(args))
+                                     vllm_version=vllm_version_arg(args), band=args.band)
     if not scored:  # scoring nothing is no result: say why every row was skipped
         reasons = sorted({sk["reason"] for sk in skipped})
         raise TpcostError(f"nothing to score: all {len(skipped)} row(s) skipped ("
@@ -44,6 +44,9 @@ def cmd_evaluate(args) -> int:
     print(f"{'max regret [%]':24s} {f(summ['max_regret_pct'], '10.2f')} {f(v['max_regret_pct'], '15.2f')}")
     print(f"{'median |speedup error|':24s} {f(summ['median_abs_speedup_error'], '10.3f')} {'(no speedup)':>15s}")
     print(f"{'p90 |speedup error|':24s} {f(summ['p90_abs_speedup_error'], '10.3f')}")
+    bc = summ["band_coverage"]
+    if bc["rows"]:
+        print(f"{'band covers measured':24s} {bc['covered']:10.1%}  (5-95 % over the profile's draws; {bc['rows']} op rows)")
     return 0
 
 
@@ -54,5 +57,7 @@ def register(sub):
     p.add_argument("--plot", metavar="FILE.png", help="also write measured vs predicted speedups to this PNG")
     p.add_argument("--force", action="store_true", help="replace an existing --plot file")
     add_regime_args(p)
+    p.add_argument("--band", action="store_true", help="also the 5-95 %% band of each op row's predicted speedup over "
+                   "the profile's Monte Carlo draws, and how often it covers the measurement")
     p.add_argument("--vllm-version", metavar="X.Y", help="whose dispatched collective a baseline_impl=vllm row uses")
     p.set_defaults(func=cmd_evaluate)
