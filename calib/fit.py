@@ -135,11 +135,25 @@ def fit_collective(records, impl, world):
     return fit_latency_bandwidth(rs, float(F.bus_bw_factor(rs[0].get("op", impl), world)))
 
 
+def fit_host_issue(records):
+    """asynctp.host_op_s: the median host issue time per torch call (bench_host_issue), with its p10-p90 spread as
+    the relative sigma; the graph replay's host time is reported beside it (residuals)."""
+    rs = [r for r in records if r.get("kind") == "host_issue"]
+    if not rs:
+        return {}, {}
+    r = rs[0]
+    v = float(r["median_s"])
+    rel = min(1.0, max(1e-3, (float(r["p90_s"]) - float(r["p10_s"])) / (2.0 * v))) if v > 0 else 1.0
+    extra = {"graph_replay_host_s": r.get("graph_replay_median_s"), "calls": r["calls"]}
+    return {"asynctp.host_op_s": {"value": v, "uncertainty_rel": rel}}, extra
+
+
 def fit_single_device(records, prior, gemm_dtype):
     """All single-device fits; returns (params, residuals)."""
     params, residuals = {}, {}
     for name, (p, r) in (("gemm", fit_gemm(records, prior, gemm_dtype)), ("memory", fit_memory(records, prior)),
-                         ("concurrency", fit_concurrency(records, prior)), ("interference", fit_interference(records))):
+                         ("concurrency", fit_concurrency(records, prior)), ("interference", fit_interference(records)),
+                         ("host_issue", fit_host_issue(records))):
         params.update(p)
         if r:
             residuals[name] = r

@@ -97,7 +97,7 @@ def run_check(out: Path, device: str, budget_s: float, shapes=SHAPES, ms=MS, chu
     """The check itself, on `device`; the CLI runs it on CUDA. The sizes are parameters so that the tests
     can run the same pipeline on CPU with small shapes (there the interference phase yields nothing)."""
     from .fit import fit_single_device
-    from .microbench import bench_chunked, bench_gemms, bench_interference, bench_memory, gemm_dtypes
+    from .microbench import bench_chunked, bench_gemms, bench_host_issue, bench_interference, bench_memory, gemm_dtypes
     from .timing import Timer
 
     out.mkdir(parents=True, exist_ok=True)
@@ -107,7 +107,8 @@ def run_check(out: Path, device: str, budget_s: float, shapes=SHAPES, ms=MS, chu
     timer = Timer(device, warmup_s=0.01, rep_s=0.04, min_reps=5, max_reps=50)
     records, skipped = [], []
     dtypes = gemm_dtypes(device)
-    phases = [("gemm", lambda: bench_gemms(timer, shapes, ms, device, dtypes)),
+    phases = [("host_issue", lambda: bench_host_issue(device)),  # first: cheap, and the one host-side quantity
+              ("gemm", lambda: bench_gemms(timer, shapes, ms, device, dtypes)),
               ("memory", lambda: bench_memory(timer, mem_sizes, device)),
               *[(f"chunked_{d}", (lambda d=d: bench_chunked(timer, shapes[:4], chunk_ms, worlds, device, d)))
                 for d in dtypes],

@@ -142,3 +142,48 @@ def bench_interference(timer: Timer, shapes, m, device, dtype, reps=30):
         yield {"kind": "interference", "name": name, "m": m, "n": n, "k": k, "dtype": dtype,
                "t_gemm_alone_s": alone.median_s, "t_copy_alone_s": t_copy.median_s, "copy_bytes": copy_bytes,
                **both.as_dict()}
+
+
+def bench_host_issue(device, calls=200, repeats=15):
+    """The host's issue time per torch call (asynctp.host_op_s: what torch's Python AsyncTP loop pays per call when
+    vLLM runs eagerly) and, on CUDA, the host time of one CUDA-graph replay of the same calls (what graph mode pays
+    instead). Host wall time around `calls` tiny kernel launches with no synchronisation inside, median over
+    `repeats`; on CUDA the GPU is given a long kernel first so the launch queue never waits on it."""
+    import time
+
+    x = torch.zeros(16, device=device)
+    eager, replay = [], []
+    graph = None
+    if device.startswith("cuda"):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                for _ in range(calls):
+                    x.add_(1.0)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                x.add_(1.0)
+    busy = torch.randn(4096, 4096, device=device) if device.startswith("cuda") else None
+    for _ in range(repeats):
+        if busy is not None:
+            busy @ busy  # keeps the GPU busy while the host issues
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            x.add_(1.0)
+        eager.append((time.perf_counter() - t0) / calls)
+        if graph is not None:
+            t0 = time.perf_counter()
+            graph.replay()
+            replay.append(time.perf_counter() - t0)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    eager.sort()
+    rec = {"kind": "host_issue", "calls": calls, "median_s": eager[len(eager) // 2], "p10_s": eager[len(eager) // 10],
+           "p90_s": eager[(9 * len(eager)) // 10], "reps": repeats}
+    if replay:
+        replay.sort()
+        rec["graph_replay_median_s"] = replay[len(replay) // 2]
+    yield rec

@@ -417,7 +417,10 @@ def calibrated_overrides(p, name, root=ROOT, keys=None, note=""):
         target = {"gemm.max_efficiency": ("gemm", "_efficiency"), "gemm.mem_efficiency": ("gemm", "_small_m"),
                   "gemm.launch_overhead_s": ("gemm", "_small_m"), "kernels.mem_efficiency": ("kernels",),
                   "kernels.launch_overhead_s": ("kernels",), "asynctp.stream_concurrency": ("asynctp", "_streams"),
-                  "asynctp.compute_slowdown": ("asynctp", "_interference")}.get(key)
+                  "asynctp.compute_slowdown": ("asynctp", "_interference"),
+                  # the gpu_check host's own issue time: folded only into the GPU it ran on (keys=None), never
+                  # carried to another profile (SAME_DIE_KEYS leaves it out)
+                  "asynctp.host_op_s": ("asynctp", "_host")}.get(key)
         if target is None:
             continue
         node = p
