@@ -109,11 +109,14 @@ def build_profile(records, prior, prov: dict, world: int, gemm_dtype: str, name:
         for key, v in p2p_fits.items():
             put(key, v["value"], v["uncertainty_rel"], src + " (one p2p pull, ring step 1)")
         residuals["p2p"] = res
-    bar = [r for r in records if r["kind"] == "barrier"]
+    # the per-barrier GPU cost: torch's symmetric-memory barrier replayed from a CUDA graph where it was measured (no
+    # host time in it), else dist.barrier (a host-coordinated upper bound: the CPU runs)
+    graph = [r for r in records if r["kind"] == "symm_barrier" and r.get("mode") == "graph"]
+    bar = graph or [r for r in records if r["kind"] == "barrier"]
     if bar:
         b = bar[0]
         put("asynctp.barrier_s", b["median_s"], (b["p90_s"] - b["p10_s"]) / 2 / max(b["median_s"], 1e-12),
-            src + " (dist.barrier)")
+            src + (" (symmetric-memory barrier, CUDA-graph replay)" if graph else " (dist.barrier)"))
     not_measured = sorted(k for k in REQUIRED_PARAMS if k not in values and not k.startswith(("identity.", "interconnect.")))
     # collectives of the prior this run did not measure (vLLM's custom AR, symm-mem, FlashInfer, other TP sizes)
     not_measured += sorted(f"collectives.{impl}.tp{tp}" for impl, per_tp in prior.collectives.items() for tp in per_tp

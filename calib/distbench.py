@@ -58,7 +58,38 @@ def bench_p2p(timer: Timer, sizes_bytes, device, rank, world):
 
 
 def bench_barrier(timer: Timer, device):
+    """dist.barrier (host-coordinated), and on CUDA torch's symmetric-memory barrier, the one AsyncTP's fused ops
+    run: issued eagerly and replayed from a CUDA graph (the GPU-side cost alone; docs/model.md §6)."""
     yield {"kind": "barrier", **timer(lambda: dist.barrier()).as_dict()}
+    if device.startswith("cuda"):
+        yield from _symm_mem_barriers(timer)
+
+
+def _symm_mem_barriers(timer: Timer, per_graph: int = 16):
+    """{"kind": "symm_barrier", "mode": "eager" | "graph"} records (the graph's time per barrier); nothing, with a
+    record saying why, where torch's symmetric memory is not available here."""
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        group = dist.group.WORLD.group_name
+        buf = symm_mem.empty(1024, device=f"cuda:{torch.cuda.current_device()}")
+        hdl = symm_mem.rendezvous(buf, group)
+        yield {"kind": "symm_barrier", "mode": "eager", **timer(lambda: hdl.barrier(channel=0)).as_dict()}
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                hdl.barrier(channel=0)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(per_graph):
+                hdl.barrier(channel=0)
+        t = timer(graph.replay).as_dict()
+        yield {"kind": "symm_barrier", "mode": "graph", "per_graph": per_graph,
+               **{k: (v / per_graph if k.endswith("_s") else v) for k, v in t.items()}}
+    except Exception as e:  # an old torch, or a platform without multicast: say so and keep going
+        yield {"kind": "symm_barrier_unavailable", "reason": f"{type(e).__name__}: {e}"[:200]}
 
 
 def bench_comm_interference(timer: Timer, shapes, m, device, rank, world, dtype):

@@ -7,7 +7,6 @@ import dataclasses
 
 import numpy as np
 
-from costmodel.ops import dtype_mode
 from costmodel.vllm_tables import parse_version as parse_vllm_version
 
 MiB = 1024 * 1024
@@ -171,14 +170,15 @@ def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int =
     """One configuration, one prediction: the fusion range first, then (vLLM <= 0.31) the SP cutoff computed
     with exactly that range, so every number printed belongs to the configuration emitted."""
     from costmodel.analysis import analyse
+    from costmodel import ops
     from costmodel.ops import fused_ops_available
 
     fusion = decide_fusion(profile, shape, tp, dtype, max_num_batched_tokens, margin, workload,
                            user_fuse_allreduce_rms, user_fi_max_mb, vllm_version=vllm_version)
     if draft_hidden_size and fusion is not None:
-        fusion = draft_fusion_range(fusion, shape.hidden, draft_hidden_size, dtype_mode(dtype).act_bytes,
+        fusion = draft_fusion_range(fusion, shape.hidden, draft_hidden_size, ops.dtype_mode(dtype).act_bytes,
                                     vllm_version)
-    fi_bytes = None if fusion is None else fusion.tokens * shape.hidden * dtype_mode(dtype).act_bytes
+    fi_bytes = None if fusion is None else fusion.tokens * shape.hidden * ops.dtype_mode(dtype).act_bytes
     a = analyse(profile, shape, tp, dtype, seq_len=seq_len, max_num_batched_tokens=max_num_batched_tokens,
                 margin=margin, band=False, tokens=[max_num_batched_tokens], workload=workload, fi_max_bytes=fi_bytes,
                 cudagraph_max_tokens=cudagraph_max_tokens, vllm_version=vllm_version)

@@ -117,10 +117,19 @@ def _apply_inner(cfg) -> None:
 def _vllm_version(has_sp: bool) -> list[int]:
     """The running vLLM's (major, minor): the installed distribution, else what its PassConfig says (SP fields:
     <= 0.31; none: 0.32); its dispatch tables are the ones the decision uses (costmodel/vllm_tables.py)."""
-    from .recommend import installed_vllm_version
+    import sys
 
-    v, _ = installed_vllm_version()
-    if v is None or (v > (0, 31)) == has_sp:  # a distribution that disagrees with the config in hand loses
+    v = None
+    mod = sys.modules.get("vllm")  # the plugin runs inside vLLM: its version is already loaded, no metadata scan
+    if mod is not None and isinstance(getattr(mod, "__version__", None), str):
+        from costmodel.errors import TpcostError
+        from costmodel.vllm_tables import parse_version
+
+        try:
+            v = parse_version(mod.__version__)
+        except TpcostError:
+            v = None
+    if v is None or (v > (0, 31)) == has_sp:  # a version that disagrees with the config in hand loses
         v = (0, 31) if has_sp else (0, 32)
     return list(v)
 

@@ -84,6 +84,39 @@ def band_coverage_table() -> str:
     return "\n".join(lines)
 
 
+def speed_table() -> str:
+    """benchmarks/results/costmodel_speed.json: the model's speed on this repository's CPU machine."""
+    d = _load("costmodel_speed.json")
+    rows = [("`import costmodel` + `analyse`, `load_model`, `load_profile` (fresh process; neither torch nor scipy)",
+             d["import_costmodel_s_median"], "ms"),
+            ("first `analyse()` incl. loading profile and model, no band", d["first_cutoff_s_median"], "ms"),
+            ("`analyse()` on the config-time grid (2048 multiples of tp <= 8192), no band", d["analyse_no_band_s"], "ms"),
+            ("`analyse()` on the config-time grid, with the band (200 draws) and the sensitivity table",
+             d["analyse_with_band_s"], "ms"),
+            ("`predict()` full sweep N = 1…65536 (reported, not targeted)", d["sweep_1_65536_no_band_s"], "ms"),
+            ("`evaluate` on 100 000 model-level rows (grouped: one prediction per group)",
+             d["evaluate_100000_model_rows_s"], "s")]
+    lines = [f"machine: {d['machine']}", "", "| measurement (llama-3.1-70b, h100-sxm, TP 4, bf16) | median |",
+             "|---|---|"]
+    for what, v, unit in rows:
+        lines.append(f"| {what} | {v * 1e3:.1f} ms |" if unit == "ms" else f"| {what} | {v:.2f} s |")
+    return "\n".join(lines)
+
+
+def plugin_table() -> str:
+    """benchmarks/results/vllm_plugin_overhead.json: the vLLM plugin's own time inside a cold config build."""
+    d = _load("vllm_plugin_overhead.json")
+    return "\n".join([
+        f"{len(d['rounds'])} rounds; a cold config build without the plugin: {d['median_without_config_s']:.2f} s (median)",
+        "", "| start | plugin, in process (median) | of a cold config build |", "|---|---|---|",
+        f"| later starts with the same inputs (decision cache hit) | {d['median_hit_plugin_s'] * 1e3:.2f} ms "
+        f"| {d['median_hit_fraction_of_config']:.2%} |",
+        f"| first start (cache miss: import the model, load the profile, decide, store) "
+        f"| {d['median_miss_plugin_s'] * 1e3:.1f} ms | {d['median_miss_fraction_of_config']:.2%} |",
+        "", f"paired cold-process cross-check, median ratio with the plugin (cache hit) against without: "
+            f"{d['median_ratio_hit_vs_without']:.2f}"])
+
+
 def fits_table() -> str:
     """benchmarks/results/accuracy.json: every term of each family's joint fit, with its sigma."""
     d = _load("accuracy.json")
@@ -179,7 +212,8 @@ BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
                                                              "--gpu", "h100-sxm", "--vllm-version", "0.32"),
           ("profiles.md", "value-ranges"): value_ranges_table, ("accuracy.md", "accuracy"): accuracy_table,
           ("accuracy.md", "fits"): fits_table, ("accuracy.md", "band-coverage"): band_coverage_table,
-          ("vllm-thresholds.md", "sp-cutoffs"): sp_cutoffs_table,
+          ("vllm-thresholds.md", "sp-cutoffs"): sp_cutoffs_table, ("speed.md", "costmodel-speed"): speed_table,
+          ("speed.md", "plugin-overhead"): plugin_table,
           ("vllm-thresholds.md", "fusion-ranges"): fusion_ranges_table}
 
 
