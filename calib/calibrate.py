@@ -15,9 +15,9 @@ from costmodel.errors import TpcostError
 
 KiB, MiB = 1024, 1024 * 1024
 PLANS = {  # what each backend measures; sizes from the models' per-rank shapes
-    "cuda": dict(gemm_ms=[1, 16, 128, 512, 2048, 8192, 32768], chunk_ms=[2048, 8192], mem=[4**i * KiB for i in range(10)],
+    "cuda": dict(gemm_rows=[1, 16, 128, 512, 2048, 8192, 32768], chunk_rows=[2048, 8192], mem=[4**i * KiB for i in range(10)],
                  coll=[4**i * KiB for i in range(10)], fused_ms=[1024, 4096, 16384], warmup_s=0.01, rep_s=0.04),
-    "cpu": dict(gemm_ms=[1, 16, 64, 256, 1024, 2048], chunk_ms=[512, 2048], mem=[4**i * 4 * KiB for i in range(6)],
+    "cpu": dict(gemm_rows=[1, 16, 64, 256, 1024, 2048], chunk_rows=[512, 2048], mem=[4**i * 4 * KiB for i in range(6)],
                 coll=[4**i * KiB for i in range(9)], fused_ms=[256, 1024, 2048], warmup_s=0.005, rep_s=0.05),
 }
 CPU_MODEL = str(Path(__file__).parent / "models" / "cpu-tiny.json")
@@ -164,14 +164,14 @@ def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgete
     out = Path(args.out)
     samples_path, ops_path = side_paths(out)
     phases = [
-        ("gemm", lambda: bench_gemms(local, shapes, plan["gemm_ms"], dev, dtypes)),
+        ("gemm", lambda: bench_gemms(local, shapes, plan["gemm_rows"], dev, dtypes)),
         ("memory", lambda: bench_memory(local, plan["mem"], dev, hidden=shapes[0][2])),
-        ("chunked", lambda: bench_chunked(local, shapes, plan["chunk_ms"], [world], dev, dtypes[0])),
-        ("interference", lambda: bench_interference(local, shapes[:2], plan["chunk_ms"][-1], dev, dtypes[0])),
+        ("chunked", lambda: bench_chunked(local, shapes, plan["chunk_rows"], [world], dev, dtypes[0])),
+        ("interference", lambda: bench_interference(local, shapes[:2], plan["chunk_rows"][-1], dev, dtypes[0])),
     ]
     if world > 1:  # a single rank has nothing to communicate with
         phases += [
-            ("comm_interference", lambda: bench_comm_interference(coll, shapes[:2], plan["chunk_ms"][-1], dev, rank, world,
+            ("comm_interference", lambda: bench_comm_interference(coll, shapes[:2], plan["chunk_rows"][-1], dev, rank, world,
                                                                   dtypes[0])),
             ("collectives", lambda: bench_collectives(coll, plan["coll"], dev, world)),
             ("vllm_all_reduce", lambda: bench_vllm_all_reduce(coll, plan["coll"], dev, world)),

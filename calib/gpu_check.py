@@ -31,10 +31,10 @@ def _shapes():
 
 
 SHAPES = _shapes()
-MS = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
+GEMM_ROWS = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 # M/W from 32 to 4096 rows: the small-chunk regime (64-512 rows, weights far larger than L2) where every chunk
 # re-streams its weights and two streams can only recover compute quantisation (docs/model.md §6)
-CHUNK_MS = [256, 512, 1024, 2048, 4096, 8192]
+CHUNK_ROWS = [256, 512, 1024, 2048, 4096, 8192]
 WORLDS = [2, 4, 8]
 MEM_SIZES = [2**p for p in range(10, 29, 2)]  # 1 KiB .. 256 MiB
 
@@ -92,7 +92,8 @@ def main(argv=None) -> int:
     return run_check(Path(args.out_dir), "cuda", args.budget_s)
 
 
-def run_check(out: Path, device: str, budget_s: float, shapes=SHAPES, ms=MS, chunk_ms=CHUNK_MS, worlds=WORLDS,
+def run_check(out: Path, device: str, budget_s: float, shapes=SHAPES, gemm_rows=GEMM_ROWS, chunk_rows=CHUNK_ROWS,
+              worlds=WORLDS,
               mem_sizes=MEM_SIZES, interference_m=4096) -> int:
     """The check itself, on `device`; the CLI runs it on CUDA. The sizes are parameters so that the tests
     can run the same pipeline on CPU with small shapes (there the interference phase yields nothing)."""
@@ -108,9 +109,9 @@ def run_check(out: Path, device: str, budget_s: float, shapes=SHAPES, ms=MS, chu
     records, skipped = [], []
     dtypes = gemm_dtypes(device)
     phases = [("host_issue", lambda: bench_host_issue(device)),  # first: cheap, and the one host-side quantity
-              ("gemm", lambda: bench_gemms(timer, shapes, ms, device, dtypes)),
+              ("gemm", lambda: bench_gemms(timer, shapes, gemm_rows, device, dtypes)),
               ("memory", lambda: bench_memory(timer, mem_sizes, device)),
-              *[(f"chunked_{d}", (lambda d=d: bench_chunked(timer, shapes[:4], chunk_ms, worlds, device, d)))
+              *[(f"chunked_{d}", (lambda d=d: bench_chunked(timer, shapes[:4], chunk_rows, worlds, device, d)))
                 for d in dtypes],
               *[(f"interference_{d}", (lambda d=d: bench_interference(timer, shapes[:4], interference_m, device, d)))
                 for d in dtypes]]

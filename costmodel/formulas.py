@@ -86,14 +86,14 @@ def t_all_reduce_s(msg_bytes, latency_s, bus_bw_bytes_per_s, world):
     return (latency_s + msg_bytes * (2.0 * (world - 1) / world / bus_bw_bytes_per_s)) * (np.asarray(world) > 1)
 
 
-def t_all_gather_s(out_bytes, latency_s, bus_bw_bytes_per_s, world):
-    """All-gather of an S-byte output: α + (W−1)/W · S/busBW (s; nccl-tests convention)."""
-    return (latency_s + out_bytes * ((world - 1) / world / bus_bw_bytes_per_s)) * (np.asarray(world) > 1)
+def t_all_gather_s(msg_bytes, latency_s, bus_bw_bytes_per_s, world):
+    """All-gather of an S-byte (gathered output) message: α + (W−1)/W · S/busBW (s; nccl-tests convention)."""
+    return (latency_s + msg_bytes * ((world - 1) / world / bus_bw_bytes_per_s)) * (np.asarray(world) > 1)
 
 
-def t_reduce_scatter_s(in_bytes, latency_s, bus_bw_bytes_per_s, world):
-    """Reduce-scatter of an S-byte input: α + (W−1)/W · S/busBW (s; nccl-tests convention)."""
-    return t_all_gather_s(in_bytes, latency_s, bus_bw_bytes_per_s, world)
+def t_reduce_scatter_s(msg_bytes, latency_s, bus_bw_bytes_per_s, world):
+    """Reduce-scatter of an S-byte (unreduced input) message: α + (W−1)/W · S/busBW (s; nccl-tests convention)."""
+    return t_all_gather_s(msg_bytes, latency_s, bus_bw_bytes_per_s, world)
 
 
 def expected_experts_touched(tokens, top_k, num_experts):

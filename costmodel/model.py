@@ -182,7 +182,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
 
     def mem(name, nbytes, formula, count=1):
         return op(name, "memory", hw.t_mem(nbytes), count, f"formulas.t_memory_bound_s({formula})", "§3",
-                  hbm_bytes=nbytes, parts={"HBM": nbytes / (hw.hbm * hw.mem_eff), "latency": hw.launch})
+                  hbm_bytes=nbytes, parts={"HBM": nbytes / (hw.hbm_bw_bytes_per_s * hw.mem_efficiency), "latency": hw.launch_overhead_s})
 
     def comm(name, t, msg_bytes, factor, latency, count, formula):
         return op(name, "comm", t, count, formula, "§4", link_bytes=factor * msg_bytes,
@@ -191,10 +191,10 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     def attention(n):
         flops = F.attention_flops(n, seq_len, h_rank, d)
         nbytes = F.attention_bytes(n, h_rank, kv_rank, d, act)
-        t_c, t_m = flops / (hw.peak_act * hw.attn_eff), nbytes / (hw.hbm * hw.mem_eff)
-        return op("attention", "attention", hw.launch + np.maximum(t_c, t_m),
+        t_c, t_m = flops / (hw.peak_act_flops_per_s * hw.attention_efficiency), nbytes / (hw.hbm_bw_bytes_per_s * hw.mem_efficiency)
+        return op("attention", "attention", hw.launch_overhead_s + np.maximum(t_c, t_m),
                   formula="formulas.attention_flops/attention_bytes", section="§5", flops=flops, hbm_bytes=nbytes,
-                  parts={"compute": t_c, "HBM": t_m, "latency": hw.launch})
+                  parts={"compute": t_c, "HBM": t_m, "latency": hw.launch_overhead_s})
 
     def silu_mul(n):
         return mem("silu_mul", F.silu_mul_bytes(n, I_rank, act, mode.quant_bytes), "silu_mul_bytes")
@@ -205,7 +205,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
         flops = F.gemm_flops(n * k, 3 * I_rank, H)
         w_bytes = F.moe_expert_weight_bytes(n, k, E, H, I_rank, hw.gemm_in_bytes)
         t_exp = hw.gemm["launch_overhead_s"] * 3 + np.maximum(
-            flops / (hw.peak * hw.gemm["max_efficiency"]), w_bytes / (hw.hbm * hw.gemm["mem_efficiency"]))
+            flops / (hw.peak_flops_per_s * hw.gemm["max_efficiency"]), w_bytes / (hw.hbm_bw_bytes_per_s * hw.gemm["mem_efficiency"]))
         return op("moe_experts", "gemm", t_exp, formula="formulas.gemm_flops + moe_expert_weight_bytes (grouped roofline)",
                   section="§8", host_calls=3.0)
 
@@ -234,8 +234,8 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     unit_tp = [comm("all_reduce", t_ar, msg, F.bus_bw_factor("all_reduce", W), lat_ar, 2,
                     f"ops.all_reduce_dispatch ({', '.join(impls)}) -> formulas.t_all_reduce_s"),
                op("rms_norm", "memory", t_norm_unfused, 2, "formulas.t_memory_bound_s(rms_norm_bytes); 0 where fused", "§3",
-                  hbm_bytes=norm_bytes, parts={"HBM": norm_bytes / (hw.hbm * hw.mem_eff),
-                                               "latency": np.where(fused_mask, 0.0, hw.launch)})]
+                  hbm_bytes=norm_bytes, parts={"HBM": norm_bytes / (hw.hbm_bw_bytes_per_s * hw.mem_efficiency),
+                                               "latency": np.where(fused_mask, 0.0, hw.launch_overhead_s)})]
     tp_layer = tuple(compute_ops(N, spec.slots) + unit_tp)
 
     # ---------------------------------------------------------------- sp (RS -> norm(N/W) -> AG)

@@ -74,17 +74,17 @@ class Hw:
         self.mode = mode
         self.act_bytes = mode.act_bytes
         peaks = p.compute.peak_flops_per_s
-        self.peak = getattr(peaks, mode.gemm_dtype)
-        self.peak_act = getattr(peaks, mode.act_dtype)  # unquantised GEMMs and attention
-        self.hbm = p.memory.hbm_bw_bytes_per_s
-        self.mem_eff = p.kernels.mem_efficiency
-        self.launch = p.kernels.launch_overhead_s
+        self.peak_flops_per_s = getattr(peaks, mode.gemm_dtype)
+        self.peak_act_flops_per_s = getattr(peaks, mode.act_dtype)  # unquantised GEMMs and attention
+        self.hbm_bw_bytes_per_s = p.memory.hbm_bw_bytes_per_s
+        self.mem_efficiency = p.kernels.mem_efficiency
+        self.launch_overhead_s = p.kernels.launch_overhead_s
         g = p.gemm
         self.gemm = dict(max_efficiency=g.max_efficiency, mem_efficiency=g.mem_efficiency,
-                         hbm_bw_bytes_per_s=self.hbm, tile_m=g.tile_m, tile_n=g.tile_n,
+                         hbm_bw_bytes_per_s=self.hbm_bw_bytes_per_s, tile_m=g.tile_m, tile_n=g.tile_n,
                          sm_count=p.identity.sm_count, launch_overhead_s=g.launch_overhead_s)
         self.gemm_in_bytes = mode.gemm_in_bytes
-        self.attn_eff = p.attention.efficiency
+        self.attention_efficiency = p.attention.efficiency
         self._memo: dict = {}
         self.rows_hint = rows_hint  # the largest row count this prediction will ask for (sizes the padded-row table)
         self._reps = None  # distinct padded row counts, shared by every GEMM of this prediction
@@ -94,9 +94,10 @@ class Hw:
     def asynctp(self):
         """The AsyncTP values, read only when a fused op is evaluated (so --set knows what the model reads)."""
         a = self.p.asynctp
-        return dict(barrier_s=a.barrier_s, ce_bw=a.copy_engine_bw_bytes_per_s, ce_lat=a.copy_latency_s,
-                    slowdown=a.compute_slowdown, kappa=a.stream_concurrency, host_op_s=a.host_op_s,
-                    link_bw=self.p.interconnect.link_bw_bytes_per_s)
+        return dict(barrier_s=a.barrier_s, copy_engine_bw_bytes_per_s=a.copy_engine_bw_bytes_per_s,
+                    copy_latency_s=a.copy_latency_s, compute_slowdown=a.compute_slowdown,
+                    stream_concurrency=a.stream_concurrency, host_op_s=a.host_op_s,
+                    link_bw_bytes_per_s=self.p.interconnect.link_bw_bytes_per_s)
 
     def _memoised(self, key, arr, compute):
         """compute() once per (array object, key) within one prediction; holding `arr` keeps its id unique."""
@@ -109,12 +110,12 @@ class Hw:
 
     # ------------------------------------------------------------------ GEMM (docs §2)
     def _bytes(self, fp8_ok):
-        return (self.gemm_in_bytes, self.peak) if fp8_ok else (self.act_bytes, self.peak_act)
+        return (self.gemm_in_bytes, self.peak_flops_per_s) if fp8_ok else (self.act_bytes, self.peak_act_flops_per_s)
 
     def t_gemm_mem(self, m, n, k, *, fp8_ok=True):
         """Memory-bound time of one GEMM: its bytes / (HBM · gemm.mem_efficiency) (s)."""
         b, _ = self._bytes(fp8_ok)
-        return F.gemm_bytes(m, n, k, b, b, self.act_bytes) / (self.hbm * self.gemm["mem_efficiency"])
+        return F.gemm_bytes(m, n, k, b, b, self.act_bytes) / (self.hbm_bw_bytes_per_s * self.gemm["mem_efficiency"])
 
     def t_gemm_comp(self, m, n, k, *, fp8_ok=True):
         """Tile- and wave-quantised compute time of one GEMM, without launch (s); memoised."""
@@ -147,7 +148,7 @@ class Hw:
     def _padded_rows_index(self, m):
         tile_m = self.gemm["tile_m"]
         if not (np.ndim(m) == 1 and m.size > 64 and all(np.ndim(v) == 0 for v in (
-                tile_m, self.gemm["max_efficiency"], self.gemm["sm_count"], self.peak, self.peak_act))):
+                tile_m, self.gemm["max_efficiency"], self.gemm["sm_count"], self.peak_flops_per_s, self.peak_act_flops_per_s))):
             return None
         tmin = float(min(64.0, tile_m))
         n_small = int(round(np.log2(tile_m / tmin))) + 1  # tmin, 2·tmin, ..., tile_m
@@ -170,7 +171,7 @@ class Hw:
 
     # ------------------------------------------------------------------ memory-bound kernels (§3)
     def t_mem(self, nbytes):
-        return F.t_memory_bound_s(nbytes, self.hbm, self.mem_eff, self.launch)
+        return F.t_memory_bound_s(nbytes, self.hbm_bw_bytes_per_s, self.mem_efficiency, self.launch_overhead_s)
 
 
 
@@ -182,16 +183,16 @@ def collective_latency_s(hw: Hw, impl: str, tp: int):
     return hw.p.collective(impl, tp)[0]
 
 
-def t_all_gather_s(hw: Hw, tp: int, out_bytes):
-    """NCCL all-gather of an out_bytes output at this TP (s)."""
+def t_all_gather_s(hw: Hw, tp: int, msg_bytes):
+    """NCCL all-gather of a msg_bytes (gathered) message at this TP (s)."""
     lat, bw = hw.p.collective("nccl_all_gather", tp)
-    return F.t_all_gather_s(out_bytes, lat, bw, tp)
+    return F.t_all_gather_s(msg_bytes, lat, bw, tp)
 
 
-def t_reduce_scatter_s(hw: Hw, tp: int, in_bytes):
-    """NCCL reduce-scatter of an in_bytes input at this TP (s)."""
+def t_reduce_scatter_s(hw: Hw, tp: int, msg_bytes):
+    """NCCL reduce-scatter of a msg_bytes (unreduced) message at this TP (s)."""
     lat, bw = hw.p.collective("nccl_reduce_scatter", tp)
-    return F.t_reduce_scatter_s(in_bytes, lat, bw, tp)
+    return F.t_reduce_scatter_s(msg_bytes, lat, bw, tp)
 
 
 def t_nccl_all_reduce_s(hw: Hw, tp: int, msg_bytes):
@@ -304,10 +305,10 @@ def _chunk_gemms(hw: Hw, a: dict, m_c, n, k, W, t_pull_one_s, t_whole_s):
     g = np.maximum(hw.t_gemm(m_c, n, k), t_whole_s / W)
     m2 = hw.rows(m_c, 0.5)
     g_c = F.t_chunk_concurrent_s(hw.t_gemm_mem(m_c, n, k), hw.t_gemm_comp(m_c, n, k), hw.t_gemm_comp(m2, n, k),
-                                 hw.gemm["launch_overhead_s"], a["kappa"])
+                                 hw.gemm["launch_overhead_s"], a["stream_concurrency"])
     g_c = np.minimum(g_c, g)  # a second stream never slows a chunk down
     frac = F.overlapped_fraction((W - 1) * t_pull_one_s, W * g_c)
-    return g, g_c, g_c * (1.0 + a["slowdown"] * frac)
+    return g, g_c, g_c * (1.0 + a["compute_slowdown"] * frac)
 
 
 def fused_ag_gemm(hw: Hw, m, n, k, tp: int, a_bytes: float, eager: bool) -> FusedOp:
@@ -315,7 +316,7 @@ def fused_ag_gemm(hw: Hw, m, n, k, tp: int, a_bytes: float, eager: bool) -> Fuse
     a = hw.asynctp
     W = tp
     m_c = hw.rows(m, W)
-    p = F.t_pull_s(m_c * (k * a_bytes), a["ce_bw"], a["link_bw"], a["ce_lat"])
+    p = F.t_pull_s(m_c * (k * a_bytes), a["copy_engine_bw_bytes_per_s"], a["link_bw_bytes_per_s"], a["copy_latency_s"])
     t_whole = hw.t_gemm(m, n, k)
     g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p, t_whole)
     t_copy = hw.t_mem(m_c * (2.0 * k * a_bytes))  # local shard -> symmetric buffer (read + write)
@@ -332,7 +333,7 @@ def fused_gemm_rs(hw: Hw, m, n, k, tp: int, eager: bool) -> FusedOp:
     a = hw.asynctp
     W = tp
     m_c = hw.rows(m, W)
-    p = F.t_pull_s(m_c * (n * hw.act_bytes), a["ce_bw"], a["link_bw"], a["ce_lat"])  # partials bf16 even for fp8
+    p = F.t_pull_s(m_c * (n * hw.act_bytes), a["copy_engine_bw_bytes_per_s"], a["link_bw_bytes_per_s"], a["copy_latency_s"])  # partials bf16 even for fp8
     t_whole = hw.t_gemm(m, n, k)
     g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p, t_whole)
     t_red = hw.t_mem(F.reduction_bytes(m, n, hw.act_bytes, W))

@@ -148,7 +148,7 @@ def test_gpu_check_pipeline_runs_on_cpu_and_folds_into_a_profile(tmp_path, capsy
 
     out = tmp_path / "calib" / "data" / "h200-sxm-gpu-check"
     shapes = [("tiny_qkv", 96, 128), ("tiny_o", 128, 64), ("tiny_gate_up", 256, 128), ("tiny_down", 128, 128)]
-    assert run_check(out, "cpu", 60.0, shapes=shapes, ms=[1, 8, 32, 64, 128, 256], chunk_ms=[64, 128],
+    assert run_check(out, "cpu", 60.0, shapes=shapes, gemm_rows=[1, 8, 32, 64, 128, 256], chunk_rows=[64, 128],
                      worlds=[2, 4], mem_sizes=[2**16, 2**18]) == 0
     recs = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     kinds = {r["kind"] for r in recs}

@@ -193,7 +193,7 @@ def test_gathered_gemm_path_equals_reference_formula():
     hw = ops.Hw(H100, "bf16")
     for arr in (np.arange(1, 5000, dtype=float), np.arange(1, 5000, dtype=float) / 4, np.array([5.0, 1, 300, 64, 65, 129] * 20)):
         for n, k in ((2560, 8192), (8192, 7168), (1280, 8192)):
-            ref = F.t_gemm_s(arr, n, k, peak_flops_per_s=hw.peak, in_bytes=2, w_bytes=2, out_bytes=2, **hw.gemm)
+            ref = F.t_gemm_s(arr, n, k, peak_flops_per_s=hw.peak_flops_per_s, in_bytes=2, w_bytes=2, out_bytes=2, **hw.gemm)
             np.testing.assert_allclose(hw.t_gemm(arr, n, k), ref, rtol=1e-12)
 
 
