@@ -188,3 +188,13 @@ def test_cli_lives_in_one_package_and_imports_calib_lazily():
             "print(sorted(m for m in ('calib', 'torch', 'vllm', 'scipy') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert r.stdout.strip() == "[]", r.stdout
+
+
+def test_every_package_is_shipped():
+    """pyproject's package list names every package folder (a non-editable `pip install .` ships only those)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {str(p.parent.relative_to(ROOT)).replace("/", ".") for d in ("costmodel", "calib", "integration")
+             for p in (ROOT / d).rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)
