@@ -5,40 +5,42 @@ from __future__ import annotations
 
 import numpy as np
 
+Arr = float | np.ndarray  # a number, or a numpy array of them: every formula broadcasts over arrays
+
 # --------------------------------------------------------------------------- GEMM (docs §2)
 
 SPLIT_K_MIN_DEPTH = 512.0  # smallest K slice a split-K/stream-K kernel gives one CTA (elements)
 
 
-def gemm_flops(m, n, k):
+def gemm_flops(m: Arr, n: Arr, k: Arr) -> Arr:
     """FLOP of C[m,n] = A[m,k] @ B[k,n]: 2·m·n·k (FLOP)."""
     return m * (2.0 * n * k)
 
 
-def gemm_bytes(m, n, k, in_bytes, w_bytes, out_bytes):
+def gemm_bytes(m: Arr, n: Arr, k: Arr, in_bytes: Arr, w_bytes: Arr, out_bytes: Arr) -> Arr:
     """HBM traffic of one GEMM: m·k·b_in + k·n·b_w + m·n·b_out (bytes; each operand touched once)."""
     return m * (k * in_bytes + n * out_bytes) + k * n * w_bytes
 
 
-def gemm_tile_m(m, tile_m_max, tile_m_min=64.0):
+def gemm_tile_m(m: Arr, tile_m_max: Arr, tile_m_min: Arr=64.0) -> Arr:
     """Row tile a Hopper-class kernel picks: next power of two ≥ m, clipped to [min(64, tile_m), tile_m] (rows)."""
     p2 = np.exp2(np.ceil(np.log2(np.maximum(m, 1.0))))
     return np.clip(p2, np.minimum(tile_m_min, tile_m_max), tile_m_max)
 
 
-def gemm_split_k(tiles, k, sm_count, min_k_per_split=SPLIT_K_MIN_DEPTH):
+def gemm_split_k(tiles: Arr, k: Arr, sm_count: Arr, min_k_per_split: Arr=SPLIT_K_MIN_DEPTH) -> Arr:
     """Split-K factor a library picks when tiles < SMs: clip(floor(SMs/tiles), 1, k/512) (dimensionless)."""
     return np.clip(np.floor(sm_count / np.maximum(tiles, 1.0)), 1.0, np.maximum(np.floor(k / min_k_per_split), 1.0))
 
 
-def t_gemm_tile_s(m, n, k, tm, tn, per_sm_flops_per_s, sm_count):
+def t_gemm_tile_s(m: Arr, n: Arr, k: Arr, tm: Arr, tn: Arr, per_sm_flops_per_s: Arr, sm_count: Arr) -> Arr:
     """One tile config, tile + wave quantised with split-K: ceil(tiles·s/SMs)·(2·tm·tn·k/s)/(per-SM rate) (s)."""
     tiles = np.ceil(m / tm) * np.ceil(n / tn)
     split = gemm_split_k(tiles, k, sm_count)
     return np.ceil(tiles * split / sm_count) * (2.0 * tm * tn * k / split) / per_sm_flops_per_s
 
 
-def t_gemm_compute_s(m, n, k, peak_flops_per_s, max_efficiency, tile_m, tile_n, sm_count):
+def t_gemm_compute_s(m: Arr, n: Arr, k: Arr, peak_flops_per_s: Arr, max_efficiency: Arr, tile_m: Arr, tile_n: Arr, sm_count: Arr) -> Arr:
     """Compute-bound GEMM time: the best of the tile configs (tm, tn) and (tm, tn/2) a heuristic picks (s)."""
     tm = gemm_tile_m(m, tile_m)
     per_sm = peak_flops_per_s * max_efficiency / sm_count
@@ -46,8 +48,8 @@ def t_gemm_compute_s(m, n, k, peak_flops_per_s, max_efficiency, tile_m, tile_n, 
                       t_gemm_tile_s(m, n, k, tm, tile_n / 2, per_sm, sm_count))
 
 
-def t_gemm_s(m, n, k, *, peak_flops_per_s, max_efficiency, mem_efficiency, hbm_bw_bytes_per_s,
-             tile_m, tile_n, sm_count, launch_overhead_s, in_bytes, w_bytes, out_bytes):
+def t_gemm_s(m: Arr, n: Arr, k: Arr, *, peak_flops_per_s: Arr, max_efficiency: Arr, mem_efficiency: Arr, hbm_bw_bytes_per_s: Arr,
+             tile_m: Arr, tile_n: Arr, sm_count: Arr, launch_overhead_s: Arr, in_bytes: Arr, w_bytes: Arr, out_bytes: Arr) -> Arr:
     """Roofline GEMM time: launch + max(quantised compute time, bytes/(HBM·eff)) (s); 0 when m = 0."""
     t_comp = t_gemm_compute_s(m, n, k, peak_flops_per_s, max_efficiency, tile_m, tile_n, sm_count)
     t_mem = gemm_bytes(m, n, k, in_bytes, w_bytes, out_bytes) / (hbm_bw_bytes_per_s * mem_efficiency)
@@ -57,23 +59,23 @@ def t_gemm_s(m, n, k, *, peak_flops_per_s, max_efficiency, mem_efficiency, hbm_b
 # --------------------------------------------------------------------------- memory-bound kernels (§3)
 
 
-def t_memory_bound_s(bytes_moved, hbm_bw_bytes_per_s, mem_efficiency, launch_overhead_s):
+def t_memory_bound_s(bytes_moved: Arr, hbm_bw_bytes_per_s: Arr, mem_efficiency: Arr, launch_overhead_s: Arr) -> Arr:
     """Memory-bound kernel: launch + bytes/(HBM bandwidth·efficiency) (s)."""
     return launch_overhead_s + bytes_moved / (hbm_bw_bytes_per_s * mem_efficiency)
 
 
-def rms_norm_bytes(rows, hidden, act_bytes, out_bytes, fused_add=True):
+def rms_norm_bytes(rows: Arr, hidden: Arr, act_bytes: Arr, out_bytes: Arr, fused_add: bool=True) -> Arr:
     """(fused-add) RMSNorm traffic: read x (+ residual), write out (+ residual): rows·H·(b·(1+r)+b_out+b·r)."""
     r = 1.0 if fused_add else 0.0
     return rows * (hidden * (act_bytes * (1.0 + 2.0 * r) + out_bytes))
 
 
-def silu_mul_bytes(rows, intermediate_per_rank, act_bytes, out_bytes):
+def silu_mul_bytes(rows: Arr, intermediate_per_rank: Arr, act_bytes: Arr, out_bytes: Arr) -> Arr:
     """SiluAndMul traffic: read rows·2I/tp·b, write rows·I/tp·b_out (bytes)."""
     return rows * (intermediate_per_rank * (2.0 * act_bytes + out_bytes))
 
 
-def reduction_bytes(rows, n, out_bytes, world):
+def reduction_bytes(rows: Arr, n: Arr, out_bytes: Arr, world: Arr) -> Arr:
     """Sum of W partials [W, rows/W, n] → [rows/W, n]: reads rows·n·b, writes rows·n·b/W (bytes)."""
     return rows * (n * out_bytes * (1.0 + 1.0 / world))
 
@@ -81,27 +83,27 @@ def reduction_bytes(rows, n, out_bytes, world):
 # --------------------------------------------------------------------------- collectives (§4)
 
 
-def t_all_reduce_s(msg_bytes, latency_s, bus_bw_bytes_per_s, world):
+def t_all_reduce_s(msg_bytes: Arr, latency_s: Arr, bus_bw_bytes_per_s: Arr, world: Arr) -> Arr:
     """All-reduce: α + 2(W−1)/W · S/busBW (s; nccl-tests PERFORMANCE.md bus-bandwidth convention)."""
     return (latency_s + msg_bytes * (2.0 * (world - 1) / world / bus_bw_bytes_per_s)) * (np.asarray(world) > 1)
 
 
-def t_all_gather_s(msg_bytes, latency_s, bus_bw_bytes_per_s, world):
+def t_all_gather_s(msg_bytes: Arr, latency_s: Arr, bus_bw_bytes_per_s: Arr, world: Arr) -> Arr:
     """All-gather of an S-byte (gathered output) message: α + (W−1)/W · S/busBW (s; nccl-tests convention)."""
     return (latency_s + msg_bytes * ((world - 1) / world / bus_bw_bytes_per_s)) * (np.asarray(world) > 1)
 
 
-def t_reduce_scatter_s(msg_bytes, latency_s, bus_bw_bytes_per_s, world):
+def t_reduce_scatter_s(msg_bytes: Arr, latency_s: Arr, bus_bw_bytes_per_s: Arr, world: Arr) -> Arr:
     """Reduce-scatter of an S-byte (unreduced input) message: α + (W−1)/W · S/busBW (s; nccl-tests convention)."""
     return t_all_gather_s(msg_bytes, latency_s, bus_bw_bytes_per_s, world)
 
 
-def expected_experts_touched(tokens, top_k, num_experts):
+def expected_experts_touched(tokens: Arr, top_k: Arr, num_experts: Arr) -> Arr:
     """Distinct experts that N·k uniformly routed picks touch: E·(1 − (1 − k/E)^N) (count; docs §8)."""
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
-def weight_bytes_per_gpu(params_per_gpu, bytes_per_param):
+def weight_bytes_per_gpu(params_per_gpu: Arr, bytes_per_param: Arr) -> Arr:
     """Weight memory of one rank: parameters on it · bytes per parameter (bytes)."""
     return params_per_gpu * bytes_per_param
 
@@ -109,12 +111,12 @@ def weight_bytes_per_gpu(params_per_gpu, bytes_per_param):
 # --------------------------------------------------------------------------- attention (§5)
 
 
-def attention_flops(tokens, seq_len, heads_per_rank, head_dim):
+def attention_flops(tokens: Arr, seq_len: Arr, heads_per_rank: Arr, head_dim: Arr) -> Arr:
     """Causal prefill attention FLOP: 4·d·h·Σ L²/2 = 2·d·h·N·min(N, L) for N tokens in sequences of L."""
     return tokens * np.minimum(tokens, seq_len) * (2.0 * head_dim * heads_per_rank)
 
 
-def attention_bytes(tokens, heads_per_rank, kv_heads_per_rank, head_dim, act_bytes):
+def attention_bytes(tokens: Arr, heads_per_rank: Arr, kv_heads_per_rank: Arr, head_dim: Arr, act_bytes: Arr) -> Arr:
     """FlashAttention traffic: read Q,K,V and write O once: N·(2h + 2kv)·d·b (bytes)."""
     return tokens * ((2.0 * heads_per_rank + 2.0 * kv_heads_per_rank) * head_dim * act_bytes)
 
@@ -125,7 +127,7 @@ def attention_bytes(tokens, heads_per_rank, kv_heads_per_rank, head_dim, act_byt
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
-def bus_bw_factor(collective, world):
+def bus_bw_factor(collective: str, world: Arr) -> Arr:
     """nccl-tests bus-bandwidth factor: all_reduce 2(W−1)/W; all_gather, reduce_scatter (W−1)/W (dimensionless)."""
     if collective not in COLLECTIVES:
         raise ValueError(f"bus_bw_factor: unknown collective {collective!r} (one of {', '.join(COLLECTIVES)})")
@@ -133,17 +135,17 @@ def bus_bw_factor(collective, world):
     return 2.0 * f if collective == "all_reduce" else f
 
 
-def t_link_s(total_bytes, world, link_bw_bytes_per_s):
+def t_link_s(total_bytes: Arr, world: Arr, link_bw_bytes_per_s: Arr) -> Arr:
     """Least time the link needs for a rank's share of a gather/scatter: (W−1)/W·S / link peak (s)."""
     return total_bytes * ((world - 1.0) / world / link_bw_bytes_per_s)
 
 
-def t_pull_s(chunk_bytes, copy_engine_bw_bytes_per_s, link_bw_bytes_per_s, copy_latency_s):
+def t_pull_s(chunk_bytes: Arr, copy_engine_bw_bytes_per_s: Arr, link_bw_bytes_per_s: Arr, copy_latency_s: Arr) -> Arr:
     """Copy-engine pull of one peer's chunk: latency + bytes/min(copy-engine bw, link bw) (s); no faster than the link."""
     return copy_latency_s + chunk_bytes / np.minimum(copy_engine_bw_bytes_per_s, link_bw_bytes_per_s)
 
 
-def t_chunk_concurrent_s(t_mem_s, t_comp_s, t_pair_comp_s, launch_s, stream_concurrency):
+def t_chunk_concurrent_s(t_mem_s: Arr, t_comp_s: Arr, t_pair_comp_s: Arr, launch_s: Arr, stream_concurrency: Arr) -> Arr:
     """Chunk GEMM on two streams: launch + max(t_mem, (1−κ)·t_comp + κ·t_comp(2 chunks)/2) (s).
 
     Two streams recover only tile/wave quantisation of compute; two memory-bound chunks share HBM, so each
@@ -152,12 +154,12 @@ def t_chunk_concurrent_s(t_mem_s, t_comp_s, t_pair_comp_s, launch_s, stream_conc
     return launch_s + np.maximum(t_mem_s, comp)
 
 
-def overlapped_fraction(t_comm_total_s, t_comp_total_s):
+def overlapped_fraction(t_comm_total_s: Arr, t_comp_total_s: Arr) -> Arr:
     """Share of GEMM time that runs while pulls are in flight: min(1, Σpull/ΣGEMM) (dimensionless)."""
     return np.minimum(1.0, t_comm_total_s / np.maximum(t_comp_total_s, 1e-30))
 
 
-def t_ag_gemm_gpu_s(world, t_chunk_s, t_chunk_eff_s, t_whole_s, t_pull_s_, t_copy_s, barrier_s):
+def t_ag_gemm_gpu_s(world: Arr, t_chunk_s: Arr, t_chunk_eff_s: Arr, t_whole_s: Arr, t_pull_s_: Arr, t_copy_s: Arr, barrier_s: Arr) -> Arr:
     """AG+GEMM on the GPU: 3·b + t_copy + max(0, t_copy − g_eff) + max(W·g_eff, t_whole, (W−1)·p + g) (s).
 
     The main loop is compute-bound (never cheaper than the whole GEMM) or pull-bound with the last GEMM alone."""
@@ -165,7 +167,7 @@ def t_ag_gemm_gpu_s(world, t_chunk_s, t_chunk_eff_s, t_whole_s, t_pull_s_, t_cop
     return 3.0 * barrier_s + t_copy_s + np.maximum(0.0, t_copy_s - t_chunk_eff_s) + pipe
 
 
-def t_gemm_rs_gpu_s(world, t_chunk_s, t_chunk_eff_s, t_whole_s, t_pull_s_, t_reduction_s, barrier_s):
+def t_gemm_rs_gpu_s(world: Arr, t_chunk_s: Arr, t_chunk_eff_s: Arr, t_whole_s: Arr, t_pull_s_: Arr, t_reduction_s: Arr, barrier_s: Arr) -> Arr:
     """GEMM+RS on the GPU: 2W·b + max(W·g_eff, t_whole, g + (W−1)·p) + t_red (s).
 
     The 2 barriers of each step queue behind the other stream's chunk GEMM (a barrier kernel gets no SM
@@ -174,22 +176,22 @@ def t_gemm_rs_gpu_s(world, t_chunk_s, t_chunk_eff_s, t_whole_s, t_pull_s_, t_red
     return 2.0 * world * barrier_s + pipe + t_reduction_s
 
 
-def host_ops_ag_gemm(world):
+def host_ops_ag_gemm(world: Arr) -> Arr:
     """Host-issued torch calls of fused_all_gather_matmul (torch 2.13, return_A): 4(W−1) + 16 (count; docs §6)."""
     return 4.0 * (world - 1) + 16.0
 
 
-def host_ops_gemm_rs(world):
+def host_ops_gemm_rs(world: Arr) -> Arr:
     """Host-issued torch calls of fused_matmul_reduce_scatter (torch 2.13, + reduction): 6(W−1) + 16 (count; docs §6)."""
     return 6.0 * (world - 1) + 16.0
 
 
-def t_eager_s(t_gpu_s, t_host_s, t_tail_s):
+def t_eager_s(t_gpu_s: Arr, t_host_s: Arr, t_tail_s: Arr) -> Arr:
     """An eagerly issued op: max(GPU time, host issue time + the GPU work left after the last issue) (s)."""
     return np.maximum(t_gpu_s, t_host_s + t_tail_s)
 
 
-def t_fused_kernel_s(t_gemm_s, t_link_s, fixed_s, compute_overhead, exposed_fraction):
+def t_fused_kernel_s(t_gemm_s: Arr, t_link_s: Arr, fixed_s: Arr, compute_overhead: Arr, exposed_fraction: Arr) -> Arr:
     """Single-kernel GEMM+collective: c + max(g·(1+φ), L) + α·min(g·(1+φ), L) (s; docs/model.md §6b).
 
     g the whole GEMM, L the communication at the kernel's own link rate, φ the GEMM time lost to the communicating
@@ -199,33 +201,34 @@ def t_fused_kernel_s(t_gemm_s, t_link_s, fixed_s, compute_overhead, exposed_frac
     return fixed_s + np.maximum(g, t_link_s) + exposed_fraction * np.minimum(g, t_link_s)
 
 
-def kernel_link_bytes(m, n, out_bytes, world, all_reduce: bool):
+def kernel_link_bytes(m: Arr, n: Arr, out_bytes: Arr, world: Arr, all_reduce: bool) -> Arr:
     """Bytes one rank moves over the link in a fused GEMM+RS: (W−1)/W·m·n·b; GEMM+AR adds the all-gather: ×2 (bytes)."""
     rs = (world - 1) / world * m * n * out_bytes
     return 2.0 * rs if all_reduce else rs
 
 
-def collective_beyond_domain(latency_s, bus_bw_bytes_per_s, internode_bw_bytes_per_s, internode_latency_s):
+def collective_beyond_domain(latency_s: Arr, bus_bw_bytes_per_s: Arr, internode_bw_bytes_per_s: Arr,
+                             internode_latency_s: Arr) -> tuple[Arr, Arr]:
     """(α + α_net, min(busBW, net busBW)) of a collective whose ranks span more than one NVLink domain: the network
     caps the bus bandwidth and adds its latency (s, bytes/s; docs/model.md §4)."""
     return latency_s + internode_latency_s, np.minimum(bus_bw_bytes_per_s, internode_bw_bytes_per_s)
 
 
-def dynamic_quant_bytes(n, hidden, act_bytes):
+def dynamic_quant_bytes(n: Arr, hidden: Arr, act_bytes: Arr) -> Arr:
     """Per-token fp8 quantisation kernel after a bf16 all-gather: reads n·H·b, writes n·H fp8: n·H·(b+1) (bytes)."""
     return n * (hidden * (act_bytes + 1.0))
 
 
-def embedding_bytes(n, hidden, act_bytes):
+def embedding_bytes(n: Arr, hidden: Arr, act_bytes: Arr) -> Arr:
     """Embedding lookup: n rows of H gathered and written: n·2H·b (bytes)."""
     return n * (2.0 * hidden * act_bytes)
 
 
-def logits_bytes(n_seqs, vocab):
+def logits_bytes(n_seqs: Arr, vocab: Arr) -> Arr:
     """The fp32 logits of the last token of each sequence, gathered over the vocab shards: n_seqs·V·4 (bytes)."""
     return n_seqs * vocab * 4.0
 
 
-def moe_expert_weight_bytes(n, top_k, num_experts, hidden, inter_rank, w_bytes):
+def moe_expert_weight_bytes(n: Arr, top_k: Arr, num_experts: Arr, hidden: Arr, inter_rank: Arr, w_bytes: Arr) -> Arr:
     """Expert weights a grouped MoE GEMM streams for n tokens: E(1−(1−k/E)^n) experts × 3·H·I·b (bytes; §8)."""
     return expected_experts_touched(n, top_k, num_experts) * (3 * hidden * inter_rank * w_bytes)

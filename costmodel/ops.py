@@ -17,6 +17,8 @@ from . import formulas as F
 from .errors import TpcostError
 from .profile import HardwareProfile
 
+Arr = F.Arr  # a number or a numpy array (formulas broadcast)
+
 
 @dataclasses.dataclass(frozen=True)
 class DtypeMode:
@@ -91,7 +93,7 @@ class Hw:
         self._tables: dict = {}  # (n, k, fp8_ok) -> compute time over self._reps
 
     @property
-    def asynctp(self):
+    def asynctp(self) -> dict[str, Any]:
         """The AsyncTP values, read only when a fused op is evaluated (so --set knows what the model reads)."""
         a = self.p.asynctp
         return dict(barrier_s=a.barrier_s, copy_engine_bw_bytes_per_s=a.copy_engine_bw_bytes_per_s,
@@ -112,12 +114,12 @@ class Hw:
     def _bytes(self, fp8_ok):
         return (self.gemm_in_bytes, self.peak_flops_per_s) if fp8_ok else (self.act_bytes, self.peak_act_flops_per_s)
 
-    def t_gemm_mem(self, m, n, k, *, fp8_ok=True):
+    def t_gemm_mem(self, m: Arr, n: int, k: int, *, fp8_ok: bool=True) -> Arr:
         """Memory-bound time of one GEMM: its bytes / (HBM · gemm.mem_efficiency) (s)."""
         b, _ = self._bytes(fp8_ok)
         return F.gemm_bytes(m, n, k, b, b, self.act_bytes) / (self.hbm_bw_bytes_per_s * self.gemm["mem_efficiency"])
 
-    def t_gemm_comp(self, m, n, k, *, fp8_ok=True):
+    def t_gemm_comp(self, m: Arr, n: int, k: int, *, fp8_ok: bool=True) -> Arr:
         """Tile- and wave-quantised compute time of one GEMM, without launch (s); memoised."""
         return self._memoised(("comp", n, k, fp8_ok), m, lambda: self._t_gemm_comp(m, n, k, fp8_ok))
 
@@ -134,7 +136,7 @@ class Hw:
             self._tables[(n, k, fp8_ok)] = table
         return table[..., padded]
 
-    def t_gemm(self, m, n, k, *, fp8_ok=True):
+    def t_gemm(self, m: Arr, n: int, k: int, *, fp8_ok: bool=True) -> Arr:
         """F.t_gemm_s with this profile's values: launch + max(compute, memory) (s); memoised."""
         def compute():
             t = np.maximum(self.t_gemm_comp(m, n, k, fp8_ok=fp8_ok), self.t_gemm_mem(m, n, k, fp8_ok=fp8_ok))
@@ -165,12 +167,12 @@ class Hw:
         idx[sel] = np.log2(F.gemm_tile_m(m[sel], tile_m) / tmin).astype(np.intp)
         return idx
 
-    def rows(self, n_tok, divisor):
+    def rows(self, n_tok: Arr, divisor: Arr) -> Arr:
         """n_tok / divisor, memoised so that chunk GEMMs of the same rows share the GEMM memo."""
         return self._memoised(("rows", divisor), n_tok, lambda: n_tok / divisor)
 
     # ------------------------------------------------------------------ memory-bound kernels (§3)
-    def t_mem(self, nbytes):
+    def t_mem(self, nbytes: Arr) -> Arr:
         return F.t_memory_bound_s(nbytes, self.hbm_bw_bytes_per_s, self.mem_efficiency, self.launch_overhead_s)
 
 
@@ -178,24 +180,24 @@ class Hw:
 # ---------------------------------------------------------------------- collectives (§4)
 
 
-def collective_latency_s(hw: Hw, impl: str, tp: int):
+def collective_latency_s(hw: Hw, impl: str, tp: int) -> Arr:
     """α of one collective implementation at this TP (s)."""
     return hw.p.collective(impl, tp)[0]
 
 
-def t_all_gather_s(hw: Hw, tp: int, msg_bytes):
+def t_all_gather_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
     """NCCL all-gather of a msg_bytes (gathered) message at this TP (s)."""
     lat, bw = hw.p.collective("nccl_all_gather", tp)
     return F.t_all_gather_s(msg_bytes, lat, bw, tp)
 
 
-def t_reduce_scatter_s(hw: Hw, tp: int, msg_bytes):
+def t_reduce_scatter_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
     """NCCL reduce-scatter of a msg_bytes (unreduced) message at this TP (s)."""
     lat, bw = hw.p.collective("nccl_reduce_scatter", tp)
     return F.t_reduce_scatter_s(msg_bytes, lat, bw, tp)
 
 
-def t_nccl_all_reduce_s(hw: Hw, tp: int, msg_bytes):
+def t_nccl_all_reduce_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
     """NCCL all-reduce of a msg_bytes tensor at this TP (s)."""
     lat, bw = hw.p.collective("nccl_all_reduce", tp)
     return F.t_all_reduce_s(msg_bytes, lat, bw, tp)
@@ -211,7 +213,7 @@ class AllReduce(NamedTuple):
     tables: str = ""  # the vLLM version whose dispatch tables picked them, with file:line
 
 
-def all_reduce_dispatch(hw: Hw, msg_bytes, tp: int, fusion_applies: bool, fi_max_bytes=None,
+def all_reduce_dispatch(hw: Hw, msg_bytes: Arr, tp: int, fusion_applies: bool, fi_max_bytes: float | None = None,
                         vllm_version: tuple[int, int] | None = None) -> AllReduce:
     """The all-reduce implementation vLLM picks for each message size, and its time.
 
@@ -311,7 +313,7 @@ def _chunk_gemms(hw: Hw, a: dict, m_c, n, k, W, t_pull_one_s, t_whole_s):
     return g, g_c, g_c * (1.0 + a["compute_slowdown"] * frac)
 
 
-def fused_ag_gemm(hw: Hw, m, n, k, tp: int, a_bytes: float, eager: bool) -> FusedOp:
+def fused_ag_gemm(hw: Hw, m: Arr, n: int, k: int, tp: int, a_bytes: float, eager: bool) -> FusedOp:
     """torch fused_all_gather_matmul (_pipelined_all_gather_and_consume, return_A=True) on m gathered rows."""
     a = hw.asynctp
     W = tp
@@ -328,7 +330,7 @@ def fused_ag_gemm(hw: Hw, m, n, k, tp: int, a_bytes: float, eager: bool) -> Fuse
                    t_copy + np.maximum(0.0, t_copy - g_eff))
 
 
-def fused_gemm_rs(hw: Hw, m, n, k, tp: int, eager: bool) -> FusedOp:
+def fused_gemm_rs(hw: Hw, m: Arr, n: int, k: int, tp: int, eager: bool) -> FusedOp:
     """torch fused_matmul_reduce_scatter (_pipelined_produce_and_all2all + the partial sum) on m rows."""
     a = hw.asynctp
     W = tp
@@ -344,19 +346,19 @@ def fused_gemm_rs(hw: Hw, m, n, k, tp: int, eager: bool) -> FusedOp:
     return FusedOp(t, t_gpu, t_host, t_tail, W * g, W * g_c, W * g_eff, (W - 1) * p, 2.0 * W * a["barrier_s"], t_red)
 
 
-def sequential_ag_gemm_s(hw: Hw, m, n, k, tp: int, a_bytes: float):
+def sequential_ag_gemm_s(hw: Hw, m: Arr, n: int, k: int, tp: int, a_bytes: float) -> Arr:
     """What AG+GEMM replaces: NCCL all-gather of m·k·b_A, then the whole GEMM (s)."""
     return t_all_gather_s(hw, tp, m * (k * a_bytes)) + hw.t_gemm(m, n, k)
 
 
-def sequential_gemm_rs_s(hw: Hw, m, n, k, tp: int):
+def sequential_gemm_rs_s(hw: Hw, m: Arr, n: int, k: int, tp: int) -> Arr:
     """What GEMM+RS replaces: the whole GEMM, then NCCL reduce-scatter of its m·n bf16 partials (s)."""
     return hw.t_gemm(m, n, k) + t_reduce_scatter_s(hw, tp, m * (n * hw.act_bytes))
 
 
-def fused_op_bound_s(hw: Hw, op: str, m, n, k, tp: int, a_bytes: float | None = None):
+def fused_op_bound_s(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, a_bytes: float | None = None) -> Arr:
     """Least time any fused op can take: max(whole GEMM, (W−1)/W of the moved tensor / link peak) (s)."""
-    moved = m * (k * a_bytes) if op == "ag_gemm" else m * (n * hw.act_bytes)
+    moved = m * (k * (a_bytes or hw.mode.ag_bytes)) if op == "ag_gemm" else m * (n * hw.act_bytes)
     return np.maximum(hw.t_gemm(m, n, k), F.t_link_s(moved, tp, hw.p.interconnect.link_bw_bytes_per_s))
 
 
@@ -386,7 +388,7 @@ def kernel_available(profile: HardwareProfile, tp: int, dtype: str = "bf16", n: 
     return None
 
 
-def fused_kernel(hw: Hw, op: str, m, n, k, tp: int) -> FusedOp:
+def fused_kernel(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int) -> FusedOp:
     """One single-kernel fused GEMM+RS (op "gemm_rs") or GEMM+AR ("gemm_ar") on m rows (formulas.t_fused_kernel_s);
     GEMM+AR ends with vLLM's `partial[:M].clone()` (gemm_rs_ar.py l. 1081): one more m·n copy in HBM."""
     fk = hw.p.fused_kernel
@@ -402,7 +404,7 @@ def fused_kernel(hw: Hw, op: str, m, n, k, tp: int) -> FusedOp:
     return FusedOp(t, t, 0.0, 0.0, t_whole, t_whole, t_whole * (1.0 + fk.compute_overhead), t_link, fk.fixed_s, t_copy)
 
 
-def unfused_all_reduce_norm_s(hw: Hw, rows, hidden: int, tp: int, vllm_version=None):
+def unfused_all_reduce_norm_s(hw: Hw, rows: Arr, hidden: int, tp: int, vllm_version: tuple[int, int] | None = None) -> Arr:
     """The all-reduce + RMSNorm unit without FlashInfer's fusion: vLLM's next all-reduce for rows·H activations, then
     the RMSNorm kernel (s; docs/model.md §3-4; the one home of this unit outside the schedules)."""
     msg = rows * (hidden * hw.act_bytes)
@@ -410,7 +412,7 @@ def unfused_all_reduce_norm_s(hw: Hw, rows, hidden: int, tp: int, vllm_version=N
     return t_ar + hw.t_mem(F.rms_norm_bytes(rows, hidden, hw.act_bytes, hw.mode.quant_bytes))
 
 
-def sequential_gemm_ar_s(hw: Hw, m, n, k, tp: int, vllm_version=None):
+def sequential_gemm_ar_s(hw: Hw, m: Arr, n: int, k: int, tp: int, vllm_version: tuple[int, int] | None = None) -> Arr:
     """What GEMM+AR replaces: the whole GEMM, then the all-reduce vLLM dispatches for its m·n partials (s)."""
     msg = np.atleast_1d(np.asarray(m, dtype=float) * (n * hw.act_bytes))
     ar = all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm_version=vllm_version)
