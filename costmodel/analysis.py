@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ class Analysis:
     predict_kw: dict = dataclasses.field(default_factory=dict)  # fi_max_bytes, cudagraph_max_tokens, vllm_version
 
 
-def curve(a: Analysis, num_tokens) -> Prediction:
+def curve(a: Analysis, num_tokens: Any) -> Prediction:
     """The prediction of analysis `a` (same profile, model, TP, dtype, fusion range and regime) at other N."""
     return predict(a.profile, a.shape, a.tp, a.dtype, num_tokens, a.seq_len, **a.predict_kw)
 
@@ -61,7 +62,7 @@ def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
     return np.arange(tp, top + 1, tp, dtype=float)
 
 
-def band_grid(grid: np.ndarray, weights=None) -> tuple[np.ndarray, np.ndarray, int]:
+def band_grid(grid: np.ndarray, weights: Any = None) -> tuple[np.ndarray, np.ndarray, int]:
     """(grid, weights, k) the band is decided on: the grid itself (k = 1) up to BAND_GRID_MAX points, else every
     k-th point (k = ⌈n / BAND_GRID_MAX⌉), each carrying the summed weight of its block of k."""
     w = uniform_workload(grid) if weights is None else np.asarray(weights, dtype=float)
@@ -76,7 +77,7 @@ def uniform_workload(grid: np.ndarray) -> np.ndarray:
     return np.full(grid.shape, 1.0 / grid.size)
 
 
-def expected_time_by_threshold_s(t_off_s, t_on_s, weights, margin: float):
+def expected_time_by_threshold_s(t_off_s: Any, t_on_s: Any, weights: Any, margin: float) -> np.ndarray:
     """E[forward time] for each threshold c = grid[i] (steps with N ≥ c run the overlapped schedule at
     (1+margin)·t_on, the others t_off), and for 'never' in the last column (s). Shapes (..., n) -> (..., n+1)."""
     w = np.asarray(weights, dtype=float)
@@ -88,7 +89,7 @@ def expected_time_by_threshold_s(t_off_s, t_on_s, weights, margin: float):
     return below + above
 
 
-def best_split(cost, prefer_larger: bool):
+def best_split(cost: Any, prefer_larger: bool) -> Any:
     """Index of the smallest expected time over the split points (..., n+1); ties to the larger index or the
     smaller one. The one argmin both decisions share (the SP cutoff and the FlashInfer fusion limit)."""
     cost = np.where(np.isfinite(cost), cost, np.inf)
@@ -97,7 +98,7 @@ def best_split(cost, prefer_larger: bool):
     return np.argmin(cost, axis=-1)
 
 
-def decide_cutoff(grid: np.ndarray, t_off_s, t_on_s, margin: float, weights=None):
+def decide_cutoff(grid: np.ndarray, t_off_s: Any, t_on_s: Any, margin: float, weights: Any = None) -> Any:
     """The threshold that minimises the expected forward time over the workload (docs/model.md §9).
 
     c ∈ grid (multiples of tp) or None (never); steps with N ≥ c pay (1+margin)·t_on, the rest t_off;
@@ -112,7 +113,7 @@ def decide_cutoff(grid: np.ndarray, t_off_s, t_on_s, margin: float, weights=None
     return vals
 
 
-def decide_fusion_limit(grid: np.ndarray, t_fused_s, t_unfused_s, margin: float, weights=None,
+def decide_fusion_limit(grid: np.ndarray, t_fused_s: Any, t_unfused_s: Any, margin: float, weights: Any = None,
                         cap_tokens: int | None = None) -> int:
     """The FlashInfer fused all-reduce+RMSNorm limit (tokens) by the same rule as the SP cutoff: steps with
     N ≤ c pay (1+margin)·t_fused, the rest t_unfused; c minimises the expected time over the workload (0 =
@@ -128,7 +129,8 @@ def decide_fusion_limit(grid: np.ndarray, t_fused_s, t_unfused_s, margin: float,
     return 0 if i == 0 else int(grid[i - 1])
 
 
-def decision_value(grid, t_off_s, t_on_s, margin, cutoff, weights=None, vllm_default=None) -> dict:
+def decision_value(grid: np.ndarray, t_off_s: Any, t_on_s: Any, margin: float, cutoff: int | None, weights: Any = None,
+                   vllm_default: int | None = None) -> dict:
     """What the cutoff is worth on the workload: expected forward time (s) at it, at never, at vLLM's default
     and at the best threshold in hindsight (the oracle: no risk premium), and the savings between them."""
     w = uniform_workload(grid) if weights is None else weights
@@ -151,7 +153,7 @@ def decision_value(grid, t_off_s, t_on_s, margin, cutoff, weights=None, vllm_def
     return {k: (v if not isinstance(v, float) or np.isfinite(v) else None) for k, v in out.items()}
 
 
-def perturbed(profile: HardwareProfile, key: str, z):
+def perturbed(profile: HardwareProfile, key: str, z: Any) -> np.ndarray:
     """The value of `key` moved by z standard deviations of its tier: x·e^(σ·z), clipped into the key's plausible
     range (profile.VALUE_RANGES: efficiencies and fractions at 1, slowdowns at 10, ...); draws are never refused."""
     x = profile.value(key) * np.exp(profile.provenance[key].sigma_rel * np.asarray(z, dtype=float))
@@ -171,8 +173,9 @@ def perturbed_values(profile: HardwareProfile, draws: int, seed: int) -> dict[st
     return {key: perturbed(profile, key, rng.standard_normal(draws))[:, None] for key in perturbable_keys(profile)}
 
 
-def cutoff_band(profile, shape, tp, dtype, seq_len, grid, margin, draws=BAND_DRAWS, seed=BAND_SEED, weights=None,
-                **predict_kw):
+def cutoff_band(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, seq_len: int, grid: np.ndarray,
+                margin: float, draws: int = BAND_DRAWS, seed: int = BAND_SEED, weights: Any = None,
+                **predict_kw: Any) -> tuple[int | None, int | None]:
     """5th–95th percentile of the cutoff decision over a fixed-seed Monte Carlo of the profile (never = +inf)."""
     vals = perturbed_values(profile, draws, seed)
     cuts = []
@@ -201,8 +204,9 @@ def model_inputs(profile: HardwareProfile, tp: int) -> list[str]:
     return keys
 
 
-def cutoff_sensitivity(profile, shape, tp, dtype, seq_len, grid, margin, base_cutoff, weights=None,
-                       **predict_kw) -> list[dict]:
+def cutoff_sensitivity(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, seq_len: int,
+                       grid: np.ndarray, margin: float, base_cutoff: int | None, weights: Any = None,
+                       **predict_kw: Any) -> list[dict]:
     """One at a time, each model input × e^(−σ) and × e^(+σ) (σ of its tier; efficiencies capped at 1): the
     cutoff with each. Returned for the inputs that move it away from `base_cutoff` (the profile's own),
     largest move first ("never" = beyond the grid)."""
@@ -240,7 +244,7 @@ def display_tokens(max_tokens: int = 65536) -> np.ndarray:
 
 def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *, seq_len: int = 1024,
             max_num_batched_tokens: int = 8192, margin: float = 0.02, band: bool = True,
-            display_max_tokens: int = 65536, tokens=None, workload=None, fi_max_bytes=None,
+            display_max_tokens: int = 65536, tokens: Any = None, workload: Any = None, fi_max_bytes: float | None = None,
             cudagraph_max_tokens: int | None = None, vllm_version: tuple[int, int] | None = None) -> Analysis:
     """Cutoff decision, band and a table at `tokens` (default: powers of two up to display_max_tokens, plus the
     cutoff). `workload` (costmodel.workload.Workload; default uniform over the multiples of tp) is the traffic
@@ -248,7 +252,8 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     `fi_max_bytes`: the FlashInfer fusion limit vLLM will run with (None: its table; 0: fusion off).
     `cudagraph_max_tokens`: vLLM's largest CUDA-graph capture size (None: vLLM's default for the GPU; 0: eager,
     `--enforce-eager`): steps above it pay the host's issue time."""
-    kw = {"fi_max_bytes": fi_max_bytes, "cudagraph_max_tokens": cudagraph_max_tokens, "vllm_version": vllm_version}
+    kw: dict[str, Any] = {"fi_max_bytes": fi_max_bytes, "cudagraph_max_tokens": cudagraph_max_tokens,
+                          "vllm_version": vllm_version}
     if tokens is not None and (len(tokens) == 0 or any(int(t) != t or t <= 0 for t in tokens)):
         raise TpcostError("--tokens: token counts N must be integers > 0")
     if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:

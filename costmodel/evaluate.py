@@ -3,6 +3,7 @@ side by side with vLLM 0.31's own sp_min_token_num rule on the same rows."""
 
 from __future__ import annotations
 
+from typing import Any
 import csv
 import dataclasses
 import math
@@ -103,7 +104,7 @@ def _time_cell(path, line, col, text):
     return v
 
 
-def read_rows(path: str):  # noqa: C901 (one pass of per-cell checks, each a one-line error)
+def read_rows(path: str) -> tuple[str, list]:  # noqa: C901 (one pass of per-cell checks, each a one-line error)
     """(schema, rows with line numbers): every cell checked; a malformed one is exit 2 naming file:line.
 
     A file with only a header gives (schema, []); the caller reports it."""
@@ -180,8 +181,9 @@ def _profile(cache, name):
     return cache[name]
 
 
-def predict_op_row(prof, op: str, dtype: str, tp: int, m: int, n: int | None, k: int | None, eager: bool = True,
-                   impl: str = "torch", baseline_impl: str = "nccl", vllm_version=None, all_draws: bool = False):
+def predict_op_row(prof: Any, op: str, dtype: str, tp: int, m: int, n: int | None, k: int | None, eager: bool = True,
+                   impl: str = "torch", baseline_impl: str = "nccl", vllm_version: tuple[int, int] | None = None,
+                   all_draws: bool = False) -> tuple[Any, int]:
     """(predicted speedup of the fused op over its sequential arm, hidden size vLLM's rule sees) for one
     microbenchmark row; by default the fused op runs eagerly (a Python loop issued per call, as in the benchmarks),
     `eager=False` under CUDA-graph replay (no host issue time). impl "kernel": the single-kernel family;
@@ -273,7 +275,8 @@ def _model_groups(rows, profiles, models, skipped, path):
     return groups
 
 
-def evaluate_files(paths, cudagraph_max_tokens: int | None = None, vllm_version=None, band: bool = False):
+def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
+                   vllm_version: tuple[int, int] | None = None, band: bool = False) -> tuple[list[Scored], list[dict]]:
     """Score every row of `paths`. `cudagraph_max_tokens`: None keeps each set's own regime (op microbenchmarks
     eager; model rows vLLM's default capture size), else rows of more tokens run eagerly and the rest replay graphs
     (0: everything eager)."""
@@ -356,7 +359,7 @@ def evaluate_files(paths, cudagraph_max_tokens: int | None = None, vllm_version=
     return scored, skipped
 
 
-def summarise(scored, skipped) -> dict:
+def summarise(scored: list[Scored], skipped: list[dict]) -> dict:
     if scored:
         err = np.array([s.abs_error for s in scored])
         reg = np.array([s.regret_pct for s in scored])
@@ -379,13 +382,13 @@ def summarise(scored, skipped) -> dict:
     return out
 
 
-def evaluation_series(scored) -> dict:
+def evaluation_series(scored: list[Scored]) -> dict:
     """What plot_evaluation draws: measured and predicted speedups, and which verdicts are wrong."""
     return {"measured": np.array([x.s_measured for x in scored]), "predicted": np.array([x.s_predicted for x in scored]),
             "wrong": np.array([not x.right for x in scored], dtype=bool)}
 
 
-def plot_evaluation(scored, path):
+def plot_evaluation(scored: list[Scored], path: str) -> None:
     from .plot import pyplot
 
     plt = pyplot()

@@ -151,7 +151,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def savefig_atomic(fig, path: str | os.PathLike, **kw) -> None:
+def savefig_atomic(fig: Any, path: str | os.PathLike, **kw: Any) -> None:
     """matplotlib savefig through an in-memory buffer and an atomic rename (a PNG appears whole or not at all)."""
     import io as _io
 

@@ -7,6 +7,7 @@ fits (tools). A fused-op family plugs in through a slot's `fuses` (docs/model.md
 
 from __future__ import annotations
 
+from typing import Any
 import dataclasses
 
 from .ops import DtypeMode, dtype_mode
@@ -80,7 +81,7 @@ class LayerSpec:
     def qkv_n(self) -> int:
         return self.slot("qkv").n
 
-    def reduce_msg_bytes(self, rows):
+    def reduce_msg_bytes(self, rows: Any) -> Any:
         """The all-reduce unit's message: rows × H activations (bytes; its RMSNorm reads the same rows)."""
         return rows * (self.hidden * self.mode.act_bytes)
 

@@ -65,22 +65,22 @@ class Schedule:
         return self.num_layers * layer + rest
 
     @functools.cached_property
-    def t_layer_s(self):
+    def t_layer_s(self) -> Any:
         """GPU time of one layer (s)."""
         return sum(op.t_s * op.count for op in self.layer_ops)
 
     @functools.cached_property
-    def t_gpu_forward_s(self):
+    def t_gpu_forward_s(self) -> Any:
         """GPU time of one forward (s)."""
         return self._sum("t_s")
 
     @functools.cached_property
-    def t_host_forward_s(self):
+    def t_host_forward_s(self) -> Any:
         """Host issue time of one forward when eager (s)."""
         return self._sum("t_host_s")
 
     @functools.cached_property
-    def t_forward_s(self):
+    def t_forward_s(self) -> Any:
         """One forward: GPU time, or max(GPU, host issue) where the forward runs eagerly (s)."""
         return np.where(self.eager, np.maximum(self.t_gpu_forward_s, self.t_host_forward_s), self.t_gpu_forward_s)
 
@@ -106,21 +106,21 @@ class Prediction:
         return breakdown_terms(self.schedules, self.num_layers, self.t_all_gather_s, self.t_reduce_scatter_s,
                                self.asynctp_available)
 
-    def t_forward_s(self, schedule: str):
+    def t_forward_s(self, schedule: str) -> Any:
         return self.schedules[schedule].t_forward_s
 
-    def speedup(self, schedule: str):
+    def speedup(self, schedule: str) -> np.ndarray:
         """t_tp / t_schedule over N; NaN where the schedule cannot run (its time is +inf there), never 0."""
         t = self.t_forward_s(schedule)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(np.isfinite(t), self.t_forward_s("tp") / t, np.nan)
 
     @property
-    def speedup_sp(self):
+    def speedup_sp(self) -> np.ndarray:
         return self.speedup("sp")
 
     @property
-    def speedup_sp_asynctp(self):
+    def speedup_sp_asynctp(self) -> np.ndarray:
         return self.speedup("sp_asynctp")
 
 
@@ -129,8 +129,8 @@ def cudagraph_max_tokens_default(profile: HardwareProfile) -> int:
     return CUDAGRAPH_MAX_TOKENS_BLACKWELL if cc.startswith("10.") else CUDAGRAPH_MAX_TOKENS_DEFAULT
 
 
-def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens,  # noqa: C901 (ops in order)
-            seq_len: int = 1024, cudagraph_max_tokens: int | None = None, fi_max_bytes=None,
+def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens: Any,  # noqa: C901 (ops)
+            seq_len: int = 1024, cudagraph_max_tokens: int | None = None, fi_max_bytes: float | None = None,
             vllm_version: tuple[int, int] | None = None) -> Prediction:
     """Per-op times of tp / sp / sp_asynctp for one forward over token counts `num_tokens`.
 
@@ -314,7 +314,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
                       t_reduce_scatter_s=t_rs)
 
 
-def breakdown_terms(scheds, L, t_ag, t_rs, available):
+def breakdown_terms(scheds: dict[str, Schedule], L: int, t_ag: Any, t_rs: Any, available: bool) -> dict[str, Any]:
     """Each term computed directly from its own ops (none is a remainder); positive = SP+AsyncTP saves.
 
     Σ terms = t_tp − t_sp_asynctp is then an identity that the tests check (docs/model.md §6)."""

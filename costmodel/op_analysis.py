@@ -8,6 +8,7 @@ over the workload, the fused side paying the risk premium; None = never).
 
 from __future__ import annotations
 
+from typing import Any
 import dataclasses
 
 import numpy as np
@@ -95,7 +96,7 @@ def check_combination(profile: HardwareProfile, op: str, impl: str, tp: int, dty
             raise TpcostError(why)
 
 
-def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int):
+def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int) -> tuple[str, int | None, Any]:
     """(description, threshold tokens or None, runs(m) -> bool array) of vLLM's own rule for this op."""
     if impl == "kernel":
         cc = profile.identity.compute_capability
@@ -115,8 +116,8 @@ def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: 
 
 
 def analyse_op(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int, dtype: str = "bf16", *,
-               calls_per_forward: int = 1, max_num_batched_tokens: int = 8192, margin: float = 0.02, workload=None,
-               extra_m=(), vllm_version=None, cudagraph_max_tokens: int | None = None) -> OpAnalysis:
+               calls_per_forward: int = 1, max_num_batched_tokens: int = 8192, margin: float = 0.02, workload: Any = None,
+               extra_m: Any = (), vllm_version: tuple[int, int] | None = None, cudagraph_max_tokens: int | None = None) -> OpAnalysis:
     """Fused against unfused over M = the multiples of 128 up to max_num_batched_tokens (and `extra_m`), per forward
     (× calls_per_forward); the cutoff on that grid; vLLM's own rule and the saving against it."""
     check_combination(profile, op, impl, tp, dtype, n)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
 import numpy as np
 
 from .errors import TpcostError
 from .io import savefig_atomic
 
 
-def pyplot():
+def pyplot() -> Any:
     try:
         import matplotlib
 
@@ -19,7 +20,7 @@ def pyplot():
     return plt
 
 
-def whatif_series(a) -> dict:
+def whatif_series(a: Any) -> dict:
     """What plot_whatif draws: N (a geometric grid of multiples of tp to 65536), both speedup curves (NaN where a
     schedule cannot run), the cutoff and its band, the token budget and the 1 + margin line."""
     from .analysis import curve
@@ -31,7 +32,7 @@ def whatif_series(a) -> dict:
             "max_num_batched_tokens": a.max_num_batched_tokens}
 
 
-def plot_whatif(a, path: str) -> None:
+def plot_whatif(a: Any, path: str) -> None:
     """Speedup vs N for sp and sp_asynctp, the cutoff and its band marked (whatif_series)."""
     plt = pyplot()
     s = whatif_series(a)

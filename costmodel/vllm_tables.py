@@ -103,7 +103,7 @@ def _cap_int(capability: str) -> int:
     return major * 10 + minor
 
 
-def dispatch_limits(version, capability: str, tp: int) -> dict:
+def dispatch_limits(version: tuple[int, int] | None, capability: str, tp: int) -> dict:
     """vLLM's all-reduce limits at `tp` on a GPU of `capability` ("major.minor") in `version`, as the fields of
     costmodel.profile.Dispatch (bytes; absent where vLLM has no such implementation there). FlashInfer's fusion
     default is looked up by the exact capability (compilation.py: no family fallback)."""
@@ -141,7 +141,7 @@ def custom_ar_1stage_max_bytes(world: int) -> int:
     return 0
 
 
-def citations(version) -> str:
+def citations(version: tuple[int, int] | None) -> str:
     """The tables a dispatch of `version` reads, with file:line (for --ops and notes)."""
     v = version_range(version)
     names = ("FI_ALLREDUCE_FUSION_MAX_SIZE_MB", "_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB", "CUSTOM_ALL_REDUCE_MAX_SIZES",
@@ -149,7 +149,7 @@ def citations(version) -> str:
     return f"vLLM {v[0]}.{v[1]}: " + ", ".join(f"{n} ({TABLES[v][n][1].rsplit('/', 1)[-1]})" for n in names)
 
 
-def version_delta(version, capability: str, tp: int) -> dict:
+def version_delta(version: tuple[int, int] | None, capability: str, tp: int) -> dict:
     """The Dispatch fields whose value in `version` differs from <= 0.31's (what a profile built from 0.31's tables
     must change to predict for `version`); empty when the two agree (every single-node entry, 0.31 -> 0.33)."""
     old, new = dispatch_limits(OLDEST, capability, tp), dispatch_limits(version, capability, tp)

@@ -30,3 +30,20 @@ def test_a_changed_source_makes_the_check_fail(tmp_path, monkeypatch):
     monkeypatch.setattr(P, "VALUE_RANGES", ((P.VALUE_RANGES[0][0], P.ValueRange(1, 8192, "SMs", "changed")),
                                             *P.VALUE_RANGES[1:]))
     assert any(old != new for old, new in rd.rendered(docs).values())
+
+
+def test_a_changed_results_json_makes_the_check_fail(tmp_path, monkeypatch):
+    """Changing a number in a results JSON without re-rendering makes the committed docs stale."""
+    import json
+    import shutil
+
+    rd = _render_docs()
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "benchmarks" / "results", results)
+    monkeypatch.setattr(rd, "RESULTS", results)
+    assert all(old == new for old, new in rd.rendered().values())
+    acc = json.loads((results / "accuracy.json").read_text())
+    acc["families"]["hopper"]["sources"]["KRAKEN_PR19"]["in_sample"]["median_abs_speedup_error"] = 0.5
+    (results / "accuracy.json").write_text(json.dumps(acc))
+    stale = [p.name for p, (old, new) in rd.rendered().items() if old != new]
+    assert stale == ["accuracy.md"]
