@@ -12,25 +12,31 @@ from costmodel import formulas as F
 from costmodel.ops import dtype_mode
 
 
+def fit_least_squares(resid, x0, lo=-np.inf, hi=np.inf, **kw):
+    """The one least-squares core of calib and tools: soft-L1 (f_scale 0.1) on the residuals, bounded, with σ of each
+    parameter from the Jacobian, sqrt(diag(s²·pinv(JᵀJ))), s² the residual variance; a parameter the residuals do not
+    move (a flat column) gets σ = inf. Parameters fitted as logs make σ relative. Returns (scipy result, σ array)."""
+    r = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, **kw)
+    dof = max(1, r.fun.size - len(x0))
+    s2 = float(np.sum(r.fun**2)) / dof
+    jtj = r.jac.T @ r.jac
+    try:
+        sig = np.sqrt(np.clip(np.diag(s2 * np.linalg.pinv(jtj)), 0, None))
+    except np.linalg.LinAlgError:
+        sig = np.full(len(x0), np.inf)
+    flat = np.diag(jtj) <= 1e-12 * max(float(np.max(np.diag(jtj))), 1e-300)
+    return r, np.where(flat, np.inf, sig)
+
+
 def fit_log_space(resid, x0, lo, hi, names):
     """Fit positive parameters in log space (so that scales do not matter); σ_rel = σ of log(param)."""
     floor = 1e-15
     lo_l = np.log(np.maximum(lo, floor))
     hi_l = np.log(np.maximum(hi, floor * 10))
     x0_l = np.clip(np.log(np.maximum(x0, floor)), lo_l + 1e-9, hi_l - 1e-9)
-    r = least_squares(lambda z: resid(np.exp(z)), x0_l, bounds=(lo_l, hi_l), loss="soft_l1", f_scale=0.1)
-    n, p = r.fun.size, len(x0)
-    s2 = float(np.sum(r.fun**2)) / max(1, n - p)
-    sd = np.full(p, np.inf)
-    # a parameter the residuals do not respond to (e.g. a memory term under compute-bound points) is
-    # unconstrained; the others get σ from the covariance of the constrained block
-    live = np.linalg.norm(r.jac, axis=0) > 1e-6 * max(1.0, float(np.linalg.norm(r.jac)))
-    if live.any():
-        J = r.jac[:, live]
-        try:
-            sd[live] = np.sqrt(np.clip(np.diag(np.linalg.inv(J.T @ J)) * s2, 0, None))
-        except np.linalg.LinAlgError:
-            pass
+    # a parameter the residuals do not respond to (e.g. a memory term under compute-bound points) gets σ = inf
+    r, sd = fit_least_squares(lambda z: resid(np.exp(z)), x0_l, lo_l, hi_l)
+    n = r.fun.size
     out, unconstrained = {}, []
     for name, x, e in zip(names, np.exp(r.x), sd):
         rel = float(e)

@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
+from calib.fit import fit_least_squares  # the one fitting core (calib and tools)
 from costmodel import formulas as F
 
 CSV = Path(__file__).resolve().parents[1] / "data" / "reference" / "components.csv"
@@ -50,7 +50,7 @@ def fit_alpha_beta(msg_bytes, t_s, factor):
         return np.log((a + factor * S * inv_bw) / t)
 
     x0 = np.log([max(t.min() * 0.7, 1e-7), 1.0 / 300e9])
-    r = least_squares(resid, x0, loss="soft_l1", f_scale=0.1)
+    r, _ = fit_least_squares(resid, x0)
     a, inv_bw = np.exp(r.x)
     return float(a), float(1.0 / inv_bw), float(np.sqrt(np.mean(r.fun**2)))
 
@@ -230,8 +230,7 @@ def gemm_fit(gpu_prefix, source_ids, hbm_bw, peak_bf16, max_eff, sm_count, tile_
                           hbm_bw_bytes_per_s=hbm_bw, tile_m=tile_m, tile_n=tile_n, sm_count=sm_count,
                           launch_overhead_s=launch, in_bytes=2, w_bytes=2, out_bytes=2)
 
-    r = least_squares(lambda x: np.log(model(x) / t), [0.85, 2e-6], bounds=([0.3, 0.0], [1.0, 2e-5]),
-                      loss="soft_l1", f_scale=0.1)
+    r, _ = fit_least_squares(lambda x: np.log(model(x) / t), [0.85, 2e-6], [0.3, 0.0], [1.0, 2e-5])
     rms = float(np.sqrt(np.mean(r.fun**2)))
     return dict(mem_efficiency=float(r.x[0]), launch_overhead_s=float(r.x[1]), rms_rel_err=rms, n=len(rs),
                 source=f"fit to {'+'.join(source_ids)} {gpu_prefix} torch-bf16 rows (M=1..256), rms rel err {rms:.3f} over {len(rs)} points (tools/reference_fits.py)")
@@ -358,12 +357,8 @@ def fit_fused_param(tree, rows, key, name, arm="fused"):
     rng = value_range(key)  # the search stays inside the quantity's plausible range (docs/profiles.md)
     lo, hi = np.log(max(rng.lo, 1e-9)), np.log(rng.hi) - 1e-9
     x0 = np.clip(np.log([max(base.value(key), 1e-7)]), lo + 1e-6, hi - 1e-6)
-    r = least_squares(resid, x0, bounds=([lo], [hi]), loss="soft_l1", f_scale=0.1, x_scale=1.0, diff_step=1e-3)
-    dof = max(1, len(rows) - 1)
-    s2 = float(np.sum(r.fun**2)) / dof
-    J = r.jac
-    jtj = float((J.T @ J)[0, 0])
-    sigma = float(np.sqrt(s2 / jtj)) if jtj > 0 else float("inf")
+    r, sig = fit_least_squares(resid, x0, [lo], [hi], x_scale=1.0, diff_step=1e-3)
+    sigma = float(sig[0])
     rms = float(np.sqrt(np.mean(r.fun**2)))
     src = rows[0]["source"]
     ms = sorted({r_["m"] for r_ in rows})
@@ -538,20 +533,10 @@ class FamilyFit:
                 if key == "asynctp.host_op_s":
                     x0[i] = np.log(h0)
             x0 = np.clip(x0, lo + 1e-6, hi - 1e-6)
-            r = least_squares(self.residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, diff_step=1e-3)
-            if best is None or r.cost < best.cost - 1e-12:
-                best = r
-        r = best
-        dof = max(1, r.fun.size - x0.size)
-        s2 = float(np.sum(r.fun**2)) / dof
-        jtj = r.jac.T @ r.jac
-        try:
-            cov = s2 * np.linalg.pinv(jtj)
-            sig = np.sqrt(np.clip(np.diag(cov), 0, None))
-        except np.linalg.LinAlgError:
-            sig = np.full(x0.size, np.inf)
-        flat = np.diag(jtj) <= 1e-12 * max(float(np.max(np.diag(jtj))), 1e-300)
-        sig = np.where(flat, np.inf, sig)  # a term the residuals do not move (e.g. a host that never binds)
+            r, sig = fit_least_squares(self.residuals, x0, lo, hi, diff_step=1e-3)
+            if best is None or r.cost < best[0].cost - 1e-12:
+                best = (r, sig)
+        r, sig = best
         vals = self.values(r.x)
         sigmas = {}
         for (key, sid), sg in zip(self.names, sig):
@@ -646,12 +631,7 @@ def fit_kernel(gb200_tree: dict, blackwell_fit: dict) -> dict:
         lo = np.array([np.log(max(value_range(k).lo, 1e-9)) for k in keys])
         hi = np.array([np.log(value_range(k).hi) for k in keys])
         x0 = np.clip(np.log([KERNEL_PRIOR[k] for k in keys]), lo + 1e-6, hi - 1e-6)
-        r = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, diff_step=1e-3)
-        dof = max(1, r.fun.size - x0.size)
-        jtj = r.jac.T @ r.jac
-        cov = float(np.sum(r.fun**2)) / dof * np.linalg.pinv(jtj)
-        sig = np.sqrt(np.clip(np.diag(cov), 0, None))
-        sig = np.where(np.diag(jtj) <= 1e-12 * max(float(np.max(np.diag(jtj))), 1e-300), np.inf, sig)
+        r, sig = fit_least_squares(resid, x0, lo, hi, diff_step=1e-3)
         if not np.any(sig > 1.0):
             break
         fixed.append(keys[int(np.argmax(sig))])
