@@ -16,6 +16,7 @@ import numpy as np
 from . import ops
 from .analysis import decide_cutoff, decision_value, uniform_workload
 from .errors import TpcostError
+from .model import cudagraph_max_tokens_default
 from .profile import HardwareProfile
 
 OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
@@ -130,18 +131,19 @@ def analyse_op(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k:
     mode = "fp8" if dtype == "mxfp8" else dtype
     hw = ops.Hw(profile, mode)
     notes = []
+    # torch's pipelined ops pay the host's issue time above vLLM's CUDA-graph capture size (its default: 512, 1024
+    # on datacenter Blackwell)
+    cap = cudagraph_max_tokens_default(profile) if cudagraph_max_tokens is None else cudagraph_max_tokens
 
     def arms(m):
         if op == "ag_gemm":
             unfused = ops.sequential_ag_gemm_s(hw, m, n, k, tp, hw.mode.ag_bytes)
-            cap = 512 if cudagraph_max_tokens is None else cudagraph_max_tokens
             fused = ops.fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=False).t_s
             eager = ops.fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=True).t_s
             return np.where(m > cap, eager, fused), unfused, "NCCL all-gather"
         if op == "gemm_rs":
             unfused = ops.sequential_gemm_rs_s(hw, m, n, k, tp)
             if impl == "torch":
-                cap = 512 if cudagraph_max_tokens is None else cudagraph_max_tokens
                 fused = np.where(m > cap, ops.fused_gemm_rs(hw, m, n, k, tp, eager=True).t_s,
                                  ops.fused_gemm_rs(hw, m, n, k, tp, eager=False).t_s)
             else:
