@@ -142,3 +142,4 @@ def test_vllm_config_kernel_switch(capsys, one_line_error, tmp_path):
     one_line_error("vllm-config", "--gpu", "b200", "--tp", "4", "--vllm-version", "0.31", "--kernel-op", "gemm_ar",
                    needle="has no single-kernel fused")
     one_line_error(*base, "--n", "7168", needle="give both --n and --k")
+    one_line_error(*base[:-2], "--n", "7168", "--k", "1536", needle="give --kernel-op too")

@@ -36,14 +36,19 @@ def register(sub) -> None:
 def cmd_vllm_config(args) -> int:
     from integration.recommend import explain, recommend, resolve_vllm_version
 
+    from costmodel.errors import TpcostError
+
+    if not args.kernel_op and (args.n, args.k, args.calls_per_forward) != (None, None, None):
+        raise TpcostError("--n, --k and --calls-per-forward describe the slot of --kernel-op; give --kernel-op too")
     version, how, _ = resolve_vllm_version(args.vllm_version)
     prof, shape = resolve_inputs(args)
+    workload = load_workload_arg(args)
     mb = args.fi_allreduce_fusion_max_size_mb
     r = recommend(prof, shape, args.tp, args.dtype, args.max_num_batched_tokens, args.margin, args.seq_len,
-                  workload=load_workload_arg(args), vllm_version=version,
+                  workload=workload, vllm_version=version,
                   user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
                   cudagraph_max_tokens=cudagraph_arg(args), draft_hidden_size=args.draft_hidden_size)
-    kernel_lines = kernel_switch_lines(args, prof, shape, version) if args.kernel_op else []
+    kernel_lines = kernel_switch_lines(args, prof, shape, version, workload) if args.kernel_op else []
     cc = {"pass_config": r.pass_config()}
     text = json.dumps(cc, separators=(",", ":"))
     if args.format == "json":
@@ -60,7 +65,7 @@ def cmd_vllm_config(args) -> int:
     return 0
 
 
-def kernel_switch_lines(args, prof, shape, version) -> list[str]:
+def kernel_switch_lines(args, prof, shape, version, workload) -> list[str]:
     """vllm-config --kernel-op: the live switch of vLLM 0.33's fused kernel and its setting for the traffic."""
     from costmodel.errors import TpcostError
 
@@ -75,8 +80,7 @@ def kernel_switch_lines(args, prof, shape, version) -> list[str]:
         slots = [("slot", args.n, args.k, args.calls_per_forward or shape.num_layers)]
     else:
         slots = model_kernel_slots(shape, args.tp)
-    ks = kernel_switch(prof, slots, args.tp, args.kernel_op, "bf16", args.max_num_batched_tokens,
-                       load_workload_arg(args), version)
+    ks = kernel_switch(prof, slots, args.tp, args.kernel_op, "bf16", args.max_num_batched_tokens, workload, version)
     ms = lambda x: f"{x * 1e3:.3f} ms"  # noqa: E731
     return [f"tpcost: {ks['env']}={int(ks['set_on'])} (vLLM's default {int(ks['vllm_default_on'])}): expected "
             f"{ms(ks['expected_on_s'])} per forward with the kernel where vLLM's rule (M >= 128) runs it, "
