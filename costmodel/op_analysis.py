@@ -138,14 +138,13 @@ def analyse_op(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k:
     def arms(m):
         if op == "ag_gemm":
             unfused = ops.sequential_ag_gemm_s(hw, m, n, k, tp, hw.mode.ag_bytes)
-            fused = ops.fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=False).t_s
-            eager = ops.fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=True).t_s
-            return np.where(m > cap, eager, fused), unfused, "NCCL all-gather"
+            f = ops.fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=True)  # t_s eager, t_gpu_s graphs
+            return np.where(m > cap, f.t_s, f.t_gpu_s), unfused, "NCCL all-gather"
         if op == "gemm_rs":
             unfused = ops.sequential_gemm_rs_s(hw, m, n, k, tp)
             if impl == "torch":
-                fused = np.where(m > cap, ops.fused_gemm_rs(hw, m, n, k, tp, eager=True).t_s,
-                                 ops.fused_gemm_rs(hw, m, n, k, tp, eager=False).t_s)
+                f = ops.fused_gemm_rs(hw, m, n, k, tp, eager=True)  # t_s eager, t_gpu_s under graph replay
+                fused = np.where(m > cap, f.t_s, f.t_gpu_s)
             else:
                 fused = ops.fused_kernel(hw, "gemm_rs", m, n, k, tp).t_s
             return fused, unfused, "NCCL reduce-scatter"

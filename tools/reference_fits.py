@@ -399,6 +399,16 @@ def pr28672_predicted_decode_s(profile) -> float:
     return PR28672_DECODE_STEPS * float(np.ravel(d)[0])
 
 
+IDENTIFIED_SIGMA_REL = 1.0  # a term whose fitted relative sigma exceeds this is not identified by the data
+
+
+def worst_unidentified(sigma_by_term: dict):
+    """The term the data identify least (largest sigma_rel above IDENTIFIED_SIGMA_REL, the first among equals), or
+    None: the fits fix it at its prior and refit the rest (the one rule, FamilyFit and fit_kernel)."""
+    bad = {t: sg for t, sg in sigma_by_term.items() if sg > IDENTIFIED_SIGMA_REL}
+    return max(bad, key=lambda t: bad[t]) if bad else None
+
+
 class FamilyFit:
     """A joint least-squares fit (log residuals, soft-L1) of shared GPU-side terms and per-source terms.
 
@@ -453,21 +463,6 @@ class FamilyFit:
         own = {k: v for k, v in vals.get(sid, {}).items() if k != "offset_s"}
         return self.base[s["profile"]].with_values({**vals.get(None, {}), **own}, None, mark_modified=False)
 
-    def predictions(self, sid, vals):
-        """(measured s, predicted s, arm) triples of one source under parameter values `vals`."""
-        s = self.sources[sid]
-        prof = self.profile_for(sid, vals)
-        off = vals.get(sid, {}).get("offset_s", 0.0)
-        out = []
-        if s.get("decode"):
-            out.append((pr28672_measured_decode_s(), pr28672_predicted_decode_s(prof), "decode"))
-        for r in s.get("rows") or ():
-            seq, _, f = predict_fused_row(prof, r)
-            out.append((r["overlap_s"], float(np.ravel(f.t_s)[0]) + off, "fused"))
-            if s.get("baseline_keys") or s.get("offset"):
-                out.append((r["baseline_s"], float(np.ravel(seq)[0]) + off, "sequential"))
-        return out
-
     def row_predictions(self, sid, vals) -> list[dict]:
         """Per measured row of one source: measured and predicted times of each arm (s), the benchmark offset
         included on both arms where the source has one (what that harness adds to every op it times)."""
@@ -486,14 +481,22 @@ class FamilyFit:
         return out
 
     def residuals(self, x):
+        """Log residuals of every source: its decode cost, each row's fused arm, and its sequential arm where the
+        source fits something from it (its NCCL curve or its harness offset)."""
         vals = self.values(x)
         res = []
-        for sid in self.sources:
-            res += [np.log(p / m) for m, p, _ in self.predictions(sid, vals)]
+        for sid, s in self.sources.items():
+            with_seq = bool(s.get("baseline_keys") or s.get("offset"))
+            for r in self.row_predictions(sid, vals):
+                if r["arm"] == "decode":
+                    res.append(np.log(r["predicted_s"] / r["measured_s"]))
+                    continue
+                res.append(np.log(r["fused_predicted_s"] / r["fused_measured_s"]))
+                if with_seq:
+                    res.append(np.log(r["seq_predicted_s"] / r["seq_measured_s"]))
         return np.array(res)
 
     HOST_STARTS_S = (3e-6, 1e-5, 3e-5)  # max(GPU, host + tail) is flat in the host term until it binds: multi-start
-    IDENTIFIED_SIGMA_REL = 1.0  # a term whose fitted relative sigma exceeds this is not identified by the data
 
     def fit(self) -> dict:
         """The fit; a term the data cannot identify (sigma_rel > IDENTIFIED_SIGMA_REL) is fixed at its prior and the
@@ -501,11 +504,9 @@ class FamilyFit:
         res = self._fit_once()
         fixed = []
         while True:
-            bad = [(key, sid) for key, sid in self.names
-                   if res["sigma_rel"][sid][key] > self.IDENTIFIED_SIGMA_REL and (key, sid) not in fixed]
-            if not bad:
+            worst = worst_unidentified({(key, sid): res["sigma_rel"][sid][key] for key, sid in self.names})
+            if worst is None:
                 break
-            worst = max(bad, key=lambda ks: res["sigma_rel"][ks[1]][ks[0]])
             fixed.append(worst)
             self.names = [n for n in self.names if n != worst]
             res = self._fit_once()
@@ -605,17 +606,23 @@ def predict_kernel_row(profile, r, offset_s=0.0):
     return float(np.ravel(seq)[0]) + offset_s, float(np.ravel(f.t_s)[0]) + offset_s
 
 
+def _kernel_profile(gb200_tree: dict, blackwell_fit: dict, kernel_values: dict, source: str):
+    """(GB200 profile with the Blackwell joint fit's GPU terms and the GB200 source's own terms, plus the kernel terms
+    `kernel_values`; that source's harness offset), shared by the kernel fit and its row predictions."""
+    from costmodel.profile import Provenance, profile_from_dict
+
+    own = blackwell_fit["values"].get(KERNEL_SOURCE, {})
+    vals = {**blackwell_fit["values"].get(None, {}), **{k: v for k, v in own.items() if k != "offset_s"}}
+    p = profile_from_dict(gb200_tree, "fit:gb200-nvl72").with_values(vals, None, mark_modified=False)
+    p = p.with_values(kernel_values, Provenance(source, "assumed"), mark_modified=False, new_keys_ok=True)
+    return p, own.get("offset_s", 0.0)
+
+
 def fit_kernel(gb200_tree: dict, blackwell_fit: dict) -> dict:
     """The single-kernel family's terms (KERNEL_PRIOR keys) fitted to the CuTe arm of the GB200 matrix: log residuals,
     soft-L1, sigma from the Jacobian. The GEMM, the NCCL curve and the harness offset come from the Blackwell joint
     fit over the same source's torch arm and sequential arm (so the kernel's own terms are all that is fitted)."""
-    from costmodel.profile import Provenance, profile_from_dict
-
-    vals = {**blackwell_fit["values"].get(None, {}),
-            **{k: v for k, v in blackwell_fit["values"].get(KERNEL_SOURCE, {}).items() if k != "offset_s"}}
-    off = blackwell_fit["values"].get(KERNEL_SOURCE, {}).get("offset_s", 0.0)
-    base = profile_from_dict(gb200_tree, "fit:gb200-nvl72").with_values(vals, None, mark_modified=False)
-    base = base.with_values(KERNEL_PRIOR, Provenance("fit start", "assumed"), mark_modified=False, new_keys_ok=True)
+    base, off = _kernel_profile(gb200_tree, blackwell_fit, KERNEL_PRIOR, "fit start")
     rows = fused_op_rows(KERNEL_SOURCE, impl="kernel")
     meas = np.array([r["overlap_s"] for r in rows])
     from costmodel.profile import value_range
@@ -632,9 +639,10 @@ def fit_kernel(gb200_tree: dict, blackwell_fit: dict) -> dict:
         hi = np.array([np.log(value_range(k).hi) for k in keys])
         x0 = np.clip(np.log([KERNEL_PRIOR[k] for k in keys]), lo + 1e-6, hi - 1e-6)
         r, sig = fit_least_squares(resid, x0, lo, hi, diff_step=1e-3)
-        if not np.any(sig > 1.0):
+        worst = worst_unidentified(dict(zip(keys, map(float, sig))))
+        if worst is None:
             break
-        fixed.append(keys[int(np.argmax(sig))])
+        fixed.append(worst)
     values = {**{k: KERNEL_PRIOR[k] for k in fixed}, **dict(zip(keys, map(float, np.exp(r.x))))}
     sigmas = {**{k: float("inf") for k in fixed}, **dict(zip(keys, map(float, sig)))}
     return {"values": values, "sigma_rel": sigmas, "unidentified": fixed,
@@ -644,13 +652,7 @@ def fit_kernel(gb200_tree: dict, blackwell_fit: dict) -> dict:
 
 def kernel_rows(profile_values: dict, gb200_tree: dict, blackwell_fit: dict) -> list[dict]:
     """Row predictions of the CuTe arm with fitted kernel terms `profile_values` (benchmarks/accuracy.py)."""
-    from costmodel.profile import Provenance, profile_from_dict
-
-    vals = {**blackwell_fit["values"].get(None, {}),
-            **{k: v for k, v in blackwell_fit["values"].get(KERNEL_SOURCE, {}).items() if k != "offset_s"}}
-    off = blackwell_fit["values"].get(KERNEL_SOURCE, {}).get("offset_s", 0.0)
-    p = profile_from_dict(gb200_tree, "fit:gb200-nvl72").with_values(vals, None, mark_modified=False)
-    p = p.with_values(profile_values, Provenance("fit", "assumed"), mark_modified=False, new_keys_ok=True)
+    p, off = _kernel_profile(gb200_tree, blackwell_fit, profile_values, "fit")
     out = []
     for r in fused_op_rows(KERNEL_SOURCE, impl="kernel"):
         seq, fused = predict_kernel_row(p, r, off)
