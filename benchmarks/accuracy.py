@@ -34,7 +34,6 @@ from costmodel.evaluate import OP_COLUMNS, TIE_BAND, evaluate_files, summarise  
 from costmodel.io import atomic_write_text, dumps_json  # noqa: E402
 from costmodel.profile import load_profile  # noqa: E402
 from costmodel.op_analysis import vllm_rule  # noqa: E402
-from costmodel.vllm_rules import vllm_sp_min_token_num  # noqa: E402
 from tools import build_profiles as B  # noqa: E402
 from tools import reference_fits as R  # noqa: E402
 
@@ -65,12 +64,8 @@ def score_rows(rows: list[dict], kernel: bool = False) -> dict:
         for r in ops:
             row = r["row"]
             prof = load_profile(row["hardware"])
-            if kernel:
-                vllm.append(bool(vllm_rule(prof, row["op"], "kernel", row["tp"], row["n"], row["k"])[2](float(row["m"]))))
-                continue
-            hidden = row["n"] if row["op"] == "gemm_rs" else row["k"]
-            thr = vllm_sp_min_token_num(prof.identity.vendor, prof.identity.compute_capability, hidden, row["tp"], 2)
-            vllm.append(thr is not None and row["m"] >= thr)
+            runs = vllm_rule(prof, row["op"], "kernel" if kernel else "torch", row["tp"], row["n"], row["k"])[2]
+            vllm.append(bool(runs(float(row["m"]))))
         vllm = np.array(vllm)
         best = np.minimum([r["seq_measured_s"] for r in ops], [r["fused_measured_s"] for r in ops])
 

@@ -311,10 +311,11 @@ def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
 
     def add(path, line, r, label, prof, s_hat, hidden, tokens, bounds=(None, None)):
         base, over = r["baseline_us"], r["overlap_us"]
-        if r.get("impl") == "kernel":  # vLLM's own rule for the single kernel (gemm_rs_ar's M >= 128, Muse Spark's)
+        if "op" in r:  # an op row: vLLM's own rule for that op and implementation (its SP table, gemm_rs_ar's M >= 128)
             from .op_analysis import vllm_rule
 
-            v_vllm = bool(vllm_rule(prof, r["op"], "kernel", r["tp"], r["n"], r["k"])[2](float(tokens)))
+            runs = vllm_rule(prof, r["op"], r.get("impl") or "torch", r["tp"], r["n"], r["k"])[2]
+            v_vllm = bool(runs(float(tokens)))
         else:
             v_vllm = vllm_verdict(prof, hidden, r["tp"], tokens)
         v_pred = s_hat > 1.0
