@@ -89,14 +89,15 @@ def score_rows(rows: list[dict], kernel: bool = False) -> dict:
 
 
 def kernel_results() -> dict:
-    """The single-kernel family (CuTe GEMM+RS arm of the GB200 matrix): its fit and in-sample score (the only
-    released single-kernel source, so there is no leave-one-source-out line)."""
-    trees = family_trees()["blackwell"]
-    bw = R.fit_family("blackwell", trees)
-    kf = R.fit_kernel(trees["gb200-nvl72"], bw)
-    score = score_rows(R.kernel_rows(kf["values"], trees["gb200-nvl72"], bw), kernel=True)
-    score["sample"] = "in-sample"
-    return {"fit": kf, R.KERNEL_SOURCE: score}
+    """The single-kernel family's joint fit (calib/kernel_fit.py) over vLLM's GEMM-RS (PR 52079), GEMM-AR
+    (PR 53053) and FlashInfer's CuTe GEMM+RS: in-sample and leave-one-source-out per source, the TP readings."""
+    from calib import kernel_fit as K
+
+    res = K.run()
+    for part in ("in_sample", "leave_one_source_out"):
+        for sc in res[part].values():
+            sc.pop("per_row", None)
+    return res
 
 
 def family_results() -> dict:
@@ -190,15 +191,17 @@ def main() -> int:
             f"{sid or 'GPU'}: " + ", ".join(f"{k.split('.')[-1] if k != 'offset_s' else 'benchmark offset_s'} "
                                              f"{v:.4g}" for k, v in kv.items()) for sid, kv in vals.items()))
     kern = kernel_results()
-    k = kern[R.KERNEL_SOURCE]
-    v = k["vllm_rule"]
-    print(f"\nsingle-kernel family (CuTe GEMM+RS, fp16 scored as bf16), in-sample; vLLM's rule here: gemm_rs_ar's "
-          f"M >= 128\n{'kernel':9s} {R.KERNEL_SOURCE:31s} {'in':9s} {k['rows']:4d} {k['median_abs_speedup_error']:8.3f} "
-          f"{k['p90_abs_speedup_error']:8.3f} {k['verdict_accuracy']:6.1%} {v['verdict_accuracy']:8.1%} "
-          f"{k['mean_regret_pct']:6.2f} {v['mean_regret_pct']:9.2f} {k['verdicts_right_where_measured_below_0_9']:>11s}")
-    print("  kernel fit (rms log {:.3f}): ".format(kern["fit"]["rms_log"]) + ", ".join(
-        f"{key.split('.')[-1]} {val:.4g}" + (" (not identified: prior)" if key in kern["fit"]["unidentified"] else "")
-        for key, val in kern["fit"]["values"].items()))
+    print("\nsingle-kernel family (calib/kernel_fit.py; speedup = baseline / fused kernel)")
+    print(f"{'source':31s} {'rows':>4s} {'in-sample':>10s} {'verdicts':>9s} {'leave-out':>10s} {'verdicts':>9s}")
+    for sid in kern["sources"]:
+        a, b = kern["in_sample"][sid], kern["leave_one_source_out"][sid]
+        print(f"{sid:31s} {a['rows']:4d} {a['median_abs_speedup_error']:10.3f} {a['verdicts_outside_5pct']:>9s} "
+              f"{b['median_abs_speedup_error']:10.3f} {b['verdicts_outside_5pct']:>9s}")
+    print("  kernel fit (rms log {:.3f}): ".format(kern["rms_log"]) + ", ".join(
+        f"{key} {val:.4g}" + (" (not identified: prior)" if key in kern["unidentified"] else "")
+        for key, val in kern["values"].items() if key.startswith(("hw:", "vllm:", "flashinfer:"))))
+    print("  PR 52079 TP readings:", ", ".join(f"{k}: rms log {v['rms_log']}" for k, v in
+                                              kern["pr52079_tp_readings"].items() if k != "preferred"))
     table, skipped = evaluated_sets()
     print("\nout-of-sample through `tpcost evaluate` (built-in profiles)")
     print(f"{'source':31s} {'rows':>4s} {'med|err|':>8s} {'acc':>6s} {'vLLM acc':>8s} {'reg%':>6s} {'vLLM reg%':>9s}")

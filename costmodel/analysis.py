@@ -318,6 +318,13 @@ def provenance(profile: HardwareProfile) -> dict:
             "modified": list(profile.modified), "tier_counts": profile.tier_counts(), "sources": profile.sources()}
 
 
+def provenance_line(profile: HardwareProfile) -> str:
+    """One line: the profile, where it came from, its weakest tier and its values by tier (whatif, op)."""
+    pv = provenance(profile)
+    counts = ", ".join(f"{k} {v}" for k, v in pv["tier_counts"].items() if v)
+    return f"provenance: profile {pv['profile']} ({pv['origin']}), weakest tier used: {pv['tier']}; values by tier: {counts}"
+
+
 def _finite(x) -> float | None:
     """A JSON number, or None for a value that does not exist (inf, NaN)."""
     x = float(x)

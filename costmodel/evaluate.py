@@ -230,16 +230,10 @@ def _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_versio
     why = ops.kernel_available(prof, tp, dtype, n)
     if why:
         raise _Skip(why)
-    hw = ops.Hw(prof, "bf16")
-    mm = float(m)
-    if op == "gemm_ar" and baseline_impl == "vllm":  # the GEMM, then the all-reduce vLLM dispatches at that size
-        base = ops.sequential_gemm_ar_s(hw, mm, n, k, tp, vllm_version)
-    elif op == "gemm_ar":  # the GEMM, then NCCL all-reduce
-        base = hw.t_gemm(mm, n, k) + ops.t_nccl_all_reduce_s(hw, tp, mm * n * hw.act_bytes)
-    else:
-        base = ops.sequential_gemm_rs_s(hw, mm, n, k, tp)  # vLLM's custom RS is not modelled: NCCL stands in
-    over = ops.fused_kernel(hw, op, mm, n, k, tp).t_s
-    return np.ravel(base / over), n
+    hw = ops.Hw(prof, "fp8" if dtype == "mxfp8" else "bf16")
+    pair = ops.kernel_pair(hw, op, float(m), n, k, tp, weights=dtype,
+                           baseline="vllm" if baseline_impl == "vllm" else "nccl", vllm_version=vllm_version)
+    return np.ravel(pair.unfused_s / pair.fused_s), n
 
 
 def _model_groups(rows, profiles, models, skipped, path):

@@ -191,20 +191,59 @@ def t_eager_s(t_gpu_s: Arr, t_host_s: Arr, t_tail_s: Arr) -> Arr:
     return np.maximum(t_gpu_s, t_host_s + t_tail_s)
 
 
-def t_fused_kernel_s(t_gemm_s: Arr, t_link_s: Arr, fixed_s: Arr, compute_overhead: Arr, exposed_fraction: Arr) -> Arr:
-    """Single-kernel GEMM+collective: c + max(g·(1+φ), L) + α·min(g·(1+φ), L) (s; docs/model.md §6b).
+def kernel_tiles(m: Arr, n: Arr, tile_m: Arr, tile_n: Arr) -> Arr:
+    """Output tiles of a persistent fused kernel: ceil(m/tile_m)·ceil(n/tile_n) (count; docs/model.md §6b)."""
+    return np.ceil(np.maximum(m, 1.0) / tile_m) * np.ceil(n / tile_n)
 
-    g the whole GEMM, L the communication at the kernel's own link rate, φ the GEMM time lost to the communicating
-    warps, α the share of the shorter side left exposed (0: perfect overlap, 1: serial), c the per-call fence and
-    signals. Never below the whole GEMM nor below L; no per-chunk weight re-reads, no host loop."""
+
+def kernel_waves(tiles: Arr, sm_count: Arr) -> Arr:
+    """Waves of a persistent kernel with one CTA per SM: ceil(tiles / SMs) (count; docs/model.md §6b)."""
+    return np.ceil(tiles / sm_count)
+
+
+def kernel_egress_bytes(m: Arr, n: Arr, out_bytes: Arr, world: Arr, all_reduce: bool) -> Arr:
+    """Bytes one rank sends into the switch: m·n·b for the ld_reduce (the switch reads every rank's partial, the
+    issuer's own included), + m·n·b/W for GEMM+AR's multimem.st of its reduced rows (bytes; docs/model.md §6b)."""
+    s = m * n * out_bytes
+    return s + s / world if all_reduce else s
+
+
+def kernel_ingress_bytes(m: Arr, n: Arr, out_bytes: Arr, world: Arr, all_reduce: bool) -> Arr:
+    """Bytes one rank receives: m·n·b/W of reduced rows from its ld_reduce, + m·n·b that GEMM+AR's multimem.st of
+    every rank writes into it (bytes; docs/model.md §6b)."""
+    s = m * n * out_bytes
+    return s / world + s if all_reduce else s / world
+
+
+def kernel_inflight_bytes(m: Arr, tile_m: Arr, tile_n: Arr, out_bytes: Arr) -> Arr:
+    """Egress one CTA keeps in flight: its RS tile's ld_reduce of min(m, BM)/W rows × BN from each of W ranks,
+    all issued before any store: min(m, BM)·BN·b (bytes; docs/model.md §6b)."""
+    return np.minimum(m, tile_m) * tile_n * out_bytes
+
+
+def multicast_bw_bytes_per_s(ctas: Arr, inflight_bytes_per_cta: Arr, latency_s: Arr, link_bw_bytes_per_s: Arr,
+                             link_efficiency: Arr) -> Arr:
+    """Multicast bandwidth one rank reaches: min(η·link peak, CTAs·bytes in flight per CTA / round trip) (bytes/s;
+    Little's law: the requests outstanding, which grow with the active CTAs, over their latency; docs/model.md §6b)."""
+    return np.minimum(link_efficiency * link_bw_bytes_per_s, ctas * inflight_bytes_per_cta / latency_s)
+
+
+def t_wave_pipeline_s(t_comp_s: Arr, t_comm_s: Arr, waves: Arr) -> Arr:
+    """Compute and communication of w equal waves, wave i's communication beside wave i+1's compute:
+    g/w + (w−1)·max(g, L)/w + L/w (s); one wave is serial (g + L), many waves tend to max(g, L)."""
+    return (t_comp_s + t_comm_s + (waves - 1.0) * np.maximum(t_comp_s, t_comm_s)) / waves
+
+
+def t_fused_kernel_s(t_gemm_s: Arr, t_link_s: Arr, waves: Arr, fixed_s: Arr, compute_overhead: Arr,
+                     exposed_fraction: Arr) -> Arr:
+    """Single-kernel GEMM+collective: c + P + α·(g' + L − P), P = t_wave_pipeline_s(g', L, w), g' = g·(1+φ) (s).
+
+    g the whole GEMM, L the communication at the multicast bandwidth, w the waves, φ the GEMM time lost to the
+    communicating warps, α the share of the overlap a kernel design gives up (0: wave-pipelined, 1: serial), c the
+    per-call launch, fences and exit barrier (docs/model.md §6b). Never below max(g, L), never above c + g' + L."""
     g = t_gemm_s * (1.0 + compute_overhead)
-    return fixed_s + np.maximum(g, t_link_s) + exposed_fraction * np.minimum(g, t_link_s)
-
-
-def kernel_link_bytes(m: Arr, n: Arr, out_bytes: Arr, world: Arr, all_reduce: bool) -> Arr:
-    """Bytes one rank moves over the link in a fused GEMM+RS: (W−1)/W·m·n·b; GEMM+AR adds the all-gather: ×2 (bytes)."""
-    rs = (world - 1) / world * m * n * out_bytes
-    return 2.0 * rs if all_reduce else rs
+    pipe = t_wave_pipeline_s(g, t_link_s, waves)
+    return fixed_s + pipe + exposed_fraction * (g + t_link_s - pipe)
 
 
 def collective_beyond_domain(latency_s: Arr, bus_bw_bytes_per_s: Arr, internode_bw_bytes_per_s: Arr,

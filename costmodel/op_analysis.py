@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from . import ops
-from .analysis import decide_cutoff, decision_value, uniform_workload
+from .analysis import BAND_DRAWS, BAND_SEED, decide_cutoff, decision_value, perturbed_values, uniform_workload
 from .errors import TpcostError
 from .model import cudagraph_max_tokens_default
 from .profile import HardwareProfile
@@ -23,6 +23,7 @@ OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
 IMPLS = ("torch", "kernel")
 OP_DTYPES = ("bf16", "fp8", "mxfp8")
 M_STEP = 128  # M runs over the multiples of 128 (vLLM's gemm_rs_ar tiles M by 128)
+SMALL_M = np.exp2(np.arange(7.0))  # 1, 2, ..., 64: the decode rows below one M tile, for the single kernel
 GEMM_RS_AR_MIN_M = 128  # gemm_rs_ar.py should_run (l. 982-985): x.shape[0] >= 128
 MUSE_SPARK_MIN_M = 512  # models/muse_spark/nvidia/ops/gemm_rs.py l. 44-75: 512 <= M <= max_M on sm103 at TP 4/8
 MUSE_SPARK_ALIGN = {4: 128, 8: 256}
@@ -48,6 +49,8 @@ class OpAnalysis:
     decision_value: dict
     unfused_impl: str
     notes: tuple[str, ...]
+    unfused_impl_per_m: np.ndarray  # the collective vLLM dispatches at each M
+    cutoff_band: tuple[int | None, int | None] | None  # 5-95 % of the cutoff over the profile's draws (None: never)
 
     def wins_m_ranges(self) -> list[list[int]]:
         """[first, last] M of every run of rows where the fused op is faster (speedup > 1)."""
@@ -61,14 +64,24 @@ class OpAnalysis:
             prev = bool(w)
         return out
 
+    @property
+    def answer(self) -> str:
+        """'never', 'always' (fused from the smallest M on the grid) or 'cutoff'."""
+        if self.cutoff_tokens is None:
+            return "never"
+        return "always" if self.cutoff_tokens <= int(self.m[0]) else "cutoff"
+
     def to_json(self) -> dict:
         rows = [{"m": int(m), "t_fused_s": float(f), "t_unfused_s": float(u), "speedup": float(u / f),
-                 "vllm_runs_kernel": bool(v)}
-                for m, f, u, v in zip(self.m, self.t_fused_s, self.t_unfused_s, self.vllm_runs_kernel)]
+                 "vllm_runs_kernel": bool(v), "unfused_impl": str(i)}
+                for m, f, u, v, i in zip(self.m, self.t_fused_s, self.t_unfused_s, self.vllm_runs_kernel,
+                                         self.unfused_impl_per_m)]
         return {"gpu": self.gpu, "op": self.op, "impl": self.impl, "tp": self.tp, "n": self.n, "k": self.k,
                 "dtype": self.dtype, "calls_per_forward": self.calls_per_forward, "cutoff_tokens": self.cutoff_tokens,
+                "answer": self.answer,
                 "vllm_rule": self.vllm_rule, "vllm_rule_tokens": self.vllm_rule_tokens,
                 "decision_value": self.decision_value, "unfused_impl": self.unfused_impl,
+                "cutoff_band_tokens": None if self.cutoff_band is None else list(self.cutoff_band),
                 "fused_wins_m_ranges": self.wins_m_ranges(), "notes": list(self.notes), "rows": rows}
 
 
@@ -92,7 +105,10 @@ def check_combination(profile: HardwareProfile, op: str, impl: str, tp: int, dty
     else:
         if op == "ag_gemm":
             raise TpcostError("--op ag_gemm --impl kernel: vLLM 0.33's single kernel fuses GEMM+RS and GEMM+AR only")
-        why = ops.kernel_available(profile, tp, "bf16" if dtype == "mxfp8" else dtype, n)
+        why = ops.kernel_available(profile, tp, "bf16" if dtype == "fp8" else dtype, n)
+        if dtype == "fp8":
+            raise TpcostError("--dtype fp8 --impl kernel: vLLM's gemm_rs_ar takes bf16 or MXFP8 weights only "
+                              "(can_run, gemm_rs_ar.py l. 939-973); for per-tensor fp8 the switch has no effect")
         if why:
             raise TpcostError(why)
 
@@ -118,43 +134,28 @@ def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: 
 
 def analyse_op(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int, dtype: str = "bf16", *,
                calls_per_forward: int = 1, max_num_batched_tokens: int = 8192, margin: float = 0.02, workload: Any = None,
-               extra_m: Any = (), vllm_version: tuple[int, int] | None = None, cudagraph_max_tokens: int | None = None) -> OpAnalysis:
+               extra_m: Any = (), vllm_version: tuple[int, int] | None = None, cudagraph_max_tokens: int | None = None,
+               with_band: bool = True) -> OpAnalysis:
     """Fused against unfused over M = the multiples of 128 up to max_num_batched_tokens (and `extra_m`), per forward
     (× calls_per_forward); the cutoff on that grid; vLLM's own rule and the saving against it."""
     check_combination(profile, op, impl, tp, dtype, n)
     if max_num_batched_tokens < M_STEP:
         raise TpcostError(f"--max-num-batched-tokens must be >= {M_STEP} (M runs over the multiples of {M_STEP})")
     grid = np.arange(M_STEP, max_num_batched_tokens // M_STEP * M_STEP + 1, M_STEP, dtype=float)
+    if impl == "kernel":  # the kernel runs at any M (decode steps included); vLLM's rule gates it at 128
+        grid = np.concatenate([SMALL_M, grid])
     m_all = np.union1d(grid, np.asarray(list(extra_m), dtype=float))
     if impl == "torch" and np.any(m_all % tp):
         raise TpcostError(f"--m: torch's fused ops split M into tp={tp} chunks; every M must be a multiple of tp")
-    mode = "fp8" if dtype == "mxfp8" else dtype
-    hw = ops.Hw(profile, mode)
-    notes = []
-    # torch's pipelined ops pay the host's issue time above vLLM's CUDA-graph capture size (its default: 512, 1024
-    # on datacenter Blackwell)
     cap = cudagraph_max_tokens_default(profile) if cudagraph_max_tokens is None else cudagraph_max_tokens
-
-    def arms(m):
-        if op == "ag_gemm":
-            unfused = ops.sequential_ag_gemm_s(hw, m, n, k, tp, hw.mode.ag_bytes)
-            f = ops.fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=True)  # t_s eager, t_gpu_s graphs
-            return np.where(m > cap, f.t_s, f.t_gpu_s), unfused, "NCCL all-gather"
-        if op == "gemm_rs":
-            unfused = ops.sequential_gemm_rs_s(hw, m, n, k, tp)
-            if impl == "torch":
-                f = ops.fused_gemm_rs(hw, m, n, k, tp, eager=True)  # t_s eager, t_gpu_s under graph replay
-                fused = np.where(m > cap, f.t_s, f.t_gpu_s)
-            else:
-                fused = ops.fused_kernel(hw, "gemm_rs", m, n, k, tp).t_s
-            return fused, unfused, "NCCL reduce-scatter"
-        unfused = ops.sequential_gemm_ar_s(hw, m, n, k, tp, vllm_version)
-        return ops.fused_kernel(hw, "gemm_ar", m, n, k, tp).t_s, unfused, "vLLM's dispatched all-reduce"
-
-    f_all, u_all, unfused_impl = arms(m_all)
-    if dtype == "mxfp8":  # the kernel path quantises its activations itself (gemm_rs_ar.py l. 1009-1026)
-        f_all = f_all + hw.t_mem(m_all * k * (hw.act_bytes + 1.0))
+    spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm_version)
+    f_all, u_all, unfused_impl, unfused_per_m = op_arms(profile, spec, m_all)
+    notes = []
+    if impl == "kernel" and dtype == "mxfp8":
         notes.append("mxfp8: the fused kernel adds its activation-quantise kernel (m·k·(2+1) bytes)")
+    shipped = ops.kernel_shipped(profile) if impl == "kernel" else None
+    if shipped:
+        notes.append(shipped)
     if op == "gemm_rs":
         notes.append("unfused arm: the GEMM, then NCCL reduce-scatter (vLLM's custom reduce-scatter below 16 MiB "
                      "is not in the profiles; NCCL's fitted curve stands in)")
@@ -170,5 +171,52 @@ def analyse_op(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k:
     cut = decide_cutoff(grid, t_off, t_on, margin, weights)
     rule_text, rule_tokens, runs = vllm_rule(profile, op, impl, tp, n, k)
     value = decision_value(grid, t_off, t_on, margin, cut, weights, vllm_default=rule_tokens)
+    band = op_cutoff_band(profile, spec, grid, margin, weights) if with_band else None
     return OpAnalysis(profile.name, op, impl, tp, n, k, dtype, calls_per_forward, m_all, f_all, u_all, cut, rule_text,
-                      rule_tokens, runs(m_all), value, unfused_impl, tuple(notes))
+                      rule_tokens, runs(m_all), value, unfused_impl, tuple(notes), unfused_per_m, band)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """One fused op and its regime: what op_arms needs besides the profile and the rows."""
+
+    op: str
+    impl: str
+    tp: int
+    n: int
+    k: int
+    dtype: str
+    cudagraph_max_tokens: int  # torch's pipelined ops pay host issue time above it
+    vllm_version: tuple[int, int] | None = None
+
+
+def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> tuple[Any, Any, str, np.ndarray]:
+    """(fused s, unfused s, the unfused collective, its implementation per row) of one call over rows `m`; the
+    profile's values may be Monte Carlo draws of shape (D, 1)."""
+    hw = ops.Hw(profile, "fp8" if spec.dtype == "mxfp8" else spec.dtype)
+    op, n, k, tp = spec.op, spec.n, spec.k, spec.tp
+    if spec.impl == "kernel":
+        pair = ops.kernel_pair(hw, op, m, n, k, tp, weights=spec.dtype, vllm_version=spec.vllm_version)
+        name = "NCCL reduce-scatter" if op == "gemm_rs" else "vLLM's dispatched all-reduce"
+        return pair.fused_s, pair.unfused_s, name, pair.unfused_impls
+    if op == "ag_gemm":
+        u = ops.sequential_ag_gemm_s(hw, m, n, k, tp, hw.mode.ag_bytes)
+        f = ops.fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=True)  # t_s eager, t_gpu_s graphs
+        name, impl = "NCCL all-gather", "nccl_all_gather"
+    else:
+        u = ops.sequential_gemm_rs_s(hw, m, n, k, tp)
+        f = ops.fused_gemm_rs(hw, m, n, k, tp, eager=True)  # t_s eager, t_gpu_s under graph replay
+        name, impl = "NCCL reduce-scatter", "nccl_reduce_scatter"
+    return np.where(m > spec.cudagraph_max_tokens, f.t_s, f.t_gpu_s), u, name, np.full(np.shape(m), impl)
+
+
+def op_cutoff_band(profile: HardwareProfile, spec: OpSpec, grid: np.ndarray, margin: float, weights: Any,
+                   draws: int = BAND_DRAWS, seed: int = BAND_SEED) -> tuple[int | None, int | None]:
+    """5th-95th percentile of the op's cutoff over the fixed-seed Monte Carlo of the profile (never: None)."""
+    vals = perturbed_values(profile, draws, seed)
+    prof = profile.with_values(vals, None, mark_modified=False)
+    f, u, _, _ = op_arms(prof, spec, grid)
+    c = np.atleast_1d(decide_cutoff(grid, np.broadcast_to(u, np.broadcast_shapes(np.shape(u), np.shape(f))),
+                                    np.broadcast_to(f, np.broadcast_shapes(np.shape(u), np.shape(f))), margin, weights))
+    lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
+    return tuple(None if np.isinf(x) else int(x) for x in (lo, hi))  # type: ignore[return-value]

@@ -370,13 +370,14 @@ KERNEL_DTYPES = ("bf16", "mxfp8")  # gemm_rs_ar.py l. 946-961, 1009-1026
 
 
 def kernel_available(profile: HardwareProfile, tp: int, dtype: str = "bf16", n: int | None = None) -> str | None:
-    """None if the single-kernel fused GEMM+RS/AR can run here, else why not (one line): vLLM 0.33's init gate
-    (gemm_rs_ar.py l. 1105-1152: SM100 family, bf16 model, 1 < TP <= 16, 128 % TP == 0, N % 128 == 0) and a
-    multicast-capable NVLink domain (the profile's [fused_kernel] table)."""
+    """None if a single-kernel fused GEMM+RS/AR of vLLM's design can run here, else why not (one line): NVLink
+    multicast inside one domain (the profile's [fused_kernel] table) and the shape gate of vLLM's gemm_rs_ar
+    (gemm_rs_ar.py l. 1105-1152: bf16 or MXFP8 weights, 1 < TP <= 16, 128 % TP == 0, N % 128 == 0). Whether vLLM
+    ships it on this GPU is kernel_shipped()."""
     cc = profile.identity.compute_capability
-    if profile.fused_kernel is None or not cc.startswith("10."):
-        return (f"no single-kernel fused GEMM+collective on {profile.name} (cc {cc or 'n/a'}): vLLM 0.33's gemm_rs_ar "
-                "needs the SM100 family and multicast over NVSwitch")
+    if profile.fused_kernel is None:
+        return (f"no single-kernel fused GEMM+collective on {profile.name} (cc {cc or 'n/a'}): it needs NVLink "
+                "multicast (NVLS) over NVSwitch, which this profile does not have")
     if dtype not in KERNEL_DTYPES:
         return f"the single-kernel fused GEMM+collective takes bf16 or mxfp8 weights, not {dtype}"
     if not (1 < tp <= 16 and 128 % tp == 0):
@@ -388,20 +389,106 @@ def kernel_available(profile: HardwareProfile, tp: int, dtype: str = "bf16", n: 
     return None
 
 
-def fused_kernel(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int) -> FusedOp:
-    """One single-kernel fused GEMM+RS (op "gemm_rs") or GEMM+AR ("gemm_ar") on m rows (formulas.t_fused_kernel_s);
-    GEMM+AR ends with vLLM's `partial[:M].clone()` (gemm_rs_ar.py l. 1081): one more m·n copy in HBM."""
+def kernel_shipped(profile: HardwareProfile) -> str | None:
+    """None if vLLM ships gemm_rs_ar on this GPU, else a note: its init gate takes the SM100 family only
+    (gemm_rs_ar.py l. 1131, is_device_capability_family(100)); elsewhere the prediction is what a multimem kernel of
+    its design would do."""
+    cc = profile.identity.compute_capability
+    if cc.startswith("10."):
+        return None
+    return (f"not shipped by vLLM on this GPU ({profile.name}, cc {cc or 'n/a'}): vLLM's gemm_rs_ar runs on the SM100 "
+            "family only; this is what a multimem kernel of its design would do here")
+
+
+KERNEL_TILE_M = KERNEL_TILE_N = 128  # Sm100GemmRsAr cta_tile (BM, BN) = (128, 128) (gemm_rs_ar.py l. 124-128)
+# each CTA's communicating warps (4-7) issue one RS tile's multimem.ld_reduce before any store (l. 560-575):
+# formulas.kernel_inflight_bytes
+
+
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+class KernelOp:
+    """One single-kernel fused GEMM+RS / GEMM+AR call and the terms that explain it (s, bytes, counts; over rows)."""
+
+    t_s: Any  # the call: t_fixed_s + the wave pipeline (+ exposure) + t_copy_s
+    t_gemm_s: Any  # the whole GEMM alone (§2)
+    t_comm_s: Any  # the multimem traffic at the reached multicast bandwidth
+    tiles: Any  # output tiles (128 × 128)
+    ctas: Any  # persistent CTAs: min(tiles, SMs)
+    waves: Any  # ceil(tiles / SMs): one wave cannot overlap its own communication
+    multicast_bw_bytes_per_s: Any  # min(η·link, CTAs·q/λ)
+    egress_bytes: Any  # per rank into the switch
+    ingress_bytes: Any  # per rank out of the switch
+    t_fixed_s: Any  # launch, flags, exit barrier (+ GEMM+AR's system-scope fence)
+    t_copy_s: Any  # GEMM+AR's partial[:M].clone() (0 for GEMM+RS)
+
+    @property
+    def bound(self) -> Any:
+        """'link' where the multimem traffic is the longer side, else 'gemm' (per row)."""
+        return np.where(self.t_comm_s >= self.t_gemm_s, "link", "gemm")
+
+
+def fused_kernel(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int) -> KernelOp:
+    """One single-kernel fused GEMM+RS (op "gemm_rs") or GEMM+AR ("gemm_ar") on m rows (formulas.t_fused_kernel_s,
+    docs/model.md §6b): its tiles in waves over the SMs, each wave's multimem traffic beside the next wave's GEMM at
+    the multicast bandwidth its CTAs keep in flight; GEMM+AR ends with `partial[:M].clone()` (gemm_rs_ar.py l. 1081),
+    one more m·n copy in HBM."""
     fk = hw.p.fused_kernel
     if fk is None:
         raise TpcostError(kernel_available(hw.p, tp) or "no fused kernel")
+    ar = op == "gemm_ar"
     t_whole = hw.t_gemm(m, n, k)
-    link_bw = hw.p.interconnect.link_bw_bytes_per_s * fk.link_efficiency
-    moved = F.kernel_link_bytes(m, n, hw.act_bytes, tp, op == "gemm_ar")
-    t_link = moved / link_bw
-    t = F.t_fused_kernel_s(t_whole, t_link, fk.fixed_s, fk.compute_overhead, fk.exposed_fraction)
-    t_copy = hw.t_mem(2.0 * m * n * hw.act_bytes) if op == "gemm_ar" else 0.0
-    t = t + t_copy
-    return FusedOp(t, t, 0.0, 0.0, t_whole, t_whole, t_whole * (1.0 + fk.compute_overhead), t_link, fk.fixed_s, t_copy)
+    tiles = F.kernel_tiles(m, n, KERNEL_TILE_M, KERNEL_TILE_N)
+    sms = hw.p.identity.sm_count
+    ctas = np.minimum(tiles, sms)
+    waves = F.kernel_waves(tiles, sms)
+    inflight = fk.inflight_scale * F.kernel_inflight_bytes(m, KERNEL_TILE_M, KERNEL_TILE_N, hw.act_bytes)
+    bw = F.multicast_bw_bytes_per_s(ctas, inflight, fk.multicast_latency_s,
+                                    hw.p.interconnect.link_bw_bytes_per_s, fk.link_efficiency)
+    egress = F.kernel_egress_bytes(m, n, hw.act_bytes, tp, ar)
+    ingress = F.kernel_ingress_bytes(m, n, hw.act_bytes, tp, ar)
+    t_comm = np.maximum(egress, ingress) / bw
+    fixed = fk.fixed_s + (fk.ar_fence_s if ar else 0.0)
+    t = F.t_fused_kernel_s(t_whole, t_comm, waves, fixed, fk.compute_overhead, fk.exposed_fraction)
+    t_copy = hw.t_mem(2.0 * m * n * hw.act_bytes) if ar else 0.0
+    return KernelOp(t + t_copy, t_whole, t_comm, tiles, ctas, waves, bw, egress, ingress, fixed, t_copy)
+
+
+class KernelPair(NamedTuple):
+    """One fused GEMM+RS/AR kernel against the path it replaces, over rows (s)."""
+
+    fused_s: Any  # the kernel (+ MXFP8's activation-quantise kernel)
+    unfused_s: Any  # the GEMM, then the collective
+    unfused_impls: Any  # the collective's implementation per row (str array)
+    kernel: KernelOp
+
+
+def kernel_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, *, weights: str = "bf16", baseline: str = "vllm",
+                vllm_version: tuple[int, int] | None = None) -> KernelPair:
+    """The one predictor of the single kernel against its unfused arm (tpcost op, evaluate, the fits, the tests).
+
+    `weights` "mxfp8": the kernel quantises its activations first (gemm_rs_ar.py l. 1009-1026: m·k·(b+1) bytes);
+    `hw` carries the GEMM's dtype mode. `baseline` "vllm": GEMM+AR's collective is vLLM's dispatched all-reduce,
+    "nccl": NCCL's; GEMM+RS's is NCCL reduce-scatter either way (vLLM's custom reduce-scatter is not modelled)."""
+    m = np.atleast_1d(np.asarray(m, dtype=float))
+    kern = fused_kernel(hw, op, m, n, k, tp)
+    fused = kern.t_s + (hw.t_mem(m * k * (hw.act_bytes + 1.0)) if weights == "mxfp8" else 0.0)
+    msg = m * (n * hw.act_bytes)
+    if op == "gemm_rs":
+        coll, impls = t_reduce_scatter_s(hw, tp, msg), np.full(m.shape, "nccl_reduce_scatter")
+    elif baseline == "vllm":
+        ar = all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm_version=vllm_version)
+        coll, impls = ar.t_s, _impl_per_row(hw, msg, tp, vllm_version)
+    else:
+        coll, impls = t_nccl_all_reduce_s(hw, tp, msg), np.full(m.shape, "nccl_all_reduce")
+    return KernelPair(fused, hw.t_gemm(m, n, k) + coll, impls, kern)
+
+
+def _impl_per_row(hw: Hw, msg: np.ndarray, tp: int, vllm_version) -> np.ndarray:
+    """The all-reduce implementation vLLM dispatches at each message size (names, per row)."""
+    out = np.empty(msg.shape, dtype=object)
+    for i, b in enumerate(msg):
+        out[i] = all_reduce_dispatch(hw, np.array([b]), tp, False, fi_max_bytes=0, vllm_version=vllm_version).impls[0]
+    return out.astype(str)
 
 
 def unfused_all_reduce_norm_s(hw: Hw, rows: Arr, hidden: int, tp: int, vllm_version: tuple[int, int] | None = None) -> Arr:

@@ -166,14 +166,18 @@ class AsyncTP:
 
 @dataclasses.dataclass(frozen=True)
 class FusedKernel:
-    """[fused_kernel]: a single-kernel fused GEMM + reduce-scatter / all-reduce whose GEMM tiles hand finished
-    output to the link (vLLM 0.33's CuTe `gemm_rs_ar`, FlashInfer's CuTe GEMM+RS; docs/model.md §6b). Optional:
-    only profiles whose hardware has it (multicast over NVSwitch, SM100 family) carry the table."""
+    """[fused_kernel]: a persistent single-kernel fused GEMM + reduce-scatter / all-reduce over an NVLS multicast
+    workspace (vLLM's CuTe `gemm_rs_ar`; docs/model.md §6b), on this hardware. Optional: only profiles whose
+    hardware has NVLink multicast carry the table. Hardware terms: link_efficiency, multicast_latency_s; the
+    kernel's own: the rest (its tiles and bytes in flight are code: costmodel/ops.py)."""
 
-    fixed_s: Num  # per call: workspace fence and signals (s)
+    fixed_s: Num  # per call: launch, workspace flags and the exit barrier (s)
+    ar_fence_s: Num  # GEMM+AR's extra per call: the system-scope release that flushes its multimem stores (s)
     compute_overhead: Num  # φ: GEMM time lost to the communicating warps and to contention (relative), in [0, 10]
-    link_efficiency: Num  # achieved / peak link bandwidth of the multimem reduction, in (0, 1]
-    exposed_fraction: Num  # share of the shorter of GEMM and communication left exposed, in [0, 1]
+    link_efficiency: Num  # η: achieved / peak unidirectional link bandwidth of multimem traffic, in (0, 1]
+    multicast_latency_s: Num  # λ: round trip of one multimem.ld_reduce through the switch (s)
+    exposed_fraction: Num  # α: share of the wave overlap the design gives up (0 pipelined, 1 serial), in [0, 1]
+    inflight_scale: Num  # bytes a CTA keeps in flight over one RS tile's ld_reduce (vLLM's design: 1)
 
 
 _NO_DISPATCH = Dispatch()
@@ -251,7 +255,8 @@ VALUE_RANGES: tuple[tuple[str, ValueRange], ...] = (
     (r".*efficiency", ValueRange(0.0, 1.0, "", "achieved / peak", lo_open=True)),
     (r"fused_kernel\.compute_overhead", ValueRange(0.0, 10.0, "", "relative GEMM slowdown inside the fused kernel")),
     (r"fused_kernel\.exposed_fraction", ValueRange(0.0, 1.0, "", "a fraction")),
-    (r"fused_kernel\.fixed_s", ValueRange(0.0, 0.01, "s", "a fence and signals: ~1e-6..1e-5")),
+    (r"fused_kernel\.inflight_scale", ValueRange(0.0, 64.0, "", "a CTA's requests in flight over one tile's", lo_open=True)),
+    (r"fused_kernel\.(fixed_s|ar_fence_s)", ValueRange(0.0, 0.01, "s", "a launch, fences and signals: ~1e-6..1e-5")),
     (r"asynctp\.stream_concurrency", ValueRange(0.0, 1.0, "", "a fraction")),
     (r"asynctp\.compute_slowdown", ValueRange(0.0, 10.0, "", "relative slowdown; a 2-core CPU measured 1.3")),
     (r"vllm_dispatch\..*", ValueRange(0.0, 2.0**40, "bytes", "vLLM's size limits are <= 128 MiB")),

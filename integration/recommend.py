@@ -281,14 +281,20 @@ def kernel_switch(profile, slots, tp: int, op: str, dtype: str = "bf16", max_num
     """Should vLLM 0.33's switch for the fused kernel be on for this traffic? Expected time per step over the
     workload with the switch on (vLLM then runs the kernel wherever its own rule, M >= 128, says) against off, summed
     over the slots (costmodel.op_analysis.analyse_op per slot)."""
+    from costmodel import ops
+    from costmodel.errors import TpcostError
     from costmodel.op_analysis import analyse_op
 
     env, default_on = KERNEL_SWITCH[op]
+    why = ops.kernel_available(profile, tp, dtype) or ops.kernel_shipped(profile)
+    if why:
+        raise TpcostError(f"{env} has no effect here: {why}")
     on = off = 0.0
     per_slot = []
     for name, n, k, calls in slots:
         a = analyse_op(profile, op, "kernel", tp, n, k, dtype, calls_per_forward=calls,
-                       max_num_batched_tokens=max_num_batched_tokens, workload=workload, vllm_version=vllm_version)
+                       max_num_batched_tokens=max_num_batched_tokens, workload=workload, vllm_version=vllm_version,
+                       with_band=False)
         grid = a.m[np.isin(a.m, np.arange(128, max_num_batched_tokens + 1, 128))]
         sel = np.isin(a.m, grid)
         if workload is not None:

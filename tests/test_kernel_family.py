@@ -16,7 +16,11 @@ M = np.unique(np.round(np.geomspace(1, 65536, 120)))
 
 
 def test_which_profiles_have_it():
-    assert sorted(WITH_KERNEL) == ["b200", "b300", "gb200-nvl72"]  # the SM100 family with NVLink5 multicast
+    """Every GPU with NVLink multicast over NVSwitch (NVLS): the SM100 family, where vLLM ships the kernel, and
+    Hopper, where it does not."""
+    assert sorted(WITH_KERNEL) == ["b200", "b300", "gb200-nvl72", "gb300-nvl72", "h100-sxm", "h200-sxm", "h800"]
+    shipped = [n for n in WITH_KERNEL if ops.kernel_shipped(load_profile(n)) is None]
+    assert sorted(shipped) == ["b200", "b300", "gb200-nvl72", "gb300-nvl72"]
 
 
 @pytest.mark.parametrize("name", WITH_KERNEL)
@@ -31,14 +35,55 @@ def test_bounds(name, op):
             t = ops.fused_kernel(hw, op, M, n, k, tp).t_s
             assert np.all(np.isfinite(t)) and np.all(t > 0)
             assert np.all(t >= hw.t_gemm(M, n, k))
-            link = F.kernel_link_bytes(M, n, 2.0, tp, op == "gemm_ar") / p.interconnect.link_bw_bytes_per_s
-            assert np.all(t >= link)
+            # the bytes per rank, written out: ld_reduce reads every rank's m·n·2 partial (the issuer's own included)
+            # and returns m·n·2/W; GEMM+AR's multimem.st sends m·n·2/W and receives m·n·2
+            s = M * n * 2.0
+            egress = s + s / tp if op == "gemm_ar" else s
+            ingress = s / tp + s if op == "gemm_ar" else s / tp
+            peak = p.interconnect.link_bw_bytes_per_s  # unidirectional
+            assert np.all(t >= egress / peak) and np.all(t >= ingress / peak)
+
+
+@pytest.mark.parametrize("name", WITH_KERNEL)
+def test_one_wave_cannot_overlap(name):
+    """All of M in one wave: the kernel pays its GEMM and its traffic in series; over many waves it tends to the
+    longer of the two (formulas.t_wave_pipeline_s), and never below either."""
+    g, L = 3e-6, 5e-6
+    assert F.t_wave_pipeline_s(g, L, 1.0) == pytest.approx(g + L)
+    many = F.t_wave_pipeline_s(g * 1000, L * 1000, 1000.0)
+    assert many == pytest.approx(max(g, L) * 1000, rel=2e-3)
+    w = np.arange(1.0, 50.0)
+    pipe = F.t_wave_pipeline_s(g, L, w)
+    assert np.all(pipe >= max(g, L) - 1e-18) and np.all(pipe <= g + L + 1e-18) and np.all(np.diff(pipe) <= 0)
+    # the overlap bound of the standards: (t_comp + t_comm) / max(t_comp, t_comm)
+    assert np.all((g + L) / pipe <= (g + L) / max(g, L) + 1e-12)
+
+
+def test_multicast_bandwidth_follows_littles_law():
+    """Few CTAs with little in flight cannot fill the link: C·q/λ until η·link caps it."""
+    bw = F.multicast_bw_bytes_per_s(np.array([1.0, 8.0, 56.0, 148.0]), 32768.0, 2e-6, 900e9, 0.75)
+    assert bw[0] == pytest.approx(32768.0 / 2e-6) and bw[1] == pytest.approx(8 * 32768.0 / 2e-6)
+    assert bw[-1] == pytest.approx(0.75 * 900e9) and np.all(np.diff(bw) >= 0)
+
+
+def test_mxfp8_op_and_evaluate_agree(capsys, tmp_path):
+    """One predictor for the pair (ops.kernel_pair): `tpcost op --dtype mxfp8` and `tpcost evaluate` give the same
+    speedup for the same row."""
+    assert main(["op", "--gpu", "b200", "--tp", "4", "--op", "gemm_rs", "--impl", "kernel", "--n", "7168", "--k",
+                 "1536", "--dtype", "mxfp8", "--json"]) == 0
+    row = next(r for r in json.loads(capsys.readouterr().out)["rows"] if r["m"] == 2048)
+    f = tmp_path / "k.csv"
+    f.write_text("hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,impl,baseline_impl\n"
+                 "b200,4,gemm_rs,mxfp8,2048,7168,1536,100,100,x,kernel,nccl\n")
+    assert main(["evaluate", str(f), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["rows"][0]["s_predicted"] == pytest.approx(row["speedup"], rel=1e-9)
 
 
 @pytest.mark.parametrize("name", WITHOUT)
 def test_others_refuse(name, one_line_error):
     why = ops.kernel_available(load_profile(name), 4)
-    assert why and "SM100" in why
+    assert why and "multicast" in why
     one_line_error("op", "--gpu", name, "--tp", "4", "--op", "gemm_rs", "--impl", "kernel", "--n", "7168", "--k",
                    "1536", needle="no single-kernel fused GEMM+collective")
 
@@ -51,9 +96,11 @@ def test_op_json_for_b200_tp4(capsys, op):
     assert d["vllm_rule_tokens"] == 128
     assert d["cutoff_tokens"] is None or (isinstance(d["cutoff_tokens"], int) and d["cutoff_tokens"] % 128 == 0)
     ms = [r["m"] for r in d["rows"]]
-    assert ms == sorted(ms) and ms[0] == 128 and ms[-1] == 8192 and all(m % 128 == 0 for m in ms)
+    assert ms == sorted(ms) and ms[:8] == [1, 2, 4, 8, 16, 32, 64, 128] and ms[-1] == 8192
+    assert all(m % 128 == 0 for m in ms[7:])
+    assert d["answer"] in ("never", "always", "cutoff") and len(d["cutoff_band_tokens"]) == 2
     for r in d["rows"]:
-        assert set(r) == {"m", "t_fused_s", "t_unfused_s", "speedup", "vllm_runs_kernel"}
+        assert set(r) == {"m", "t_fused_s", "t_unfused_s", "speedup", "vllm_runs_kernel", "unfused_impl"}
         assert r["vllm_runs_kernel"] == (r["m"] >= 128)
         assert r["speedup"] == pytest.approx(r["t_unfused_s"] / r["t_fused_s"])
 
@@ -131,14 +178,21 @@ def test_vllm_config_kernel_switch(capsys, one_line_error, tmp_path):
     assert main(base) == 0
     err = capsys.readouterr().err
     assert "VLLM_KIMI_K3_GEMM_AR=" in err and "(vLLM's default 1)" in err and "o_proj, down_proj" in err
-    wl = tmp_path / "small.csv"
-    wl.write_text("num_tokens,count\n128,1000\n")  # all traffic where the fitted kernel wins against the all-reduce
-    assert main(base + ["--workload", str(wl)]) == 0
-    assert "VLLM_KIMI_K3_GEMM_AR=1" in capsys.readouterr().err
+    for m in (128, 8192):  # all traffic at one M: on exactly where `tpcost op` says the kernel wins on both slots
+        wins = []
+        for n, k in ((8192, 2048), (8192, 7168)):  # llama-3.1-70b at TP 4: o_proj, down_proj
+            assert main(["op", "--gpu", "b200", "--tp", "4", "--op", "gemm_ar", "--impl", "kernel", "--n", str(n),
+                         "--k", str(k), "--vllm-version", "0.33", "--json"]) == 0
+            wins.append(next(r for r in json.loads(capsys.readouterr().out)["rows"] if r["m"] == m)["speedup"] > 1)
+        assert wins[0] == wins[1]
+        wl = tmp_path / f"w{m}.csv"
+        wl.write_text(f"num_tokens,count\n{m},1000\n")
+        assert main(base + ["--workload", str(wl)]) == 0
+        assert f"VLLM_KIMI_K3_GEMM_AR={int(wins[0])}" in capsys.readouterr().err
     assert main(base[:-1] + ["gemm_rs", "--n", "7168", "--k", "1536", "--calls-per-forward", "61"]) == 0
     assert "VLLM_ENABLE_GEMM_RS=" in capsys.readouterr().err
     one_line_error("vllm-config", "--gpu", "h100-sxm", "--tp", "4", "--vllm-version", "0.33", "--kernel-op", "gemm_ar",
-                   needle="no single-kernel fused GEMM+collective on h100-sxm")
+                   needle="not shipped by vLLM on this GPU")
     one_line_error("vllm-config", "--gpu", "b200", "--tp", "4", "--vllm-version", "0.31", "--kernel-op", "gemm_ar",
                    needle="has no single-kernel fused")
     one_line_error(*base, "--n", "7168", needle="give both --n and --k")

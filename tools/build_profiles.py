@@ -35,6 +35,7 @@ NV_H100 = "https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM5 datasheet, 
 NV_H200 = "https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM datasheet, dense)"
 NV_B200 = "https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200 datasheet, per GPU, dense)"
 NV_GB200 = "https://www.nvidia.com/en-us/data-center/gb200-nvl72/ (GB200 NVL72 datasheet, per GPU, dense)"
+NV_GB300 = "https://www.nvidia.com/en-us/data-center/gb300-nvl72/ (GB300 NVL72 datasheet, per GPU)"
 NV_A100 = "https://www.nvidia.com/en-us/data-center/a100/ (A100 SXM4 80GB datasheet, dense)"
 NV_L40S = "https://www.nvidia.com/en-us/data-center/l40s/ (L40S datasheet, dense)"
 AMD_MI300X = "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html (MI300X datasheet, dense)"
@@ -487,29 +488,72 @@ def asynctp_fits():
     hop = R.fit_family("hopper", {"h100-sxm": asynctp_section(h100(), pri, HOST_OP)})
     bw = R.fit_family("blackwell", {"b300": asynctp_section(b300(), pri, HOST_OP),
                                     "gb200-nvl72": asynctp_section(gb200(b200()), pri, HOST_OP)})
-    kern = R.fit_kernel(asynctp_section(gb200(b200()), pri, HOST_OP), bw)
-    return {"hopper": hop, "blackwell": bw, "kernel": kern}
+    return {"hopper": hop, "blackwell": bw, "kernel": kernel_fit()}
 
 
-def kernel_section(p, kern, carried_from: str | None = None):
-    """[fused_kernel] of a profile from the single-kernel fit (tools/reference_fits.py fit_kernel): each fitted term
-    published-measurement with its sigma, unidentified ones the prior (assumed); `carried_from`: every term assumed."""
-    over = (f"least-squares fit to the CuTe single-kernel GEMM+RS arm of {kern['source']} ({kern['n_rows']} rows, "
-            f"rms log {kern['rms_log']:.3f}; GEMM, NCCL and the harness offset from the Blackwell joint fit; "
-            "tools/reference_fits.py fit_kernel)")
+KERNEL_FIT = ROOT / "calib" / "data" / "kernel_fit.json"  # committed output of `python -m calib.kernel_fit`
+# MLENG_NET_SHARP, 8 GPUs, 8 GiB all-reduce with NVLS: busBW = 2(W-1)/(W+1) x the multicast rate per direction
+# (ld_reduce + st move (1 + 1/W)·S each way): H200 473.1 GB/s over 450, B200 838.0 over 900 -> NVLink4 / NVLink5
+SHARP_NVLS_BUSBW = {"nvlink4": (473.1e9, 450e9), "nvlink5": (838.0e9, 900e9)}
+SHARP_NVLS_RATIO = (SHARP_NVLS_BUSBW["nvlink4"][0] / SHARP_NVLS_BUSBW["nvlink4"][1]) / \
+    (SHARP_NVLS_BUSBW["nvlink5"][0] / SHARP_NVLS_BUSBW["nvlink5"][1])
+
+
+def kernel_fit() -> dict:
+    """The committed single-kernel joint fit (calib/kernel_fit.py); its priors where it has not been run yet."""
+    if KERNEL_FIT.exists():
+        return json.loads(KERNEL_FIT.read_text())
+    from calib import kernel_fit as K
+
+    vals = {f"hw:{k}": v[0] for k, v in K.HARDWARE_PRIOR.items()}
+    vals.update({f"vllm:{k}": v[0] for k, v in K.KERNEL_PRIOR.items()})
+    return {"values": vals, "sigma_rel": {k: None for k in vals}, "n_rows": 0, "rms_log": None}
+
+
+def kernel_section(p, kern, nvlink: str):
+    """[fused_kernel] of a GPU with NVLink multicast: vLLM's gemm_rs_ar terms from the joint fit (calib/kernel_fit.py,
+    committed in calib/data/kernel_fit.json); NVLink5 hardware terms as fitted, NVLink4 (Hopper) ones scaled by the
+    NVLS/peak ratio MLENG_NET_SHARP measures on H200 against B200 and marked assumed (vLLM ships the kernel on SM100
+    only; costmodel.ops.kernel_shipped)."""
+    over = (f"joint least-squares fit of the single-kernel family over {' + '.join(kern.get('sources', []))} "
+            f"({kern['n_rows']} rows, rms log {kern['rms_log']}; {K_CMD})")
     out = {}
-    for key, v in sorted(kern["values"].items()):
-        leaf = key.split(".", 1)[1]
-        sg = kern["sigma_rel"][key]
-        if carried_from:
-            t = sec(f"assumed: {carried_from}: {over}", "assumed", **{leaf: v})
-        elif not math.isfinite(sg):
-            t = sec(f"assumed: prior kept, not identified by the {over}", "assumed", **{leaf: v})
+    for leaf in ("fixed_s", "ar_fence_s", "compute_overhead", "exposed_fraction", "link_efficiency",
+                 "multicast_latency_s"):
+        key = ("hw:" if leaf in ("link_efficiency", "multicast_latency_s") else "vllm:") + leaf
+        v, sg = kern["values"][key], kern["sigma_rel"].get(key)
+        if leaf == "link_efficiency" and nvlink == "nvlink4":
+            v = min(1.0, v * SHARP_NVLS_RATIO)
+            t = sec(f"assumed: the NVLink5 value x {SHARP_NVLS_RATIO:.3f}, MLENG_NET_SHARP's NVLS busBW/peak on H200 "
+                    f"over B200 (same multimem reduction, NVLink4 switch): {over}", "assumed", **{leaf: v})
+        elif key in kern.get("design", ()):
+            t = sec(f"assumed: vLLM's design, not fitted (calib/kernel_fit.py DESIGN: warp-specialised, a wave's "
+                    f"multimem traffic beside the next wave's GEMM): {over}", "assumed", **{leaf: v})
+        elif sg is None or nvlink == "nvlink4":
+            why = "prior kept, not identified by the" if sg is None else "NVLink5 value carried to Hopper:"
+            t = sec(f"assumed: {why} {over}", "assumed", **{leaf: v})
         else:
             t = sec(over, "published-measurement", **{leaf: v})
             t["uncertainty_rel"] = {leaf: _round(min(sg, 1.0))}
         out[f"_{leaf}"] = t
+    out["_inflight_scale"] = sec("vLLM's design: each CTA's communicating warps issue one RS tile's multimem.ld_reduce "
+                                 "(BM/W rows x BN from each of W ranks) before any store (gemm_rs_ar.py l. 560-575): "
+                                 "scale 1 by construction", "datasheet", inflight_scale=1.0)
     p["fused_kernel"] = out
+    return p
+
+
+K_CMD = "python -m calib.kernel_fit, then python tools/build_profiles.py"
+
+
+def gb300(b3):
+    """GB300 NVL72: B300 silicon (its profile: compute, HBM, GEMM and collective fits) in a 72-GPU NVLink5 domain."""
+    p = copy.deepcopy(b3)
+    p["identity"].update(name="gb300-nvl72", display_name="NVIDIA GB300 NVL72 (per Blackwell Ultra GPU)",
+                         device_name_patterns="GB300", source=NV_GB300 + "; SM count = B300 (same die)")
+    p["interconnect"].update(domain_size=72, source=NV_GB300 + " (72-GPU NVLink5 domain, 1.8 TB/s bidirectional "
+                                                               "per GPU; 800 Gb/s NIC per GPU beyond)",
+                             internode_bw_bytes_per_s=100e9)
     return p
 
 
@@ -583,7 +627,8 @@ def _with_pull(p, spec):
 HBM_CAPACITY = {
     "h100-sxm": (80e9, NV_H100), "h200-sxm": (141e9, NV_H200), "h800": (80e9, NV_H100 + " (H800 SXM5: same 80 GB)"),
     "b200": (180e9, NV_B200 + " (HGX B200: 1.44 TB for 8 GPUs)"), "b300": (288e9, NV_B300),
-    "gb200-nvl72": (186e9, NV_GB200 + " (13.4 TB HBM3e for 72 GPUs)"), "a100-sxm-80gb": (80e9, NV_A100),
+    "gb200-nvl72": (186e9, NV_GB200 + " (13.4 TB HBM3e for 72 GPUs)"),
+    "gb300-nvl72": (288e9, NV_GB300 + " (20.7 TB HBM3e for 72 GPUs)"), "a100-sxm-80gb": (80e9, NV_A100),
     "a800": (80e9, NV_A100 + " (A800 SXM4 80GB)"), "l40s": (48e9, NV_L40S), "mi300x": (192e9, AMD_MI300X),
 }
 
@@ -615,7 +660,7 @@ def build_all(root=ROOT):
     b = _with_pull(asynctp_section(b200(), _assumed(sync_bw, fam), host_assumed), _assumed(pull_bw, fam))
     b = _with_slowdown(b, _assumed(slow_bw, fam))
     b = _gb200_rs(b, bw, tier_note="GB200 value carried to B200 (same NVLink5 switch)")
-    b = kernel_section(b, kern, carried_from="GB200 value carried to B200 (same SM100 kernel, NVLink5 multicast)")
+    b = kernel_section(b, kern, "nvlink5")
     gb = _with_slowdown(_with_pull(asynctp_section(gb200(b200()), sync_bw, host_gb200), pull_bw), slow_bw)
     profiles = {"h100-sxm": h,
                 "h200-sxm": calibrated_overrides(asynctp_section(h200(h100()), sync_h100_assumed, host_assumed), "h200-sxm",
@@ -625,8 +670,8 @@ def build_all(root=ROOT):
                 "b300": kernel_section(_gb200_rs(_with_slowdown(_with_pull(asynctp_section(b300(), sync_bw, host_b300),
                                                                            pull_bw), slow_bw), bw,
                                                  tier_note="GB200 value carried to B300 (same NVLink5 switch)"),
-                                       kern, carried_from="GB200 value carried to B300 (same SM100-family kernel)"),
-                "gb200-nvl72": kernel_section(_gb200_rs(gb, bw), kern),
+                                       kern, "nvlink5"),
+                "gb200-nvl72": kernel_section(_gb200_rs(gb, bw), kern, "nvlink5"),
                 "a100-sxm-80gb": asynctp_section(a100(), sync_h100_assumed, host_assumed),
                 "a800": asynctp_section(a800(), sync_h100_assumed, host_assumed),
                 "l40s": asynctp_section(l40s(), sync_h100_assumed, host_assumed),
@@ -634,6 +679,9 @@ def build_all(root=ROOT):
     for name in ("h800",):
         profiles[name] = calibrated_overrides(profiles[name], "h200-sxm", root=root, keys=SAME_DIE_KEYS,
                                               note="; measured on an H200, which has the H100's GH100 die and 132 SMs")
+    profiles["gb300-nvl72"] = gb300(profiles["b300"])
+    for name in ("h100-sxm", "h200-sxm", "h800"):
+        profiles[name] = kernel_section(profiles[name], kern, "nvlink4")
     return {name: with_capacity(name, p) for name, p in profiles.items()}
 
 

@@ -404,7 +404,7 @@ IDENTIFIED_SIGMA_REL = 1.0  # a term whose fitted relative sigma exceeds this is
 
 def worst_unidentified(sigma_by_term: dict):
     """The term the data identify least (largest sigma_rel above IDENTIFIED_SIGMA_REL, the first among equals), or
-    None: the fits fix it at its prior and refit the rest (the one rule, FamilyFit and fit_kernel)."""
+    None: the fits fix it at its prior and refit the rest (the one rule of FamilyFit; calib/kernel_fit.py applies the same)."""
     bad = {t: sg for t, sg in sigma_by_term.items() if sg > IDENTIFIED_SIGMA_REL}
     return max(bad, key=lambda t: bad[t]) if bad else None
 
@@ -587,75 +587,3 @@ def source_rows(family: str, trees: dict, sid: str, fit: dict, refit_own: bool =
         own_fit = FamilyFit(family, {sid: src}, (), {name: profile_to_tree(fixed)}).fit()
         vals[sid] = own_fit["values"].get(sid, {})
     return own.row_predictions(sid, vals)
-
-
-KERNEL_SOURCE = "FLASHINFER_GB200_GEMMRS_MATRIX"
-KERNEL_PRIOR = {"fused_kernel.fixed_s": 5e-6, "fused_kernel.compute_overhead": 0.1,
-                "fused_kernel.link_efficiency": 0.5, "fused_kernel.exposed_fraction": 0.5}
-
-
-def predict_kernel_row(profile, r, offset_s=0.0):
-    """(predicted sequential s, predicted fused-kernel s) of one single-kernel row, the harness offset on both."""
-    from costmodel import ops
-
-    hw = ops.Hw(profile, r["dtype"])
-    m, n, k, tp = float(r["m"]), r["n"], r["k"], r["tp"]
-    op = "gemm_ar" if r["op"] == "gemm_ar" else "gemm_rs"
-    seq = ops.sequential_gemm_rs_s(hw, m, n, k, tp) if op == "gemm_rs" else ops.sequential_gemm_ar_s(hw, m, n, k, tp)
-    f = ops.fused_kernel(hw, op, m, n, k, tp)
-    return float(np.ravel(seq)[0]) + offset_s, float(np.ravel(f.t_s)[0]) + offset_s
-
-
-def _kernel_profile(gb200_tree: dict, blackwell_fit: dict, kernel_values: dict, source: str):
-    """(GB200 profile with the Blackwell joint fit's GPU terms and the GB200 source's own terms, plus the kernel terms
-    `kernel_values`; that source's harness offset), shared by the kernel fit and its row predictions."""
-    from costmodel.profile import Provenance, profile_from_dict
-
-    own = blackwell_fit["values"].get(KERNEL_SOURCE, {})
-    vals = {**blackwell_fit["values"].get(None, {}), **{k: v for k, v in own.items() if k != "offset_s"}}
-    p = profile_from_dict(gb200_tree, "fit:gb200-nvl72").with_values(vals, None, mark_modified=False)
-    p = p.with_values(kernel_values, Provenance(source, "assumed"), mark_modified=False, new_keys_ok=True)
-    return p, own.get("offset_s", 0.0)
-
-
-def fit_kernel(gb200_tree: dict, blackwell_fit: dict) -> dict:
-    """The single-kernel family's terms (KERNEL_PRIOR keys) fitted to the CuTe arm of the GB200 matrix: log residuals,
-    soft-L1, sigma from the Jacobian. The GEMM, the NCCL curve and the harness offset come from the Blackwell joint
-    fit over the same source's torch arm and sequential arm (so the kernel's own terms are all that is fitted)."""
-    base, off = _kernel_profile(gb200_tree, blackwell_fit, KERNEL_PRIOR, "fit start")
-    rows = fused_op_rows(KERNEL_SOURCE, impl="kernel")
-    meas = np.array([r["overlap_s"] for r in rows])
-    from costmodel.profile import value_range
-
-    fixed: list[str] = []  # terms the data does not identify (sigma_rel > 1): kept at the prior, the rest refitted
-    while True:
-        keys = [k for k in KERNEL_PRIOR if k not in fixed]
-
-        def resid(x, keys=keys):
-            p = base.with_values(dict(zip(keys, np.exp(x))), None, mark_modified=False)
-            return np.log(np.array([predict_kernel_row(p, r, off)[1] for r in rows]) / meas)
-
-        lo = np.array([np.log(max(value_range(k).lo, 1e-9)) for k in keys])
-        hi = np.array([np.log(value_range(k).hi) for k in keys])
-        x0 = np.clip(np.log([KERNEL_PRIOR[k] for k in keys]), lo + 1e-6, hi - 1e-6)
-        r, sig = fit_least_squares(resid, x0, lo, hi, diff_step=1e-3)
-        worst = worst_unidentified(dict(zip(keys, map(float, sig))))
-        if worst is None:
-            break
-        fixed.append(worst)
-    values = {**{k: KERNEL_PRIOR[k] for k in fixed}, **dict(zip(keys, map(float, np.exp(r.x))))}
-    sigmas = {**{k: float("inf") for k in fixed}, **dict(zip(keys, map(float, sig)))}
-    return {"values": values, "sigma_rel": sigmas, "unidentified": fixed,
-            "rms_log": float(np.sqrt(np.mean(r.fun**2))), "n_rows": len(rows), "offset_s": off,
-            "source": KERNEL_SOURCE}
-
-
-def kernel_rows(profile_values: dict, gb200_tree: dict, blackwell_fit: dict) -> list[dict]:
-    """Row predictions of the CuTe arm with fitted kernel terms `profile_values` (benchmarks/accuracy.py)."""
-    p, off = _kernel_profile(gb200_tree, blackwell_fit, profile_values, "fit")
-    out = []
-    for r in fused_op_rows(KERNEL_SOURCE, impl="kernel"):
-        seq, fused = predict_kernel_row(p, r, off)
-        out.append({"arm": "op", "row": r, "fused_measured_s": r["overlap_s"], "seq_measured_s": r["baseline_s"],
-                    "fused_predicted_s": fused, "seq_predicted_s": seq, "offset_s": off})
-    return out

@@ -10,7 +10,8 @@ from .common import (DEFAULT_GPU, MAX_TOKENS, add_regime_args, bounded_int, cuda
 
 def cmd_op(args) -> int:
     """tpcost op: one fused GEMM+collective against vLLM's unfused path over M, and its cutoff."""
-    from costmodel.op_analysis import analyse_op
+    from costmodel.analysis import provenance_line
+    from costmodel.op_analysis import M_STEP, analyse_op
     from costmodel.profile import load_profile, parse_set, with_overrides
 
     if args.gpu == "auto":
@@ -30,16 +31,23 @@ def cmd_op(args) -> int:
         return 0
     print(f"tpcost op: {args.op} ({args.impl}) on {prof.name} x{args.tp}, n={args.n} k={args.k} per rank, {args.dtype}, "
           f"{args.calls_per_forward} call(s) per forward; unfused: GEMM + {a.unfused_impl}")
-    print(f"{'M':>7} {'t_fused [us]':>13} {'t_unfused [us]':>15} {'speedup':>8} {'vLLM runs it':>13}")
-    shown = set(int(x) for x in (args.m or ())) | {128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536}
+    print(provenance_line(prof))
+    print(f"{'M':>7} {'t_fused [us]':>13} {'t_unfused [us]':>15} {'speedup':>8} {'vLLM runs it':>13}  unfused collective")
+    shown = set(int(x) for x in (args.m or ())) | {1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536}
     for r in out["rows"]:
         if r["m"] in shown or r["m"] == a.cutoff_tokens:
             mark = "  <- cutoff" if r["m"] == a.cutoff_tokens else ""
             print(f"{r['m']:7d} {r['t_fused_s'] * 1e6:13.2f} {r['t_unfused_s'] * 1e6:15.2f} {r['speedup']:8.3f} "
-                  f"{'yes' if r['vllm_runs_kernel'] else 'no':>13}{mark}")
+                  f"{'yes' if r['vllm_runs_kernel'] else 'no':>13}  {r['unfused_impl']}{mark}")
+    print(f"(rows trimmed to powers of two, --m and the cutoff: {len(out['rows'])} rows in all, every multiple of "
+          f"{M_STEP}; --json lists them)")
     never = "never (null)"
+    band = a.cutoff_band
+    band_s = "" if band is None else (" (5-95 % band over the profile's uncertainty: "
+                                      + " .. ".join("never" if b is None else str(b) for b in band) + ")")
     print(f"\ncutoff (fused when M >= c; the c minimising the expected time over M <= {args.max_num_batched_tokens}, "
-          f"risk premium {args.margin:.0%}): {a.cutoff_tokens if a.cutoff_tokens is not None else never}")
+          f"risk premium {args.margin:.0%}): {a.cutoff_tokens if a.cutoff_tokens is not None else never} "
+          f"[{a.answer}]{band_s}")
     print(f"vLLM's own rule: {a.vllm_rule}")
     wins = a.wins_m_ranges()
     print("the fused op is faster at M in " + (", ".join(f"[{lo}, {hi}]" for lo, hi in wins) if wins else "no row"))

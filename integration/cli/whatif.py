@@ -102,9 +102,9 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
         print(f"note: {n}")
     if a.memory and a.memory.get("note"):
         print(f"note: {a.memory['note']}")
-    pv = out["provenance"]
-    counts = ", ".join(f"{k} {v}" for k, v in pv["tier_counts"].items() if v)
-    print(f"\nprovenance: profile {pv['profile']} ({pv['origin']}), weakest tier used: {pv['tier']}; values by tier: {counts}")
+    from costmodel.analysis import provenance_line
+
+    print("\n" + provenance_line(prof))
     return 0
 
 
