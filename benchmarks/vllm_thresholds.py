@@ -57,40 +57,62 @@ def main():
                                               "kernel_cutoffs": kernel}, indent=2) + "\n")
 
 
-# (gpu, tp, op, n, k, calls per forward, what the slot is): vLLM 0.33's single-kernel users at their shapes
-KERNEL_CASES = (
-    ("b200", 4, "gemm_rs", 7168, 1536, 1, "gemm_rs_ar, the issue's B200 TP 4 shape (n 7168, k 1536)"),
-    ("b200", 4, "gemm_ar", 7168, 1536, 1, "gemm_rs_ar GEMM+AR (Kimi-K3's default), same shape"),
-    ("gb200-nvl72", 4, "gemm_ar", 7168, 1536, 1, "the same on GB200"),
-    ("b200", 8, "gemm_ar", 7168, 2048, 1, "TP 8"),
-    ("b300", 4, "gemm_rs", 8192, 1024, 1, "Muse Spark B300 GEMM+RS, weight 8192 x 1024 (TP 4)"),
-    ("b300", 8, "gemm_rs", 8192, 2048, 1, "Muse Spark B300 GEMM+RS, weight 8192 x 2048 (TP 8)"),
-)
+# vLLM 0.33's single kernel at Kimi-K3's call-site shapes: N = hidden 7168, K per rank = 12288/tp (o_proj) and
+# 6144/tp (the shared experts, GEMM-RS only under model-level SP), on every SM100 profile at TP 2, 4, 8
+KERNEL_GPUS = ("b200", "b300", "gb200-nvl72", "gb300-nvl72")
+KERNEL_SITES = (("o_proj", 12288), ("shared_experts", 6144))
 
 
-def main_kernel():
-    """tpcost's cutoff for vLLM 0.33's single-kernel fused GEMM+RS/AR beside vLLM's hand constant."""
-    from costmodel import load_profile
+def kernel_matrix() -> list[dict]:
+    """Every (GPU, TP, op, call site): the answer (cutoff with its band, never or always) and the named terms that
+    explain it at M = 128 (vLLM's rule) and at the cutoff: waves, multicast bandwidth, the unfused collective."""
+    import numpy as np
+
+    from costmodel import load_profile, ops
     from costmodel.op_analysis import analyse_op
 
-    print("\nsingle-kernel fused GEMM+collective (vLLM 0.33), uniform workload over M = 128..8192, 2 % premium:")
-    print(f"  {'gpu':12s} {'tp':>3s} {'op':8s} {'n':>6s} {'k':>6s} {'vLLM':>5s} {'tpcost':>7s} {'faster at M':>16s} "
-          f"{'saves vs vLLM [us/call]':>24s}")
     out = []
-    for gpu, tp, op, n, k, calls, what in KERNEL_CASES:
-        a = analyse_op(load_profile(gpu), op, "kernel", tp, n, k, calls_per_forward=calls, vllm_version=(0, 33))
-        wins = a.wins_m_ranges()
-        sv = a.decision_value.get("saving_vs_vllm_default_s")
-        out.append({"gpu": gpu, "tp": tp, "op": op, "n": n, "k": k, "slot": what, "vllm_rule": a.vllm_rule,
-                    "vllm_rule_tokens": a.vllm_rule_tokens, "cutoff_tokens": a.cutoff_tokens,
-                    "fused_wins_m_ranges": wins, "saving_vs_vllm_s_per_call": sv})
-        print(f"  {gpu:12s} {tp:3d} {op:8s} {n:6d} {k:6d} {a.vllm_rule_tokens:5d} "
-              f"{str(a.cutoff_tokens) if a.cutoff_tokens is not None else 'never':>7s} "
-              f"{', '.join(f'{lo}-{hi}' for lo, hi in wins) or 'none':>16s} "
-              f"{(sv or 0.0) * 1e6:24.2f}")
+    for gpu in KERNEL_GPUS:
+        prof = load_profile(gpu)
+        for tp in (2, 4, 8):
+            for op in ("gemm_ar", "gemm_rs"):
+                for site, k_total in KERNEL_SITES:
+                    n, k = 7168, k_total // tp
+                    a = analyse_op(prof, op, "kernel", tp, n, k, vllm_version=(0, 33))
+                    at = {}
+                    for label, m in (("m128", 128), ("cutoff", a.cutoff_tokens)):
+                        if m is None:
+                            continue
+                        kop = ops.fused_kernel(ops.Hw(prof, "bf16"), op, np.array([float(m)]), n, k, tp)
+                        i = int(np.flatnonzero(a.m == m)[0])
+                        at[label] = {"m": int(m), "waves": int(kop.waves[0]), "ctas": int(kop.ctas[0]),
+                                     "multicast_gb_per_s": round(float(kop.multicast_bw_bytes_per_s[0]) / 1e9, 1),
+                                     "bound": str(kop.bound[0]), "unfused_impl": str(a.unfused_impl_per_m[i]),
+                                     "speedup": round(float(a.t_unfused_s[i] / a.t_fused_s[i]), 3)}
+                    sv = a.decision_value.get("saving_vs_vllm_default_s")
+                    out.append({"gpu": gpu, "tp": tp, "op": op, "site": site, "n": n, "k": k,
+                                "vllm_rule_tokens": a.vllm_rule_tokens, "answer": a.answer,
+                                "cutoff_tokens": a.cutoff_tokens, "cutoff_band_tokens": list(a.cutoff_band or ()),
+                                "fused_wins_m_ranges": a.wins_m_ranges(), "saving_vs_vllm_s_per_call": sv,
+                                "terms": at})
     return out
 
 
+def main_kernel():
+    """tpcost's answer for vLLM 0.33's single-kernel fused GEMM+RS/AR beside vLLM's hand constant (M >= 128)."""
+    print("\nsingle-kernel fused GEMM+collective (vLLM 0.33) at Kimi-K3's call sites, uniform workload over "
+          "M = 1..64 and 128..8192, 2 % premium:")
+    print(f"  {'gpu':12s} {'tp':>3s} {'op':8s} {'site':15s} {'k':>5s} {'answer':>7s} {'cutoff':>7s} {'band':>12s} "
+          f"{'waves@128':>9s} {'mc GB/s@128':>11s} {'unfused@128':>20s} {'saves [us/call]':>15s}")
+    out = kernel_matrix()
+    for r in out:
+        t = r["terms"]["m128"]
+        band = "..".join("never" if b is None else str(b) for b in r["cutoff_band_tokens"])
+        print(f"  {r['gpu']:12s} {r['tp']:3d} {r['op']:8s} {r['site']:15s} {r['k']:5d} {r['answer']:>7s} "
+              f"{str(r['cutoff_tokens']) if r['cutoff_tokens'] is not None else 'never':>7s} {band:>12s} "
+              f"{t['waves']:9d} {t['multicast_gb_per_s']:11.0f} {t['unfused_impl']:>20s} "
+              f"{(r['saving_vs_vllm_s_per_call'] or 0.0) * 1e6:15.2f}")
+    return out
 
 
 # ------------------------------------------------------------------ issue: the FlashInfer fusion range (vLLM >= 0.32)

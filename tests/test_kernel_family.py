@@ -197,3 +197,37 @@ def test_vllm_config_kernel_switch(capsys, one_line_error, tmp_path):
                    needle="has no single-kernel fused")
     one_line_error(*base, "--n", "7168", needle="give both --n and --k")
     one_line_error(*base[:-2], "--n", "7168", "--k", "1536", needle="give --kernel-op too")
+
+
+SM100 = ("b200", "b300", "gb200-nvl72", "gb300-nvl72")
+
+
+@pytest.mark.parametrize("gpu", SM100)
+@pytest.mark.parametrize("op", ["gemm_ar", "gemm_rs"])
+def test_op_answers_at_kimi_k3_sites(capsys, gpu, op):
+    """Every SM100 profile x TP {2, 4, 8} x Kimi-K3's call sites (n 7168, k 12288/tp and 6144/tp) gets an answer
+    against vLLM's dispatched unfused path: never, always, or a cutoff with its band, below which no row gains more
+    than the risk premium and from which on every row gains."""
+    for tp in (2, 4, 8):
+        for k_total in (12288, 6144):
+            assert main(["op", "--gpu", gpu, "--tp", str(tp), "--op", op, "--impl", "kernel", "--n", "7168", "--k",
+                         str(k_total // tp), "--vllm-version", "0.33", "--json"]) == 0
+            d = json.loads(capsys.readouterr().out)
+            assert d["answer"] in ("never", "always", "cutoff")
+            lo, hi = d["cutoff_band_tokens"]
+            assert lo is None or hi is None or lo <= hi
+            rows = d["rows"]
+            m = np.array([r["m"] for r in rows], dtype=float)
+            f = np.array([r["t_fused_s"] for r in rows])
+            u = np.array([r["t_unfused_s"] for r in rows])
+            grid = m  # uniform over the op's grid (1..64, then the multiples of 128)
+            # brute force: the expected time of "fused when M >= c" (fused side x 1.02) for every c, and never
+            cost = {int(c): float(np.mean(np.where(grid >= c, f * 1.02, u))) for c in grid}
+            cost[None] = float(np.mean(u))
+            best = min(cost.values())
+            c = d["cutoff_tokens"]
+            assert cost[c] <= best * (1 + 1e-12)
+            if d["answer"] == "cutoff" and len(d["fused_wins_m_ranges"]) == 1:
+                # one crossing (no dispatch edge of vLLM's unfused all-reduce in between): losing below, winning above
+                assert all(r["speedup"] < 1.03 for r in rows if r["m"] < c)
+                assert all(r["speedup"] > 1.0 for r in rows if r["m"] >= c)

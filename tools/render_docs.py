@@ -196,15 +196,18 @@ def _whatif_sample() -> str:
 
 
 def kernel_cutoffs_table() -> str:
-    """benchmarks/results/vllm_thresholds.json: tpcost's single-kernel cutoffs beside vLLM 0.33's constants."""
+    """benchmarks/results/vllm_thresholds.json: tpcost's single-kernel answers beside vLLM 0.33's M >= 128."""
     d = _load("vllm_thresholds.json")
-    lines = ["| GPU | TP | op | n | k | slot | vLLM's rule | tpcost cutoff | fused faster at M | saves vs vLLM [µs/call] |",
+    lines = ["| GPU | TP | op | site | k | vLLM's rule | tpcost | band | at M = 128: waves · multicast GB/s · bound · "
+             "unfused · speedup | saves vs vLLM [µs/call] |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["kernel_cutoffs"]:
-        wins = ", ".join(f"{lo}–{hi}" for lo, hi in r["fused_wins_m_ranges"]) or "none"
-        cut = r["cutoff_tokens"] if r["cutoff_tokens"] is not None else "never"
-        lines.append(f"| {r['gpu']} | {r['tp']} | {r['op']} | {r['n']} | {r['k']} | {r['slot']} | {r['vllm_rule']} "
-                     f"| {cut} | {wins} | {(r['saving_vs_vllm_s_per_call'] or 0.0) * 1e6:.2f} |")
+        cut = {"never": "never", "always": "always"}.get(r["answer"], str(r["cutoff_tokens"]))
+        band = " – ".join("never" if b is None else str(b) for b in r["cutoff_band_tokens"])
+        t = r["terms"]["m128"]
+        lines.append(f"| {r['gpu']} | {r['tp']} | {r['op']} | {r['site']} | {r['k']} | M ≥ {r['vllm_rule_tokens']} "
+                     f"| {cut} | {band} | {t['waves']} · {t['multicast_gb_per_s']:.0f} · {t['bound']} · "
+                     f"{t['unfused_impl']} · {t['speedup']:.3f} | {(r['saving_vs_vllm_s_per_call'] or 0.0) * 1e6:.2f} |")
     return "\n".join(lines)
 
 
