@@ -194,9 +194,9 @@ def main() -> int:
     print("\nsingle-kernel family (calib/kernel_fit.py; speedup = baseline / fused kernel)")
     print(f"{'source':31s} {'rows':>4s} {'in-sample':>10s} {'verdicts':>9s} {'leave-out':>10s} {'verdicts':>9s}")
     for sid in kern["sources"]:
-        a, b = kern["in_sample"][sid], kern["leave_one_source_out"][sid]
-        print(f"{sid:31s} {a['rows']:4d} {a['median_abs_speedup_error']:10.3f} {a['verdicts_outside_5pct']:>9s} "
-              f"{b['median_abs_speedup_error']:10.3f} {b['verdicts_outside_5pct']:>9s}")
+        ins, out = kern["in_sample"][sid], kern["leave_one_source_out"][sid]
+        print(f"{sid:31s} {ins['rows']:4d} {ins['median_abs_speedup_error']:10.3f} {ins['verdicts_outside_5pct']:>9s} "
+              f"{out['median_abs_speedup_error']:10.3f} {out['verdicts_outside_5pct']:>9s}")
     print("  kernel fit (rms log {:.3f}): ".format(kern["rms_log"]) + ", ".join(
         f"{key} {val:.4g}" + (" (not identified: prior)" if key in kern["unidentified"] else "")
         for key, val in kern["values"].items() if key.startswith(("hw:", "vllm:", "flashinfer:"))))

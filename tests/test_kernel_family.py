@@ -231,3 +231,16 @@ def test_op_answers_at_kimi_k3_sites(capsys, gpu, op):
                 # one crossing (no dispatch edge of vLLM's unfused all-reduce in between): losing below, winning above
                 assert all(r["speedup"] < 1.03 for r in rows if r["m"] < c)
                 assert all(r["speedup"] > 1.0 for r in rows if r["m"] >= c)
+
+
+def test_vllm_config_format_env(capsys, one_line_error):
+    """--format env: `export VLLM_KIMI_K3_GEMM_AR=0|1` alone on stdout (eval-able), the same decision as the stderr
+    line; refused without --kernel-op."""
+    argv = ["vllm-config", "--gpu", "b200", "--tp", "8", "--model", "llama-3.1-70b", "--vllm-version", "0.33",
+            "--kernel-op", "gemm_ar"]
+    assert main(argv + ["--format", "env"]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.strip() in ("export VLLM_KIMI_K3_GEMM_AR=0", "export VLLM_KIMI_K3_GEMM_AR=1")
+    assert f"tpcost: {cap.out.strip().split()[1]} (vLLM's default 1)" in cap.err
+    one_line_error("vllm-config", "--gpu", "b200", "--tp", "8", "--vllm-version", "0.33", "--format", "env",
+                   needle="give --kernel-op too")

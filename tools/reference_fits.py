@@ -267,8 +267,10 @@ FUSED_DTYPES = {"bf16": "bf16", "fp8 (scaled_mm)": "fp8", "fp16": "bf16", "bf16 
 def _row_semantics(r: dict) -> tuple[str, int | None, str]:
     """(impl, per-rank k, how read) of one fused_ops.csv row: which fused arm it times and the GEMM's per-rank
     contraction size k (the README of each source; docs/model.md §6 "Reading the released sweeps")."""
-    k = int(r["K"]) if r["K"] else None
+    k = int(r["K"]) if r["K"].isdigit() else None  # PR 53053: "768 or 1536 (not stated)", read by calib/kernel_fit.py
     impl = "kernel" if "CuTe" in r["workload"] else "torch"
+    if r["source_id"] in ("TDIST_PR166_GEMMRS_H100", "JAX_PALLAS_MGPU_AGMM_H100"):
+        return "other_kernel", k, "a Hopper single-kernel design without multimem (put/ring): not one of the modelled kernels"
     if r["source_id"] == "FLASHINFER_GB200_GEMMRS_MATRIX":  # x[M, K/ws] @ w[K/ws, 2048]: K is the global size
         return impl, k // int(r["num_gpus"]), "K/ws per rank (x[M, K/ws] @ w[K/ws, 2048]); M global, M/ws out per rank"
     if r["source_id"] == "META_AH_H100_ASYNCTP":
@@ -291,7 +293,7 @@ def excluded_fused_rows() -> list[dict]:
     with open(FUSED_CSV, newline="", encoding="utf-8-sig") as f:
         for line, r in enumerate(csv.DictReader(f), start=2):
             impl, _, why = _row_semantics(r)
-            if impl == "ffn_block":
+            if impl in ("ffn_block", "other_kernel"):
                 out.append({"source": r["source_id"], "line": line, "reason": why})
     return out
 

