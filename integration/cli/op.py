@@ -40,7 +40,7 @@ def cmd_op(args) -> int:
             print(f"{r['m']:7d} {r['t_fused_s'] * 1e6:13.2f} {r['t_unfused_s'] * 1e6:15.2f} {r['speedup']:8.3f} "
                   f"{'yes' if r['vllm_runs_kernel'] else 'no':>13}  {r['unfused_impl']}{mark}")
     print(f"(rows trimmed to powers of two, --m and the cutoff: {len(out['rows'])} rows in all, every multiple of "
-          f"{M_STEP}; --json lists them)")
+          f"{M_STEP}{' and 1..64' if args.impl == 'kernel' else ''}; --json lists them)")
     never = "never (null)"
     band = a.cutoff_band
     band_s = "" if band is None else (" (5-95 % band over the profile's uncertainty: "
