@@ -106,7 +106,7 @@ def read_rows(path: Path = FUSED_CSV, pr52079_tp: int = 8) -> list[KernelRow]:
                 tp, k, op, proto = int(r["num_gpus"]), 1536, "gemm_ar", "LDMC"
             else:
                 tp = int(r["num_gpus"])
-                tp, k, op, proto = tp, int(r["K"]) // tp, "gemm_rs", "nccl"
+                k, op, proto = int(r["K"]) // tp, "gemm_rs", "nccl"
             out.append(KernelRow(sid, line, op, tp, int(r["M_or_tokens"]), int(r["N"]), k, proto,
                                  float(r["baseline_value"]) * scale, float(r["overlap_value"]) * scale))
     return out
@@ -127,7 +127,6 @@ class _Problem:
         self.rows = rows
         self.fixed = dict(fixed)
         self.profiles = {sid: load_profile(PROFILE_OF[sid]) for sid in {r.source for r in rows}}
-        self.hw = {sid: ops.Hw(p, "bf16") for sid, p in self.profiles.items()}
         terms: dict[str, tuple[float, float, float]] = {}
         for key, (v, lo, hi, _) in HARDWARE_PRIOR.items():
             terms[f"hw:{key}"] = (v, lo, hi)
@@ -220,10 +219,6 @@ def score(rows: list[KernelRow], pred: list[tuple[float, float]]) -> dict:
     right = sum((p["speedup_predicted"] > 1.0) == (p["speedup_measured"] > 1.0) for p in decided)
     return {"rows": len(per), "median_abs_speedup_error": float(np.median(err)) if err else None,
             "verdicts_outside_5pct": f"{right}/{len(decided)}", "per_row": per}
-
-
-def _own_terms(sid: str, prob: _Problem) -> list[str]:
-    return [k for k in prob.terms if k.startswith(sid + ":")]
 
 
 def leave_one_out(rows: list[KernelRow], sid: str) -> dict:
