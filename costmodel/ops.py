@@ -211,6 +211,7 @@ class AllReduce(NamedTuple):
     impls: list  # implementation names used, in dispatch order
     latency_s: Any  # α of each size's implementation (for the per-op view)
     tables: str = ""  # the vLLM version whose dispatch tables picked them, with file:line
+    impl_per_size: Any = None  # the implementation name at each size (str array, the shape of the sizes)
 
 
 def all_reduce_dispatch(hw: Hw, msg_bytes: Arr, tp: int, fusion_applies: bool, fi_max_bytes: float | None = None,
@@ -269,6 +270,7 @@ def all_reduce_dispatch(hw: Hw, msg_bytes: Arr, tp: int, fusion_applies: bool, f
     t = np.zeros(shape)
     lat_out = np.zeros(shape)
     fused = np.zeros(np.shape(msg_bytes), dtype=bool)
+    names = np.empty(np.shape(msg_bytes), dtype=object)
     used = []
     for mask, impl, is_fused in choices:
         where = np.flatnonzero(mask)
@@ -278,8 +280,9 @@ def all_reduce_dispatch(hw: Hw, msg_bytes: Arr, tp: int, fusion_applies: bool, f
         t[..., where] = F.t_all_reduce_s(msg_bytes.ravel()[where] if msg_bytes.ndim else msg_bytes, lat, bw, tp)
         lat_out[..., where] = lat
         fused.ravel()[where] = is_fused
+        names.ravel()[where] = impl
         used.append(impl)
-    return AllReduce(t, fused, used, lat_out, vllm_tables.citations(vllm_version))
+    return AllReduce(t, fused, used, lat_out, vllm_tables.citations(vllm_version), names.astype(str))
 
 
 # ---------------------------------------------------------------------- AsyncTP (§6)
@@ -477,18 +480,10 @@ def kernel_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, *, weights: st
         coll, impls = t_reduce_scatter_s(hw, tp, msg), np.full(m.shape, "nccl_reduce_scatter")
     elif baseline == "vllm":
         ar = all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm_version=vllm_version)
-        coll, impls = ar.t_s, _impl_per_row(hw, msg, tp, vllm_version)
+        coll, impls = ar.t_s, ar.impl_per_size
     else:
         coll, impls = t_nccl_all_reduce_s(hw, tp, msg), np.full(m.shape, "nccl_all_reduce")
     return KernelPair(fused, hw.t_gemm(m, n, k) + coll, impls, kern)
-
-
-def _impl_per_row(hw: Hw, msg: np.ndarray, tp: int, vllm_version) -> np.ndarray:
-    """The all-reduce implementation vLLM dispatches at each message size (names, per row)."""
-    out = np.empty(msg.shape, dtype=object)
-    for i, b in enumerate(msg):
-        out[i] = all_reduce_dispatch(hw, np.array([b]), tp, False, fi_max_bytes=0, vllm_version=vllm_version).impls[0]
-    return out.astype(str)
 
 
 def unfused_all_reduce_norm_s(hw: Hw, rows: Arr, hidden: int, tp: int, vllm_version: tuple[int, int] | None = None) -> Arr:
