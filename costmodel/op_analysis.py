@@ -30,14 +30,23 @@ MUSE_SPARK_ALIGN = {4: 128, 8: 256}
 
 
 @dataclasses.dataclass(frozen=True)
-class OpAnalysis:
-    gpu: str
+class OpSpec:
+    """One fused op and its regime: what op_arms needs besides the profile and the rows."""
+
     op: str
     impl: str
     tp: int
     n: int
     k: int
     dtype: str
+    cudagraph_max_tokens: int  # torch's pipelined ops pay host issue time above it
+    vllm_version: tuple[int, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OpAnalysis:
+    gpu: str
+    spec: OpSpec  # the op, its shape, dtype and regime
     calls_per_forward: int
     m: np.ndarray
     t_fused_s: np.ndarray  # per forward (× calls)
@@ -76,8 +85,9 @@ class OpAnalysis:
                  "vllm_runs_kernel": bool(v), "unfused_impl": str(i)}
                 for m, f, u, v, i in zip(self.m, self.t_fused_s, self.t_unfused_s, self.vllm_runs_kernel,
                                          self.unfused_impl_per_m)]
-        return {"gpu": self.gpu, "op": self.op, "impl": self.impl, "tp": self.tp, "n": self.n, "k": self.k,
-                "dtype": self.dtype, "calls_per_forward": self.calls_per_forward, "cutoff_tokens": self.cutoff_tokens,
+        sp = self.spec
+        return {"gpu": self.gpu, "op": sp.op, "impl": sp.impl, "tp": sp.tp, "n": sp.n, "k": sp.k,
+                "dtype": sp.dtype, "calls_per_forward": self.calls_per_forward, "cutoff_tokens": self.cutoff_tokens,
                 "answer": self.answer,
                 "vllm_rule": self.vllm_rule, "vllm_rule_tokens": self.vllm_rule_tokens,
                 "decision_value": self.decision_value, "unfused_impl": self.unfused_impl,
@@ -172,22 +182,8 @@ def analyse_op(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k:
     rule_text, rule_tokens, runs = vllm_rule(profile, op, impl, tp, n, k)
     value = decision_value(grid, t_off, t_on, margin, cut, weights, vllm_default=rule_tokens)
     band = op_cutoff_band(profile, spec, grid, margin, weights) if with_band else None
-    return OpAnalysis(profile.name, op, impl, tp, n, k, dtype, calls_per_forward, m_all, f_all, u_all, cut, rule_text,
-                      rule_tokens, runs(m_all), value, unfused_impl, tuple(notes), unfused_per_m, band)
-
-
-@dataclasses.dataclass(frozen=True)
-class OpSpec:
-    """One fused op and its regime: what op_arms needs besides the profile and the rows."""
-
-    op: str
-    impl: str
-    tp: int
-    n: int
-    k: int
-    dtype: str
-    cudagraph_max_tokens: int  # torch's pipelined ops pay host issue time above it
-    vllm_version: tuple[int, int] | None = None
+    return OpAnalysis(profile.name, spec, calls_per_forward, m_all, f_all, u_all, cut, rule_text, rule_tokens,
+                      runs(m_all), value, unfused_impl, tuple(notes), unfused_per_m, band)
 
 
 def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> tuple[Any, Any, str, np.ndarray]:
