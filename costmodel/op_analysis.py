@@ -115,10 +115,10 @@ def check_combination(profile: HardwareProfile, op: str, impl: str, tp: int, dty
     else:
         if op == "ag_gemm":
             raise TpcostError("--op ag_gemm --impl kernel: vLLM 0.33's single kernel fuses GEMM+RS and GEMM+AR only")
-        why = ops.kernel_available(profile, tp, "bf16" if dtype == "fp8" else dtype, n)
         if dtype == "fp8":
             raise TpcostError("--dtype fp8 --impl kernel: vLLM's gemm_rs_ar takes bf16 or MXFP8 weights only "
                               "(can_run, gemm_rs_ar.py l. 939-973); for per-tensor fp8 the switch has no effect")
+        why = ops.kernel_available(profile, tp, dtype, n)
         if why:
             raise TpcostError(why)
 
@@ -212,7 +212,7 @@ def op_cutoff_band(profile: HardwareProfile, spec: OpSpec, grid: np.ndarray, mar
     vals = perturbed_values(profile, draws, seed)
     prof = profile.with_values(vals, None, mark_modified=False)
     f, u, _, _ = op_arms(prof, spec, grid)
-    c = np.atleast_1d(decide_cutoff(grid, np.broadcast_to(u, np.broadcast_shapes(np.shape(u), np.shape(f))),
-                                    np.broadcast_to(f, np.broadcast_shapes(np.shape(u), np.shape(f))), margin, weights))
+    u, f = np.broadcast_arrays(u, f)  # one row of times per draw on both arms
+    c = np.atleast_1d(decide_cutoff(grid, u, f, margin, weights))
     lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
     return tuple(None if np.isinf(x) else int(x) for x in (lo, hi))  # type: ignore[return-value]

@@ -137,6 +137,7 @@ def test_cutoff_follows_the_rule_and_the_workload(capsys, tmp_path):
     (["--op", "gemm_rs", "--impl", "kernel", "--gpu", "b200", "--n", "7000"], "N % 128 == 0"),
     (["--op", "gemm_rs", "--impl", "kernel", "--gpu", "b200", "--tp", "3"], "128 % tp == 0"),
     (["--op", "gemm_rs", "--impl", "torch", "--dtype", "mxfp8"], "mxfp8 is the single kernel's"),
+    (["--op", "gemm_ar", "--impl", "kernel", "--gpu", "b200", "--dtype", "fp8"], "the switch has no effect"),
     (["--op", "gemm_rs", "--impl", "kernel", "--gpu", "b200", "--n", "-4"], "--n must be in"),
     (["--op", "gemm_rs", "--impl", "kernel", "--gpu", "b200", "--max-num-batched-tokens", "64"], "must be in [128"),
     (["--op", "gemm_rs", "--impl", "torch", "--m", "130"], "multiple of tp"),
