@@ -466,24 +466,31 @@ class KernelPair(NamedTuple):
 
 
 def kernel_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, *, weights: str = "bf16", baseline: str = "vllm",
-                vllm_version: tuple[int, int] | None = None) -> KernelPair:
-    """The one predictor of the single kernel against its unfused arm (tpcost op, evaluate, the fits, the tests).
+                vllm_version: tuple[int, int] | None = None, norm_after: bool = False,
+                fi_max_bytes: float | None = None) -> KernelPair:
+    """The one predictor of the single kernel against its unfused arm (tpcost op, vllm-config, evaluate, the fits).
 
     `weights` "mxfp8": the kernel quantises its activations first (gemm_rs_ar.py l. 1009-1026: m·k·(b+1) bytes);
     `hw` carries the GEMM's dtype mode. `baseline` "vllm": GEMM+AR's collective is vLLM's dispatched all-reduce,
-    "nccl": NCCL's; GEMM+RS's is NCCL reduce-scatter either way (vLLM's custom reduce-scatter is not modelled)."""
+    "nccl": NCCL's; GEMM+RS's is NCCL reduce-scatter either way (vLLM's custom reduce-scatter is not modelled).
+    `norm_after` (GEMM+AR at a model's call site): both arms end with vLLM's residual-add RMSNorm; the unfused arm
+    runs it inside FlashInfer's fused all-reduce+RMSNorm where vLLM's pass fuses (messages <= `fi_max_bytes`, None:
+    vLLM's table), the kernel arm alone, since the kernel's all-reduce is invisible to the fusion pass."""
     m = np.atleast_1d(np.asarray(m, dtype=float))
     kern = fused_kernel(hw, op, m, n, k, tp)
     fused = kern.t_s + (hw.t_mem(m * k * (hw.act_bytes + 1.0)) if weights == "mxfp8" else 0.0)
     msg = m * (n * hw.act_bytes)
+    norm = op == "gemm_ar" and norm_after
+    t_norm = hw.t_mem(F.rms_norm_bytes(m, n, hw.act_bytes, hw.mode.quant_bytes)) if norm else 0.0
     if op == "gemm_rs":
         coll, impls = t_reduce_scatter_s(hw, tp, msg), np.full(m.shape, "nccl_reduce_scatter")
     elif baseline == "vllm":
-        ar = all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm_version=vllm_version)
-        coll, impls = ar.t_s, ar.impl_per_size
+        ar = all_reduce_dispatch(hw, msg, tp, norm, fi_max_bytes=fi_max_bytes if norm else 0,
+                                 vllm_version=vllm_version)
+        coll, impls = ar.t_s + np.where(ar.fused, 0.0, t_norm), ar.impl_per_size
     else:
-        coll, impls = t_nccl_all_reduce_s(hw, tp, msg), np.full(m.shape, "nccl_all_reduce")
-    return KernelPair(fused, hw.t_gemm(m, n, k) + coll, impls, kern)
+        coll, impls = t_nccl_all_reduce_s(hw, tp, msg) + t_norm, np.full(m.shape, "nccl_all_reduce")
+    return KernelPair(fused + t_norm, hw.t_gemm(m, n, k) + coll, impls, kern)
 
 
 def unfused_all_reduce_norm_s(hw: Hw, rows: Arr, hidden: int, tp: int, vllm_version: tuple[int, int] | None = None) -> Arr:

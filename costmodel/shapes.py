@@ -84,6 +84,9 @@ def shape_from_config(cfg: Mapping[str, Any], name: str, where: str | None = Non
     where = where or name
     if not isinstance(cfg, dict):
         raise TpcostError(f"{where}: config.json must hold a JSON object")
+    from .kernel_sites import refuse_forward
+
+    refuse_forward(cfg, where)
     if isinstance(cfg.get("text_config"), dict):
         outer_q = cfg.get("quantization_config")
         cfg = {**cfg["text_config"], **({"quantization_config": outer_q} if outer_q else {})}
@@ -143,10 +146,10 @@ def builtin_model_config(name: str) -> dict:
     return json.loads(resources.files("costmodel.models").joinpath(f"{name}.json").read_text())
 
 
-def load_model(name_or_path: str) -> ModelShape:
-    """A built-in model by name, a config.json path, or a directory holding config.json."""
+def load_model_config(name_or_path: str) -> tuple[dict, str, str]:
+    """(config, model name, where it came from) of a built-in model, a config.json path, or a directory holding one."""
     if name_or_path in builtin_model_names():
-        return shape_from_config(builtin_model_config(name_or_path), name_or_path)
+        return builtin_model_config(name_or_path), name_or_path, name_or_path
     path = Path(name_or_path)
     if path.is_dir():
         path = path / "config.json"
@@ -157,8 +160,16 @@ def load_model(name_or_path: str) -> ModelShape:
     if not isinstance(cfg, dict):
         raise TpcostError(f"{path}: config.json must hold a JSON object at its top level, got {type(cfg).__name__}")
     name = cfg.get("_name_or_path")
-    name = name if isinstance(name, str) and name else (path.parent.name or str(path))
-    return shape_from_config(cfg, name, str(path))
+    if not (isinstance(name, str) and name):  # the directory of a config.json, else the file's own stem
+        stem = path.name.removesuffix(".json").removesuffix(".config")
+        name = (path.parent.name or str(path)) if path.name == "config.json" else stem
+    return cfg, name, str(path)
+
+
+def load_model(name_or_path: str) -> ModelShape:
+    """A built-in model by name, a config.json path, or a directory holding config.json."""
+    cfg, name, where = load_model_config(name_or_path)
+    return shape_from_config(cfg, name, where)
 
 
 def check_dtype(dtype: str) -> str:

@@ -127,15 +127,19 @@ def read_workload(path: str) -> Workload:
 
 
 def grid_weights(w: Workload, grid: np.ndarray, spread: str = "uniform") -> np.ndarray:
-    """The workload as weights on the grid of multiples of tp (sum 1). Steps above the grid's top count at
-    the top (vLLM never runs more than max_num_batched_tokens per step)."""
+    """The workload as weights on a sorted grid of token counts (sum 1): a step of n tokens counts at the first
+    grid point >= n (the padded step on a grid of multiples of tp); steps above the grid's top count at the top
+    (vLLM never runs more than max_num_batched_tokens per step). A histogram bucket (lo, hi] is spread over the
+    token counts inside it ("uniform"), or put at its top ("upper") or bottom ("lower") grid point."""
     if spread not in SPREADS:
         raise TpcostError(f"unknown spread {spread!r}; one of {', '.join(SPREADS)}")
-    tp = float(grid[0])
+    grid = np.asarray(grid, dtype=float)
     out = np.zeros(grid.size)
+    top = grid.size - 1
+    edges = np.floor(grid)  # grid point j takes the token counts in (edges[j-1], edges[j]]
 
     def index(n):
-        return int(min(grid.size - 1, max(0, math.ceil(n / tp) - 1)))
+        return int(min(top, np.searchsorted(grid, n, side="left")))
 
     for n, c in w.points:
         out[index(n)] += c
@@ -147,8 +151,11 @@ def grid_weights(w: Workload, grid: np.ndarray, spread: str = "uniform") -> np.n
             out[last] += c
         elif spread == "lower":
             out[first] += c
-        else:
-            out[first:last + 1] += c / (last - first + 1)
+        else:  # the integers in (lo, hi], each at its grid point
+            a, b = math.floor(lo_eff), math.floor(hi_eff)
+            below = np.concatenate([[-np.inf], edges[:-1]])
+            counts = np.clip(np.minimum(b, edges) - np.maximum(a, below), 0.0, None)
+            out += c * counts / max(counts.sum(), 1.0)
     total = out.sum()
     if total <= 0:
         raise TpcostError(f"{w.name}: no steps within the grid")

@@ -110,6 +110,9 @@ PLAN_ATTRS = {"fuse_allreduce_rms": (bool,), "fi_allreduce_fusion_max_size_mb": 
               "sp_min_token_num": (int,), "enable_sp": (bool,), "fuse_gemm_comms": (bool,)}
 
 
+PLAN_ENV = ("VLLM_KIMI_K3_GEMM_AR", "VLLM_ENABLE_GEMM_RS")  # costmodel.kernel_sites.SWITCHES (not imported here)
+
+
 def _is_plan(plan) -> bool:
     """A plan sets only the pass-config fields the plugin decides, to values of their type, and says strings."""
     if not isinstance(plan, dict) or not isinstance(plan.get("set"), list) or not isinstance(plan.get("said"), list):
@@ -120,6 +123,10 @@ def _is_plan(plan) -> bool:
         attr, value = entry
         if isinstance(value, bool) != (PLAN_ATTRS[attr] == (bool,)) or not isinstance(value, PLAN_ATTRS[attr]):
             return False
+    env = plan.get("env", [])
+    if not isinstance(env, list) or not all(isinstance(e, (list, tuple)) and len(e) == 2 and e[0] in PLAN_ENV
+                                            and e[1] in ("0", "1") for e in env):
+        return False
     return all(isinstance(x, str) for x in plan["said"]) and all(
         isinstance(plan.get(k), str) for k in ("profile_name", "profile_tier"))
 

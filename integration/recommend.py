@@ -4,6 +4,7 @@ and the vLLM plugin. Imports no vllm (the plugin and the CLI import it inside fu
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -117,11 +118,12 @@ class Recommendation:
 
 def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int, margin: float, workload=None,
                   user_enabled: bool | None = None, user_mb: float | None = None,
-                  vllm_version: tuple[int, int] | None = None) -> FusionRange | None:
+                  vllm_version: tuple[int, int] | None = None, units_per_forward: int | None = None) -> FusionRange | None:
     """The FlashInfer fusion range: the user's when given, else the largest token count up to which the fused
     all-reduce+RMSNorm beats the next all-reduce + RMSNorm on the workload, by the SP cutoff's rule
     (costmodel.analysis.decide_fusion_limit), never above vLLM's own limit (FlashInfer's workspace is sized by
-    it: raising it costs HBM on every rank and may exceed the one-shot/two-shot kernels' tuned range)."""
+    it: raising it costs HBM on every rank and may exceed the one-shot/two-shot kernels' tuned range). `shape` needs
+    `.hidden`; the all-reduce+norm units per forward default to a dense model's 2·layers + 1."""
     from costmodel import ops
     from costmodel.analysis import decide_fusion_limit, expected_time_by_threshold_s, uniform_workload
 
@@ -156,7 +158,7 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
         why = "decided"
     cost = expected_time_by_threshold_s(t_fused, t_unfused, w, 0.0)  # what each limit really costs (no premium)
     at = lambda c: float(cost[min(max(c, 0), n.size)])  # noqa: E731  (c tokens fused -> split index c)
-    units = 2 * shape.num_layers + 1
+    units = 2 * shape.num_layers + 1 if units_per_forward is None else units_per_forward
     value = {"units_per_forward": units, "expected_s": units * at(tokens), "off_s": units * at(0),
              "vllm_default_s": units * at(default_tokens)}
     mb = user_mb if user_mb is not None and tokens else (fusion_mb(tokens, shape.hidden, elem) if tokens else None)
@@ -217,10 +219,10 @@ def draft_fusion_range(f: FusionRange, hidden: int, draft_hidden: int, elem_byte
     return dataclasses.replace(f, tokens=t, mb=mb, why=note)
 
 
-def fusion_lines(r: Recommendation) -> list[str]:
-    f = r.fusion
+def fusion_lines(f: FusionRange | None, profile_name: str, tp: int) -> list[str]:
+    """What vllm-config says about the FlashInfer fusion range (stderr)."""
     if f is None:
-        return [f"tpcost: FlashInfer all-reduce+RMSNorm fusion: not in vLLM's tables for {r.profile_name} at tp={r.tp}; "
+        return [f"tpcost: FlashInfer all-reduce+RMSNorm fusion: not in vLLM's tables for {profile_name} at tp={tp}; "
                 "nothing to set"]
     ms = lambda x: f"{x * 1e3:.3f} ms"  # noqa: E731
     v = f.value
@@ -251,7 +253,7 @@ def explain(r: Recommendation) -> list[str]:
         lines.append(f"tpcost: SP+AsyncTP off: no threshold <= {r.max_num_batched_tokens} lowers the expected forward "
                      f"time over the workload with the margin's risk premium (speedup at {r.max_num_batched_tokens}: "
                      f"{r.speedup_at_max_tokens:.3f}x)")
-    lines += fusion_lines(r)
+    lines += fusion_lines(r.fusion, r.profile_name, r.tp)
     if r.interconnect_kind == "pcie" and r.enable:
         lines.append("tpcost: note: on PCIe-only GPUs the fused ops need CUDA peer access between the GPUs (torch "
                      "symmetric memory); check `nvidia-smi topo -p2p r` before enabling AsyncTP")
@@ -262,52 +264,166 @@ def explain(r: Recommendation) -> list[str]:
     return lines
 
 
-# vLLM 0.33's live switches for its single-kernel fused GEMM+collective (envs.py l. 1669, 1674)
-KERNEL_SWITCH = {"gemm_ar": ("VLLM_KIMI_K3_GEMM_AR", True), "gemm_rs": ("VLLM_ENABLE_GEMM_RS", False)}
+@dataclasses.dataclass(frozen=True)
+class SiteDecision:
+    """One call site of the fused kernel on the workload (s per forward, expected over the steps)."""
+
+    site: Any  # costmodel.kernel_sites.CallSite
+    expected_on_s: float  # the switch on: the kernel where vLLM's rule (M >= 128) runs it, the unfused path below
+    expected_off_s: float  # the switch off: the GEMM, then vLLM's collective (and the norm, fused where vLLM fuses)
+    cutoff_tokens: int | None  # tpcost's own M from which the kernel pays here (None: never; costmodel.analysis)
 
 
-def model_kernel_slots(shape, tp: int) -> list[tuple[str, int, int, int]]:
-    """(slot, n, k, calls per forward) of the GEMMs that end in a reduction in one forward: o_proj and down_proj
-    (MoE: o_proj only; the experts' reduction is not a single GEMM)."""
-    from costmodel.layer import LayerSpec
+@dataclasses.dataclass(frozen=True)
+class KernelSwitch:
+    """Should vLLM's switch for its fused GEMM+RS/AR kernel be on for this model and traffic?"""
 
-    spec = LayerSpec.build(shape, tp, "bf16")
-    names = {"o": "o_proj", "down": "down_proj"}
-    return [(names[s.name], s.n, s.k, spec.num_layers) for s in spec.slots if s.name in names]
+    env: str
+    vllm_default_on: bool
+    set_on: bool
+    expected_on_s: float  # per forward over the workload, every site
+    expected_off_s: float
+    margin: float  # the risk premium a move away from vLLM's default must clear
+    sites: tuple[SiteDecision, ...]
+    fi_tokens: int | None  # the FlashInfer AR+norm range the unfused arm was priced with (None: vLLM's table)
+    steps_above_budget: float  # share of the workload's steps above max_num_batched_tokens (counted at the budget)
+    refused_sites: tuple = ()  # CallSites where can_run refuses the kernel: vLLM keeps the unfused path there
+
+    @property
+    def saving_vs_vllm_default_s(self) -> float:
+        """Expected time per forward saved by tpcost's setting against vLLM's default (0 when they agree)."""
+        at = lambda on: self.expected_on_s if on else self.expected_off_s  # noqa: E731
+        return at(self.vllm_default_on) - at(self.set_on)
+
+    def to_json(self) -> dict:
+        return {"env": self.env, "vllm_default_on": self.vllm_default_on, "set_on": self.set_on,
+                "expected_on_s": self.expected_on_s, "expected_off_s": self.expected_off_s,
+                "saving_vs_vllm_default_s": self.saving_vs_vllm_default_s, "margin": self.margin,
+                "fi_fusion_tokens": self.fi_tokens, "steps_above_budget": self.steps_above_budget,
+                "sites": [{"site": d.site.name, "n": d.site.n, "k": d.site.k, "calls_per_forward": d.site.calls_per_forward,
+                           "weights": d.site.weights, "refused": d.site.refused, "expected_on_s": d.expected_on_s,
+                           "expected_off_s": d.expected_off_s, "cutoff_tokens": d.cutoff_tokens} for d in self.sites],
+                "refused_sites": [{"site": s.name, "why": s.refused} for s in self.refused_sites]}
 
 
-def kernel_switch(profile, slots, tp: int, op: str, dtype: str = "bf16", max_num_batched_tokens: int = 8192,
-                  workload=None, vllm_version=(0, 33)) -> dict:
-    """Should vLLM 0.33's switch for the fused kernel be on for this traffic? Expected time per step over the
-    workload with the switch on (vLLM then runs the kernel wherever its own rule, M >= 128, says) against off, summed
-    over the slots (costmodel.op_analysis.analyse_op per slot)."""
+def kernel_switch(profile, sites, tp: int, op: str, max_num_batched_tokens: int = 8192, margin: float = 0.02,
+                  workload=None, vllm_version=(0, 33), fi_tokens: int | None = None) -> KernelSwitch:
+    """The switch of vLLM's fused GEMM+RS/AR kernel for this traffic: the expected time per forward with it on
+    (the kernel at every site where vLLM's rule, M >= 128, runs it) against off, over every step of 1 ..
+    max_num_batched_tokens tokens (costmodel.ops.kernel_pair per site). vLLM's default moves only when the other
+    setting is faster by more than the risk premium `margin` on the time the switch controls."""
     from costmodel import ops
+    from costmodel.analysis import decide_cutoff
     from costmodel.errors import TpcostError
-    from costmodel.op_analysis import analyse_op
+    from costmodel.kernel_sites import KERNEL_MIN_M, SWITCHES
 
-    env, default_on = KERNEL_SWITCH[op]
-    why = ops.kernel_available(profile, tp, dtype) or ops.kernel_shipped(profile)
-    if why:
-        raise TpcostError(f"{env} has no effect here: {why}")
+    sw = SWITCHES[op]
+    n_tok = np.arange(1, max_num_batched_tokens + 1, dtype=float)
+    if workload is not None:
+        from costmodel.workload import grid_weights
+
+        w = grid_weights(workload, n_tok)
+        above = sum(c for n, c in workload.points if n > max_num_batched_tokens) + \
+            sum(c for lo, _, c in workload.buckets if lo >= max_num_batched_tokens)
+        total = sum(c for _, c in workload.points) + sum(c for _, _, c in workload.buckets)
+        share = float(above / total) if total else 0.0
+    else:
+        w, share = np.full(n_tok.size, 1.0 / n_tok.size), 0.0
+    runs = n_tok >= KERNEL_MIN_M
+    decisions = []
     on = off = 0.0
-    per_slot = []
-    for name, n, k, calls in slots:
-        a = analyse_op(profile, op, "kernel", tp, n, k, dtype, calls_per_forward=calls,
-                       max_num_batched_tokens=max_num_batched_tokens, workload=workload, vllm_version=vllm_version,
-                       with_band=False)
-        grid = a.m[np.isin(a.m, np.arange(128, max_num_batched_tokens + 1, 128))]
-        sel = np.isin(a.m, grid)
-        if workload is not None:
-            from costmodel.workload import grid_weights
-
-            w = grid_weights(workload, grid)
-        else:
-            w = np.full(grid.size, 1.0 / grid.size)
-        t_on = float(np.sum(w * np.where(a.vllm_runs_kernel[sel], a.t_fused_s[sel], a.t_unfused_s[sel])))
-        t_off = float(np.sum(w * a.t_unfused_s[sel]))
+    for site in sites:
+        if site.weights is None:
+            continue
+        why = ops.kernel_available(profile, tp, site.weights, site.n) or ops.kernel_shipped(profile)
+        if why:
+            raise TpcostError(f"{sw.env} has no effect here: {why}")
+        hw = ops.Hw(profile, "fp8" if site.weights == "mxfp8" else "bf16")
+        fi = None if fi_tokens is None else float(fi_tokens * site.n * hw.act_bytes)
+        pair = ops.kernel_pair(hw, op, n_tok, site.n, site.k, tp, weights=site.weights, vllm_version=vllm_version,
+                               norm_after=site.norm_after, fi_max_bytes=fi)
+        f, u = pair.fused_s * site.calls_per_forward, pair.unfused_s * site.calls_per_forward
+        t_on, t_off = float(np.sum(w * np.where(runs, f, u))), float(np.sum(w * u))
+        cut = decide_cutoff(n_tok, u, f, margin, w)
+        decisions.append(SiteDecision(site, t_on, t_off, cut))
         on, off = on + t_on, off + t_off
-        per_slot.append({"slot": name, "n": n, "k": k, "calls_per_forward": calls, "expected_on_s": t_on,
-                         "expected_off_s": t_off, "cutoff_tokens": a.cutoff_tokens})
-    best_on = on < off
-    return {"env": env, "vllm_default_on": default_on, "set_on": best_on, "expected_on_s": on, "expected_off_s": off,
-            "saving_vs_vllm_default_s": (on if default_on else off) - (on if best_on else off), "slots": per_slot}
+    if not decisions:
+        raise TpcostError(f"{sw.env} has no effect: vLLM binds the kernel at none of these call sites ("
+                          + "; ".join(f"{s.name}: {s.refused}" for s in sites) + ")")
+    keep, move = (on, off) if sw.default_on else (off, on)
+    set_on = sw.default_on if move * (1.0 + margin) >= keep else not sw.default_on
+    return KernelSwitch(sw.env, sw.default_on, set_on, on, off, margin, tuple(decisions), fi_tokens, share,
+                        tuple(s for s in sites if s.weights is None))
+
+
+def kernel_switch_lines(ks: KernelSwitch) -> list[str]:
+    """What vllm-config says about the switch (stderr)."""
+    ms = lambda x: f"{x * 1e3:.3f} ms"  # noqa: E731
+    why = ("keeps vLLM's default" if ks.set_on == ks.vllm_default_on else
+           f"moves vLLM's default: the other setting is faster by more than the {ks.margin:.0%} risk premium")
+    lines = [f"tpcost: {ks.env}={int(ks.set_on)} (vLLM's default {int(ks.vllm_default_on)}; {why}): expected "
+             f"{ms(ks.expected_on_s)} per forward with the kernel where vLLM's rule (M >= 128) runs it, "
+             f"{ms(ks.expected_off_s)} without; saves {ms(ks.saving_vs_vllm_default_s)} per forward against vLLM's "
+             f"default"]
+    for d in ks.sites:
+        s = d.site
+        cut = "never" if d.cutoff_tokens is None else f"from M = {d.cutoff_tokens}"
+        lines.append(f"tpcost:   {s.name} x{s.calls_per_forward} (n {s.n}, k {s.k}, {s.weights}): on {ms(d.expected_on_s)}, "
+                     f"off {ms(d.expected_off_s)}; the kernel pays here {cut} (vLLM's rule: M >= 128)")
+    for s in ks.refused_sites:
+        lines.append(f"tpcost:   {s.name} x{s.calls_per_forward}: vLLM keeps the unfused path ({s.refused})")
+    if ks.fi_tokens is not None:
+        lines.append(f"tpcost: unfused arm priced with FlashInfer's all-reduce+RMSNorm fused up to {ks.fi_tokens} tokens "
+                     "(the range emitted above); the kernel's all-reduce is invisible to that fusion pass")
+    if ks.steps_above_budget:
+        lines.append(f"tpcost: {ks.steps_above_budget:.1%} of the workload's steps exceed max_num_batched_tokens; vLLM "
+                     "runs them as chunks of the budget, counted at the budget")
+    lines.append(f"tpcost: run: {ks.env}={int(ks.set_on)} vllm serve ...")
+    return lines
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelModelConfig:
+    """vllm-config and the plugin for a model whose forward tpcost does not model but whose fused-kernel switch it
+    answers (costmodel.kernel_sites): the fusion range first, then the switch priced with exactly that range."""
+
+    fusion: FusionRange | None  # None: not in vLLM's tables here, or model-level SP (no all-reduce to fuse)
+    switch: KernelSwitch | None  # None: no --kernel-op asked
+    mode: str | None  # the mode the worker binds (gemm_ar | gemm_rs | None)
+
+    def pass_config(self) -> dict:
+        f = self.fusion
+        if f is None:
+            return {}
+        return {"fuse_allreduce_rms": f.tokens > 0, **({"fi_allreduce_fusion_max_size_mb": f.mb} if f.tokens else {})}
+
+
+def kernel_model_config(profile, km, par, op: str | None, max_num_batched_tokens: int = 8192, margin: float = 0.02,
+                        workload=None, vllm_version=(0, 33), user_fuse_allreduce_rms: bool | None = None,
+                        user_fi_max_mb: float | None = None, draft_hidden_size: int | None = None) -> KernelModelConfig:
+    """The one decision path of a kernel model (vllm-config --kernel-op and the plugin): raises TpcostError, in one
+    line, where the switch has no effect."""
+    from costmodel.errors import TpcostError
+    from costmodel.kernel_sites import FIRST_WITH_KERNEL, SWITCHES
+
+    if op is not None:
+        if tuple(vllm_version) < FIRST_WITH_KERNEL:
+            raise TpcostError(f"{SWITCHES[op].env}: vLLM {vllm_version[0]}.{vllm_version[1]} has no single-kernel fused "
+                              "GEMM+collective (gemm_rs_ar ships from 0.31 on)")
+        why = km.switch_problem(op, par)
+        if why:
+            raise TpcostError(why)
+    mode = km.mode(par)
+    fusion = None
+    if mode != "gemm_rs":
+        fusion = decide_fusion(profile, km, par.tp, "bf16", max_num_batched_tokens, margin, workload,
+                               user_fuse_allreduce_rms, user_fi_max_mb, vllm_version=vllm_version,
+                               units_per_forward=km.ar_norm_units_per_forward())
+        if draft_hidden_size and fusion is not None:
+            fusion = draft_fusion_range(fusion, km.hidden, draft_hidden_size, 2.0, vllm_version)
+    switch = None
+    if op is not None:
+        sites = km.call_sites(op, par, vllm_version)
+        switch = kernel_switch(profile, sites, par.tp, op, max_num_batched_tokens, margin, workload, vllm_version,
+                               fi_tokens=None if fusion is None else fusion.tokens)
+    return KernelModelConfig(fusion, switch, mode)

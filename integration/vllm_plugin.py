@@ -5,7 +5,11 @@ intermediate, heads, quantisation, tp, max_num_batched_tokens) and sets, for the
 - the FlashInfer all-reduce+RMSNorm fusion range (`pass_config.fi_allreduce_fusion_max_size_mb`) when the
   user left it unset and did not turn the fusion off, on every version;
 - on vLLM <= 0.31, also `pass_config.sp_min_token_num` whenever SP/AsyncTP is enabled and it is unset,
-  computed with the fusion range vLLM will actually run (the user's own, or the one set here).
+  computed with the fusion range vLLM will actually run (the user's own, or the one set here);
+- for a model vLLM runs its fused GEMM+RS/AR kernel in (Kimi-K3, DeepSeek-V4.1; vLLM >= 0.31), the switch of the
+  mode its workers bind (VLLM_KIMI_K3_GEMM_AR or VLLM_ENABLE_GEMM_RS) in `os.environ`, when the user left it unset:
+  the config is built in the engine's process before the workers spawn, and vLLM's envs are read (then cached) only
+  there and in the workers, so they inherit it.
 See docs/vllm-plugin.md for why this hook.
 
 Rules: idempotent (a process may load plugins several times); a user value always wins; TPCOST_DISABLE=1
@@ -22,7 +26,8 @@ import os
 
 logger = logging.getLogger("vllm.tpcost")
 _MARK = "_tpcost_wrapped"
-APPLY_TIMES_S: list[float] = []  # wall time of each _apply call in this process (benchmarks/vllm_plugin_overhead.py)
+APPLY_TIMES_S: list[float] = []
+_SET_HERE: dict[str, str] = {}  # the kernel switches this process set (an explicit user value is never overwritten)  # wall time of each _apply call in this process (benchmarks/vllm_plugin_overhead.py)
 
 
 def register() -> None:
@@ -78,6 +83,9 @@ def _apply_inner(cfg) -> None:
             raise RuntimeError("injected failure (TPCOST_PLUGIN_FAIL_FOR_TEST=1)")
         pc = cfg.compilation_config.pass_config
         has_sp = hasattr(pc, "sp_min_token_num")  # vLLM <= 0.31
+        if _kernel_family(cfg) is not None:
+            _apply_kernel_model(cfg, has_sp)
+            return
         want_sp = has_sp and bool(pc.enable_sp or pc.fuse_gemm_comms) and pc.sp_min_token_num is None
         want_fi = pc.fuse_allreduce_rms is not False and pc.fi_allreduce_fusion_max_size_mb is None
         tp = cfg.parallel_config.tensor_parallel_size
@@ -190,3 +198,126 @@ def _plan(inputs: dict) -> dict:
             said.append(f"SP+AsyncTP disabled: never predicted to gain up to {r.max_num_batched_tokens} tokens "
                         f"({r.speedup_at_max_tokens:.3f}x there); set pass_config.sp_min_token_num to force it")
     return {"set": sets, "said": said, "profile_name": r.profile_name, "profile_tier": r.profile_tier}
+
+
+def _kernel_family(cfg) -> str | None:
+    """costmodel.kernel_sites.kernel_family of the model in `cfg` (None: not a model that runs the fused kernel)."""
+    mc = cfg.model_config
+    if mc is None:
+        return None
+    from costmodel.kernel_sites import kernel_family
+
+    hf = getattr(mc, "hf_config", None)
+    return kernel_family({"model_type": getattr(hf, "model_type", None),
+                          "architectures": list(getattr(mc, "architectures", None) or ()),
+                          "text_config": {"model_type": getattr(mc.hf_text_config, "model_type", None)}})
+
+
+def kernel_parallel(parallel_config, kernel_config) -> dict:
+    """costmodel.kernel_sites.Parallel's fields from vLLM's ParallelConfig and KernelConfig (and the environment's
+    VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT), as vLLM's model code reads them."""
+    from costmodel.kernel_sites import SHARD_SP_SHARED_EXPERT_ENV
+
+    return {"tp": int(parallel_config.tensor_parallel_size),
+            "pipeline_parallel_size": int(parallel_config.pipeline_parallel_size),
+            "data_parallel_size": int(parallel_config.data_parallel_size),
+            "enable_expert_parallel": bool(parallel_config.enable_expert_parallel),
+            "moe_backend": str(getattr(kernel_config, "moe_backend", "auto") or "auto"),
+            "all2all_backend": str(getattr(parallel_config, "all2all_backend", "") or ""),
+            "shard_sp_shared_expert": os.environ.get(SHARD_SP_SHARED_EXPERT_ENV, "0") not in ("", "0")}
+
+
+def _apply_kernel_model(cfg, has_sp: bool) -> None:
+    """A model that runs vLLM's fused GEMM+RS/AR: the fusion range (when unset) and the switch of the mode its workers
+    bind (when unset in the environment); an explicit user value stands."""
+    from costmodel.kernel_sites import SWITCHES, Parallel
+
+    from . import plugin_cache
+
+    pc = cfg.compilation_config.pass_config
+    par = kernel_parallel(cfg.parallel_config, getattr(cfg, "kernel_config", None))
+    if par["tp"] <= 1:
+        return
+    mc = cfg.model_config
+    text = mc.hf_text_config.to_dict()
+    outer = {"model_type": getattr(mc.hf_config, "model_type", None), "architectures": list(mc.architectures or ()),
+             "dtype": str(mc.dtype).replace("torch.", ""), "text_config": text}
+    text["dtype"] = outer["dtype"]  # what vLLM runs (--dtype), not the checkpoint's
+    from costmodel.kernel_sites import read_kernel_model
+
+    km = read_kernel_model(outer, str(mc.model))
+    op = km.mode(Parallel(**par))
+    user_env = None if op is None else os.environ.get(SWITCHES[op].env)
+    if op is not None and user_env is not None and _SET_HERE.get(SWITCHES[op].env) == user_env:
+        user_env = None  # this process's own earlier decision, not the user's
+    want_fi = pc.fuse_allreduce_rms is not False and pc.fi_allreduce_fusion_max_size_mb is None
+    if not want_fi and (op is None or user_env is not None):
+        if user_env is not None:
+            logger.info("tpcost: %s=%s set by the user; kept", SWITCHES[op].env, user_env)
+        return
+    inputs = {"kernel_model": outer, "model": str(mc.model), "parallel": par, "op": op if user_env is None else None,
+              "max_tokens": int(cfg.scheduler_config.max_num_batched_tokens or 8192), "want_fi": want_fi,
+              "fuse_allreduce_rms": pc.fuse_allreduce_rms,
+              "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb,
+              "vllm_version": _vllm_version(has_sp)}
+    cache = plugin_cache.cache_dir()
+    key = plugin_cache.decision_key(inputs)
+    plan = plugin_cache.load(cache, key)
+    hit = plan is not None
+    if not hit:
+        plan = _kernel_plan(inputs)
+        plugin_cache.store(cache, key, plan)
+    for attr, value in plan["set"]:
+        setattr(pc, attr, value)
+    for env, value in plan.get("env", []):
+        if env not in os.environ or _SET_HERE.get(env) == os.environ[env]:  # set before the workers spawn
+            os.environ[env] = _SET_HERE[env] = value
+    if user_env is not None:
+        plan["said"].append(f"{SWITCHES[op].env}={user_env} set by the user; kept")
+    if plan["said"]:
+        logger.info("tpcost: %s; profile %s, provenance tier %s%s", "; ".join(plan["said"]), plan["profile_name"],
+                    plan["profile_tier"], " (cached decision)" if hit else "")
+
+
+def _kernel_plan(inputs: dict) -> dict:
+    """The plan for a kernel model (integration.recommend.kernel_model_config, vllm-config's decision path)."""
+    from costmodel.errors import TpcostError
+    from costmodel.kernel_sites import Parallel, read_kernel_model
+    from costmodel.profile import detect_profile
+
+    from .recommend import kernel_model_config
+
+    prof = detect_profile()
+    km = read_kernel_model(inputs["kernel_model"], inputs["model"])
+    workload = None
+    if os.environ.get("TPCOST_WORKLOAD"):
+        from costmodel.workload import read_workload
+
+        workload = read_workload(os.environ["TPCOST_WORKLOAD"])
+    kw = dict(max_num_batched_tokens=inputs["max_tokens"], workload=workload,
+              vllm_version=tuple(inputs["vllm_version"]), user_fuse_allreduce_rms=inputs["fuse_allreduce_rms"],
+              user_fi_max_mb=inputs["fi_allreduce_fusion_max_size_mb"])
+    par = Parallel(**inputs["parallel"])
+    said: list[str] = []
+    try:
+        d = kernel_model_config(prof, km, par, inputs["op"], **kw)
+    except TpcostError as e:  # the switch has no effect here: say why, and still decide the fusion range
+        said.append(str(e))
+        d = kernel_model_config(prof, km, par, None, **kw)
+    sets, env = [], []
+    f = d.fusion
+    if inputs["want_fi"] and f is not None and f.why == "decided":
+        if f.tokens == 0:
+            if inputs["fuse_allreduce_rms"] is None:
+                sets.append(("fuse_allreduce_rms", False))
+                said.append("fuse_allreduce_rms=False (the fused all-reduce+RMSNorm never wins here)")
+        else:
+            sets.append(("fi_allreduce_fusion_max_size_mb", f.mb))
+            said.append(f"fi_allreduce_fusion_max_size_mb={f.mb:.6g} (fused up to {f.tokens} tokens)")
+    ks = d.switch
+    if ks is not None:
+        env.append((ks.env, str(int(ks.set_on))))
+        said.append(f"{ks.env}={int(ks.set_on)} (vLLM's default {int(ks.vllm_default_on)}; expected "
+                    f"{ks.expected_on_s * 1e3:.3f} ms per forward with the kernel, {ks.expected_off_s * 1e3:.3f} ms "
+                    f"without; mode {d.mode}, {len(ks.sites)} call sites)")
+    return {"set": sets, "env": env, "said": said, "profile_name": prof.name, "profile_tier": prof.tier}

