@@ -57,61 +57,69 @@ def main():
                                               "kernel_cutoffs": kernel}, indent=2) + "\n")
 
 
-# vLLM 0.33's single kernel at Kimi-K3's call-site shapes: N = hidden 7168, K per rank = 12288/tp (o_proj) and
-# 6144/tp (the shared experts, GEMM-RS only under model-level SP), on every SM100 profile at TP 2, 4, 8
+# vLLM's fused GEMM+RS/AR kernel at Kimi-K3's call sites, read from its config.json (costmodel/kernel_sites.py):
+# GEMM-AR without SP (vLLM's default), GEMM-RS under model-level SP (MegaMoE) with the shared experts sharded, every SM100
+# profile at TP 2, 4, 8
 KERNEL_GPUS = ("b200", "b300", "gb200-nvl72", "gb300-nvl72")
-KERNEL_SITES = (("o_proj", 12288), ("shared_experts", 6144))
+KIMI_CONFIG = ROOT / "tests/fixtures/kimi-k3.config.json"
 
 
 def kernel_matrix() -> list[dict]:
-    """Every (GPU, TP, op, call site): the answer (cutoff with its band, never or always) and the named terms that
-    explain it at M = 128 (vLLM's rule) and at the cutoff: waves, multicast bandwidth, the unfused collective."""
+    """Every (GPU, TP, mode, call site): tpcost's per-site cutoff beside vLLM's M >= 128, the switch decided over
+    all sites (vllm-config's decision path), and the kernel's named terms at M = 128: waves, multicast bandwidth,
+    bound, the collective vLLM dispatches for the unfused arm."""
     import numpy as np
 
     from costmodel import load_profile, ops
-    from costmodel.op_analysis import analyse_op
+    from costmodel.kernel_sites import Parallel, read_kernel_model
+    from costmodel.shapes import load_model_config
+    from integration.recommend import kernel_model_config
 
+    cfg, name, where = load_model_config(str(KIMI_CONFIG))
+    km = read_kernel_model(cfg, name, where)
     out = []
     for gpu in KERNEL_GPUS:
         prof = load_profile(gpu)
         for tp in (2, 4, 8):
-            for op in ("gemm_ar", "gemm_rs"):
-                for site, k_total in KERNEL_SITES:
-                    n, k = 7168, k_total // tp
-                    a = analyse_op(prof, op, "kernel", tp, n, k, vllm_version=(0, 33))
-                    at = {}
-                    for label, m in (("m128", 128), ("cutoff", a.cutoff_tokens)):
-                        if m is None:
-                            continue
-                        kop = ops.fused_kernel(ops.Hw(prof, "bf16"), op, np.array([float(m)]), n, k, tp)
-                        i = int(np.flatnonzero(a.m == m)[0])
-                        at[label] = {"m": int(m), "waves": int(kop.waves[0]), "ctas": int(kop.ctas[0]),
-                                     "multicast_gb_per_s": round(float(kop.multicast_bw_bytes_per_s[0]) / 1e9, 1),
-                                     "bound": str(kop.bound[0]), "unfused_impl": str(a.unfused_impl_per_m[i]),
-                                     "speedup": round(float(a.t_unfused_s[i] / a.t_fused_s[i]), 3)}
-                    sv = a.decision_value.get("saving_vs_vllm_default_s")
-                    out.append({"gpu": gpu, "tp": tp, "op": op, "site": site, "n": n, "k": k,
-                                "vllm_rule_tokens": a.vllm_rule_tokens, "answer": a.answer,
-                                "cutoff_tokens": a.cutoff_tokens, "cutoff_band_tokens": list(a.cutoff_band or ()),
-                                "fused_wins_m_ranges": a.wins_m_ranges(), "saving_vs_vllm_s_per_call": sv,
-                                "terms": at})
+            for op, par in (("gemm_ar", Parallel(tp)),
+                            ("gemm_rs", Parallel(tp, enable_expert_parallel=True, moe_backend="deep_gemm_mega_moe",
+                                                 shard_sp_shared_expert=True))):
+                d = kernel_model_config(prof, km, par, op, vllm_version=(0, 33))
+                ks = d.switch
+                for sd in ks.sites:
+                    s = sd.site
+                    hw = ops.Hw(prof, "bf16")
+                    m = np.array([128.0])
+                    kop = ops.fused_kernel(hw, op, m, s.n, s.k, tp)
+                    fi = None if ks.fi_tokens is None else float(ks.fi_tokens * s.n * hw.act_bytes)
+                    pair = ops.kernel_pair(hw, op, m, s.n, s.k, tp, vllm_version=(0, 33), norm_after=s.norm_after,
+                                           fi_max_bytes=fi)
+                    out.append({"gpu": gpu, "tp": tp, "op": op, "site": s.name, "n": s.n, "k": s.k,
+                                "calls_per_forward": s.calls_per_forward, "vllm_rule_tokens": 128,
+                                "cutoff_tokens": sd.cutoff_tokens, "switch_env": ks.env, "switch_set_on": ks.set_on,
+                                "switch_vllm_default_on": ks.vllm_default_on,
+                                "switch_saving_vs_vllm_s_per_forward": ks.saving_vs_vllm_default_s,
+                                "site_on_s_per_forward": sd.expected_on_s, "site_off_s_per_forward": sd.expected_off_s,
+                                "fi_fusion_tokens": ks.fi_tokens,
+                                "terms_m128": {"waves": int(kop.waves[0]), "ctas": int(kop.ctas[0]),
+                                               "multicast_gb_per_s": round(float(kop.multicast_bw_bytes_per_s[0]) / 1e9, 1),
+                                               "bound": str(kop.bound[0]), "unfused_impl": str(pair.unfused_impls[0]),
+                                               "speedup": round(float(pair.unfused_s[0] / pair.fused_s[0]), 3)}})
     return out
 
 
 def main_kernel():
-    """tpcost's answer for vLLM 0.33's single-kernel fused GEMM+RS/AR beside vLLM's hand constant (M >= 128)."""
-    print("\nsingle-kernel fused GEMM+collective (vLLM 0.33) at Kimi-K3's call sites, uniform workload over "
-          "M = 1..64 and 128..8192, 2 % premium:")
-    print(f"  {'gpu':12s} {'tp':>3s} {'op':8s} {'site':15s} {'k':>5s} {'answer':>7s} {'cutoff':>7s} {'band':>12s} "
-          f"{'waves@128':>9s} {'mc GB/s@128':>11s} {'unfused@128':>20s} {'saves [us/call]':>15s}")
+    """tpcost's per-site answer for vLLM's fused kernel at Kimi-K3's call sites beside vLLM's M >= 128."""
+    print("\nKimi-K3's fused-kernel call sites (vLLM 0.33), uniform workload over 1..8192 tokens, 2 % premium:")
+    print(f"  {'gpu':12s} {'tp':>3s} {'op':8s} {'site':26s} {'k':>5s} {'x':>3s} {'cutoff':>7s} {'switch':>7s} "
+          f"{'waves@128':>9s} {'mc GB/s@128':>11s} {'unfused@128':>18s} {'saves [ms/fwd]':>14s}")
     out = kernel_matrix()
     for r in out:
-        t = r["terms"]["m128"]
-        band = "..".join("never" if b is None else str(b) for b in r["cutoff_band_tokens"])
-        print(f"  {r['gpu']:12s} {r['tp']:3d} {r['op']:8s} {r['site']:15s} {r['k']:5d} {r['answer']:>7s} "
-              f"{str(r['cutoff_tokens']) if r['cutoff_tokens'] is not None else 'never':>7s} {band:>12s} "
-              f"{t['waves']:9d} {t['multicast_gb_per_s']:11.0f} {t['unfused_impl']:>20s} "
-              f"{(r['saving_vs_vllm_s_per_call'] or 0.0) * 1e6:15.2f}")
+        t = r["terms_m128"]
+        print(f"  {r['gpu']:12s} {r['tp']:3d} {r['op']:8s} {r['site']:26s} {r['k']:5d} {r['calls_per_forward']:3d} "
+              f"{str(r['cutoff_tokens']) if r['cutoff_tokens'] is not None else 'never':>7s} "
+              f"{int(r['switch_set_on']):>7d} {t['waves']:9d} {t['multicast_gb_per_s']:11.0f} {t['unfused_impl']:>18s} "
+              f"{r['switch_saving_vs_vllm_s_per_forward'] * 1e3:14.3f}")
     return out
 
 

@@ -43,3 +43,35 @@ def test_tables_equal_the_running_033():
     assert ar.CUSTOM_ALL_REDUCE_MAX_SIZES == T.table((0, 33), "CUSTOM_ALL_REDUCE_MAX_SIZES")[0]
     assert ar.SYMM_MEM_ALL_REDUCE_MAX_SIZES == T.table((0, 33), "SYMM_MEM_ALL_REDUCE_MAX_SIZES")[0]
     assert ar.FI_MNNVL_ALLREDUCE_MAX_SIZE_MB == T.table((0, 33), "FI_MNNVL_ALLREDUCE_MAX_SIZE_MB")[0]
+
+
+def test_kernel_switch_contract_on_033(monkeypatch):
+    """The plugin's reading of vLLM 0.33's ParallelConfig / KernelConfig gives the mode the worker binds, the call
+    sites count vLLM 0.33's own KDA rule, and 0.33's envs read the switch the plugin writes (unset: on)."""
+    from pathlib import Path
+
+    import vllm.envs as envs
+    from vllm.config import KernelConfig, ParallelConfig
+    from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
+
+    from costmodel.kernel_sites import Parallel, read_kernel_model
+    from costmodel.shapes import load_model_config
+    from integration.vllm_plugin import kernel_parallel
+
+    path = str(Path(__file__).parent / "fixtures" / "kimi-k3.config.json")
+    cfg, name, where = load_model_config(path)
+    km = read_kernel_model(cfg, name, where)
+    for pc, kc, mode in ((ParallelConfig(tensor_parallel_size=8), KernelConfig(), "gemm_ar"),
+                         (ParallelConfig(tensor_parallel_size=8, enable_expert_parallel=True, data_parallel_size=2),
+                          KernelConfig(), "gemm_rs"),
+                         (ParallelConfig(tensor_parallel_size=8, enable_expert_parallel=True),
+                          KernelConfig(moe_backend="deep_gemm_mega_moe"), "gemm_rs"),
+                         (ParallelConfig(tensor_parallel_size=8, enable_expert_parallel=True), KernelConfig(), "gemm_ar")):
+        assert km.mode(Parallel(**kernel_parallel(pc, kc))) == mode
+    n_kda = sum(KimiLinearConfig(**cfg["text_config"]).is_kda_layer(i) for i in range(km.num_layers))
+    sites = {s.name: s.calls_per_forward for s in km.call_sites("gemm_ar", Parallel(8), (0, 33))}
+    assert sites["o_proj (KDA)"] == n_kda and sites["o_proj (MLA)"] == km.num_layers - n_kda
+    monkeypatch.delenv("VLLM_KIMI_K3_GEMM_AR", raising=False)
+    assert envs.VLLM_KIMI_K3_GEMM_AR is True and envs.VLLM_ENABLE_GEMM_RS is False
+    monkeypatch.setenv("VLLM_KIMI_K3_GEMM_AR", "0")
+    assert envs.VLLM_KIMI_K3_GEMM_AR is False

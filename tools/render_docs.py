@@ -196,18 +196,19 @@ def _whatif_sample() -> str:
 
 
 def kernel_cutoffs_table() -> str:
-    """benchmarks/results/vllm_thresholds.json: tpcost's single-kernel answers beside vLLM 0.33's M >= 128."""
+    """benchmarks/results/vllm_thresholds.json: tpcost's per-site answer for Kimi-K3 beside vLLM's M >= 128."""
     d = _load("vllm_thresholds.json")
-    lines = ["| GPU | TP | op | site | k | vLLM's rule | tpcost | band | at M = 128: waves · multicast GB/s · bound · "
-             "unfused · speedup | saves vs vLLM [µs/call] |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| GPU | TP | mode | call site | k | × / fwd | vLLM's rule | tpcost's cutoff | switch (vLLM's default) | "
+             "saves vs vLLM [ms/fwd] | at M = 128: waves · multicast GB/s · bound · unfused · speedup |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["kernel_cutoffs"]:
-        cut = {"never": "never", "always": "always"}.get(r["answer"], str(r["cutoff_tokens"]))
-        band = " – ".join("never" if b is None else str(b) for b in r["cutoff_band_tokens"])
-        t = r["terms"]["m128"]
-        lines.append(f"| {r['gpu']} | {r['tp']} | {r['op']} | {r['site']} | {r['k']} | M ≥ {r['vllm_rule_tokens']} "
-                     f"| {cut} | {band} | {t['waves']} · {t['multicast_gb_per_s']:.0f} · {t['bound']} · "
-                     f"{t['unfused_impl']} · {t['speedup']:.3f} | {(r['saving_vs_vllm_s_per_call'] or 0.0) * 1e6:.2f} |")
+        cut = "never" if r["cutoff_tokens"] is None else str(r["cutoff_tokens"])
+        t = r["terms_m128"]
+        sw = f"{r['switch_env']}={int(r['switch_set_on'])} ({int(r['switch_vllm_default_on'])})"
+        lines.append(f"| {r['gpu']} | {r['tp']} | {r['op']} | {r['site']} | {r['k']} | {r['calls_per_forward']} "
+                     f"| M ≥ {r['vllm_rule_tokens']} | {cut} | {sw} | {r['switch_saving_vs_vllm_s_per_forward'] * 1e3:.3f} "
+                     f"| {t['waves']} · {t['multicast_gb_per_s']:.0f} · {t['bound']} · {t['unfused_impl']} · "
+                     f"{t['speedup']:.3f} |")
     return "\n".join(lines)
 
 
