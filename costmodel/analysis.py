@@ -98,13 +98,20 @@ def best_split(cost: Any, prefer_larger: bool) -> Any:
     return np.argmin(cost, axis=-1)
 
 
-def decide_cutoff(grid: np.ndarray, t_off_s: Any, t_on_s: Any, margin: float, weights: Any = None) -> Any:
+def decide_cutoff(grid: np.ndarray, t_off_s: Any, t_on_s: Any, margin: float, weights: Any = None,
+                  below: float = np.inf) -> Any:
     """The threshold that minimises the expected forward time over the workload (docs/model.md §9).
 
     c ∈ grid (multiples of tp) or None (never); steps with N ≥ c pay (1+margin)·t_on, the rest t_off;
-    ties go to the larger c. For (draws, n) inputs returns a float array (inf = never)."""
+    ties go to the larger c. Only c < `below` is a candidate: vLLM's SP threshold acts only below the token
+    budget (_set_compile_ranges splits at c − 1 only when 1 < c < max_num_batched_tokens, and no compile range
+    starts at c ≥ the budget), so c = budget is "never" in all but name. For (draws, n) inputs returns a float
+    array (inf = never)."""
     w = uniform_workload(grid) if weights is None else weights
     cost = expected_time_by_threshold_s(t_off_s, t_on_s, w, margin)
+    unreal = np.append(np.asarray(grid, dtype=float) >= below, False)
+    if unreal.any():
+        cost = np.where(unreal, np.inf, cost)
     i = best_split(cost, prefer_larger=True)
     cands = np.append(grid, np.inf)
     vals = cands[i]
@@ -130,7 +137,7 @@ def decide_fusion_limit(grid: np.ndarray, t_fused_s: Any, t_unfused_s: Any, marg
 
 
 def decision_value(grid: np.ndarray, t_off_s: Any, t_on_s: Any, margin: float, cutoff: int | None, weights: Any = None,
-                   vllm_default: int | None = None) -> dict:
+                   vllm_default: int | None = None, below: float = np.inf) -> dict:
     """What the cutoff is worth on the workload: expected forward time (s) at it, at never, at vLLM's default
     and at the best threshold in hindsight (the oracle: no risk premium), and the savings between them."""
     w = uniform_workload(grid) if weights is None else weights
@@ -142,7 +149,8 @@ def decision_value(grid: np.ndarray, t_off_s: Any, t_on_s: Any, margin: float, c
         return float(true[int(np.searchsorted(grid, c, side="left"))])
 
     t_never, t_cut = at(None), at(cutoff)
-    i_best = int(true.size - 1 - np.argmin(true[::-1]))
+    real = np.where(np.append(np.asarray(grid, dtype=float) >= below, False), np.inf, true)  # the oracle: realisable
+    i_best = int(real.size - 1 - np.argmin(real[::-1]))
     oracle = None if i_best == grid.size else int(grid[i_best])
     out = {"expected_forward_s": t_cut, "expected_forward_never_s": t_never,
            "saving_vs_never_s": t_never - t_cut, "saving_vs_never_rel": (t_never - t_cut) / t_never,
@@ -175,7 +183,7 @@ def perturbed_values(profile: HardwareProfile, draws: int, seed: int) -> dict[st
 
 def cutoff_band(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, seq_len: int, grid: np.ndarray,
                 margin: float, draws: int = BAND_DRAWS, seed: int = BAND_SEED, weights: Any = None,
-                **predict_kw: Any) -> tuple[int | None, int | None]:
+                below: float = np.inf, **predict_kw: Any) -> tuple[int | None, int | None]:
     """5th–95th percentile of the cutoff decision over a fixed-seed Monte Carlo of the profile (never = +inf)."""
     vals = perturbed_values(profile, draws, seed)
     cuts = []
@@ -183,7 +191,7 @@ def cutoff_band(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str
         chunk = {k: v[lo:lo + BAND_CHUNK] for k, v in vals.items()}
         prof = profile.with_values(chunk, None, mark_modified=False)
         pred = predict(prof, shape, tp, dtype, grid, seq_len, **predict_kw)
-        cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights))
+        cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights, below))
     c = np.concatenate(cuts)
     lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
 
@@ -206,7 +214,7 @@ def model_inputs(profile: HardwareProfile, tp: int) -> list[str]:
 
 def cutoff_sensitivity(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, seq_len: int,
                        grid: np.ndarray, margin: float, base_cutoff: int | None, weights: Any = None,
-                       **predict_kw: Any) -> list[dict]:
+                       below: float = np.inf, **predict_kw: Any) -> list[dict]:
     """One at a time, each model input × e^(−σ) and × e^(+σ) (σ of its tier; efficiencies capped at 1): the
     cutoff with each. Returned for the inputs that move it away from `base_cutoff` (the profile's own),
     largest move first ("never" = beyond the grid)."""
@@ -221,7 +229,7 @@ def cutoff_sensitivity(profile: HardwareProfile, shape: ModelShape, tp: int, dty
             row[i, 0] = perturbed(profile, k, sign)
         pred = predict(profile.with_values(vals, None, mark_modified=False), shape, tp, dtype, grid, seq_len,
                        **predict_kw)
-        cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights))
+        cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights, below))
     c = np.concatenate(cuts)
     beyond = grid[-1] + tp
     b = beyond if base_cutoff is None else base_cutoff
@@ -261,6 +269,7 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     if not (0.0 <= margin < 1.0):
         raise TpcostError(f"--margin must be in [0, 1), got {margin}")
     grid = token_grid(tp, max_num_batched_tokens)
+    budget = float(max_num_batched_tokens)  # vLLM realises SP thresholds c < budget only (decide_cutoff)
     weights, by_spread = None, None
     if workload is not None:
         from .workload import SPREADS, grid_weights
@@ -269,15 +278,17 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     pred = predict(profile, shape, tp, dtype, grid, seq_len, **kw)
     t_tp, t_spa = pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp")
     if workload is not None and workload.buckets:
-        by_spread = {sp: decide_cutoff(grid, t_tp, t_spa, margin, grid_weights(workload, grid, sp)) for sp in SPREADS}
-    cut = decide_cutoff(grid, t_tp, t_spa, margin, weights)
-    sp_cut = decide_cutoff(grid, t_tp, pred.t_forward_s("sp"), margin, weights)
+        by_spread = {sp: decide_cutoff(grid, t_tp, t_spa, margin, grid_weights(workload, grid, sp), budget)
+                     for sp in SPREADS}
+    cut = decide_cutoff(grid, t_tp, t_spa, margin, weights, budget)
+    sp_cut = decide_cutoff(grid, t_tp, pred.t_forward_s("sp"), margin, weights, budget)
     band_v = sens = resolution = None
     if band and "sp_asynctp" not in pred.unavailable:  # nothing to draw where the schedule cannot run
         b_grid, b_weights, k = band_grid(grid, weights)
-        b_cut = cut if k == 1 else decide_cutoff(b_grid, t_tp[::k], t_spa[::k], margin, b_weights)
-        band_v = cutoff_band(profile, shape, tp, dtype, seq_len, b_grid, margin, weights=b_weights, **kw)
-        sens = cutoff_sensitivity(profile, shape, tp, dtype, seq_len, b_grid, margin, b_cut, b_weights, **kw)
+        b_cut = cut if k == 1 else decide_cutoff(b_grid, t_tp[::k], t_spa[::k], margin, b_weights, budget)
+        band_v = cutoff_band(profile, shape, tp, dtype, seq_len, b_grid, margin, weights=b_weights, below=budget, **kw)
+        sens = cutoff_sensitivity(profile, shape, tp, dtype, seq_len, b_grid, margin, b_cut, b_weights, below=budget,
+                                  **kw)
         resolution = k * tp
     shown = display_tokens(display_max_tokens) if tokens is None else np.unique(np.asarray(tokens, dtype=float))
     if cut is not None:
@@ -289,7 +300,7 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
         bd = {k: float(pred.breakdown[k][i]) for k in BREAKDOWN_KEYS}
     vllm_default = vllm_sp_min_token_num(profile.identity.vendor, profile.identity.compute_capability, shape.hidden,
                                          tp)
-    value = decision_value(grid, t_tp, t_spa, margin, cut, weights, vllm_default)
+    value = decision_value(grid, t_tp, t_spa, margin, cut, weights, vllm_default, budget)
     memory = memory_fit(profile, shape, tp, dtype)
     return Analysis(profile, shape, tp, dtype, seq_len, max_num_batched_tokens, margin, cut, sp_cut, band_v,
                     table, bd, grid, pred.speedup_sp_asynctp, sens, vllm_default, value, pred.asynctp_available,

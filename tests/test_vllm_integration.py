@@ -153,11 +153,45 @@ def test_plugin_decision_cache(scenarios):
 
 
 def test_plugin_decides_for_the_workload_file(scenarios):
-    """TPCOST_WORKLOAD through the real plugin: all traffic at 8192 tokens enables SP at a cutoff at or below it;
+    """TPCOST_WORKLOAD through the real plugin: all traffic at 8192 tokens enables SP at a cutoff below the budget (one vLLM realises);
     all traffic at 64 tokens (where SP+AsyncTP loses) disables it; the same path with new bytes is a new decision
     (the cache keys on the content); a missing file warns with its name and leaves vLLM's default."""
     res, log = scenarios[0], scenarios[1]
     large, small = res["workload_large_tp4"], res["workload_small_tp4"]
-    assert large["enable_sp"] is True and large["sp_min_token_num"] is not None and large["sp_min_token_num"] <= 8192
+    assert large["enable_sp"] is True and large["sp_min_token_num"] is not None and large["sp_min_token_num"] < 8192
     assert small["enable_sp"] is False and small["sp_min_token_num"] is None
     assert res["workload_missing_tp4"]["sp_min_token_num"] is None and "no-such-traffic.csv" in log
+
+
+def test_emitted_sp_threshold_is_one_vllm_realises(capsys, tmp_path):
+    """Every SP configuration vllm-config emits, built by real vLLM 0.31: SP applies on some compile range (one
+    starting at or above the threshold, clamped to the budget as SequenceParallelismPass does) or compile size
+    exactly when tpcost reports that SP runs. Includes the traffic at the budget (1 x5000, 64 x3000, 8192 x200),
+    whose best threshold is below the budget: c = 8192 builds ranges [1, 64], [65, 8192] and SP runs nowhere."""
+    tp = 4
+    cases = {"budget": "num_tokens,count\n1,5000\n64,3000\n8192,200\n", "large": "num_tokens,count\n8192,1000\n",
+             "small": "num_tokens,count\n64,1000\n", "mixed": "num_tokens,count\n512,100\n4096,100\n"}
+    emitted = []
+    for name, text in cases.items():
+        wl = tmp_path / f"{name}.csv"
+        wl.write_text(text)
+        assert main(["vllm-config", "--gpu", "h100-sxm", "--model", MODEL, "--tp", str(tp), "--vllm-version", "0.31",
+                     "--max-num-batched-tokens", "8192", "--workload", str(wl), "--format", "json"]) == 0
+        emitted.append(capsys.readouterr().out.strip())
+    env = {**os.environ, "TPCOST_PROFILE": "h100-sxm"}
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_sp_ranges.py"), MODEL, str(tp), *emitted], env=env,
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and line, r.stdout[-3000:] + r.stderr[-3000:]
+    built = json.loads(line[0][7:])
+    runs_somewhere = []
+    for text, b in zip(emitted, built):
+        pc = json.loads(text)["pass_config"]
+        says_runs = bool(pc["enable_sp"]) and pc.get("sp_min_token_num") is not None
+        c = b["sp_min_token_num"]
+        vllm_runs = bool(b["enable_sp"]) and c is not None and (
+            any(lo >= min(c, b["max_num_batched_tokens"]) for lo, _ in b["ranges"]) or c in b["compile_sizes"])
+        assert says_runs == vllm_runs, (pc, b)
+        assert c is None or c < b["max_num_batched_tokens"], (pc, b)  # never the unrealisable budget itself
+        runs_somewhere.append(vllm_runs)
+    assert runs_somewhere[0] and runs_somewhere[1] and not runs_somewhere[2]
