@@ -47,6 +47,8 @@ class Analysis:
     memory: dict | None = None  # memory_fit(): weights per GPU against the HBM capacity
     band_resolution_tokens: int | None = None  # the band's and the sensitivity's grid step (tp unless coarsened)
     predict_kw: dict = dataclasses.field(default_factory=dict)  # fi_max_bytes, cudagraph_max_tokens, vllm_version
+    sp_decision_value: dict | None = None  # decision_value() for SP alone at sp_cutoff_tokens
+    grid_speedup_sp: np.ndarray | None = None  # SP alone's speedup on the grid
 
 
 def curve(a: Analysis, num_tokens: Any) -> Prediction:
@@ -152,13 +154,41 @@ def decision_value(grid: np.ndarray, t_off_s: Any, t_on_s: Any, margin: float, c
     real = np.where(np.append(np.asarray(grid, dtype=float) >= below, False), np.inf, true)  # the oracle: realisable
     i_best = int(real.size - 1 - np.argmin(real[::-1]))
     oracle = None if i_best == grid.size else int(grid[i_best])
+    with_premium = expected_time_by_threshold_s(t_off_s, t_on_s, w, margin)
+    i_cut = grid.size if cutoff is None else int(np.searchsorted(grid, cutoff, side="left"))
     out = {"expected_forward_s": t_cut, "expected_forward_never_s": t_never,
+           "expected_forward_with_premium_s": float(with_premium[i_cut]),
            "saving_vs_never_s": t_never - t_cut, "saving_vs_never_rel": (t_never - t_cut) / t_never,
            "oracle_cutoff_tokens": oracle, "regret_vs_oracle_s": t_cut - float(true[i_best])}
     if vllm_default is not None:
         vd = None if vllm_default > grid[-1] else int(grid[int(np.searchsorted(grid, vllm_default))])
         out["saving_vs_vllm_default_s"] = at(vd) - t_cut  # inf where vLLM would enable what cannot run
     return {k: (v if not isinstance(v, float) or np.isfinite(v) else None) for k, v in out.items()}
+
+
+def decided_schedule(a: Analysis, asynctp: bool | None = None) -> tuple[str | None, int | None]:
+    """(schedule, threshold) vLLM should run: "sp_asynctp" or "sp" from its cutoff, or (None, None) for plain TP.
+    `asynctp` None: tpcost chooses between the two (AsyncTP only where torch's fused ops can run); False: SP alone
+    (the user's choice, or vLLM's resolution of an unset fuse_gemm_comms); True: SP+AsyncTP. Each schedule's cost
+    is its expected forward time at its own cutoff with the risk premium on the steps it runs (decision_value);
+    plain TP wins ties, then SP alone."""
+    v = a.predict_kw.get("vllm_version")
+    if v is not None and tuple(v) >= (0, 32):  # vLLM 0.32 removed the SP and AsyncTP passes
+        return None, None
+    cands: list[tuple[float, int, str | None, int | None]] = []
+    dv, sdv = a.decision_value or {}, a.sp_decision_value or {}
+    never = dv.get("expected_forward_never_s") or sdv.get("expected_forward_never_s")
+    if never is not None:
+        cands.append((never, 0, None, None))
+    if asynctp is not True and a.sp_cutoff_tokens is not None and sdv.get("expected_forward_with_premium_s") is not None:
+        cands.append((sdv["expected_forward_with_premium_s"], 1, "sp", a.sp_cutoff_tokens))
+    if asynctp is not False and a.asynctp_available and a.cutoff_tokens is not None and \
+            dv.get("expected_forward_with_premium_s") is not None:
+        cands.append((dv["expected_forward_with_premium_s"], 2, "sp_asynctp", a.cutoff_tokens))
+    if not cands:
+        return None, None
+    _, _, sched, thr = min(cands)
+    return sched, thr
 
 
 def perturbed(profile: HardwareProfile, key: str, z: Any) -> np.ndarray:
@@ -301,11 +331,12 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     vllm_default = vllm_sp_min_token_num(profile.identity.vendor, profile.identity.compute_capability, shape.hidden,
                                          tp)
     value = decision_value(grid, t_tp, t_spa, margin, cut, weights, vllm_default, budget)
+    sp_value = decision_value(grid, t_tp, pred.t_forward_s("sp"), margin, sp_cut, weights, None, budget)
     memory = memory_fit(profile, shape, tp, dtype)
     return Analysis(profile, shape, tp, dtype, seq_len, max_num_batched_tokens, margin, cut, sp_cut, band_v,
                     table, bd, grid, pred.speedup_sp_asynctp, sens, vllm_default, value, pred.asynctp_available,
                     "uniform over the multiples of tp" if workload is None else workload.name, by_spread, memory,
-                    resolution, kw)
+                    resolution, kw, sp_value, pred.speedup("sp"))
 
 
 def memory_fit(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str) -> dict:
@@ -344,6 +375,7 @@ def _finite(x) -> float | None:
 
 def analysis_json(a: Analysis) -> dict:
     t = a.table
+    decided = decided_schedule(a)
     rows = []
     speedups = {s: t.speedup(s) for s in SCHEDULES[1:]}
     for i, n in enumerate(t.num_tokens):  # a schedule that cannot run: null (finite_json), never 0
@@ -357,10 +389,12 @@ def analysis_json(a: Analysis) -> dict:
         "cutoff_band_tokens": list(a.cutoff_band_tokens) if a.cutoff_band_tokens else None,
         "band_resolution_tokens": a.band_resolution_tokens,
         "sp_cutoff_tokens": a.sp_cutoff_tokens,
+        "decided_schedule": decided[0], "decided_threshold_tokens": decided[1],
         "breakdown_at_cutoff_s": a.breakdown_at_cutoff,
         "cutoff_sensitivity": a.sensitivity,
         "vllm_default_sp_min_token_num": a.vllm_default_tokens,
         "decision_value": a.decision_value,
+        "sp_decision_value": a.sp_decision_value,
         "workload": a.workload,
         "cutoff_by_spread": a.cutoff_by_spread,
         "memory": a.memory,

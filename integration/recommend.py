@@ -4,6 +4,7 @@ and the vLLM plugin. Imports no vllm (the plugin and the CLI import it inside fu
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -43,11 +44,28 @@ def resolve_vllm_version(explicit: str | None) -> tuple[tuple[int, int], str, bo
                           "(pass --vllm-version for another)"), True
 
 
-def fusion_mb(tokens: int, hidden: int, elem_bytes: float) -> float:
-    """The MB value whose vLLM conversion int(mb·MiB) // (hidden·itemsize) lands exactly on `tokens`."""
-    nbytes = tokens * hidden * elem_bytes
-    mb = (nbytes + 0.5) / MiB
-    assert int(mb * MiB) // int(hidden * elem_bytes) == tokens
+MIN_CONFIDENCE = 0.8  # share of the profile's Monte Carlo draws in which moving a vLLM default must help
+
+
+def fusion_mb(tokens: int, hidden: int, elem_bytes: float, vllm_mb: float | None = None) -> float:
+    """The MB value to emit for `tokens`: vLLM's own when it lands there, else the shortest decimal (fewest
+    significant digits, at most 4 where one exists) whose vLLM conversion int(mb·MiB) // (hidden·itemsize) lands
+    exactly on `tokens` (config/vllm.py _set_compile_ranges, allreduce_rms_fusion.py)."""
+    row = int(hidden * elem_bytes)
+
+    def lands(mb: float) -> bool:
+        return int(mb * MiB) // row == tokens
+
+    if vllm_mb is not None and lands(vllm_mb):
+        return float(vllm_mb)
+    lo = tokens * row / MiB  # every mb in [lo, (tokens + 1)·row / MiB) lands, up to float rounding
+    for digits in range(1, 18):
+        q = 10.0 ** (math.floor(math.log10(lo)) - digits + 1) if lo > 0 else 1.0
+        for cand in (float(f"{math.ceil(lo / q) * q:.{digits}g}"), float(f"{math.ceil(lo / q + 1) * q:.{digits}g}")):
+            if lands(cand):
+                return cand
+    mb = (tokens * row + 0.5) / MiB
+    assert lands(mb)
     return mb
 
 
@@ -58,8 +76,9 @@ class FusionRange:
     tokens: int  # the fused kernel runs for N <= tokens (0: fusion off)
     vllm_default_tokens: int  # vLLM's own limit here (its table, via the profile's vllm_dispatch)
     mb: float | None  # fi_allreduce_fusion_max_size_mb to emit (None: fusion off)
-    why: str  # "decided", "user: ...", ...
+    why: str  # "decided", "kept vLLM's default: ...", "user: ...", ...
     value: dict  # expected all-reduce+norm time per forward on the workload: at it, off, at vLLM's default
+    confidence: float | None = None  # share of the profile's draws in which the decided range beats vLLM's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,16 +90,19 @@ class Recommendation:
     tp: int
     dtype: str
     max_num_batched_tokens: int
-    cutoff_tokens: int | None  # None: SP+AsyncTP never pays off (or this vLLM has no SP pass)
+    cutoff_tokens: int | None  # the decided schedule's threshold (None: neither pays off, or this vLLM has no SP)
     speedup_at_cutoff: float | None
     speedup_at_max_tokens: float
     worst_speedup_below_cutoff: float | None
     fusion: FusionRange | None  # None: this GPU has no FlashInfer fusion in vLLM's tables (nothing to tune)
     interconnect_kind: str = ""
     asynctp_unavailable: str | None = None  # why torch's fused ops cannot run at this TP (None: they can)
-    decision_value: dict | None = None  # costmodel.analysis.decision_value on the workload
+    decision_value: dict | None = None  # costmodel.analysis.decision_value of the decided schedule on the workload
     workload: str = ""
     vllm_version: tuple[int, int] = (0, 31)
+    schedule: str | None = None  # "sp_asynctp" | "sp" | None (plain TP): costmodel.analysis.decided_schedule
+    asynctp_choice: str = "decided"  # who chose whether AsyncTP runs: "decided", or the user's / vLLM's setting
+    analysis: Any = None  # the costmodel.analysis.Analysis the decision was taken on (whatif prints it)
 
     @property
     def has_sp(self) -> bool:
@@ -100,13 +122,17 @@ class Recommendation:
 
     @property
     def enable(self) -> bool:
-        return self.has_sp and self.cutoff_tokens is not None
+        return self.has_sp and self.schedule is not None
+
+    @property
+    def schedule_name(self) -> str:
+        return {"sp_asynctp": "SP+AsyncTP", "sp": "SP alone", None: "neither (plain TP)"}[self.schedule]
 
     def pass_config(self) -> dict:
         """The pass_config for this vLLM version: SP/AsyncTP (<= 0.31) and the fusion range (both)."""
         pc: dict = {}
         if self.has_sp:
-            pc = {"enable_sp": self.enable, "fuse_gemm_comms": self.enable}
+            pc = {"enable_sp": self.enable, "fuse_gemm_comms": self.schedule == "sp_asynctp"}
             if self.enable:
                 pc["sp_min_token_num"] = self.cutoff_tokens
         if self.fusion is not None:
@@ -118,12 +144,15 @@ class Recommendation:
 
 def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int, margin: float, workload=None,
                   user_enabled: bool | None = None, user_mb: float | None = None,
-                  vllm_version: tuple[int, int] | None = None, units_per_forward: int | None = None) -> FusionRange | None:
+                  vllm_version: tuple[int, int] | None = None, units_per_forward: int | None = None,
+                  min_confidence: float = MIN_CONFIDENCE) -> FusionRange | None:
     """The FlashInfer fusion range: the user's when given, else the largest token count up to which the fused
     all-reduce+RMSNorm beats the next all-reduce + RMSNorm on the workload, by the SP cutoff's rule
     (costmodel.analysis.decide_fusion_limit), never above vLLM's own limit (FlashInfer's workspace is sized by
     it: raising it costs HBM on every rank and may exceed the one-shot/two-shot kernels' tuned range). `shape` needs
-    `.hidden`; the all-reduce+norm units per forward default to a dense model's 2·layers + 1."""
+    `.hidden`; the all-reduce+norm units per forward default to a dense model's 2·layers + 1. vLLM's own limit moves
+    only when it is worth it: the gain exceeds the risk premium `margin` of the all-reduce+norm time the range
+    controls, and the decided range beats vLLM's in at least `min_confidence` of the profile's draws."""
     from costmodel import ops
     from costmodel.analysis import decide_fusion_limit, expected_time_by_threshold_s, uniform_workload
 
@@ -159,41 +188,82 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
     cost = expected_time_by_threshold_s(t_fused, t_unfused, w, 0.0)  # what each limit really costs (no premium)
     at = lambda c: float(cost[min(max(c, 0), n.size)])  # noqa: E731  (c tokens fused -> split index c)
     units = 2 * shape.num_layers + 1 if units_per_forward is None else units_per_forward
+    confidence = None
+    if why == "decided" and tokens != default_tokens:  # moving vLLM's default: only when it is worth it
+        gain, base = at(default_tokens) - at(tokens), at(default_tokens)
+        if min_confidence > 0:  # 0: any share will do (and the draws are not needed)
+            confidence = _fusion_confidence(profile, dtype, n, shape.hidden, tp, w, tokens, default_tokens,
+                                            vllm_version)
+        if gain <= margin * base:
+            why = (f"kept vLLM's default: {tokens} tokens would save {units * gain * 1e3:.3f} ms per forward, within "
+                   f"the {margin:.0%} risk premium of the {units * base * 1e3:.3f} ms the range controls")
+            tokens = default_tokens
+        elif confidence is not None and confidence < min_confidence:
+            why = (f"kept vLLM's default: {tokens} tokens helps in only {confidence:.0%} of the profile's draws "
+                   f"(needs {min_confidence:.0%})")
+            tokens = default_tokens
     value = {"units_per_forward": units, "expected_s": units * at(tokens), "off_s": units * at(0),
              "vllm_default_s": units * at(default_tokens)}
-    mb = user_mb if user_mb is not None and tokens else (fusion_mb(tokens, shape.hidden, elem) if tokens else None)
-    return FusionRange(tokens, default_tokens, mb, why, value)
+    vllm_mb = d.fi_fusion_max_bytes / MiB
+    mb = user_mb if user_mb is not None and tokens else (fusion_mb(tokens, shape.hidden, elem, vllm_mb) if tokens else None)
+    return FusionRange(tokens, default_tokens, mb, why, value, confidence)
+
+
+def _fusion_confidence(profile, dtype: str, n, hidden: int, tp: int, w, tokens: int, default_tokens: int,
+                       vllm_version) -> float:
+    """Share of the profile's fixed-seed Monte Carlo draws (costmodel.analysis) in which fusing up to `tokens` costs
+    less on the workload than vLLM's `default_tokens`."""
+    from costmodel import ops
+    from costmodel.analysis import BAND_DRAWS, BAND_SEED, expected_time_by_threshold_s, perturbed_values
+
+    prof = profile.with_values(perturbed_values(profile, BAND_DRAWS, BAND_SEED), None, mark_modified=False)
+    hd = ops.Hw(prof, dtype)
+    t_f = ops.all_reduce_dispatch(hd, n * hidden * hd.act_bytes, tp, True, fi_max_bytes=np.inf,
+                                  vllm_version=vllm_version).t_s
+    t_u = ops.unfused_all_reduce_norm_s(hd, n, hidden, tp, vllm_version)
+    t_f, t_u = np.broadcast_arrays(t_f, t_u)
+    cost = expected_time_by_threshold_s(t_f, t_u, w, 0.0)
+    return float(np.mean(cost[:, default_tokens] > cost[:, tokens]))
 
 
 def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int = 8192, margin: float = 0.02,
               seq_len: int = 1024, workload=None, vllm_version: tuple[int, int] = (0, 31),
               user_fuse_allreduce_rms: bool | None = None, user_fi_max_mb: float | None = None,
-              cudagraph_max_tokens: int | None = None, draft_hidden_size: int | None = None) -> Recommendation:
-    """One configuration, one prediction: the fusion range first, then (vLLM <= 0.31) the SP cutoff computed
-    with exactly that range, so every number printed belongs to the configuration emitted."""
-    from costmodel.analysis import analyse
+              cudagraph_max_tokens: int | None = None, draft_hidden_size: int | None = None,
+              asynctp: bool | None = None, asynctp_choice: str = "decided", band: bool = False, tokens: Any = "budget",
+              min_confidence: float = MIN_CONFIDENCE) -> Recommendation:
+    """The one decision path (vllm-config, the plugin, whatif): the fusion range first, then (vLLM <= 0.31) the
+    schedule and its SP threshold computed with exactly that range, so every number printed belongs to the
+    configuration emitted. `asynctp` None: tpcost chooses SP+AsyncTP, SP alone or neither; False: SP alone or
+    neither (AsyncTP off by the user, or by vLLM's resolution of an unset fuse_gemm_comms); True: SP+AsyncTP or
+    neither. `tokens`: the table's token counts ("budget": the budget alone; None: analyse's display default)."""
+    from costmodel.analysis import analyse, decided_schedule
     from costmodel import ops
     from costmodel.ops import fused_ops_available
 
     fusion = decide_fusion(profile, shape, tp, dtype, max_num_batched_tokens, margin, workload,
-                           user_fuse_allreduce_rms, user_fi_max_mb, vllm_version=vllm_version)
+                           user_fuse_allreduce_rms, user_fi_max_mb, vllm_version=vllm_version,
+                           min_confidence=min_confidence)
     if draft_hidden_size and fusion is not None:
         fusion = draft_fusion_range(fusion, shape.hidden, draft_hidden_size, ops.dtype_mode(dtype).act_bytes,
                                     vllm_version)
     fi_bytes = None if fusion is None else fusion.tokens * shape.hidden * ops.dtype_mode(dtype).act_bytes
     a = analyse(profile, shape, tp, dtype, seq_len=seq_len, max_num_batched_tokens=max_num_batched_tokens,
-                margin=margin, band=False, tokens=[max_num_batched_tokens], workload=workload, fi_max_bytes=fi_bytes,
-                cudagraph_max_tokens=cudagraph_max_tokens, vllm_version=vllm_version)
-    grid, s = a.grid_tokens, a.grid_speedup_sp_asynctp
-    cut = a.cutoff_tokens
+                margin=margin, band=band, tokens=[max_num_batched_tokens] if tokens == "budget" else tokens,
+                workload=workload, fi_max_bytes=fi_bytes, cudagraph_max_tokens=cudagraph_max_tokens,
+                vllm_version=vllm_version)
+    sched, cut = decided_schedule(a, asynctp)
+    grid = a.grid_tokens
+    s = a.grid_speedup_sp if sched == "sp" else a.grid_speedup_sp_asynctp
     at_cut = worst_below = None
     if cut is not None:
         i = int(np.searchsorted(grid, cut))
         at_cut = float(s[i])
         worst_below = float(s[:i].min()) if i > 0 else None
+    dv = a.sp_decision_value if sched == "sp" or (sched is None and asynctp is False) else a.decision_value
     return Recommendation(profile.name, profile.tier, profile.origin, bool(profile.modified), tp, dtype,
                           max_num_batched_tokens, cut, at_cut, float(s[-1]), worst_below, fusion, profile.kind,
-                          fused_ops_available(profile, tp), a.decision_value, a.workload, vllm_version)
+                          fused_ops_available(profile, tp), dv, a.workload, vllm_version, sched, asynctp_choice, a)
 
 
 def draft_fusion_range(f: FusionRange, hidden: int, draft_hidden: int, elem_bytes: float, vllm_version) -> FusionRange:
@@ -219,6 +289,10 @@ def draft_fusion_range(f: FusionRange, hidden: int, draft_hidden: int, elem_byte
     return dataclasses.replace(f, tokens=t, mb=mb, why=note)
 
 
+def _never(c) -> str:
+    return "never" if c is None else str(c)
+
+
 def fusion_lines(f: FusionRange | None, profile_name: str, tp: int) -> list[str]:
     """What vllm-config says about the FlashInfer fusion range (stderr)."""
     if f is None:
@@ -226,8 +300,10 @@ def fusion_lines(f: FusionRange | None, profile_name: str, tp: int) -> list[str]
                 "nothing to set"]
     ms = lambda x: f"{x * 1e3:.3f} ms"  # noqa: E731
     v = f.value
-    where = ("off" if f.tokens == 0 else f"up to {f.tokens} tokens ({f.mb:.4f} MB)")
-    src = "your setting" if f.why.startswith("user") else "decided on the workload"
+    where = ("off" if f.tokens == 0 else f"up to {f.tokens} tokens ({f.mb:g} MB)")
+    src = ("your setting" if f.why.startswith("user") else f.why if f.why.startswith("kept") else
+           "decided on the workload" + ("" if f.confidence is None else
+                                        f", better than vLLM's limit in {f.confidence:.0%} of the profile's draws"))
     return [f"tpcost: FlashInfer fused all-reduce+RMSNorm {where} ({src}; vLLM's own limit here: "
             f"{f.vllm_default_tokens} tokens): all-reduce+norm {ms(v['expected_s'])} per forward on the workload, "
             f"against {ms(v['off_s'])} with the fusion off and {ms(v['vllm_default_s'])} at vLLM's limit"] + \
@@ -240,19 +316,25 @@ def explain(r: Recommendation) -> list[str]:
         lines.append(f"tpcost: vLLM {r.vllm_version[0]}.{r.vllm_version[1]} has no SP/AsyncTP passes (removed in "
                      "0.32): only the FlashInfer fusion range is set")
     elif r.enable:
-        lines.append(f"tpcost: SP+AsyncTP from {r.cutoff_tokens} tokens: predicted speedup {r.speedup_at_cutoff:.3f}x at "
-                     f"the cutoff, {r.speedup_at_max_tokens:.3f}x at {r.max_num_batched_tokens} tokens")
+        lines.append(f"tpcost: {r.schedule_name} from {r.cutoff_tokens} tokens ({r.asynctp_choice}): predicted "
+                     f"speedup {r.speedup_at_cutoff:.3f}x at the cutoff, {r.speedup_at_max_tokens:.3f}x at "
+                     f"{r.max_num_batched_tokens} tokens")
+        a = r.analysis
+        if a is not None:
+            lines.append(f"tpcost: each schedule's own cutoff: SP+AsyncTP {_never(a.cutoff_tokens)}, SP alone "
+                         f"{_never(a.sp_cutoff_tokens)}")
         if r.worst_speedup_below_cutoff is not None:
             lines.append(f"tpcost: below the cutoff vLLM keeps plain TP; enabling SP still costs at every size "
                          f"(full-graph compilation, N padded to a multiple of tp={r.tp}, capture sizes not divisible "
-                         f"by tp dropped); had SP+AsyncTP run there, the worst predicted speedup is "
+                         f"by tp dropped); had {r.schedule_name} run there, the worst predicted speedup is "
                          f"{r.worst_speedup_below_cutoff:.3f}x")
-    elif r.asynctp_unavailable:
-        lines.append(f"tpcost: SP+AsyncTP off: {r.asynctp_unavailable}")
     else:
-        lines.append(f"tpcost: SP+AsyncTP off: no threshold <= {r.max_num_batched_tokens} lowers the expected forward "
-                     f"time over the workload with the margin's risk premium (speedup at {r.max_num_batched_tokens}: "
-                     f"{r.speedup_at_max_tokens:.3f}x)")
+        lines.append(f"tpcost: SP off ({r.asynctp_choice}): no threshold below {r.max_num_batched_tokens} lowers the "
+                     f"expected forward time over the workload with the margin's risk premium, for "
+                     f"{'SP alone' if r.asynctp_choice != 'decided' else 'SP+AsyncTP or SP alone'} (speedup at "
+                     f"{r.max_num_batched_tokens}: {r.speedup_at_max_tokens:.3f}x)")
+    if r.has_sp and r.asynctp_unavailable:
+        lines.append(f"tpcost: SP+AsyncTP is not a candidate: {r.asynctp_unavailable}")
     lines += fusion_lines(r.fusion, r.profile_name, r.tp)
     if r.interconnect_kind == "pcie" and r.enable:
         lines.append("tpcost: note: on PCIe-only GPUs the fused ops need CUDA peer access between the GPUs (torch "
@@ -400,7 +482,8 @@ class KernelModelConfig:
 
 def kernel_model_config(profile, km, par, op: str | None, max_num_batched_tokens: int = 8192, margin: float = 0.02,
                         workload=None, vllm_version=(0, 33), user_fuse_allreduce_rms: bool | None = None,
-                        user_fi_max_mb: float | None = None, draft_hidden_size: int | None = None) -> KernelModelConfig:
+                        user_fi_max_mb: float | None = None, draft_hidden_size: int | None = None,
+                        min_confidence: float = MIN_CONFIDENCE) -> KernelModelConfig:
     """The one decision path of a kernel model (vllm-config --kernel-op and the plugin): raises TpcostError, in one
     line, where the switch has no effect."""
     from costmodel.errors import TpcostError
@@ -418,7 +501,7 @@ def kernel_model_config(profile, km, par, op: str | None, max_num_batched_tokens
     if mode != "gemm_rs":
         fusion = decide_fusion(profile, km, par.tp, "bf16", max_num_batched_tokens, margin, workload,
                                user_fuse_allreduce_rms, user_fi_max_mb, vllm_version=vllm_version,
-                               units_per_forward=km.ar_norm_units_per_forward())
+                               units_per_forward=km.ar_norm_units_per_forward(), min_confidence=min_confidence)
         if draft_hidden_size and fusion is not None:
             fusion = draft_fusion_range(fusion, km.hidden, draft_hidden_size, 2.0, vllm_version)
     switch = None

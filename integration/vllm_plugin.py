@@ -97,7 +97,8 @@ def _apply_inner(cfg) -> None:
                   "max_tokens": int(cfg.scheduler_config.max_num_batched_tokens or 8192), "has_sp": has_sp,
                   "want_sp": want_sp, "want_fi": want_fi, "fuse_allreduce_rms": pc.fuse_allreduce_rms,
                   "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb,
-                  "cudagraph_max_tokens": _cudagraph_max_tokens(cfg), "vllm_version": _vllm_version(has_sp)}
+                  "cudagraph_max_tokens": _cudagraph_max_tokens(cfg), "vllm_version": _vllm_version(has_sp),
+                  "asynctp": _asynctp(pc) if want_sp else None}
         from . import plugin_cache
 
         problem = plugin_cache.setting_problem()
@@ -120,6 +121,16 @@ def _apply_inner(cfg) -> None:
     except Exception as e:
         logger.warning("tpcost: could not compute the pass config (%s: %s); vLLM's defaults apply",
                        type(e).__name__, e)
+
+
+def _asynctp(pc) -> list:
+    """[AsyncTP on?, who chose] from the user's pass config, read before vLLM resolves it: fuse_gemm_comms as set,
+    and unset resolves to False at every optimisation level of vLLM 0.31 (config/vllm.py IS_DENSE = False)."""
+    if pc.fuse_gemm_comms is True:
+        return [True, "user: fuse_gemm_comms = true"]
+    if pc.fuse_gemm_comms is False:
+        return [False, "user: fuse_gemm_comms = false"]
+    return [False, "fuse_gemm_comms unset, which vLLM 0.31 resolves to false"]
 
 
 def _vllm_version(has_sp: bool) -> list[int]:
@@ -169,11 +180,12 @@ def _plan(inputs: dict) -> dict:
         from costmodel.workload import read_workload
 
         workload = read_workload(os.environ["TPCOST_WORKLOAD"])
+    asynctp, choice = inputs.get("asynctp") or [None, "decided"]
     r = recommend(prof, shape, inputs["tp"], inputs["dtype"], inputs["max_tokens"], workload=workload,
                   vllm_version=tuple(inputs["vllm_version"]),
                   user_fuse_allreduce_rms=inputs["fuse_allreduce_rms"],
                   user_fi_max_mb=inputs["fi_allreduce_fusion_max_size_mb"],
-                  cudagraph_max_tokens=inputs.get("cudagraph_max_tokens"))
+                  cudagraph_max_tokens=inputs.get("cudagraph_max_tokens"), asynctp=asynctp, asynctp_choice=choice)
     sets, said = [], []
     if inputs["want_fi"] and r.fusion is not None and r.fusion.why == "decided":
         if r.fusion.tokens == 0:
@@ -188,15 +200,16 @@ def _plan(inputs: dict) -> dict:
     if inputs["want_sp"]:
         if r.enable:
             sets.append(("sp_min_token_num", r.cutoff_tokens))
-            said.append(f"sp_min_token_num={r.cutoff_tokens} (predicted SP+AsyncTP speedup {r.speedup_at_cutoff:.3f}x "
-                        f"at the cutoff, {r.speedup_at_max_tokens:.3f}x at {r.max_num_batched_tokens} tokens; "
-                        f"{r.saving_line()})")
+            said.append(f"sp_min_token_num={r.cutoff_tokens} ({r.schedule_name}, AsyncTP {choice}; predicted speedup "
+                        f"{r.speedup_at_cutoff:.3f}x at the cutoff, {r.speedup_at_max_tokens:.3f}x at "
+                        f"{r.max_num_batched_tokens} tokens; {r.saving_line()})")
         else:
-            # no gain predicted up to max_num_batched_tokens: SP would only cost (full graphs, padding), so turn
+            # no gain predicted below max_num_batched_tokens: SP would only cost (full graphs, padding), so turn
             # it off the way vLLM does when its own table has no value (docs/vllm-plugin.md)
             sets += [("enable_sp", False), ("fuse_gemm_comms", False)]
-            said.append(f"SP+AsyncTP disabled: never predicted to gain up to {r.max_num_batched_tokens} tokens "
-                        f"({r.speedup_at_max_tokens:.3f}x there); set pass_config.sp_min_token_num to force it")
+            what = "SP alone" if asynctp is False else "SP+AsyncTP" if asynctp else "SP+AsyncTP nor SP alone"
+            said.append(f"SP disabled ({what}, AsyncTP {choice}): no threshold below {r.max_num_batched_tokens} "
+                        f"tokens is predicted to gain; set pass_config.sp_min_token_num to force it")
     return {"set": sets, "said": said, "profile_name": r.profile_name, "profile_tier": r.profile_tier}
 
 

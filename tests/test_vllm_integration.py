@@ -195,3 +195,23 @@ def test_emitted_sp_threshold_is_one_vllm_realises(capsys, tmp_path):
         assert c is None or c < b["max_num_batched_tokens"], (pc, b)  # never the unrealisable budget itself
         runs_somewhere.append(vllm_runs)
     assert runs_somewhere[0] and runs_somewhere[1] and not runs_somewhere[2]
+
+
+def test_plugin_decides_sp_alone_when_asynctp_is_off(scenarios, capsys):
+    """{"enable_sp": true, "fuse_gemm_comms": false} and {"enable_sp": true} alone (vLLM 0.31 resolves an unset
+    fuse_gemm_comms to false): the plugin sets whatif's SP-alone cutoff, leaves AsyncTP off, and says "SP alone"."""
+    res, log = scenarios[0], scenarios[1]
+    mb = res["sp_alone_explicit_tp4"]["fi_allreduce_fusion_max_size_mb"]
+    argv = ["whatif", "--gpu", "h100-sxm", "--model", MODEL, "--tp", "4", "--max-num-batched-tokens", "8192",
+            "--no-band", "--json"] + ([] if mb is None else ["--fi-allreduce-fusion-max-size-mb", repr(mb)])
+    assert main(argv) == 0
+    sp_alone = json.loads(capsys.readouterr().out)["sp_cutoff_tokens"]
+    for key in ("sp_alone_explicit_tp4", "sp_alone_unset_tp4"):
+        got = res[key]
+        assert got["fuse_gemm_comms"] is False, key
+        if sp_alone is None:
+            assert got["enable_sp"] is False and got["sp_min_token_num"] is None, key
+        else:
+            assert got["enable_sp"] is True and got["sp_min_token_num"] == sp_alone, key
+    assert "SP alone, AsyncTP user: fuse_gemm_comms = false" in log or "SP disabled (SP alone" in log
+    assert "fuse_gemm_comms unset, which vLLM 0.31 resolves to false" in log

@@ -75,6 +75,9 @@ del os.environ["TPCOST_PLUGIN_FAIL_FOR_TEST"]
 os.environ["TPCOST_DISABLE"] = "1"
 out["disabled_tp2"] = build(2, sp_on)
 del os.environ["TPCOST_DISABLE"]
+# SP without AsyncTP: fuse_gemm_comms false, or unset (vLLM 0.31 resolves it to false): the SP-alone cutoff
+out["sp_alone_explicit_tp4"] = build(4, {"pass_config": {"enable_sp": True, "fuse_gemm_comms": False}})
+out["sp_alone_unset_tp4"] = build(4, {"pass_config": {"enable_sp": True}})
 # `tpcost vllm-config --format json` outputs handed to vLLM's own CompilationConfig
 out["vllm_config_json_accepted"] = accepted(sys.argv[2:])
 print("RESULT " + json.dumps(out))

@@ -39,6 +39,19 @@ def fraction(name, lo=0.0, hi=1.0):
     return parse
 
 
+def probability(name):
+    """argparse type: a finite float in [0, 1]."""
+    def parse(s):
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: {s!r} is not a number") from None
+        if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+            raise argparse.ArgumentTypeError(f"{name} must be a number in [0, 1], got {s}")
+        return v
+    return parse
+
+
 tokens_arg = bounded_int("token count", 1, MAX_TOKENS, f"at most 2^20 = {MAX_TOKENS} points fit a sweep in memory")
 
 
@@ -58,7 +71,10 @@ def add_shape_args(p, gpu_help="built-in GPU profile name, a profile .toml path,
                    help="risk premium on the overlapped schedule's time in the cutoff decision, in [0, 1) (default 0.02)")
     p.add_argument("--fi-allreduce-fusion-max-size-mb", type=fraction("--fi-allreduce-fusion-max-size-mb", 0.0, 1e6),
                    metavar="MB", help="vLLM's PassConfig value to predict with (0: fuse_allreduce_rms off; default: "
-                   "vllm-config decides it, whatif uses vLLM's own table)")
+                   "decided, the same way by whatif and vllm-config)")
+    p.add_argument("--min-confidence", type=probability("--min-confidence"), default=0.8, metavar="P",
+                   help="move one of vLLM's defaults (the fusion range) only when the change helps in at least this "
+                        "share of the profile's Monte Carlo draws, in [0, 1] (default 0.8)")
     p.add_argument("--workload", metavar="FILE", help="your traffic: a scrape of vLLM's /metrics "
                    "(vllm:iteration_tokens_total) or a CSV num_tokens,count (default: uniform over the multiples of tp)")
     p.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE",

@@ -77,7 +77,8 @@ def cmd_vllm_config(args) -> int:
     r = recommend(prof, shape, args.tp, args.dtype, args.max_num_batched_tokens, args.margin, args.seq_len,
                   workload=workload, vllm_version=version,
                   user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
-                  cudagraph_max_tokens=cudagraph_arg(args), draft_hidden_size=args.draft_hidden_size)
+                  cudagraph_max_tokens=cudagraph_arg(args), draft_hidden_size=args.draft_hidden_size,
+                  min_confidence=args.min_confidence)
     _emit(args, {"pass_config": r.pass_config()}, None)
     print(f"tpcost: config for vLLM {version[0]}.{version[1]} ({how})", file=sys.stderr)
     for line in explain(r):
@@ -99,16 +100,11 @@ def _emit(args, cc: dict, switch) -> None:
         print(f"compilation_config={cc!r}")
 
 
-def kernel_model_config(args, cfg, name, where, version, how) -> int:
-    """vllm-config for a model that runs vLLM's fused kernel: the fusion range and (--kernel-op) the switch, from its
-    call sites (costmodel.kernel_sites); its forward is not modelled, so the flags only a forward reads are refused."""
+def _kernel_parallel_args(args, km, name):
+    """The parallel setup of a kernel model's vllm-config, refusing in one line the flags only a forward reads."""
     from costmodel.errors import TpcostError
-    from costmodel.kernel_sites import Parallel, read_kernel_model
-    from costmodel.profile import parse_set, recording, with_overrides
+    from costmodel.kernel_sites import Parallel
 
-    from integration.recommend import fusion_lines, kernel_model_config as decide, kernel_switch_lines
-
-    km = read_kernel_model(cfg, name, where)
     for flag, bad in (("--dtype", args.dtype != "bf16"), ("--seq-len", args.seq_len != 1024),
                       ("--cudagraph-max-tokens", args.cudagraph_max_tokens is not None),
                       ("--enforce-eager", args.enforce_eager)):
@@ -128,9 +124,22 @@ def kernel_model_config(args, cfg, name, where, version, how) -> int:
         raise TpcostError(f"--tp {args.tp}: the fused kernel needs 1 < tp <= 16 (gemm_rs_ar maybe_init_gemm_rs_ar)")
     if km.hidden % args.tp:
         raise TpcostError(f"hidden size {km.hidden} of {name} is not divisible by tp={args.tp}")
-    par = Parallel(args.tp, args.pipeline_parallel_size or 1, args.data_parallel_size or 1,
-                   bool(args.enable_expert_parallel), args.moe_backend or "auto", args.all2all_backend or "",
-                   bool(args.shard_sp_shared_expert))
+    return Parallel(args.tp, args.pipeline_parallel_size or 1, args.data_parallel_size or 1,
+                    bool(args.enable_expert_parallel), args.moe_backend or "auto", args.all2all_backend or "",
+                    bool(args.shard_sp_shared_expert))
+
+
+def kernel_model_config(args, cfg, name, where, version, how) -> int:
+    """vllm-config for a model that runs vLLM's fused kernel: the fusion range and (--kernel-op) the switch, from its
+    call sites (costmodel.kernel_sites); its forward is not modelled, so the flags only a forward reads are refused."""
+    from costmodel.errors import TpcostError
+    from costmodel.kernel_sites import read_kernel_model
+    from costmodel.profile import parse_set, recording, with_overrides
+
+    from integration.recommend import fusion_lines, kernel_model_config as decide, kernel_switch_lines
+
+    km = read_kernel_model(cfg, name, where)
+    par = _kernel_parallel_args(args, km, name)
     if args.gpu == "auto":
         from costmodel.profile import detect_profile_name
 
@@ -146,8 +155,10 @@ def kernel_model_config(args, cfg, name, where, version, how) -> int:
     traced, reads = recording(prof)
     kw = dict(max_num_batched_tokens=args.max_num_batched_tokens, margin=args.margin, workload=workload,
               vllm_version=version, user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
-              draft_hidden_size=args.draft_hidden_size)
-    d = decide(traced if overrides else prof, km, par, args.kernel_op, **kw)
+              draft_hidden_size=args.draft_hidden_size, min_confidence=args.min_confidence)
+    if overrides:  # what the decision reads (the confidence draws read every key: left out of the trace)
+        decide(traced, km, par, args.kernel_op, **{**kw, "min_confidence": 0.0})
+    d = decide(prof, km, par, args.kernel_op, **kw)
     for key in overrides:
         if key not in reads and key not in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s"):
             raise TpcostError(f"--set {key}: no effect for {name} at tp={args.tp} (the fused kernel and the fusion "

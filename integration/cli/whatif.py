@@ -18,7 +18,7 @@ def _fmt_ms(x):
 
 
 def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
-    from costmodel.analysis import analyse, analysis_json
+    from costmodel.analysis import analysis_json
 
     if args.plot:
         from costmodel.io import check_output_path
@@ -27,11 +27,25 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     prof, shape = resolve_inputs(args)
     if args.ops is not None:
         return _print_ops(prof, shape, args)
-    a = analyse(prof, shape, args.tp, args.dtype, seq_len=args.seq_len,
-                max_num_batched_tokens=args.max_num_batched_tokens, margin=args.margin, band=not args.no_band,
-                tokens=args.tokens, workload=load_workload_arg(args), fi_max_bytes=fi_max_bytes_arg(args),
-                cudagraph_max_tokens=cudagraph_arg(args), vllm_version=vllm_version_arg(args))
+    from integration.recommend import fusion_lines, recommend
+
+    version = vllm_version_arg(args) or (0, 31)
+    mb = args.fi_allreduce_fusion_max_size_mb
+    r = recommend(prof, shape, args.tp, args.dtype, args.max_num_batched_tokens, args.margin, args.seq_len,
+                  workload=load_workload_arg(args), vllm_version=version,
+                  user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
+                  cudagraph_max_tokens=cudagraph_arg(args), band=not args.no_band, tokens=args.tokens,
+                  min_confidence=args.min_confidence)  # vllm-config's decision path: the same answer
+    a = r.analysis
     out = analysis_json(a)
+    f = r.fusion
+    out["fusion_range"] = None if f is None else {"tokens": f.tokens, "mb": f.mb, "why": f.why,
+                                                  "vllm_default_tokens": f.vllm_default_tokens,
+                                                  "confidence": f.confidence}
+    out["vllm_version"] = list(version)
+    if not r.has_sp:  # vLLM >= 0.32: no SP pass, so no SP threshold to show
+        out.update(cutoff_tokens=None, sp_cutoff_tokens=None, cutoff_band_tokens=None, decided_schedule=None,
+                   decided_threshold_tokens=None, sp_passes=False)
     if args.plot:
         from costmodel.plot import plot_whatif
 
@@ -50,12 +64,19 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     def cell(x, fmt):
         return "n/a" if x is None else fmt(x)
 
-    for r in out["rows"]:
-        mark = "  <- cutoff" if r["num_tokens"] == a.cutoff_tokens else ""
-        print(f"{r['num_tokens']:9d} {_fmt_ms(r['t_tp_s'])} {cell(r['t_sp_s'], _fmt_ms):>10} "
-              f"{cell(r['t_sp_asynctp_s'], _fmt_ms):>16} {cell(r['speedup_sp'], '{:.3f}'.format):>11} "
-              f"{cell(r['speedup_sp_asynctp'], '{:.3f}'.format):>17}{mark}")
+    for row in out["rows"]:
+        mark = "  <- cutoff" if r.has_sp and row["num_tokens"] == a.cutoff_tokens else ""
+        print(f"{row['num_tokens']:9d} {_fmt_ms(row['t_tp_s'])} {cell(row['t_sp_s'], _fmt_ms):>10} "
+              f"{cell(row['t_sp_asynctp_s'], _fmt_ms):>16} {cell(row['speedup_sp'], '{:.3f}'.format):>11} "
+              f"{cell(row['speedup_sp_asynctp'], '{:.3f}'.format):>17}{mark}")
     print("(times per forward pass; speedup = t_tp / t_schedule)")
+    for line in fusion_lines(f, prof.name, args.tp):
+        print(line.removeprefix("tpcost: "))
+    if not r.has_sp:
+        print(f"\nvLLM {version[0]}.{version[1]} has no SP/AsyncTP passes (removed in 0.32): no SP threshold to decide; "
+              "the SP columns are what vLLM 0.31 would run")
+        _notes_and_provenance(a, prof)
+        return 0
     for sched, why in a.table.unavailable.items():
         print(f"\n{sched}: {why}")
     band = a.cutoff_band_tokens
@@ -70,6 +91,9 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
         print("  the same decision with each histogram bucket spread otherwise: " +
               ", ".join(f"{k} {never(v)}" for k, v in a.cutoff_by_spread.items()))
     print(f"cutoff (SP alone): {a.sp_cutoff_tokens if a.sp_cutoff_tokens is not None else 'never (null)'}")
+    print(f"decided: {r.schedule_name}" + (f" from {r.cutoff_tokens} tokens" if r.cutoff_tokens is not None else "")
+          + " (the schedule with the least expected forward time at its own cutoff, premium included; what "
+            "vllm-config emits)")
     vd = a.vllm_default_tokens
     why_off = ("SP off (vLLM turns SP off at tp 1)" if args.tp < 2 else
                "SP off (its table covers sm90/sm100 with hidden >= 8192 and XPU with hidden >= 4096)")
@@ -98,6 +122,11 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
               "t_tp - t_sp+async):")
         for k, v in a.breakdown_at_cutoff.items():
             print(f"  {k[:-2]:24s} {v * 1e3:+9.3f}")
+    _notes_and_provenance(a, prof)
+    return 0
+
+
+def _notes_and_provenance(a, prof) -> None:
     for n in a.table.notes:
         print(f"note: {n}")
     if a.memory and a.memory.get("note"):
@@ -105,7 +134,6 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     from costmodel.analysis import provenance_line
 
     print("\n" + provenance_line(prof))
-    return 0
 
 
 def _print_ops(prof, shape, args) -> int:
@@ -152,7 +180,8 @@ def register(sub) -> None:
                    help="instead of the sweep: every op of each schedule at N tokens with its time, achieved rate, bound "
                         "and formula")
     w.add_argument("--vllm-version", metavar="X.Y", help="whose all-reduce dispatch tables the plain-TP arm uses "
-                   "(default 0.31, the last version with the SP passes; costmodel/vllm_tables.py)")
+                   "(default 0.31, the last version with the SP passes; costmodel/vllm_tables.py); from 0.32 on there "
+                   "is no SP threshold to decide, only the fusion range")
     w.add_argument("--tokens", type=tokens_arg, nargs="+", metavar="N",
                    help="token counts for the table (default: powers of two to 65536, plus the cutoff)")
     w.set_defaults(func=cmd_whatif)
