@@ -335,8 +335,17 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     memory = memory_fit(profile, shape, tp, dtype)
     return Analysis(profile, shape, tp, dtype, seq_len, max_num_batched_tokens, margin, cut, sp_cut, band_v,
                     table, bd, grid, pred.speedup_sp_asynctp, sens, vllm_default, value, pred.asynctp_available,
-                    "uniform over the multiples of tp" if workload is None else workload.name, by_spread, memory,
+                    "uniform over the multiples of tp" if workload is None else _workload_text(workload, max_num_batched_tokens),
+                    by_spread, memory,
                     resolution, kw, sp_value, pred.speedup("sp"))
+
+
+def _workload_text(workload: Any, budget: int) -> str:
+    """The workload's name, with the line on its chunked steps where it has steps above the budget."""
+    from .workload import chunked_note
+
+    note = chunked_note(workload, budget)
+    return workload.name + ("" if note is None else f"; {note}")
 
 
 def memory_fit(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str) -> dict:

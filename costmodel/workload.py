@@ -128,8 +128,10 @@ def read_workload(path: str) -> Workload:
 
 def grid_weights(w: Workload, grid: np.ndarray, spread: str = "uniform") -> np.ndarray:
     """The workload as weights on a sorted grid of token counts (sum 1): a step of n tokens counts at the first
-    grid point >= n (the padded step on a grid of multiples of tp); steps above the grid's top count at the top
-    (vLLM never runs more than max_num_batched_tokens per step). A histogram bucket (lo, hi] is spread over the
+    grid point >= n (the padded step on a grid of multiples of tp); a point of n tokens above the grid's top (the
+    budget) is what vLLM runs as ceil(n / budget) chunked steps: floor(n / budget) at the top and the rest where it
+    lands (chunked_note says so); histogram buckets above the top count at the top (vLLM's own histogram never
+    records a step above the budget). A histogram bucket (lo, hi] is spread over the
     token counts inside it ("uniform"), or put at its top ("upper") or bottom ("lower") grid point."""
     if spread not in SPREADS:
         raise TpcostError(f"unknown spread {spread!r}; one of {', '.join(SPREADS)}")
@@ -141,8 +143,15 @@ def grid_weights(w: Workload, grid: np.ndarray, spread: str = "uniform") -> np.n
     def index(n):
         return int(min(top, np.searchsorted(grid, n, side="left")))
 
+    budget = float(grid[-1])
     for n, c in w.points:
-        out[index(n)] += c
+        if n > budget:  # vLLM runs it as ceil(n / budget) chunked steps: the full ones at the budget, then the rest
+            full, rest = divmod(n, budget)
+            out[top] += c * full
+            if rest:
+                out[index(rest)] += c
+        else:
+            out[index(n)] += c
     for lo, hi, c in w.buckets:
         hi_eff = min(hi, grid[-1])
         lo_eff = min(lo, grid[-1] - 1)
@@ -160,3 +169,12 @@ def grid_weights(w: Workload, grid: np.ndarray, spread: str = "uniform") -> np.n
     if total <= 0:
         raise TpcostError(f"{w.name}: no steps within the grid")
     return out / total
+
+
+def chunked_note(w: Workload, budget: int) -> str | None:
+    """One line on the workload's steps above the token budget (grid_weights weights them as chunked steps)."""
+    above = sum(c for n, c in w.points if n > budget)
+    if not above:
+        return None
+    return (f"{above:g} of {w.total:g} steps exceed max_num_batched_tokens {budget}: each counted as the ceil(n/{budget}) "
+            "chunked steps vLLM runs")

@@ -407,8 +407,7 @@ def kernel_switch(profile, sites, tp: int, op: str, max_num_batched_tokens: int 
         w = grid_weights(workload, n_tok)
         above = sum(c for n, c in workload.points if n > max_num_batched_tokens) + \
             sum(c for lo, _, c in workload.buckets if lo >= max_num_batched_tokens)
-        total = sum(c for _, c in workload.points) + sum(c for _, _, c in workload.buckets)
-        share = float(above / total) if total else 0.0
+        share = float(above / workload.total) if workload.total else 0.0
     else:
         w, share = np.full(n_tok.size, 1.0 / n_tok.size), 0.0
     runs = n_tok >= KERNEL_MIN_M
@@ -458,8 +457,8 @@ def kernel_switch_lines(ks: KernelSwitch) -> list[str]:
         lines.append(f"tpcost: unfused arm priced with FlashInfer's all-reduce+RMSNorm fused up to {ks.fi_tokens} tokens "
                      "(the range emitted above); the kernel's all-reduce is invisible to that fusion pass")
     if ks.steps_above_budget:
-        lines.append(f"tpcost: {ks.steps_above_budget:.1%} of the workload's steps exceed max_num_batched_tokens; vLLM "
-                     "runs them as chunks of the budget, counted at the budget")
+        lines.append(f"tpcost: {ks.steps_above_budget:.1%} of the workload's steps exceed max_num_batched_tokens; each "
+                     "counted as the ceil(n/budget) chunked steps vLLM runs")
     lines.append(f"tpcost: run: {ks.env}={int(ks.set_on)} vllm serve ...")
     return lines
 

@@ -91,3 +91,21 @@ def test_malformed_workload_one_line(tmp_path, one_line_error, text, needle):
     f = tmp_path / "w.txt"
     f.write_text(text)
     one_line_error("whatif", "--no-band", "--workload", str(f), needle=needle)
+
+
+def test_steps_above_the_budget_are_chunked(capsys, tmp_path):
+    """A step of 20000 tokens at budget 8192 is what vLLM runs as 8192 + 8192 + 3616: three steps, two at the top
+    and one where 3616 lands; the output says so in one line, never clamping it silently."""
+    from costmodel.workload import Workload, chunked_note
+
+    w = Workload("w", points=((64, 100.0), (20000, 10.0)))
+    g = token_grid(4, 8192)
+    weights = grid_weights(w, g)
+    assert weights[-1] == pytest.approx(20 / 130) and weights[3616 // 4 - 1] == pytest.approx(10 / 130)
+    assert weights[15] == pytest.approx(100 / 130)
+    assert "10 of 110 steps exceed max_num_batched_tokens 8192" in chunked_note(w, 8192)
+    assert chunked_note(Workload("w", points=((64, 1.0),)), 8192) is None
+    f = tmp_path / "w.csv"
+    f.write_text("num_tokens,count\n64,100\n20000,10\n")
+    assert main(["whatif", "--no-band", "--workload", str(f)]) == 0
+    assert "each counted as the ceil(n/8192) chunked steps vLLM runs" in capsys.readouterr().out
