@@ -41,7 +41,7 @@ def main():
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prof = out / "profile.toml"
-    model = "calib/models/cpu-tiny.json"
+    model = "cpu-tiny"
     cmds = [["calibrate", "--device", "cpu", "--nproc", str(a.nproc), "--budget-s", str(a.budget_s), "--out", str(prof),
              "--force", "--name", "cpu-gloo-w2"],
             ["validate", "--gpu", str(prof), "--model", model, "--device", "cpu", "--nproc", str(a.nproc),

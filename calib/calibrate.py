@@ -20,7 +20,7 @@ PLANS = {  # what each backend measures; sizes from the models' per-rank shapes
     "cpu": dict(gemm_rows=[1, 16, 64, 256, 1024, 2048], chunk_rows=[512, 2048], mem=[4**i * 4 * KiB for i in range(6)],
                 coll=[4**i * KiB for i in range(9)], fused_ms=[256, 1024, 2048], warmup_s=0.005, rep_s=0.05),
 }
-CPU_MODEL = str(Path(__file__).parent / "models" / "cpu-tiny.json")
+CPU_MODEL = "cpu-tiny"  # built-in (costmodel/models/cpu-tiny.json): the CPU calibration fixture, hidden 512
 
 
 def rank_shapes(model_names, world):
@@ -239,7 +239,7 @@ def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgete
     rows = [op_csv_header()]
     for r in records:
         if r["kind"] == "fused_op":
-            rows.append(f"{out},{world},{r['op']},{r['dtype']},{r['m']},{r['n']},{r['k']},"
+            rows.append(f"{os.path.relpath(out, ops_path.parent)},{world},{r['op']},{r['dtype']},{r['m']},{r['n']},{r['k']},"
                         f"{r['baseline_s'] * 1e6:.3f},{r['overlap_s'] * 1e6:.3f},"
                         f"tpcost calibrate {r['impl']} {prov['host']} {prov['date']}")
     atomic_write_text(ops_path, "\n".join(rows) + "\n")

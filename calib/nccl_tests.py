@@ -31,6 +31,10 @@ _HEADER = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s
 _VERSION = re.compile(r"NCCL version\s+([\d.]+)")
 
 
+_OUT_OF_BOUNDS = re.compile(r"Out of bounds values\s*:\s*(\d+)")
+BUSBW_OVER_LINK_MAX = 1.5  # NVLS all-reduce measures up to ~1.07x the per-direction link (MLENG_AR_8xH200 at 16 GiB)
+
+
 def parse_nccl_tests(text: str, where: str) -> dict:  # noqa: C901 (one pass over the log; a branch per line kind)
     """{op, ranks, hosts, gpu, nccl, rows: [(size_bytes, time_s)]} of one nccl-tests log; one-line errors."""
     header = None
@@ -54,6 +58,10 @@ def parse_nccl_tests(text: str, where: str) -> dict:  # noqa: C901 (one pass ove
         m = _VERSION.search(line)
         if m:
             nccl = m.group(1)
+        m = _OUT_OF_BOUNDS.search(line)
+        if m and (int(m.group(1)) or "FAILED" in line.upper()):
+            raise TpcostError(f"{where}:{i}: nccl-tests marked this run failed ({line.strip().lstrip('# ')}); a failed "
+                              "run is not a calibration")
         if line.lstrip().startswith("#"):
             low = line.lower()
             if "redop" in low and "time" in low:
@@ -77,13 +85,20 @@ def parse_nccl_tests(text: str, where: str) -> dict:  # noqa: C901 (one pass ove
             raise TpcostError(f"{where}:{i}: size, count and time must be positive")
         if dtype not in ELEM_BYTES:
             raise TpcostError(f"{where}:{i}: unknown data type {cells[2]!r}")
+        if layout == "root":  # the #wrong columns of both halves: nccl-tests' own check of the results
+            wrong = [c for c in (cells[8:9] + cells[12:13]) if c.isdigit() and int(c) > 0]
+            if wrong:
+                raise TpcostError(f"{where}:{i}: nccl-tests counted {wrong[0]} wrong values at size {size}; a failed "
+                                  "run is not a calibration")
         rows.append((size, count, ELEM_BYTES[dtype], redop, t_us * 1e-6))
     if header is None:
         raise TpcostError(f"{where}: no '# nThread ... nGpus ... minBytes ... maxBytes' header: not nccl-tests output")
     if not ranks:
         raise TpcostError(f"{where}: no '#  Rank ... device ...' lines: cannot tell the rank count")
-    if len(rows) < 3:
-        raise TpcostError(f"{where}: {len(rows)} data rows; the fit needs at least 3 sizes")
+    sizes = {r[0] for r in rows}
+    if len(sizes) < 3:
+        raise TpcostError(f"{where}: {len(rows)} data rows of {len(sizes)} message size(s); the fit needs at least 3 "
+                          "distinct sizes to separate latency from bandwidth")
     world = len(ranks)
     ops = set()
     for size, count, elem, redop, _ in rows:
@@ -117,6 +132,18 @@ def run(args) -> int:
     check_output_path(out, args.force, "--out", protect=(args.source, *args.from_nccl_tests))
     base = load_profile(args.source)
     logs = [parse_nccl_tests(read_text(f, "nccl-tests log"), str(f)) for f in args.from_nccl_tests]
+    seen: dict[tuple, str] = {}
+    for log in logs:
+        key = (log["op"], log["ranks"])
+        if key in seen:
+            raise TpcostError(f"{log['file']} and {seen[key]} are both nccl_{log['op']} on {log['ranks']} ranks: give "
+                              "one log per collective and rank count (the profile holds one entry each)")
+        seen[key] = log["file"]
+        domain = int(base.interconnect.domain_size)
+        if log["hosts"] > 1 and (log["ranks"] > domain or domain <= 8):
+            raise TpcostError(f"{log['file']}: its {log['ranks']} ranks run on {log['hosts']} hosts, outside one NVLink "
+                              f"domain of {base.name} ({domain} GPUs): tpcost's tp entries are collectives inside one "
+                              "domain")
     values: dict[str, float] = {}
     provs: dict[str, Provenance] = {}
     fitted = []
@@ -127,6 +154,11 @@ def run(args) -> int:
         lat, bw = params.get("latency_s"), params.get("bus_bw_bytes_per_s")
         if bw is None:
             raise TpcostError(f"{log['file']}: the sizes do not pin down a bus bandwidth (no large messages?)")
+        link = float(base.interconnect.link_bw_bytes_per_s)
+        if bw["value"] > BUSBW_OVER_LINK_MAX * link:
+            raise TpcostError(f"{log['file']}: fitted busBW {bw['value'] / 1e9:.0f} GB/s is above {BUSBW_OVER_LINK_MAX:g}x "
+                              f"{base.name}'s link ({link / 1e9:.0f} GB/s per direction; NVLS in-switch reduction "
+                              "reaches ~1.1x): a log of other hardware, or the wrong --from")
         source = (f"calibrated: nccl-tests {Path(log['file']).name} ({log['gpu']}, {log['ranks']} ranks on "
                   f"{log['hosts']} host(s), NCCL {log['nccl'] or 'version not printed'}); alpha-beta fit, "
                   f"rms log residual {res.get('rms_log_residual', 0):.3f} over {len(recs)} sizes")

@@ -130,8 +130,10 @@ def worker(args) -> None:
     from costmodel.evaluate import model_csv_header
 
     lines = [model_csv_header()]
+    beside = lambda x: os.path.relpath(x, out.parent) if Path(x).exists() else x  # noqa: E731 (evaluate: _beside)
+    gpu, model = beside(args.gpu), beside(args.model)
     for r in rows:
-        lines.append(f"{args.gpu},{world},{args.model},{dtype},{r['num_tokens']},{r['t_tp_s'] * 1e6:.3f},"
+        lines.append(f"{gpu},{world},{model},{dtype},{r['num_tokens']},{r['t_tp_s'] * 1e6:.3f},"
                      f"{r['t_sp_asynctp_s'] * 1e6:.3f},layer,tpcost validate {ops.kind} {prov['host']} {prov['date']}")
     out.parent.mkdir(parents=True, exist_ok=True)
     from costmodel.io import atomic_write_text

@@ -84,9 +84,13 @@ def _regret(choose_overlap: bool, base: float, over: float) -> float:
 
 
 def _int_cell(path, line, col, text):
-    """A cell that must hold a positive integer literal (no 4.0, NaN, inf, 1e400): the int, or exit 2."""
+    """A cell that must hold a positive integer: digits, or an integral decimal as pandas writes it (4.0); not NaN,
+    inf, 1e400 or a non-ASCII digit: the int, or exit 2."""
     t = text.strip()
-    if not t.isdigit():
+    whole, dot, frac = t.partition(".")
+    if dot and whole and frac.strip("0") == "":
+        t = whole
+    if not (t.isascii() and t.isdigit()):
         raise TpcostError(f"{path}:{line}: {col} {text!r} is not a positive integer")
     v = int(t)
     if v <= 0 or v > INT_LIMITS[col]:
@@ -168,6 +172,18 @@ def _need(r, *cols):
             raise _Skip(f"missing {c}")
 
 
+def _beside(name: str, csv_path: str) -> str:
+    """A relative file path in a CSV cell, resolved against the CSV's own directory when the file is there (what
+    calibrate and validate write), else as given (a built-in name, or a path from the working directory)."""
+    from pathlib import Path
+
+    p = Path(name)
+    if p.is_absolute() or not name:
+        return name
+    cand = Path(csv_path).parent / p
+    return str(cand) if cand.exists() else name
+
+
 def _profile(cache, name):
     from .profile import load_profile
 
@@ -245,7 +261,8 @@ def _model_groups(rows, profiles, models, skipped, path):
         where = f"{path}:{line}"
         try:
             _need(r, "baseline_us", "overlap_us", "hardware", "tp", "num_tokens", "model", "dtype")
-            prof = _profile(profiles, r["hardware"])
+            prof = _profile(profiles, _beside(r["hardware"], path))
+            r["model"] = _beside(r["model"], path)
             if r["model"] not in models:
                 try:
                     models[r["model"]] = load_model(r["model"])
@@ -324,7 +341,7 @@ def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
             for line, r in rows:
                 try:
                     _need(r, "baseline_us", "overlap_us", "hardware", "tp", "m", "op", "dtype")
-                    prof = _profile(profiles, r["hardware"])
+                    prof = _profile(profiles, _beside(r["hardware"], path))
                     eager = cudagraph_max_tokens is None or r["m"] > cudagraph_max_tokens
                     s_hat, hidden = predict_op_row(prof, r["op"], r["dtype"], r["tp"], r["m"], r["n"] or None,
                                                    r["k"] or None, eager=eager, impl=r.get("impl") or "torch",

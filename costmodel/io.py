@@ -27,7 +27,11 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
         size = p.stat().st_size
         if size > MAX_INPUT_BYTES:
             raise TpcostError(f"{what} {path} is {size / 2**20:.0f} MiB; at most {MAX_INPUT_BYTES // 2**20} MiB is accepted")
-        data = p.read_bytes()
+        with open(p, "rb") as fh:  # a device or pipe reports size 0: read at most the limit, whatever stat says
+            data = fh.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES:
+            raise TpcostError(f"{what} {path} holds more than {MAX_INPUT_BYTES // 2**20} MiB (not a regular file?); "
+                              "at most that is accepted")
     except OSError as e:
         raise TpcostError(f"cannot read {what} {path}: {e.strerror or e}") from None
     if b"\x00" in data:

@@ -159,7 +159,8 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     host_op = profile.asynctp.host_op_s
     H, L = spec.hidden, spec.num_layers
     h_rank, kv_rank, d, I_rank = spec.heads_per_rank, spec.kv_heads_per_rank, spec.head_dim, spec.intermediate_per_rank
-    notes: list[str] = []
+    notes: list[str] = [f"{shape.name}: config.json has no {d.split(' = ')[0]}; taken as Hugging Face does: {d}"
+                        for d in shape.defaults]
     unavailable = ops.fused_ops_available(profile, tp)
     sp_unavailable = None if tp >= 2 else "SP needs tp >= 2 (at tp 1 there is nothing to scatter)"
 

@@ -156,7 +156,12 @@ def analyse_op(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k:
         grid = np.concatenate([SMALL_M, grid])
     m_all = np.union1d(grid, np.asarray(list(extra_m), dtype=float))
     if impl == "torch" and np.any(m_all % tp):
-        raise TpcostError(f"--m: torch's fused ops split M into tp={tp} chunks; every M must be a multiple of tp")
+        bad = [int(x) for x in extra_m if x % tp]
+        if bad:
+            raise TpcostError(f"--m {bad[0]}: torch's fused ops split M into tp={tp} chunks; every M must be a "
+                              "multiple of tp")
+        raise TpcostError(f"--tp {tp}: torch's fused ops split M into tp chunks, and M runs over the multiples of "
+                          f"{M_STEP}, which {tp} does not divide; use a tp that divides {M_STEP}")
     cap = cudagraph_max_tokens_default(profile) if cudagraph_max_tokens is None else cudagraph_max_tokens
     spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm_version)
     f_all, u_all, unfused_impl, unfused_per_m = op_arms(profile, spec, m_all)

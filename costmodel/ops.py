@@ -86,11 +86,15 @@ class Hw:
                          hbm_bw_bytes_per_s=self.hbm_bw_bytes_per_s, tile_m=g.tile_m, tile_n=g.tile_n,
                          sm_count=p.identity.sm_count, launch_overhead_s=g.launch_overhead_s)
         self.gemm_in_bytes = mode.gemm_in_bytes
-        self.attention_efficiency = p.attention.efficiency
         self._memo: dict = {}
         self.rows_hint = rows_hint  # the largest row count this prediction will ask for (sizes the padded-row table)
         self._reps = None  # distinct padded row counts, shared by every GEMM of this prediction
         self._tables: dict = {}  # (n, k, fp8_ok) -> compute time over self._reps
+
+    @property
+    def attention_efficiency(self) -> Any:
+        """Read only when attention is timed (so --set knows what the model reads)."""
+        return self.p.attention.efficiency
 
     @property
     def asynctp(self) -> dict[str, Any]:

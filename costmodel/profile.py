@@ -509,6 +509,7 @@ def with_overrides(profile: HardwareProfile, values: Mapping[str, float],
     `interconnect.link_bw_bytes_per_s` scales every collective's bus bandwidth and the copy-engine pull
     bandwidth by new/old; `interconnect.latency_s` shifts every collective latency and the pull latency
     by new − old (floored at 0). A dependant also given explicitly keeps the explicit value."""
+    check_params(values, source)  # the keys as typed first: an error names what the user wrote, not a dependant
     derived: dict[str, Any] = {}
     current = profile.values()
     if "interconnect.link_bw_bytes_per_s" in values:
@@ -528,6 +529,20 @@ def with_overrides(profile: HardwareProfile, values: Mapping[str, float],
         values, Provenance(source, "assumed"))
 
 
+_SI_UNITS = (("_bytes_per_s", "bytes/s"), ("_flops_per_s", "FLOP/s"), ("_bytes", "bytes"), ("_s", "s"))
+
+
+def _si_hint(key: str, v: float, r: Any) -> str:
+    """'; did you mean 900e9 (values are SI: bytes/s)?' where a power of 1000 brings `v` into the range."""
+    unit = next((u for suffix, u in _SI_UNITS if key.endswith(suffix)), None)
+    if unit is None or v == 0:
+        return ""
+    for exp in (9, 12, 6, 3, -6, -9, -3, 15):
+        if r.contains(v * 10.0 ** exp):
+            return f"; did you mean {v:g}e{exp} (values are SI: {unit})?"
+    return ""
+
+
 def check_params(values: Mapping[str, Any], where: str) -> None:
     """One validation path for every profile value, run on load, after every override and on what calibration
     writes: finite, inside its plausible range (VALUE_RANGES), counts and tile sizes integers."""
@@ -543,7 +558,7 @@ def check_params(values: Mapping[str, Any], where: str) -> None:
         r = value_range(k)
         if not r.contains(fv):
             raise TpcostError(f"{where}: {k} = {fv:g} is outside its plausible range {r.text()} ({r.why}; "
-                              "docs/profiles.md)")
+                              f"docs/profiles.md){_si_hint(k, fv, r)}")
         if k in INTEGER_PARAMS and fv != int(fv):
             raise TpcostError(f"{where}: {k} = {fv:g} must be an integer")
 

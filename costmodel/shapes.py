@@ -33,6 +33,7 @@ class ModelShape:
     experts_per_token: int = 0
     moe_intermediate: int = 0
     quantization: str | None = None  # e.g. "fp8" from quantization_config.quant_method
+    defaults: tuple[str, ...] = ()  # fields config.json left out, filled as Hugging Face fills them (said in output)
 
     @property
     def is_moe(self) -> bool:
@@ -96,6 +97,9 @@ def shape_from_config(cfg: Mapping[str, Any], name: str, where: str | None = Non
                           "refusing rather than treating it as a dense llama")
     hidden = _int(cfg, "hidden_size", where)
     heads = _int(cfg, "num_attention_heads", where)
+    defaults = []
+    if cfg.get("num_key_value_heads") is None:  # transformers' Llama/Qwen2/Mistral configs: None -> attention heads
+        defaults.append(f"num_key_value_heads = num_attention_heads = {heads} (no grouped-query attention)")
     kv = _int(cfg, "num_key_value_heads", where, default=heads)
     if kv > heads or heads % kv:
         raise TpcostError(f"{where}: num_key_value_heads {kv} must divide num_attention_heads {heads}")
@@ -104,6 +108,7 @@ def shape_from_config(cfg: Mapping[str, Any], name: str, where: str | None = Non
             raise TpcostError(f"{where}: head_dim is not given and hidden_size {hidden} / num_attention_heads "
                               f"{heads} is not an integer")
         head_dim = hidden // heads
+        defaults.append(f"head_dim = hidden_size / num_attention_heads = {head_dim}")
     else:
         head_dim = _int(cfg, "head_dim", where)
     n_exp = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
@@ -118,6 +123,8 @@ def shape_from_config(cfg: Mapping[str, Any], name: str, where: str | None = Non
     moe_inter = cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") if n_exp else 0) or 0
     if n_exp:
         moe_inter = _int({"moe_intermediate_size": moe_inter}, "moe_intermediate_size", where)
+    if not n_exp and cfg.get("intermediate_size") is None:
+        raise TpcostError(f"{where}: config.json has no 'intermediate_size' (the dense MLP's width), and no experts")
     inter = cfg.get("intermediate_size") or moe_inter
     q = cfg.get("quantization_config")
     quant = q.get("quant_method") if isinstance(q, dict) else None
@@ -135,6 +142,7 @@ def shape_from_config(cfg: Mapping[str, Any], name: str, where: str | None = Non
         experts_per_token=int(top_k or 0) if n_exp else 0,
         moe_intermediate=int(moe_inter) if n_exp else 0,
         quantization=quant,
+        defaults=tuple(defaults),
     )
 
 

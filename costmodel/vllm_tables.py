@@ -13,6 +13,7 @@ version whose tables it used.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .errors import TpcostError
@@ -156,13 +157,20 @@ def version_delta(version: tuple[int, int] | None, capability: str, tp: int) -> 
     return {k: new.get(k) for k in set(old) | set(new) if old.get(k) != new.get(k)}
 
 
+OLDEST_SUPPORTED, LATEST_SUPPORTED = (0, 13), (0, 33)  # the range whose tables and rules this module carries
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?[A-Za-z0-9.+-]*)?")
+
+
 def parse_version(text: str) -> tuple[int, int]:
-    """'0.32', '0.32.0', '0.31.1+cpu' -> (0, 32) / (0, 31); one clear error otherwise."""
-    parts = text.strip().split("+")[0].split(".")
-    try:
-        major, minor = int(parts[0]), int(parts[1])
-    except (ValueError, IndexError):
-        raise TpcostError(f"--vllm-version {text!r}: expected MAJOR.MINOR, e.g. 0.31 or 0.33") from None
-    if major != 0 or not 13 <= minor <= 99:
-        raise TpcostError(f"--vllm-version {text!r}: tpcost supports vLLM 0.13 and later 0.x releases")
-    return major, minor
+    """'0.32', '0.32.0', '0.31.1+cpu', '0.33.0rc1' -> (0, 32) / (0, 31) / (0, 33); one clear error otherwise,
+    naming the supported range (OLDEST_SUPPORTED .. LATEST_SUPPORTED)."""
+    lo, hi = OLDEST_SUPPORTED, LATEST_SUPPORTED
+    rng = f"vLLM {lo[0]}.{lo[1]} - {hi[0]}.{hi[1]}"
+    m = _VERSION.fullmatch(text.strip()) if isinstance(text, str) else None
+    if m is None:
+        raise TpcostError(f"--vllm-version {text!r}: expected MAJOR.MINOR, e.g. 0.31 or 0.33 (supported: {rng})")
+    v = (int(m.group(1)), int(m.group(2)))
+    if not lo <= v <= hi:
+        raise TpcostError(f"--vllm-version {text!r}: tpcost supports {rng} (the dispatch tables and rules it carries, "
+                          "costmodel/vllm_tables.py)")
+    return v

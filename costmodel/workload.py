@@ -76,6 +76,8 @@ def parse_prometheus(text: str, where: str) -> Workload:
         if not (math.isfinite(v) and v >= 0) or not (le > 0):
             raise TpcostError(f"{where}:{i}: bucket counts must be finite and >= 0, bounds > 0")
         cum[le] = cum.get(le, 0.0) + v
+        if not math.isfinite(cum[le]):
+            raise TpcostError(f"{where}:{i}: the bucket counts sum to more than a float holds")
     if not cum:
         raise TpcostError(f"{where}: no {METRIC}_bucket samples (scrape vLLM's /metrics endpoint)")
     bounds = sorted(cum)
@@ -104,7 +106,7 @@ def parse_csv(text: str, where: str) -> Workload:
         if len(r) != 2:
             raise TpcostError(f"{where}:{i}: expected 2 cells, got {len(r)}")
         n, c = r[0].strip(), r[1].strip()
-        if not n.isdigit() or int(n) < 1:
+        if not (n.isascii() and n.isdigit()) or int(n) < 1:
             raise TpcostError(f"{where}:{i}: num_tokens {n!r} is not a positive integer")
         try:
             cv = float(c)
@@ -113,6 +115,9 @@ def parse_csv(text: str, where: str) -> Workload:
         if not math.isfinite(cv) or cv < 0:
             raise TpcostError(f"{where}:{i}: count must be finite and >= 0, got {c}")
         pts[int(n)] = pts.get(int(n), 0.0) + cv
+    if not math.isfinite(sum(pts.values())):
+        raise TpcostError(f"{where}: the counts sum to more than a float holds; scale them down (only their ratios "
+                          "matter)")
     if sum(pts.values()) <= 0:
         raise TpcostError(f"{where}: no steps counted")
     return Workload(name=f"{where} (num_tokens,count, {sum(pts.values()):g} steps)", points=tuple(sorted(pts.items())))

@@ -29,6 +29,18 @@ _OWN_PACKAGES = ("costmodel", "costmodel.profiles", "integration")
 _ON, _OFF = ("1", "on", "true", "yes", ""), ("0", "off", "false", "no")
 
 
+def env_flag(name: str) -> tuple[bool, str | None]:
+    """(is it set true, one line when the value is not a boolean) for a TPCOST_* on/off variable: 1/on/true/yes
+    and 0/off/false/no/empty, any case; anything else reads as unset (false) and is said."""
+    raw = os.environ.get(name)
+    v = (raw or "").strip().lower()
+    if v in _OFF or v == "":
+        return False, None
+    if v in _ON:
+        return True, None
+    return False, f"{name}={raw!r} is not 0/1, on/off, true/false or yes/no; read as unset"
+
+
 def setting_problem() -> str | None:
     """One line on a TPCOST_CACHE / TPCOST_CACHE_DIR value that cannot be meant (the cache is then off), else None."""
     v = os.environ.get("TPCOST_CACHE", "1").strip().lower()

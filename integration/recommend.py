@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.vllm_tables import parse_version as parse_vllm_version
+from costmodel.vllm_tables import LATEST_SUPPORTED, parse_version as parse_vllm_version
 
 MiB = 1024 * 1024
 
 
 FIRST_WITHOUT_SP = (0, 32)  # vLLM 0.32 removed the SP and AsyncTP passes and their PassConfig fields
-CURRENT_VLLM = (0, 33)  # the release current when this was written (2026-12): the default without vLLM here
+CURRENT_VLLM = LATEST_SUPPORTED  # the release current when this was written (2026-12): the default without vLLM here
 
 
 def installed_vllm_version() -> tuple[tuple[int, int] | None, str]:
@@ -35,7 +35,7 @@ def installed_vllm_version() -> tuple[tuple[int, int] | None, str]:
 def resolve_vllm_version(explicit: str | None) -> tuple[tuple[int, int], str, bool]:
     """(version, how it was chosen, was it a default) for vllm-config: --vllm-version, else the installed
     distribution, else the current release (said on stderr)."""
-    if explicit:
+    if explicit is not None:
         return parse_vllm_version(explicit), f"--vllm-version {explicit}", False
     v, how = installed_vllm_version()
     if v is not None:
@@ -223,7 +223,8 @@ def _fusion_confidence(profile, dtype: str, n, hidden: int, tp: int, w, tokens: 
     t_u = ops.unfused_all_reduce_norm_s(hd, n, hidden, tp, vllm_version)
     t_f, t_u = np.broadcast_arrays(t_f, t_u)
     cost = expected_time_by_threshold_s(t_f, t_u, w, 0.0)
-    return float(np.mean(cost[:, default_tokens] > cost[:, tokens]))
+    i_default, i_tokens = (min(max(c, 0), n.size) for c in (default_tokens, tokens))  # as decide_fusion's at()
+    return float(np.mean(cost[:, i_default] > cost[:, i_tokens]))
 
 
 def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int = 8192, margin: float = 0.02,

@@ -33,7 +33,12 @@ _SET_HERE: dict[str, str] = {}  # the kernel switches this process set (an expli
 def register() -> None:
     """Called by vLLM's load_general_plugins in every process that builds or receives a config."""
     try:
-        if os.environ.get("TPCOST_DISABLE", "") not in ("", "0"):
+        from .plugin_cache import env_flag
+
+        off, problem = env_flag("TPCOST_DISABLE")
+        if problem:
+            logger.warning("tpcost: %s", problem)
+        if off:
             logger.info("tpcost: disabled by TPCOST_DISABLE")
             return
         from vllm.config import VllmConfig
@@ -77,7 +82,9 @@ def _apply(cfg) -> None:
 
 def _apply_inner(cfg) -> None:
     try:
-        if os.environ.get("TPCOST_DISABLE", "") not in ("", "0"):
+        from .plugin_cache import env_flag
+
+        if env_flag("TPCOST_DISABLE")[0]:
             return
         if os.environ.get("TPCOST_PLUGIN_FAIL_FOR_TEST") == "1":
             raise RuntimeError("injected failure (TPCOST_PLUGIN_FAIL_FOR_TEST=1)")

@@ -138,7 +138,8 @@ def test_bounded_work(capsys, argv, needle, one_line_error):
 @pytest.mark.parametrize("text,needle", [
     (H.replace("tp,", "tp,tp,", 1) + ROW, "duplicate column 'tp'"),
     (H + ROW.strip() + ",extra\n", "11 cells for 10 columns"),
-    (H + ROW.replace(",8,", ",8.0,", 1), "tp '8.0' is not a positive integer"),
+    (H + ROW.replace(",8,", ",8.5,", 1), "tp '8.5' is not a positive integer"),
+    (H + ROW.replace(",8,", ",８,", 1), "tp '８' is not a positive integer"),  # a non-ASCII digit
     (H + ROW.replace(",4096,", ",nan,", 1), "m 'nan'"),
     (H + ROW.replace(",4096,", ",inf,", 1), "m 'inf'"),
     (H + ROW.replace(",4096,", ",1e400,", 1), "m '1e400'"),

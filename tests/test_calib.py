@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from integration.cli import main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = str(ROOT / "calib" / "models" / "cpu-tiny.json")
+TINY = "cpu-tiny"  # built-in: costmodel/models/cpu-tiny.json
 
 
 def test_cpu_loop_calibrate_whatif_validate_evaluate(tmp_path, capsys):

@@ -80,7 +80,7 @@ def test_profiles_and_models(capsys):
                      "l40s", "mi300x"}
     rc, out, _ = run(capsys, "models", "--json")
     assert {m["name"] for m in json.loads(out)["models"]} == {"llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen2.5-32b",
-                                                    "qwen2.5-72b", "mistral-large-2"}
+                                                    "qwen2.5-72b", "mistral-large-2", "cpu-tiny"}
     rc, out, _ = run(capsys, "profiles", "--keys", "h100-sxm")
     assert rc == 0 and "gemm.max_efficiency" in out and "MLENG_MAMF" in out
 

@@ -13,7 +13,7 @@ def register(sub):
     c = sub.add_parser("calibrate", help="microbenchmark this machine and write a profile (torchrun for GPUs)")
     c.add_argument("--out", default="tpcost-calibrated.toml", help="profile to write (default tpcost-calibrated.toml)")
     c.add_argument("--budget-s", type=float, default=480.0, help="stop starting new phases after this (default 480)")
-    c.add_argument("--models", nargs="+", help="models whose per-rank shapes size the benchmarks (default: built-in; CPU: calib/models/cpu-tiny.json)")
+    c.add_argument("--models", nargs="+", help="models whose per-rank shapes size the benchmarks (default: built-in; CPU: cpu-tiny)")
     c.add_argument("--name", help="profile name (default calibrated-<host>-<device>-w<world>)")
     c.add_argument("--force", action="store_true", help="replace an existing --out")
     c.add_argument("--from-nccl-tests", nargs="+", metavar="FILE", default=None,

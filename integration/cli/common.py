@@ -96,7 +96,7 @@ def add_regime_args(p) -> None:
 def vllm_version_arg(args) -> tuple[int, int] | None:
     """whatif --vllm-version X.Y as (major, minor); None: vLLM <= 0.31 (the version with the SP schedules)."""
     v = getattr(args, "vllm_version", None)
-    if not v:
+    if v is None:
         return None
     from costmodel.vllm_tables import parse_version
 

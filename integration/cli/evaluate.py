@@ -11,6 +11,9 @@ from costmodel.io import JSON_SCHEMA_VERSION, check_output_path, dumps_json
 from .common import add_regime_args, cudagraph_arg, vllm_version_arg
 
 
+LABEL_MAX = 110  # the row column's widest (a terminal); longer labels keep their tail
+
+
 def cmd_evaluate(args) -> int:
     if args.plot:
         check_output_path(args.plot, args.force, "--plot", protect=tuple(args.files))
@@ -28,10 +31,12 @@ def cmd_evaluate(args) -> int:
         summ["rows"] = [{**dataclasses.asdict(s), "abs_error": s.abs_error, "tie": s.tie} for s in scored]
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, **summ}, indent=2))
         return 0
-    print(f"{'row':60s} {'s meas':>7s} {'s pred':>7s} {'meas':>5s} {'pred':>5s} {'|err|':>6s} {'regret%':>8s} {'vLLM':>5s}")
+    width = min(max([len(s.label) for s in scored] + [3]), LABEL_MAX)
+    print(f"{'row':{width}s} {'s meas':>7s} {'s pred':>7s} {'meas':>5s} {'pred':>5s} {'|err|':>6s} {'regret%':>8s} {'vLLM':>5s}")
     yn = lambda b: "on" if b else "off"  # noqa: E731
-    for s in scored:
-        print(f"{s.label[:60]:60s} {s.s_measured:7.3f} {s.s_predicted:7.3f} {yn(s.verdict_measured):>5s} "
+    for s in scored:  # a label too long keeps its tail, where the rows differ (N, scope, baseline); --json has it whole
+        lab = s.label if len(s.label) <= width else "…" + s.label[-(width - 1):]
+        print(f"{lab:{width}s} {s.s_measured:7.3f} {s.s_predicted:7.3f} {yn(s.verdict_measured):>5s} "
               f"{yn(s.verdict_predicted):>5s} {s.abs_error:6.3f} {s.regret_pct:8.2f} {yn(s.vllm_verdict):>5s}")
     f = lambda v, fmt: "n/a" if v is None else format(v, fmt)  # noqa: E731
     print(f"\nrows scored {summ['rows_scored']}, skipped {summ['rows_skipped']}")

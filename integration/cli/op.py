@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from costmodel.errors import TpcostError
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
 from .common import (DEFAULT_GPU, MAX_TOKENS, add_regime_args, bounded_int, cudagraph_arg,
@@ -19,12 +20,23 @@ def cmd_op(args) -> int:
 
         args.gpu = detect_profile_name()
     prof = load_profile(args.gpu)
-    if args.set:
-        prof = with_overrides(prof, parse_set(args.set))
-    a = analyse_op(prof, args.op, args.impl, args.tp, args.n, args.k, args.dtype,
-                   calls_per_forward=args.calls_per_forward, max_num_batched_tokens=args.max_num_batched_tokens,
-                   margin=args.margin, workload=load_workload_arg(args), extra_m=args.m or (),
-                   vllm_version=vllm_version_arg(args), cudagraph_max_tokens=cudagraph_arg(args))
+    overrides = parse_set(args.set)
+    if overrides:
+        prof = with_overrides(prof, overrides)
+    kw = dict(calls_per_forward=args.calls_per_forward, max_num_batched_tokens=args.max_num_batched_tokens,
+              margin=args.margin, workload=load_workload_arg(args), extra_m=args.m or (),
+              vllm_version=vllm_version_arg(args), cudagraph_max_tokens=cudagraph_arg(args))
+    if overrides:  # a key this op does not read is refused, as whatif does (the band's draws read every key)
+        from costmodel.profile import DERIVED_FROM_LINK, recording
+
+        traced, reads = recording(prof)
+        analyse_op(traced, args.op, args.impl, args.tp, args.n, args.k, args.dtype, with_band=False, **kw)
+        rides = any(prof.provenance[k].source == DERIVED_FROM_LINK for k in reads if k in prof.provenance)
+        for key in overrides:
+            if key not in reads and not (rides and key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s")):
+                raise TpcostError(f"--set {key}: no effect on {args.op} ({args.impl}) at tp={args.tp} (the op does "
+                                  "not read it)")
+    a = analyse_op(prof, args.op, args.impl, args.tp, args.n, args.k, args.dtype, **kw)
     out = a.to_json()
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, **out}, indent=2))

@@ -44,6 +44,10 @@ def cmd_profiles(args) -> int:
 
     if args.new is not None:
         return _new_profile(args)
+    for flag, given in (("--from", args.source), ("--set", args.set), ("--out", args.out), ("--force", args.force)):
+        if given:
+            raise TpcostError(f"profiles {flag}: only --new NAME reads it (profiles --new NAME --from PROFILE "
+                              "[--set ...] --out FILE.toml)")
 
     rows: list[dict[str, Any]] = []
     for name in builtin_profile_names():
@@ -52,7 +56,13 @@ def cmd_profiles(args) -> int:
                      "compute_capability": p.identity.compute_capability,
                      "interconnect": p.kind, "tier": p.tier, "tier_counts": p.tier_counts()})
         if args.keys == name:
-            for k, value in sorted(p.values().items()):
+            items = sorted(p.values().items())
+            if args.json:
+                print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "profile": name, "keys": [
+                    {"key": k, "value": v, "tier": p.provenance[k].tier, "sigma_rel": p.provenance[k].sigma_rel,
+                     "source": p.provenance[k].source} for k, v in items]}, indent=2))
+                return 0
+            for k, value in items:
                 prm = p.provenance[k]
                 print(f"{k} = {value:g}  [{prm.tier}] {prm.source}")
             return 0

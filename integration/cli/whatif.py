@@ -24,6 +24,14 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
         from costmodel.io import check_output_path
 
         check_output_path(args.plot, args.force, "--plot")
+    if args.ops is not None:
+        from costmodel.errors import TpcostError
+
+        for flag, given in (("--plot", args.plot), ("--workload", args.workload), ("--tokens", args.tokens),
+                            ("--no-band", args.no_band), ("--min-confidence", args.min_confidence != 0.8)):
+            if given:
+                raise TpcostError(f"whatif --ops {args.ops}: {flag} belongs to the sweep, which --ops replaces by one "
+                                  "token count")
     prof, shape = resolve_inputs(args)
     if args.ops is not None:
         return _print_ops(prof, shape, args)
