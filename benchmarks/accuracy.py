@@ -88,6 +88,23 @@ def score_rows(rows: list[dict], kernel: bool = False) -> dict:
     return out
 
 
+def collective_results() -> dict:
+    """Every released 8-GPU all-reduce sweep scored by the NCCL regime fit: in-sample (with its harness offset) and
+    leave-one-source-out (the other sweeps' regimes, no offset; none where a GPU has one sweep)."""
+    from calib.nccl_fit import SWEEPS, fit_regimes, loso
+
+    out = {}
+    for gpu, sources in SWEEPS.items():
+        fit, lo = fit_regimes(sources), loso(sources)
+        for src in sources:
+            e = fit["per_source"][src]
+            out[src] = {"gpu": gpu, "in_sample_max": e["max_abs_busbw_err_from_1mib"],
+                        "in_sample_median": e["median_abs_busbw_err_from_1mib"], "offset_s": e["offset_s"],
+                        "loso_max": lo.get(src, {}).get("max_abs_busbw_err_from_1mib"),
+                        "loso_median": lo.get(src, {}).get("median_abs_busbw_err_from_1mib")}
+    return out
+
+
 def kernel_results() -> dict:
     """The single-kernel family's joint fit (calib/kernel_fit.py) over vLLM's GEMM-RS (PR 52079), GEMM-AR
     (PR 53053) and FlashInfer's CuTe GEMM+RS: in-sample and leave-one-source-out per source, the TP readings."""
@@ -217,8 +234,13 @@ def main() -> int:
     excluded = R.excluded_fused_rows()
     for why in sorted({e["reason"] for e in excluded}):
         print(f"not scored: {sum(e['reason'] == why for e in excluded)} rows: {why}")
+    coll = collective_results()
+    print("\nNCCL all-reduce regimes (calib/nccl_fit.py; busBW error from 1 MiB to 16 GiB):")
+    for src, c in coll.items():
+        print(f"  {src:36s} in-sample max {c['in_sample_max']:.3f} median {c['in_sample_median']:.3f}; "
+              f"leave-one-source-out max {_f(c['loso_max'], '.3f')}")
     res = {"schema_version": 2, "families": fams, "kernel": kern, "evaluated": table, "skipped": skipped,
-           "excluded": excluded, "band_coverage": cov}
+           "excluded": excluded, "band_coverage": cov, "collectives": coll}
     if a.json:
         atomic_write_text(a.json, dumps_json(res, indent=2, default=str) + "\n")
     return 0

@@ -88,6 +88,12 @@ def t_all_reduce_s(msg_bytes: Arr, latency_s: Arr, bus_bw_bytes_per_s: Arr, worl
     return (latency_s + msg_bytes * (2.0 * (world - 1) / world / bus_bw_bytes_per_s)) * (np.asarray(world) > 1)
 
 
+def t_all_reduce_regimes_s(msg_bytes: Arr, latencies_s: list, bus_bws_bytes_per_s: list, world: Arr) -> Arr:
+    """NCCL's tuner: min over its regimes p of α_p + 2(W−1)/W · S/busBW_p (s; docs/model.md §4, calib/nccl_fit.py)."""
+    times = [t_all_reduce_s(msg_bytes, a, b, world) for a, b in zip(latencies_s, bus_bws_bytes_per_s)]
+    return np.minimum.reduce(np.broadcast_arrays(*times))
+
+
 def t_all_gather_s(msg_bytes: Arr, latency_s: Arr, bus_bw_bytes_per_s: Arr, world: Arr) -> Arr:
     """All-gather of an S-byte (gathered output) message: α + (W−1)/W · S/busBW (s; nccl-tests convention)."""
     return (latency_s + msg_bytes * ((world - 1) / world / bus_bw_bytes_per_s)) * (np.asarray(world) > 1)

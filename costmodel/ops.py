@@ -201,10 +201,16 @@ def t_reduce_scatter_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
     return F.t_reduce_scatter_s(msg_bytes, lat, bw, tp)
 
 
+NCCL_AR_REGIMES = ("nccl_all_reduce_small", "nccl_all_reduce_mid")  # beside nccl_all_reduce (calib/nccl_fit.py)
+
+
 def t_nccl_all_reduce_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
-    """NCCL all-reduce of a msg_bytes tensor at this TP (s)."""
-    lat, bw = hw.p.collective("nccl_all_reduce", tp)
-    return F.t_all_reduce_s(msg_bytes, lat, bw, tp)
+    """NCCL all-reduce of a msg_bytes tensor at this TP (s): the fastest of the profile's regime curves at exactly
+    this TP (formulas.t_all_reduce_regimes_s), or the one nccl_all_reduce curve where it has no others."""
+    p = hw.p
+    curves = [p.collective("nccl_all_reduce", tp)] + [p.collective(r, tp) for r in NCCL_AR_REGIMES
+                                                        if p.has_collective(r) and tp in p.collective_tps(r)]
+    return F.t_all_reduce_regimes_s(msg_bytes, [c[0] for c in curves], [c[1] for c in curves], tp)
 
 
 class AllReduce(NamedTuple):
@@ -281,7 +287,9 @@ def all_reduce_dispatch(hw: Hw, msg_bytes: Arr, tp: int, fusion_applies: bool, f
         if not where.size:
             continue
         lat, bw = params[impl]
-        t[..., where] = F.t_all_reduce_s(msg_bytes.ravel()[where] if msg_bytes.ndim else msg_bytes, lat, bw, tp)
+        sizes = msg_bytes.ravel()[where] if msg_bytes.ndim else msg_bytes
+        t[..., where] = (t_nccl_all_reduce_s(hw, tp, sizes) if impl == "nccl_all_reduce" else
+                         F.t_all_reduce_s(sizes, lat, bw, tp))
         lat_out[..., where] = lat
         fused.ravel()[where] = is_fused
         names.ravel()[where] = impl

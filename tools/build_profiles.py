@@ -639,6 +639,34 @@ def with_capacity(name, p):
     return p
 
 
+def nccl_regimes(p, fit, tier, note=""):
+    """TP 8 NCCL all-reduce as NCCL's tuner runs it: the three regime curves of calib/nccl_fit.py (lowest latency
+    first; nccl_all_reduce the bandwidth regime), replacing the one alpha-beta curve there."""
+    p = copy.deepcopy(p)
+    per = fit["per_source"]
+    errs = "; ".join(f"{s} max |busBW err| from 1 MiB {e['max_abs_busbw_err_from_1mib']:.3f}"
+                     + (f" (harness offset {e['offset_s'] * 1e6:.1f} us)" if e["offset_s"] else "") for s, e in per.items())
+    for name, v in fit["regimes"].items():
+        p["collectives"].setdefault(name, {})["tp8"] = sec(
+            f"{note}NCCL all-reduce regime {name} of the joint fit of the lower envelope of three alpha-beta curves "
+            f"(calib/nccl_fit.py) to {', '.join(fit['sources'])}: {errs}", tier,
+            latency_s=v["latency_s"], bus_bw_bytes_per_s=v["bus_bw_bytes_per_s"])
+    return p
+
+
+def fi_oneshot_latency_b200(p):
+    """B200 TP 8 FlashInfer one-shot AR+RMSNorm latency: SGLANG_PR7621's decode-size kernel time (8.7 us), where the
+    GB200 4-rank fit (27 us) stood; its busBW stays."""
+    p = copy.deepcopy(p)
+    r = next(iter(R.rows("SGLANG_PR7621")))
+    e = p["collectives"]["flashinfer_ar_rmsnorm"]["tp8"]
+    p["collectives"]["flashinfer_ar_rmsnorm"]["tp8"] = sec(
+        f"latency: SGLANG_PR7621 B200 TP8 decode-size fused AR+RMSNorm kernel {r['overlap_value']} us (message size not "
+        f"stated, taken as latency); busBW: {e['source']}", "published-measurement",
+        latency_s=float(r["overlap_value"]) * 1e-6, bus_bw_bytes_per_s=e["bus_bw_bytes_per_s"])
+    return p
+
+
 def build_all(root=ROOT):
     """Every built-in profile tree; single-GPU calibration results under `root`/calib/data are folded in."""
     fits = asynctp_fits()
@@ -653,7 +681,11 @@ def build_all(root=ROOT):
     host_gb200 = _fit_spec(bw, "FLASHINFER_GB200_GEMMRS_MATRIX", "asynctp.host_op_s",
                            "the FLASHINFER_GB200_GEMMRS_MATRIX (GB200, Grace) host's issue time")
     host_assumed = HOST_OP
-    h = asynctp_section(h100(), sync_h100, host_h100)
+    from calib.nccl_fit import SWEEPS, fit_regimes
+
+    nccl_h200, nccl_b200 = fit_regimes(SWEEPS["h200"]), fit_regimes(SWEEPS["b200"])
+    h = nccl_regimes(asynctp_section(h100(), sync_h100, host_h100), nccl_h200, "assumed",
+                     "assumed: the H200 fit (H100 and H200 share NVLink4 and the NVSwitch generation); ")
     h = calibrated_overrides(h, "h200-sxm", root=root, keys=SAME_DIE_KEYS,
                              note="; measured on an H200, which has the H100's GH100 die and 132 SMs")
     fam = "same NVLink5/NVSwitch and SM100 family as the Blackwell fit"
@@ -661,10 +693,12 @@ def build_all(root=ROOT):
     b = _with_slowdown(b, _assumed(slow_bw, fam))
     b = _gb200_rs(b, bw, tier_note="GB200 value carried to B200 (same NVLink5 switch)")
     b = kernel_section(b, kern, "nvlink5")
+    b = fi_oneshot_latency_b200(nccl_regimes(b, nccl_b200, "published-measurement"))
     gb = _with_slowdown(_with_pull(asynctp_section(gb200(b200()), sync_bw, host_gb200), pull_bw), slow_bw)
     profiles = {"h100-sxm": h,
-                "h200-sxm": calibrated_overrides(asynctp_section(h200(h100()), sync_h100_assumed, host_assumed), "h200-sxm",
-                                                 root=root),
+                "h200-sxm": calibrated_overrides(nccl_regimes(asynctp_section(h200(h100()), sync_h100_assumed,
+                                                                              host_assumed), nccl_h200,
+                                                              "published-measurement"), "h200-sxm", root=root),
                 "h800": asynctp_section(h800(h100()), sync_h100_assumed, host_assumed),
                 "b200": b,
                 "b300": kernel_section(_gb200_rs(_with_slowdown(_with_pull(asynctp_section(b300(), sync_bw, host_b300),
@@ -718,13 +752,17 @@ def inconsistent_collectives(name, tree) -> list[str]:
     """NCCL entries at one TP whose all-reduce is far slower or faster than its reduce-scatter + all-gather at
     64 MiB (outside CONSISTENCY_BAND): a fit to latency-bound points, or an assumption contradicting a fit; and any
     collective whose bus bandwidth exceeds the link's (busBW is at most the per-GPU link bandwidth: nccl-tests'
-    convention)."""
+    convention; NVLS all-reduce up to 2(W-1)/(W+1) x it)."""
     prof = profile_from_dict(tree, name)
     out = []
     link = prof.interconnect.link_bw_bytes_per_s
     for impl, per_tp in prof.collectives.items():
         for tp, c in per_tp.items():
-            if c.bus_bw_bytes_per_s > link * (1 + 1e-9):
+            # NVLS all-reduce reduces in the switch: each GPU sends S and receives S instead of the ring's
+            # 2(W-1)/W·S each way, so its busBW may reach 2(W-1)/(W+1) x the link (docs/model.md §3)
+            nvls = impl.startswith("nccl_all_reduce") and prof.kind == "nvswitch" and tp >= 4
+            cap = link * (2.0 * (tp - 1) / (tp + 1) if nvls else 1.0)
+            if c.bus_bw_bytes_per_s > cap * (1 + 1e-9):
                 out.append(f"{name} {impl} tp{tp}: busBW {c.bus_bw_bytes_per_s / 1e9:.0f} GB/s above the link's "
                            f"{link / 1e9:.0f} GB/s")
     s = float(CONSISTENCY_MSG_BYTES)

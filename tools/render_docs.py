@@ -212,6 +212,18 @@ def kernel_cutoffs_table() -> str:
     return "\n".join(lines)
 
 
+def collectives_table() -> str:
+    """benchmarks/results/accuracy.json: the NCCL all-reduce regime fit per released sweep."""
+    d = _load("accuracy.json")["collectives"]
+    lines = ["| sweep | GPU | harness offset [µs] | in-sample max / median busBW error (1 MiB-16 GiB) | leave-one-source-out max / median |",
+             "|---|---|---|---|---|"]
+    for src, c in d.items():
+        lo = "n/a (one sweep of this GPU)" if c["loso_max"] is None else f"{c['loso_max']:.3f} / {c['loso_median']:.3f}"
+        lines.append(f"| {src} | {c['gpu']} | {c['offset_s'] * 1e6:.1f} | {c['in_sample_max']:.3f} / "
+                     f"{c['in_sample_median']:.3f} | {lo} |")
+    return "\n".join(lines)
+
+
 BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
           ("vllm-thresholds.md", "kernel-cutoffs"): kernel_cutoffs_table,
           ("vllm.md", "vllm-config-031"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",
@@ -222,7 +234,8 @@ BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
           ("accuracy.md", "fits"): fits_table, ("accuracy.md", "band-coverage"): band_coverage_table,
           ("vllm-thresholds.md", "sp-cutoffs"): sp_cutoffs_table, ("speed.md", "costmodel-speed"): speed_table,
           ("speed.md", "plugin-overhead"): plugin_table,
-          ("vllm-thresholds.md", "fusion-ranges"): fusion_ranges_table}
+          ("vllm-thresholds.md", "fusion-ranges"): fusion_ranges_table,
+          ("accuracy.md", "collectives"): collectives_table}
 
 
 def render(text: str, name: str, body: str) -> str:

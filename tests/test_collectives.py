@@ -1,0 +1,66 @@
+"""NCCL all-reduce as NCCL's tuner runs it (#29): the lower envelope of per-regime α–β curves, fitted to the released
+8-GPU sweeps (calib/nccl_fit.py) and folded into the built-in profiles; what it changes in the decisions."""
+
+import json
+
+import numpy as np
+import pytest
+
+from calib.nccl_fit import REGIMES, SWEEPS, fit_regimes, loso, sweep
+from costmodel import formulas as F
+from costmodel import ops
+from costmodel.profile import load_profile
+from integration.cli import main
+
+
+def test_regimes_are_the_lower_envelope():
+    """min over the curves: never above any one of them, equal to one of them at every size, finite and positive;
+    with one curve it is that curve (the profiles without regime entries predict as before)."""
+    S = np.geomspace(1e3, 2e10, 200)
+    lat, bw = [17e-6, 38e-6, 72e-6], [206e9, 370e9, 476e9]
+    t = F.t_all_reduce_regimes_s(S, lat, bw, 8)
+    each = np.array([F.t_all_reduce_s(S, a, b, 8) for a, b in zip(lat, bw)])
+    assert np.all(t <= each + 1e-18) and np.all(np.isclose(t, each.min(axis=0)))
+    assert np.all(np.isfinite(t)) and np.all(t > 0)
+    assert np.array_equal(F.t_all_reduce_regimes_s(S, lat[:1], bw[:1], 8), each[0])
+
+
+@pytest.mark.parametrize("gpu,source", [("h200", "MLENG_AR_8xH200_NCCL2277"), ("b200", "MLENG_AR_8xB200_P6")])
+def test_in_sample_busbw_within_15pct_from_1mib(gpu, source):
+    fit = fit_regimes(SWEEPS[gpu])
+    e = fit["per_source"][source]
+    assert e["max_abs_busbw_err_from_1mib"] <= 0.15, e
+    lat = [fit["regimes"][r]["latency_s"] for r in REGIMES]
+    assert lat == sorted(lat)  # small-message regime first
+
+
+@pytest.mark.parametrize("gpu,profile", [("h200", "h200-sxm"), ("b200", "b200")])
+def test_profiles_carry_the_fit(gpu, profile):
+    """The built-in profile predicts each sweep (plus the harness offset of a torch-timed one) as the fit does."""
+    fit = fit_regimes(SWEEPS[gpu])
+    hw = ops.Hw(load_profile(profile), "bf16")
+    for src in SWEEPS[gpu]:
+        S, t = sweep(src)
+        pred = ops.t_nccl_all_reduce_s(hw, 8, S) + fit["per_source"][src]["offset_s"]
+        err = t / pred - 1.0
+        big = S >= 2**20
+        assert np.max(np.abs(err[big])) <= fit["per_source"][src]["max_abs_busbw_err_from_1mib"] + 0.01  # 4-digit rounding
+
+
+def test_loso_is_reported():
+    out = loso(SWEEPS["h200"])
+    assert set(out) == set(SWEEPS["h200"]) and all(v["max_abs_busbw_err_from_1mib"] >= 0 for v in out.values())
+
+
+def test_done_when_points(capsys):
+    """H100 TP 8: 128 MiB NCCL all-reduce in 450-700 us (was 964); B200 TP 8: FlashInfer's fused one-shot
+    all-reduce + norm at 1 MiB in 7-15 us (was ~33); the 405B fp8 32-token step no slower than the 64-token one."""
+    h = ops.Hw(load_profile("h100-sxm"), "bf16")
+    assert 450e-6 <= float(ops.t_nccl_all_reduce_s(h, 8, np.array([128 * 2**20]))[0]) <= 700e-6
+    b = ops.Hw(load_profile("b200"), "bf16")
+    ar = ops.all_reduce_dispatch(b, np.array([2.0**20]), 8, True, fi_max_bytes=np.inf)
+    assert ar.impl_per_size[0] == "flashinfer_ar_rmsnorm" and 7e-6 <= float(ar.t_s[0]) <= 15e-6
+    assert main(["whatif", "--gpu", "b200", "--model", "llama-3.1-405b", "--tp", "8", "--dtype", "fp8", "--no-band",
+                 "--tokens", "32", "64", "--json"]) == 0
+    t = {r["num_tokens"]: r["t_tp_s"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert t[32] <= t[64]
