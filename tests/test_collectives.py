@@ -64,3 +64,46 @@ def test_done_when_points(capsys):
                  "--tokens", "32", "64", "--json"]) == 0
     t = {r["num_tokens"]: r["t_tp_s"] for r in json.loads(capsys.readouterr().out)["rows"]}
     assert t[32] <= t[64]
+
+
+MiB = 2**20
+
+
+@pytest.mark.parametrize("size,tp,cc,multicast,fully,want", [
+    (8 * MiB, 8, "10.0", True, True, "custom_rs_lamport"),
+    (16 * MiB, 8, "10.0", True, True, "custom_rs_lamport"),
+    (32 * MiB, 8, "10.0", True, True, "custom_rs_multimem"),
+    (64 * MiB, 4, "10.3", True, True, "custom_rs_multimem"),
+    (65 * MiB, 8, "10.0", True, True, None),
+    (32 * MiB, 6, "10.0", True, True, None),  # multimem only at W 2, 4, 8
+    (32 * MiB, 8, "9.0", True, True, None),  # Hopper: Lamport only
+    (8 * MiB, 8, "9.0", True, True, "custom_rs_lamport"),
+    (8 * MiB, 8, "8.0", False, True, "custom_rs_ipc"),  # A100: no multicast, fully connected
+    (8 * MiB, 4, "8.9", False, False, None),  # 4 PCIe GPUs: not fully connected
+    (8 * MiB, 16, "10.0", True, True, None),
+])
+def test_vllm_custom_reduce_scatter_rule(size, tp, cc, multicast, fully, want):
+    from costmodel.vllm_tables import custom_rs_backend
+
+    assert custom_rs_backend(size, tp, cc, multicast, fully) == want
+
+
+def test_model_level_sp_reaches_the_custom_reduce_scatter(capsys):
+    """`op --impl kernel`'s unfused GEMM+RS arm and Kimi-K3's SP mode run vLLM's sp_reduce_scatter (Lamport, then
+    multimem, then NCCL on B200 TP 8); the compile-pass SP of vLLM <= 0.31 (`--impl torch`) keeps NCCL."""
+    assert main(["op", "--gpu", "b200", "--tp", "8", "--op", "gemm_rs", "--impl", "kernel", "--n", "7168", "--k", "1536",
+                 "--json"]) == 0
+    rows = {r["m"]: r["unfused_impl"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows[512] == "custom_rs_lamport" and rows[2048] == "custom_rs_multimem" and rows[8192] == "nccl_reduce_scatter"
+    assert main(["op", "--gpu", "b200", "--tp", "8", "--op", "gemm_rs", "--impl", "torch", "--n", "7168", "--k", "1536",
+                 "--json"]) == 0
+    assert {r["unfused_impl"] for r in json.loads(capsys.readouterr().out)["rows"]} == {"nccl_reduce_scatter"}
+    hw = ops.Hw(load_profile("b200"), "bf16")
+    msg = np.array([512 * 7168 * 2.0])
+    t, impl = ops.reduce_scatter_dispatch(hw, msg, 8, model_level_sp=True)
+    lat, bw = load_profile("b200").collective("custom_rs_lamport", 8)
+    assert impl[0] == "custom_rs_lamport" and t[0] == pytest.approx(float(F.t_reduce_scatter_s(msg[0], lat, bw, 8)))
+    t_nccl, impl_nccl = ops.reduce_scatter_dispatch(hw, msg, 8, model_level_sp=False)
+    assert impl_nccl[0] == "nccl_reduce_scatter" and t_nccl[0] == pytest.approx(float(ops.t_reduce_scatter_s(hw, 8, msg)[0]))
+    pair = ops.kernel_pair(hw, "gemm_rs", msg / (7168 * 2), 7168, 1536, 8)
+    assert pair.unfused_s[0] == pytest.approx(float(hw.t_gemm(msg / (7168 * 2), 7168, 1536)[0]) + t[0])

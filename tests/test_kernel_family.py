@@ -74,7 +74,7 @@ def test_mxfp8_op_and_evaluate_agree(capsys, tmp_path):
     row = next(r for r in json.loads(capsys.readouterr().out)["rows"] if r["m"] == 2048)
     f = tmp_path / "k.csv"
     f.write_text("hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,impl,baseline_impl\n"
-                 "b200,4,gemm_rs,mxfp8,2048,7168,1536,100,100,x,kernel,nccl\n")
+                 "b200,4,gemm_rs,mxfp8,2048,7168,1536,100,100,x,kernel,vllm\n")
     assert main(["evaluate", str(f), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["rows"][0]["s_predicted"] == pytest.approx(row["speedup"], rel=1e-9)

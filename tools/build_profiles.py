@@ -667,6 +667,43 @@ def fi_oneshot_latency_b200(p):
     return p
 
 
+RING_LINK_RATIO = 0.816  # H100 NCCL ring busBW / link (the ratio the assumed pull and RS bandwidths take)
+
+
+def custom_reduce_scatter(p):
+    """vLLM's custom reduce-scatter backends (model-level SP; costmodel.vllm_tables.custom_rs_backend), from
+    physics, tier assumed (no released row times them), at each TP the profile has a one-stage custom AR for:
+    - Lamport (multicast buffer present): a one-shot push of the (W-1)/W·S foreign slices, flag-free; latency as the
+      one-stage custom all-reduce's, busBW the ring's fraction of the link;
+    - multimem (SM100 at W 2/4/8): ld_reduce over the multicast address, each GPU ~S of egress and S/W of ingress,
+      no better than a ring in bandwidth (its gain is latency): t = α + S/(η·link), η the fused kernel's multicast
+      efficiency, i.e. busBW = (W-1)/W·η·link;
+    - IPC (fully connected, no multicast): each GPU reads its slice from the W-1 peers, as Lamport."""
+    p = copy.deepcopy(p)
+    coll, link = p["collectives"], p["interconnect"]["link_bw_bytes_per_s"]
+    if "custom_ar_1stage" not in coll or p["interconnect"]["kind"] not in ("nvswitch",):
+        return p
+    multicast = "fused_kernel" in p
+    cc = p["identity"]["compute_capability"]
+    for key, c in coll["custom_ar_1stage"].items():
+        w = int(key.removeprefix("tp"))
+        lat = c["latency_s"]
+        name = "custom_rs_lamport" if multicast else "custom_rs_ipc"
+        coll.setdefault(name, {})[key] = sec(
+            f"assumed (physics, no released row): one-shot {'Lamport push' if multicast else 'IPC read'} of the "
+            f"(W-1)/W foreign slices; latency = custom_ar_1stage tp{w}'s ({c['source'][:60]}...), busBW = "
+            f"{RING_LINK_RATIO} x {link / 1e9:.0f} GB/s (the ring's link fraction)", "assumed",
+            latency_s=lat, bus_bw_bytes_per_s=RING_LINK_RATIO * link)
+        if multicast and cc in T.CUSTOM_RS_MULTIMEM_CAPABILITIES and w in T.CUSTOM_RS_MULTIMEM_WORLDS:
+            eta = p["fused_kernel"]["_link_efficiency"]["link_efficiency"]
+            coll.setdefault("custom_rs_multimem", {})[key] = sec(
+                f"assumed (physics, no released row): multimem.ld_reduce reduce-scatter, ~S egress per GPU at the "
+                f"fused kernel's multicast efficiency {eta:.3f} (calib/kernel_fit.py): busBW = (W-1)/W x {eta:.3f} x "
+                f"{link / 1e9:.0f} GB/s; latency = custom_ar_1stage tp{w}'s", "assumed",
+                latency_s=lat, bus_bw_bytes_per_s=(w - 1) / w * eta * link)
+    return p
+
+
 def build_all(root=ROOT):
     """Every built-in profile tree; single-GPU calibration results under `root`/calib/data are folded in."""
     fits = asynctp_fits()
@@ -716,7 +753,7 @@ def build_all(root=ROOT):
     profiles["gb300-nvl72"] = gb300(profiles["b300"])
     for name in ("h100-sxm", "h200-sxm", "h800"):
         profiles[name] = kernel_section(profiles[name], kern, "nvlink4")
-    return {name: with_capacity(name, p) for name, p in profiles.items()}
+    return {name: with_capacity(name, custom_reduce_scatter(p)) for name, p in profiles.items()}
 
 
 def round_tree(tree):
