@@ -107,3 +107,35 @@ def test_model_level_sp_reaches_the_custom_reduce_scatter(capsys):
     assert impl_nccl[0] == "nccl_reduce_scatter" and t_nccl[0] == pytest.approx(float(ops.t_reduce_scatter_s(hw, 8, msg)[0]))
     pair = ops.kernel_pair(hw, "gemm_rs", msg / (7168 * 2), 7168, 1536, 8)
     assert pair.unfused_s[0] == pytest.approx(float(hw.t_gemm(msg / (7168 * 2), 7168, 1536)[0]) + t[0])
+
+
+def test_collective_command(capsys, tmp_path, one_line_error):
+    """`tpcost collective`: nccl-tests-shaped rows of vLLM's pick and NCCL's own; against an nccl-tests log (the
+    calibrate reader) predicted beside measured at the log's sizes."""
+    assert main(["collective", "--gpu", "h200-sxm", "--tp", "8", "--op", "all_reduce", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    rows = {r["size_bytes"]: r for r in d["rows"]}
+    hw = ops.Hw(load_profile("h200-sxm"), "bf16")
+    for s in (2**20, 2**30):
+        assert rows[s]["t_nccl_s"] == pytest.approx(float(ops.t_nccl_all_reduce_s(hw, 8, np.array([float(s)]))[0]))
+        assert rows[s]["busbw_nccl_bytes_per_s"] == pytest.approx(1.75 * s / rows[s]["t_nccl_s"])
+    assert rows[2**30]["vllm_impl"] == "nccl_all_reduce" and rows[2**10]["vllm_impl"] == "custom_ar_1stage"
+    from pathlib import Path
+
+    log = str(Path(__file__).parent / "fixtures" / "nccl-tests" / "all_reduce_perf_new.txt")
+    assert main(["collective", "--gpu", "h100-sxm", "--log", log, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["op"] == "all_reduce" and d["tp"] == 4 and len(d["rows"]) == 11
+    assert all(r["nccl_pred_over_measured"] == pytest.approx(r["t_nccl_s"] / r["t_measured_s"]) for r in d["rows"])
+    assert main(["collective", "--gpu", "b200", "--tp", "8", "--op", "reduce_scatter", "--model-level-sp",
+                 "--sizes", "1048576"]) == 0
+    assert "custom_rs_lamport" in capsys.readouterr().out
+    one_line_error("collective", "--gpu", "h100-sxm", needle="needs --op and --tp")
+    one_line_error("collective", "--tp", "1", "--op", "all_reduce", needle="at least 2 ranks")
+    one_line_error("collective", "--gpu", "h100-sxm", "--log", log, "--tp", "8", needle="is all_reduce on 4 ranks")
+    one_line_error("collective", "--gpu", "h100-sxm", "--log", log, "--sizes", "1024", needle="the sizes are the log's")
+    one_line_error("collective", "--tp", "8", "--op", "all_gather", "--model-level-sp", needle="only the reduce-scatter")
+    one_line_error("collective", "--tp", "8", "--op", "all_reduce", "--sizes", "0", needle="--sizes must be in")
+    bad = tmp_path / "x.txt"
+    bad.write_text("not a log\n")
+    one_line_error("collective", "--log", str(bad), needle="not nccl-tests output")

@@ -17,7 +17,7 @@ import sys
 
 from costmodel.errors import TpcostError
 
-from . import calib_cmds, evaluate, op, profiles, vllm_config, whatif
+from . import calib_cmds, collective, evaluate, op, profiles, vllm_config, whatif
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="tpcost", description="When does SP + AsyncTP pay off? A calibrated cost model for vLLM.")
     ap.add_argument("--version", action="version", version=f"tpcost {_version()}")
     sub = ap.add_subparsers(dest="cmd", parser_class=_Parser)
-    for module in (whatif, op, profiles, evaluate, vllm_config, calib_cmds):
+    for module in (whatif, op, collective, profiles, evaluate, vllm_config, calib_cmds):
         module.register(sub)
     return ap
 

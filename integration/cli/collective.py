@@ -1,0 +1,122 @@
+"""`tpcost collective`: an nccl-tests-shaped table of one collective on one GPU x TP, as vLLM dispatches it, and
+(--log) the profile's prediction beside a measured nccl-tests run."""
+
+from __future__ import annotations
+
+from costmodel.errors import TpcostError
+from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
+
+from .common import DEFAULT_GPU, bounded_int, vllm_version_arg
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather")
+DEFAULT_SIZES = [float(2**e) for e in range(10, 35, 2)]  # 1 KiB .. 16 GiB, x4 (nccl-tests -b 1K -e 16G -f 4)
+
+
+def _rows(prof, op: str, tp: int, sizes, model_level_sp: bool, version) -> list[dict]:
+    """Per size: vLLM's pick and its time, and NCCL's own (s), with algbw and busbw as nccl-tests reports them."""
+    import numpy as np
+
+    from costmodel import formulas as F
+    from costmodel import ops
+
+    hw = ops.Hw(prof, "bf16")
+    S = np.asarray(sizes, dtype=float)
+    if op == "all_reduce":
+        ar = ops.all_reduce_dispatch(hw, S, tp, False, fi_max_bytes=0, vllm_version=version)
+        t_vllm, impl = np.asarray(ar.t_s, dtype=float), ar.impl_per_size
+        t_nccl = ops.t_nccl_all_reduce_s(hw, tp, S)
+    elif op == "reduce_scatter":
+        t_vllm, impl = ops.reduce_scatter_dispatch(hw, S, tp, model_level_sp)
+        t_nccl = ops.t_reduce_scatter_s(hw, tp, S)
+    else:
+        t_nccl = ops.t_all_gather_s(hw, tp, S)
+        t_vllm, impl = t_nccl, np.full(S.shape, "nccl_all_gather")
+    factor = float(F.bus_bw_factor(op, tp))
+    return [{"size_bytes": int(s), "vllm_impl": str(i), "t_vllm_s": float(tv), "t_nccl_s": float(tn),
+             "algbw_vllm_bytes_per_s": float(s / tv), "busbw_vllm_bytes_per_s": float(factor * s / tv),
+             "busbw_nccl_bytes_per_s": float(factor * s / tn)}
+            for s, i, tv, tn in zip(S, impl, np.broadcast_to(t_vllm, S.shape), np.broadcast_to(t_nccl, S.shape))]
+
+
+def cmd_collective(args) -> int:
+    from costmodel.analysis import provenance_line
+    from costmodel.profile import load_profile
+
+    if args.gpu == "auto":
+        from costmodel.profile import detect_profile_name
+
+        args.gpu = detect_profile_name()
+    prof = load_profile(args.gpu)
+    version = vllm_version_arg(args)
+    measured = None
+    if args.log:
+        from calib.nccl_tests import parse_nccl_tests
+        from costmodel.io import read_text
+
+        log = parse_nccl_tests(read_text(args.log, "nccl-tests log"), args.log)
+        for flag, given, got in (("--op", args.op, log["op"]), ("--tp", args.tp, log["ranks"])):
+            if given is not None and given != got:
+                raise TpcostError(f"{flag} {given}: the log {args.log} is {log['op']} on {log['ranks']} ranks")
+        if args.sizes:
+            raise TpcostError("--sizes: with --log the sizes are the log's")
+        op, tp = log["op"], log["ranks"]
+        measured = dict(log["rows"])
+        sizes = sorted(measured)
+    else:
+        if args.op is None or args.tp is None:
+            raise TpcostError("collective needs --op and --tp (or --log FILE, an nccl-tests log, for both)")
+        op, tp = args.op, args.tp
+        sizes = [float(s) for s in args.sizes] if args.sizes else DEFAULT_SIZES
+    if args.model_level_sp and op != "reduce_scatter":
+        raise TpcostError("--model-level-sp: only the reduce-scatter has vLLM's model-level-SP backends")
+    if tp < 2:
+        raise TpcostError(f"--tp {tp}: a collective needs at least 2 ranks")
+    rows = _rows(prof, op, tp, sizes, bool(args.model_level_sp), version)
+    if measured is not None:
+        from costmodel import formulas as F
+
+        factor = float(F.bus_bw_factor(op, tp))
+        for r in rows:
+            t = measured[float(r["size_bytes"])]
+            r.update(t_measured_s=t, busbw_measured_bytes_per_s=factor * r["size_bytes"] / t,
+                     nccl_pred_over_measured=r["t_nccl_s"] / t)
+    if args.json:
+        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "gpu": prof.name, "op": op, "tp": tp,
+                          "model_level_sp": bool(args.model_level_sp), "log": args.log, "rows": rows}, indent=2))
+        return 0
+    print(f"tpcost collective: {op} on {prof.name} x{tp}" + (" (model-level SP)" if args.model_level_sp else "")
+          + (f", against {args.log}" if args.log else ""))
+    head = f"{'size (B)':>12s} {'vLLM runs':>20s} {'time (us)':>10s} {'algbw':>8s} {'busbw':>8s} {'NCCL (us)':>10s} {'busbw':>8s}"
+    if measured is not None:
+        head += f" {'measured (us)':>13s} {'busbw':>8s} {'NCCL pred/meas':>14s}"
+    print(head + "   (GB/s)")
+    for r in rows:
+        line = (f"{r['size_bytes']:12d} {r['vllm_impl']:>20s} {r['t_vllm_s'] * 1e6:10.2f} "
+                f"{r['algbw_vllm_bytes_per_s'] / 1e9:8.1f} {r['busbw_vllm_bytes_per_s'] / 1e9:8.1f} "
+                f"{r['t_nccl_s'] * 1e6:10.2f} {r['busbw_nccl_bytes_per_s'] / 1e9:8.1f}")
+        if measured is not None:
+            line += (f" {r['t_measured_s'] * 1e6:13.2f} {r['busbw_measured_bytes_per_s'] / 1e9:8.1f} "
+                     f"{r['nccl_pred_over_measured']:14.3f}")
+        print(line)
+    print("(busbw: nccl-tests' convention; 'vLLM runs' is what its dispatch picks at that size"
+          + ("; the measured log is NCCL's own" if measured is not None else "") + ")")
+    print(provenance_line(prof))
+    return 0
+
+
+def register(sub) -> None:
+    """Add `collective` to the CLI root's subparsers."""
+    c = sub.add_parser("collective", help="one collective on one GPU x TP as vLLM dispatches it (nccl-tests-shaped), "
+                                          "or the profile against an nccl-tests log")
+    c.add_argument("--gpu", default=DEFAULT_GPU, help=f"built-in GPU profile, a .toml path, or 'auto' (default {DEFAULT_GPU})")
+    c.add_argument("--op", choices=OPS, help="the collective (default: the log's)")
+    c.add_argument("--tp", type=bounded_int("--tp", 1, 4096, "ranks"), help="ranks (default: the log's)")
+    c.add_argument("--sizes", type=bounded_int("--sizes", 1, 2**40, "message bytes up to 1 TiB"), nargs="+",
+                   metavar="BYTES", help="message sizes in bytes (default 1 KiB .. 16 GiB, x4)")
+    c.add_argument("--log", metavar="FILE", help="an nccl-tests log (all_reduce_perf, reduce_scatter_perf, "
+                                                 "all_gather_perf): predicted beside measured at its sizes")
+    c.add_argument("--model-level-sp", action="store_true",
+                   help="reduce-scatter as model-level SP runs it (vLLM's custom backends before NCCL)")
+    c.add_argument("--vllm-version", metavar="X.Y", help="whose all-reduce dispatch tables (default 0.31's)")
+    c.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    c.set_defaults(func=cmd_collective)
