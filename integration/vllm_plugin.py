@@ -194,7 +194,9 @@ def _plan(inputs: dict) -> dict:
                   user_fi_max_mb=inputs["fi_allreduce_fusion_max_size_mb"],
                   cudagraph_max_tokens=inputs.get("cudagraph_max_tokens"), asynctp=asynctp, asynctp_choice=choice)
     sets, said = [], []
-    if inputs["want_fi"] and r.fusion is not None and r.fusion.why == "decided":
+    # decided, or vLLM's own limit kept: set explicitly either way (the same compile ranges; vLLM's CPU build cannot
+    # compute its default, whose pass module needs CUDA ops)
+    if inputs["want_fi"] and r.fusion is not None and not r.fusion.why.startswith("user"):
         if r.fusion.tokens == 0:
             if inputs["fuse_allreduce_rms"] is None:
                 sets.append(("fuse_allreduce_rms", False))
@@ -202,8 +204,9 @@ def _plan(inputs: dict) -> dict:
         else:
             sets.append(("fi_allreduce_fusion_max_size_mb", r.fusion.mb))
             v = inputs["vllm_version"]
+            kept = "; vLLM's own limit kept" if r.fusion.why.startswith("kept") else ""
             said.append(f"fi_allreduce_fusion_max_size_mb={r.fusion.mb:.6g} (fused up to {r.fusion.tokens} tokens; "
-                        f"vLLM {v[0]}.{v[1]}'s tables)")
+                        f"vLLM {v[0]}.{v[1]}'s tables{kept})")
     if inputs["want_sp"]:
         if r.enable:
             sets.append(("sp_min_token_num", r.cutoff_tokens))
@@ -326,7 +329,7 @@ def _kernel_plan(inputs: dict) -> dict:
         d = kernel_model_config(prof, km, par, None, **kw)
     sets, env = [], []
     f = d.fusion
-    if inputs["want_fi"] and f is not None and f.why == "decided":
+    if inputs["want_fi"] and f is not None and not f.why.startswith("user"):
         if f.tokens == 0:
             if inputs["fuse_allreduce_rms"] is None:
                 sets.append(("fuse_allreduce_rms", False))
