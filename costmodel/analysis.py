@@ -285,7 +285,8 @@ def display_tokens(max_tokens: int = 65536) -> np.ndarray:
 def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *, seq_len: int = 1024,
             max_num_batched_tokens: int = 8192, margin: float = 0.02, band: bool = True,
             display_max_tokens: int = 65536, tokens: Any = None, workload: Any = None, fi_max_bytes: float | None = None,
-            cudagraph_max_tokens: int | None = None, vllm_version: tuple[int, int] | None = None) -> Analysis:
+            cudagraph_max_tokens: int | None = None, vllm_version: tuple[int, int] | None = None,
+            decode: Any = None) -> Analysis:
     """Cutoff decision, band and a table at `tokens` (default: powers of two up to display_max_tokens, plus the
     cutoff). `workload` (costmodel.workload.Workload; default uniform over the multiples of tp) is the traffic
     the decision serves; its histogram buckets are spread uniformly, and the other spreads are reported.
@@ -293,7 +294,7 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     `cudagraph_max_tokens`: vLLM's largest CUDA-graph capture size (None: vLLM's default for the GPU; 0: eager,
     `--enforce-eager`): steps above it pay the host's issue time."""
     kw: dict[str, Any] = {"fi_max_bytes": fi_max_bytes, "cudagraph_max_tokens": cudagraph_max_tokens,
-                          "vllm_version": vllm_version}
+                          "vllm_version": vllm_version, "decode": decode}
     if tokens is not None and (len(tokens) == 0 or any(int(t) != t or t <= 0 for t in tokens)):
         raise TpcostError("--tokens: token counts N must be integers > 0")
     if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
@@ -431,8 +432,8 @@ def ops_view(pred: Prediction) -> dict[str, list[dict]]:
                 t = first(o.t_s)
                 parts = {k: first(v) for k, v in (o.parts or {}).items()}
                 bound = max(parts, key=lambda b: parts[b]) if parts else None
-                if o.fused is not None and first(o.fused.t_s) > t * (1 + 1e-12):
-                    bound = "host"  # an eager call waits for torch's Python loop
+                if bool(np.ravel(sched.eager)[0]) and first(o.t_host_s) > t:
+                    bound = "host"  # an eager forward issues this op slower than the GPU runs it (never under replay)
                 rows.append({"op": o.name, "where": where, "calls_per_forward": o.count * mult, "t_s": t,
                              "t_host_s": first(o.t_host_s),
                              "achieved_flops_per_s": first(o.flops) / t if t > 0 and first(o.flops) else None,

@@ -127,6 +127,16 @@ def attention_bytes(tokens: Arr, heads_per_rank: Arr, kv_heads_per_rank: Arr, he
     return tokens * ((2.0 * heads_per_rank + 2.0 * kv_heads_per_rank) * head_dim * act_bytes)
 
 
+def decode_attention_flops(seqs: Arr, context_len: Arr, heads_per_rank: Arr, head_dim: Arr) -> Arr:
+    """Decode attention FLOP: one query per sequence against its context: 4·d·h·B·C (QKᵀ and PV)."""
+    return seqs * context_len * (4.0 * head_dim * heads_per_rank)
+
+
+def kv_cache_read_bytes(seqs: Arr, context_len: Arr, kv_heads_per_rank: Arr, head_dim: Arr, kv_bytes: Arr) -> Arr:
+    """KV cache a decode step reads per rank and layer: B·C·2·max(1, kv/tp)·d·b (bytes; K and V of the context)."""
+    return seqs * context_len * (2.0 * kv_heads_per_rank * head_dim * kv_bytes)
+
+
 # --------------------------------------------------------------------------- AsyncTP (§6)
 
 

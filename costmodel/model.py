@@ -85,6 +85,15 @@ class Schedule:
         return np.where(self.eager, np.maximum(self.t_gpu_forward_s, self.t_host_forward_s), self.t_gpu_forward_s)
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeRegime:
+    """How vLLM schedules a step: up to `max_num_seqs` of its tokens are decodes, each reading a KV cache of
+    `context_len` tokens; the rest of the step is chunked prefill (docs/model.md §5)."""
+
+    context_len: int
+    max_num_seqs: int = 256  # vLLM's default max_num_seqs
+
+
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class Prediction:
     """Per-op times of the three schedules over `num_tokens`, and the difference breakdown (per forward)."""
@@ -131,13 +140,14 @@ def cudagraph_max_tokens_default(profile: HardwareProfile) -> int:
 
 def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens: Any,  # noqa: C901 (ops)
             seq_len: int = 1024, cudagraph_max_tokens: int | None = None, fi_max_bytes: float | None = None,
-            vllm_version: tuple[int, int] | None = None) -> Prediction:
+            vllm_version: tuple[int, int] | None = None, decode: DecodeRegime | None = None) -> Prediction:
     """Per-op times of tp / sp / sp_asynctp for one forward over token counts `num_tokens`.
 
     Forwards of N ≤ cudagraph_max_tokens replay CUDA graphs (no host cost); larger ones run eagerly,
     where torch's Python AsyncTP pipeline and every other op are issued by the host. `fi_max_bytes` is
     the FlashInfer fused all-reduce+RMSNorm limit vLLM runs with (None: the profile's vLLM table; 0: the
-    fusion pass off, `fuse_allreduce_rms: false`)."""
+    fusion pass off, `fuse_allreduce_rms: false`). `decode`: steps as decodes at a context length (None: every
+    token is prefill of `seq_len`-token sequences, which reads no KV cache)."""
     check_dtype(dtype)
     shape.check_tp(tp)
     if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
@@ -190,12 +200,24 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
                   parts={"link": t - latency, "latency": latency})
 
     def attention(n):
-        flops = F.attention_flops(n, seq_len, h_rank, d)
+        seqs = 0.0 if decode is None else np.minimum(n, float(decode.max_num_seqs))  # decodes of this step
+        pre = n - seqs  # chunked-prefill tokens
+        flops = F.attention_flops(pre, seq_len, h_rank, d)
         nbytes = F.attention_bytes(n, h_rank, kv_rank, d, act)
         t_c, t_m = flops / (hw.peak_act_flops_per_s * hw.attention_efficiency), nbytes / (hw.hbm_bw_bytes_per_s * hw.mem_efficiency)
-        return op("attention", "attention", hw.launch_overhead_s + np.maximum(t_c, t_m),
-                  formula="formulas.attention_flops/attention_bytes", section="§5", flops=flops, hbm_bytes=nbytes,
-                  parts={"compute": t_c, "HBM": t_m, "latency": hw.launch_overhead_s})
+        t = np.maximum(t_c, t_m)
+        parts = {"compute": t_c, "HBM": t_m, "latency": hw.launch_overhead_s}
+        if decode is not None:  # paged KV reads at the attention kernel's efficiency of HBM (docs/model.md §5)
+            f_d = F.decode_attention_flops(seqs, decode.context_len, h_rank, d)
+            kv = F.kv_cache_read_bytes(seqs, decode.context_len, kv_rank, d, act)
+            eff = hw.attention_efficiency
+            t_kv = np.maximum(f_d / (hw.peak_act_flops_per_s * eff), kv / (hw.hbm_bw_bytes_per_s * eff))
+            t, flops, nbytes = t + t_kv, flops + f_d, nbytes + kv
+            parts["KV read"] = t_kv
+        return op("attention", "attention", hw.launch_overhead_s + t,
+                  formula="formulas.attention_flops/attention_bytes" + ("" if decode is None else
+                                                                        " + decode_attention_flops/kv_cache_read_bytes"),
+                  section="§5", flops=flops, hbm_bytes=nbytes, parts=parts)
 
     def silu_mul(n):
         return mem("silu_mul", F.silu_mul_bytes(n, I_rank, act, mode.quant_bytes), "silu_mul_bytes")

@@ -191,7 +191,7 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
     confidence = None
     if why == "decided" and tokens != default_tokens:  # moving vLLM's default: only when it is worth it
         gain, base = at(default_tokens) - at(tokens), at(default_tokens)
-        if min_confidence > 0:  # 0: any share will do (and the draws are not needed)
+        if gain > margin * base and min_confidence > 0:  # the draws only where the gain is material (0: any share)
             confidence = _fusion_confidence(profile, dtype, n, shape.hidden, tp, w, tokens, default_tokens,
                                             vllm_version)
         if gain <= margin * base:
@@ -232,7 +232,7 @@ def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int =
               user_fuse_allreduce_rms: bool | None = None, user_fi_max_mb: float | None = None,
               cudagraph_max_tokens: int | None = None, draft_hidden_size: int | None = None,
               asynctp: bool | None = None, asynctp_choice: str = "decided", band: bool = False, tokens: Any = "budget",
-              min_confidence: float = MIN_CONFIDENCE) -> Recommendation:
+              min_confidence: float = MIN_CONFIDENCE, decode: Any = None) -> Recommendation:
     """The one decision path (vllm-config, the plugin, whatif): the fusion range first, then (vLLM <= 0.31) the
     schedule and its SP threshold computed with exactly that range, so every number printed belongs to the
     configuration emitted. `asynctp` None: tpcost chooses SP+AsyncTP, SP alone or neither; False: SP alone or
@@ -252,7 +252,7 @@ def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int =
     a = analyse(profile, shape, tp, dtype, seq_len=seq_len, max_num_batched_tokens=max_num_batched_tokens,
                 margin=margin, band=band, tokens=[max_num_batched_tokens] if tokens == "budget" else tokens,
                 workload=workload, fi_max_bytes=fi_bytes, cudagraph_max_tokens=cudagraph_max_tokens,
-                vllm_version=vllm_version)
+                vllm_version=vllm_version, decode=decode)
     sched, cut = decided_schedule(a, asynctp)
     grid = a.grid_tokens
     s = a.grid_speedup_sp if sched == "sp" else a.grid_speedup_sp_asynctp
@@ -369,7 +369,7 @@ class KernelSwitch:
     margin: float  # the risk premium a move away from vLLM's default must clear
     sites: tuple[SiteDecision, ...]
     fi_tokens: int | None  # the FlashInfer AR+norm range the unfused arm was priced with (None: vLLM's table)
-    steps_above_budget: float  # share of the workload's steps above max_num_batched_tokens (counted at the budget)
+    steps_above_budget: float  # share of the workload's steps above max_num_batched_tokens (weighted as chunks)
     refused_sites: tuple = ()  # CallSites where can_run refuses the kernel: vLLM keeps the unfused path there
 
     @property

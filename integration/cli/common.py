@@ -79,6 +79,12 @@ def add_shape_args(p, gpu_help="built-in GPU profile name, a profile .toml path,
                    "(vllm:iteration_tokens_total) or a CSV num_tokens,count (default: uniform over the multiples of tp)")
     p.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE",
                    help="override one profile quantity, e.g. interconnect.link_bw_bytes_per_s=900e9")
+    p.add_argument("--context-len", type=bounded_int("--context-len", 1, MAX_SEQ_LEN, "16 M tokens of context"),
+                   metavar="C", help="decode steps at this context length: up to --max-num-seqs tokens of a step "
+                   "are decodes reading C tokens of KV cache each, the rest chunked prefill (default: every token "
+                   "prefill, no KV read; docs/model.md §5)")
+    p.add_argument("--max-num-seqs", type=bounded_int("--max-num-seqs", 1, MAX_TOKENS, "sequences per step"),
+                   metavar="S", help="with --context-len: vLLM's max_num_seqs, the decodes a step holds (default 256)")
     add_regime_args(p)
 
 
@@ -101,6 +107,18 @@ def vllm_version_arg(args) -> tuple[int, int] | None:
     from costmodel.vllm_tables import parse_version
 
     return parse_version(v)
+
+
+def decode_arg(args):
+    """--context-len / --max-num-seqs as costmodel.model.DecodeRegime (None: prefill only)."""
+    c, s = getattr(args, "context_len", None), getattr(args, "max_num_seqs", None)
+    if c is None:
+        if s is not None:
+            raise TpcostError("--max-num-seqs sizes the decodes of --context-len; give --context-len too")
+        return None
+    from costmodel.model import DecodeRegime
+
+    return DecodeRegime(c) if s is None else DecodeRegime(c, s)
 
 
 def cudagraph_arg(args) -> int | None:
@@ -154,7 +172,8 @@ def check_overrides_take_effect(prof, overrides, shape, args) -> None:
 
     grid = np.arange(args.tp, args.max_num_batched_tokens + args.tp, args.tp, dtype=float)
     traced, reads = recording(prof)
-    predict(traced, shape, args.tp, args.dtype, grid, seq_len=args.seq_len, cudagraph_max_tokens=cudagraph_arg(args))
+    predict(traced, shape, args.tp, args.dtype, grid, seq_len=args.seq_len, cudagraph_max_tokens=cudagraph_arg(args),
+            decode=decode_arg(args))
     rides_on_link = any(prof.provenance[k].source == DERIVED_FROM_LINK for k in reads if k in prof.provenance)
     for key in overrides:
         if key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s") and rides_on_link:

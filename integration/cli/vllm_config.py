@@ -7,7 +7,7 @@ import sys
 
 from costmodel.io import dumps_json
 
-from .common import add_shape_args, bounded_int, cudagraph_arg, load_workload_arg, resolve_inputs
+from .common import add_shape_args, bounded_int, cudagraph_arg, decode_arg, load_workload_arg, resolve_inputs
 
 
 def register(sub) -> None:
@@ -78,7 +78,7 @@ def cmd_vllm_config(args) -> int:
                   workload=workload, vllm_version=version,
                   user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
                   cudagraph_max_tokens=cudagraph_arg(args), draft_hidden_size=args.draft_hidden_size,
-                  min_confidence=args.min_confidence)
+                  min_confidence=args.min_confidence, decode=decode_arg(args))
     _emit(args, {"pass_config": r.pass_config()}, None)
     print(f"tpcost: config for vLLM {version[0]}.{version[1]} ({how})", file=sys.stderr)
     for line in explain(r):
@@ -107,10 +107,13 @@ def _kernel_parallel_args(args, km, name):
 
     for flag, bad in (("--dtype", args.dtype != "bf16"), ("--seq-len", args.seq_len != 1024),
                       ("--cudagraph-max-tokens", args.cudagraph_max_tokens is not None),
-                      ("--enforce-eager", args.enforce_eager)):
+                      ("--enforce-eager", args.enforce_eager), ("--context-len", args.context_len is not None),
+                      ("--max-num-seqs", args.max_num_seqs is not None)):
         if bad:
             why = {"--dtype": "each call site's weights come from the config's quantization_config",
-                   "--seq-len": "the kernel's call sites do not depend on it"}.get(
+                   "--seq-len": "the kernel's call sites do not depend on it",
+                   "--context-len": "the kernel's call sites do not read the KV cache",
+                   "--max-num-seqs": "the kernel's call sites do not read the KV cache"}.get(
                 flag, "the kernel and the fusion range are priced as GPU time, the same under graphs or eager")
             raise TpcostError(f"{flag}: no effect for {name} ({why}); tpcost reads its fused-kernel call sites, not a "
                               "forward")

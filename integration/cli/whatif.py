@@ -6,7 +6,7 @@ import math
 
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
-from .common import (add_shape_args, cudagraph_arg,
+from .common import (add_shape_args, cudagraph_arg, decode_arg,
                      fi_max_bytes_arg, load_workload_arg, resolve_inputs, tokens_arg,
                      vllm_version_arg)
 
@@ -43,7 +43,7 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
                   workload=load_workload_arg(args), vllm_version=version,
                   user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
                   cudagraph_max_tokens=cudagraph_arg(args), band=not args.no_band, tokens=args.tokens,
-                  min_confidence=args.min_confidence)  # vllm-config's decision path: the same answer
+                  min_confidence=args.min_confidence, decode=decode_arg(args))  # vllm-config's decision path: the same answer
     a = r.analysis
     out = analysis_json(a)
     f = r.fusion
@@ -151,7 +151,7 @@ def _print_ops(prof, shape, args) -> int:
 
     pred = predict(prof, shape, args.tp, args.dtype, [float(args.ops)], seq_len=args.seq_len,
                    fi_max_bytes=fi_max_bytes_arg(args), cudagraph_max_tokens=cudagraph_arg(args),
-                   vllm_version=vllm_version_arg(args))
+                   vllm_version=vllm_version_arg(args), decode=decode_arg(args))
     view = ops_view(pred)
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "gpu": prof.name, "model": shape.name, "tp": args.tp,
