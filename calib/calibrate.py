@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from costmodel.errors import TpcostError
+from costmodel.formulas import KiB
 
-KiB, MiB = 1024, 1024 * 1024
 PLANS = {  # what each backend measures; sizes from the models' per-rank shapes
     "cuda": dict(gemm_rows=[1, 16, 128, 512, 2048, 8192, 32768], chunk_rows=[2048, 8192], mem=[4**i * KiB for i in range(10)],
                  coll=[4**i * KiB for i in range(10)], fused_ms=[1024, 4096, 16384], warmup_s=0.01, rep_s=0.04),

@@ -77,17 +77,9 @@ class LayerSpec:
     def slot(self, name: str) -> GemmSlot:
         return next(s for s in self.slots if s.name == name)
 
-    @property
-    def qkv_n(self) -> int:
-        return self.slot("qkv").n
-
     def reduce_msg_bytes(self, rows: Any) -> Any:
         """The all-reduce unit's message: rows × H activations (bytes; its RMSNorm reads the same rows)."""
         return rows * (self.hidden * self.mode.act_bytes)
-
-    def expert_gemm(self) -> tuple[int, int]:
-        """(n, k) of one expert's fused gate_up GEMM ((n, k) of its down GEMM: (H, I))."""
-        return 2 * self.intermediate_per_rank, self.hidden
 
     def rank_gemms(self) -> list[tuple[str, int, int, str | None]]:
         """(slot, n, k, fuses) of the layer's GEMMs a microbenchmark times (an MoE layer: its attention GEMMs and

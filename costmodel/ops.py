@@ -397,12 +397,6 @@ def sequential_gemm_rs_s(hw: Hw, m: Arr, n: int, k: int, tp: int) -> Arr:
     return hw.t_gemm(m, n, k) + t_reduce_scatter_s(hw, tp, m * (n * hw.act_bytes))
 
 
-def fused_op_bound_s(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, a_bytes: float | None = None) -> Arr:
-    """Least time any fused op can take: max(whole GEMM, (W−1)/W of the moved tensor / link peak) (s)."""
-    moved = m * (k * (a_bytes or hw.mode.ag_bytes)) if op == "ag_gemm" else m * (n * hw.act_bytes)
-    return np.maximum(hw.t_gemm(m, n, k), F.t_link_s(moved, tp, hw.p.interconnect.link_bw_bytes_per_s))
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The single-kernel family (docs/model.md §6b): vLLM 0.33's CuTe gemm_rs_ar, FlashInfer's CuTe GEMM+RS
 

@@ -9,7 +9,7 @@ Sources (vLLM v0.31.0):
 
 from __future__ import annotations
 
-MiB = 1024 * 1024
+from .formulas import MiB
 SP_MIN_HIDDEN_SIZE = {90: 8192, 100: 8192}
 SP_MIN_PER_GPU_SIZE_MB = {90: 8.0, 100: 32.0}
 

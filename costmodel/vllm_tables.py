@@ -18,8 +18,7 @@ from typing import Any
 
 from .errors import TpcostError
 
-MiB = 1024 * 1024
-KiB = 1024
+from .formulas import KiB, MiB
 
 # capability "major.minor" -> world size -> bytes / MB, as in vLLM (all_reduce_utils.py keys by the string,
 # allreduce_rms_fusion.py by capability.to_int())

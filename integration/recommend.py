@@ -11,7 +11,7 @@ import numpy as np
 
 from costmodel.vllm_tables import LATEST_SUPPORTED, parse_version as parse_vllm_version
 
-MiB = 1024 * 1024
+from costmodel.formulas import MiB
 
 
 FIRST_WITHOUT_SP = (0, 32)  # vLLM 0.32 removed the SP and AsyncTP passes and their PassConfig fields

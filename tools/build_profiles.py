@@ -27,7 +27,7 @@ from costmodel import formulas as F  # noqa: E402
 from costmodel import vllm_tables as T  # noqa: E402
 from tools import reference_fits as R  # noqa: E402
 
-MiB = 1024 * 1024
+MiB, RING = F.MiB, F.RING_LINK_RATIO
 CHECK_REL_TOL = 1e-3  # values are written with 4 significant digits
 OUT = ROOT / "costmodel" / "profiles"
 VLLM_AR = "vLLM v0.31.0 vllm/distributed/device_communicators/all_reduce_utils.py (CUSTOM_ALL_REDUCE_MAX_SIZES capped by CustomAllreduce max_size=8 MiB, SYMM_MEM_ALL_REDUCE_MAX_SIZES), symm_mem.py (_WORLD_SIZES_MULTIMEM), compilation/passes/fusion/allreduce_rms_fusion.py (FI_ALLREDUCE_FUSION_MAX_SIZE_MB, _FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB), csrc/custom_all_reduce.cuh (1-stage when W=2, or W<=4 and <512 KiB, or W<=8 and <256 KiB)"
@@ -142,7 +142,6 @@ def h200(h):
     p["gemm"]["_efficiency"]["source"] += " (MLENG_MAMF: H200 same as H100 for bf16)"
     p["gemm"]["_small_m"]["source"] = "H100 fit applied to H200 (same SM; HBM3e bandwidth from datasheet): " + p["gemm"]["_small_m"]["source"]
     p["attention"]["source"] = FA3 + " (H100; H200 has the same SMs)"
-    p["interconnect"]["source"] = p["interconnect"]["source"]
     # H200-specific collective measurements (8 GPUs)
     lat_rows = R.rows("MLENG_NET_README", metric="allreduce_latency_median", gpu="H200 SXM")
     S = [R.size_in_notes(r["notes"]) for r in lat_rows]
@@ -177,8 +176,8 @@ def h800(h):
                              source="H800 NVLink 400 GB/s bidirectional = 200 GB/s per direction (issue #2; NCCL_ISSUE1374)")
     ratio = 215.0 / 480.0  # NCCL_ISSUE1374 H800 NVLS AR busBW vs NCCL_ISSUE1455 H100 NVLS TP8
     p["collectives"] = scaled_collectives(h["collectives"], ratio, "NCCL_ISSUE1374 8xH800 NVLS busBW 215 vs NCCL_ISSUE1455 8xH100 480 GB/s")
-    p["asynctp"]["_copy"] = sec("assumed: CE pull at 0.816 x 200 GB/s link (H100 ring busBW/link ratio)", "assumed",
-                               copy_engine_bw_bytes_per_s=0.816 * 200e9)
+    p["asynctp"]["_copy"] = sec(f"assumed: CE pull at {RING} x 200 GB/s link (H100 ring busBW/link ratio)", "assumed",
+                               copy_engine_bw_bytes_per_s=RING * 200e9)
     return p
 
 
@@ -259,8 +258,8 @@ def b200():
         "vllm_dispatch": dispatch(capability="10.0"),
         "asynctp": {
             "_sync": h["asynctp"]["_sync"],
-            "_copy": sec("assumed: copy-engine pull at 0.816 x 900 GB/s (H100 ring busBW/link ratio)", "assumed",
-                        copy_engine_bw_bytes_per_s=0.816 * 900e9),
+            "_copy": sec(f"assumed: copy-engine pull at {RING} x 900 GB/s (H100 ring busBW/link ratio)", "assumed",
+                        copy_engine_bw_bytes_per_s=RING * 900e9),
             "_interference": {**h["asynctp"]["_interference"], "source": "H100 value: " + h["asynctp"]["_interference"]["source"],
                              "tier": "assumed"},
         },
@@ -353,8 +352,8 @@ def pre_hopper(name, display, cc, sms, peak_bf16, fp8, fp32, hbm, link, kind, do
                                   src=VLLM_AR + "; compute capability not in vLLM's tables: no FlashInfer fusion, no torch symm-mem, custom AR at its 8 MiB default"),
         "asynctp": {
             "_sync": h["asynctp"]["_sync"],
-            "_copy": sec(f"assumed: copy-engine pull at 0.816 x {link / 1e9:.0f} GB/s per peer (H100 ring busBW/link ratio)",
-                        "assumed", copy_engine_bw_bytes_per_s=0.816 * link),
+            "_copy": sec(f"assumed: copy-engine pull at {RING} x {link / 1e9:.0f} GB/s per peer (H100 ring busBW/link ratio)",
+                        "assumed", copy_engine_bw_bytes_per_s=RING * link),
             "_interference": {**h["asynctp"]["_interference"], "source": "H100 value: " + h["asynctp"]["_interference"]["source"],
                              "tier": "assumed"},
         },
@@ -392,8 +391,8 @@ def mi300x():
     p["identity"]["vendor"] = "amd"
     p["vllm_dispatch"] = dispatch(custom={w: 8 for w in (2, 4, 6, 8)},
                                   src="vLLM v0.31.0 ROCm: custom AR (8 MiB default max); quick-reduce off by default (VLLM_ROCM_QUICK_REDUCE_QUANTIZATION=NONE); aiter AR off unless VLLM_ROCM_USE_AITER; no FlashInfer/symm-mem; RCCL beyond")
-    p["asynctp"]["_copy"] = sec("assumed: a pull from ONE peer uses one xGMI link: 0.816 x 64 GB/s", "assumed",
-                               copy_engine_bw_bytes_per_s=0.816 * 64e9)
+    p["asynctp"]["_copy"] = sec(f"assumed: a pull from ONE peer uses one xGMI link: {RING} x 64 GB/s", "assumed",
+                               copy_engine_bw_bytes_per_s=RING * 64e9)
     return p
 
 
@@ -667,9 +666,6 @@ def fi_oneshot_latency_b200(p):
     return p
 
 
-RING_LINK_RATIO = 0.816  # H100 NCCL ring busBW / link (the ratio the assumed pull and RS bandwidths take)
-
-
 def custom_reduce_scatter(p):
     """vLLM's custom reduce-scatter backends (model-level SP; costmodel.vllm_tables.custom_rs_backend), from
     physics, tier assumed (no released row times them), at each TP the profile has a one-stage custom AR for:
@@ -692,8 +688,8 @@ def custom_reduce_scatter(p):
         coll.setdefault(name, {})[key] = sec(
             f"assumed (physics, no released row): one-shot {'Lamport push' if multicast else 'IPC read'} of the "
             f"(W-1)/W foreign slices; latency = custom_ar_1stage tp{w}'s ({c['source'][:60]}...), busBW = "
-            f"{RING_LINK_RATIO} x {link / 1e9:.0f} GB/s (the ring's link fraction)", "assumed",
-            latency_s=lat, bus_bw_bytes_per_s=RING_LINK_RATIO * link)
+            f"{RING} x {link / 1e9:.0f} GB/s (the ring's link fraction)", "assumed",
+            latency_s=lat, bus_bw_bytes_per_s=RING * link)
         if multicast and cc in T.CUSTOM_RS_MULTIMEM_CAPABILITIES and w in T.CUSTOM_RS_MULTIMEM_WORLDS:
             eta = p["fused_kernel"]["_link_efficiency"]["link_efficiency"]
             coll.setdefault("custom_rs_multimem", {})[key] = sec(
@@ -747,9 +743,8 @@ def build_all(root=ROOT):
                 "a800": asynctp_section(a800(), sync_h100_assumed, host_assumed),
                 "l40s": asynctp_section(l40s(), sync_h100_assumed, host_assumed),
                 "mi300x": asynctp_section(mi300x(), sync_h100_assumed, host_assumed)}
-    for name in ("h800",):
-        profiles[name] = calibrated_overrides(profiles[name], "h200-sxm", root=root, keys=SAME_DIE_KEYS,
-                                              note="; measured on an H200, which has the H100's GH100 die and 132 SMs")
+    profiles["h800"] = calibrated_overrides(profiles["h800"], "h200-sxm", root=root, keys=SAME_DIE_KEYS,
+                                            note="; measured on an H200, which has the H100's GH100 die and 132 SMs")
     profiles["gb300-nvl72"] = gb300(profiles["b300"])
     for name in ("h100-sxm", "h200-sxm", "h800"):
         profiles[name] = kernel_section(profiles[name], kern, "nvlink4")

@@ -93,9 +93,9 @@ def h100_collectives():
 
     def put(impl, w, fit, source):
         bw = fit["bus_bw_bytes_per_s"]
-        if "multimem" not in impl and bw > 0.816 * link:  # only NVLS/multimem reduces in the switch
-            bw = 0.816 * link
-            source += f" (fitted busBW {fit['bus_bw_bytes_per_s'] / 1e9:.0f} GB/s capped at 0.816 x 450 GB/s link, NCCL_ISSUE1455 ring/link ratio)"
+        if "multimem" not in impl and bw > F.RING_LINK_RATIO * link:  # only NVLS/multimem reduces in the switch
+            bw = F.RING_LINK_RATIO * link
+            source += f" (fitted busBW {fit['bus_bw_bytes_per_s'] / 1e9:.0f} GB/s capped at {F.RING_LINK_RATIO} x 450 GB/s link, NCCL_ISSUE1455 ring/link ratio)"
         out.setdefault(impl, {})[f"tp{w}"] = dict(latency_s=fit["latency_s"], bus_bw_bytes_per_s=bw,
                                                   source=f"{source}; fit rms rel err {fit['rms_rel_err']:.3f} over {fit['n']} points (tools/reference_fits.py)",
                                                   tier="published-measurement")
@@ -180,8 +180,8 @@ def h100_collectives():
             f"{fit_alpha_beta(*zip(*pts), ar_factor(2))[1] / 1e9:.0f} GB/s, an early kernel at small sizes)"))
     for impl in ("custom_ar_2stage", "symm_mem_two_shot", "symm_mem_multimem"):
         e = out[impl]["tp4"]
-        out[impl]["tp2"] = dict(e, bus_bw_bytes_per_s=min(e["bus_bw_bytes_per_s"], 0.816 * link),
-                                source=e["source"] + "; used for TP2 (no TP2 data), busBW capped at 0.816 x 450 GB/s link (NCCL_ISSUE1455 ring/link ratio)")
+        out[impl]["tp2"] = dict(e, bus_bw_bytes_per_s=min(e["bus_bw_bytes_per_s"], F.RING_LINK_RATIO * link),
+                                source=e["source"] + f"; used for TP2 (no TP2 data), busBW capped at {F.RING_LINK_RATIO} x 450 GB/s link (NCCL_ISSUE1455 ring/link ratio)")
     # FlashInfer fused AR+RMSNorm: TP4/TP8 one-shot ~ custom AR 1-stage + a norm; two-shot ~ symm-mem two-shot
     for w in (4, 8):
         out["flashinfer_ar_rmsnorm"][f"tp{w}"] = dict(out["custom_ar_1stage"][f"tp{w}"], tier="assumed",
