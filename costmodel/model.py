@@ -223,10 +223,13 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
         return mem("silu_mul", F.silu_mul_bytes(n, I_rank, act, mode.quant_bytes), "silu_mul_bytes")
 
     def moe_experts(n):
-        """Grouped experts (roofline): the expected experts touched stream their weights (§8)."""
+        """Grouped experts (roofline): the expected experts touched stream their weights (§8). SP's padding rows
+        (n > N) are identical zero rows: they all route to one token's experts, so the experts touched are those of
+        the N real tokens and one more; every padded row still computes."""
         E, k = spec.num_experts, spec.experts_per_token
         flops = F.gemm_flops(n * k, 3 * I_rank, H)
-        w_bytes = F.moe_expert_weight_bytes(n, k, E, H, I_rank, hw.gemm_in_bytes)
+        routed = np.where(n > N, N + 1.0, n)
+        w_bytes = F.moe_expert_weight_bytes(routed, k, E, H, I_rank, hw.gemm_in_bytes)
         t_exp = hw.gemm["launch_overhead_s"] * 3 + np.maximum(
             flops / (hw.peak_flops_per_s * hw.gemm["max_efficiency"]), w_bytes / (hw.hbm_bw_bytes_per_s * hw.gemm["mem_efficiency"]))
         return op("moe_experts", "gemm", t_exp, formula="formulas.gemm_flops + moe_expert_weight_bytes (grouped roofline)",

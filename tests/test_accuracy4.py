@@ -1,4 +1,4 @@
-"""Decode steps read their KV cache (#33 item 1) and the `host` bound only where host time is charged (item 4)."""
+"""Accuracy IV (#33): decode steps read their KV cache (item 1), SP padding rows route as one token (item 3), the `host` bound only where host time is charged (item 4)."""
 
 import json
 
@@ -45,3 +45,26 @@ def test_host_bound_only_when_host_time_is_charged(capsys):
     assert main(["whatif", "--ops", "32", "--enforce-eager", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert any(r["bound"] == "host" for rows in d["ops"].values() for r in rows)
+
+
+QWEN3_LIKE = {"hidden_size": 4096, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
+              "num_hidden_layers": 94, "moe_intermediate_size": 1536, "num_experts": 128, "num_experts_per_tok": 8,
+              "vocab_size": 151936}  # Qwen3-235B-A22B's published shape
+
+
+def test_sp_padding_rows_route_as_one_token():
+    """At TP 8 SP pads 1 token to 8 rows; the 7 padding rows are identical zero rows, routed to one token's experts:
+    the experts touched are those of 2 tokens (E(1-(1-k/E)^2)), not 8; plain TP's are 1 token's."""
+    from costmodel.model import predict
+    from costmodel.shapes import shape_from_config
+
+    shape = shape_from_config(QWEN3_LIKE, "qwen3-235b-like")
+    prof = load_profile("h100-sxm")
+    pred = predict(prof, shape, 8, "bf16", [1.0])
+    E, k, H, inter = 128, 8, 4096, 1536 // 8
+    for sched, tokens in (("sp", 2), ("tp", 1)):
+        o = next(o for o in pred.schedules[sched].layer_ops if o.name == "moe_experts")
+        w = F.moe_expert_weight_bytes(tokens, k, E, H, inter, 2.0)
+        t_mem = w / (prof.memory.hbm_bw_bytes_per_s * prof.gemm.mem_efficiency) + 3 * prof.gemm.launch_overhead_s
+        assert float(o.t_s[0]) == pytest.approx(t_mem, rel=1e-9)
+    assert float(pred.speedup("sp")[0]) > 0.5  # was 0.394 with the padding routed as 7 more tokens
