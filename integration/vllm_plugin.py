@@ -173,6 +173,36 @@ def _cudagraph_max_tokens(cfg) -> int | None:
     return int(size) if size is not None else None
 
 
+def _workload_from_env():
+    """TPCOST_WORKLOAD's traffic, parsed (None: the uniform default)."""
+    if not os.environ.get("TPCOST_WORKLOAD"):
+        return None
+    from costmodel.workload import read_workload
+
+    return read_workload(os.environ["TPCOST_WORKLOAD"])
+
+
+def _fusion_plan(inputs: dict, f) -> tuple[list, list[str]]:
+    """(pass-config fields to set, what to say) for a decided FlashInfer fusion range `f` (recommend.FusionRange).
+    Decided, or vLLM's own limit kept: set explicitly either way (the same compile ranges; vLLM's CPU build cannot
+    compute its default, whose pass module needs CUDA ops); a user's value is left alone."""
+    sets: list = []
+    said: list[str] = []
+    if not inputs["want_fi"] or f is None or f.why.startswith("user"):
+        return sets, said
+    if f.tokens == 0:
+        if inputs["fuse_allreduce_rms"] is None:
+            sets.append(("fuse_allreduce_rms", False))
+            said.append("fuse_allreduce_rms=False (the fused all-reduce+RMSNorm never wins here)")
+    else:
+        sets.append(("fi_allreduce_fusion_max_size_mb", f.mb))
+        v = inputs["vllm_version"]
+        kept = "; vLLM's own limit kept" if f.why.startswith("kept") else ""
+        said.append(f"fi_allreduce_fusion_max_size_mb={f.mb:.6g} (fused up to {f.tokens} tokens; "
+                    f"vLLM {v[0]}.{v[1]}'s tables{kept})")
+    return sets, said
+
+
 def _plan(inputs: dict) -> dict:
     """What to set on the pass config and what to say, from the cost model (a JSON-able plan; plugin_cache)."""
     from costmodel.profile import detect_profile
@@ -182,31 +212,14 @@ def _plan(inputs: dict) -> dict:
 
     prof = detect_profile()
     shape = shape_from_config(inputs["hf_text_config"], inputs["model"])
-    workload = None
-    if os.environ.get("TPCOST_WORKLOAD"):
-        from costmodel.workload import read_workload
-
-        workload = read_workload(os.environ["TPCOST_WORKLOAD"])
+    workload = _workload_from_env()
     asynctp, choice = inputs.get("asynctp") or [None, "decided"]
     r = recommend(prof, shape, inputs["tp"], inputs["dtype"], inputs["max_tokens"], workload=workload,
                   vllm_version=tuple(inputs["vllm_version"]),
                   user_fuse_allreduce_rms=inputs["fuse_allreduce_rms"],
                   user_fi_max_mb=inputs["fi_allreduce_fusion_max_size_mb"],
                   cudagraph_max_tokens=inputs.get("cudagraph_max_tokens"), asynctp=asynctp, asynctp_choice=choice)
-    sets, said = [], []
-    # decided, or vLLM's own limit kept: set explicitly either way (the same compile ranges; vLLM's CPU build cannot
-    # compute its default, whose pass module needs CUDA ops)
-    if inputs["want_fi"] and r.fusion is not None and not r.fusion.why.startswith("user"):
-        if r.fusion.tokens == 0:
-            if inputs["fuse_allreduce_rms"] is None:
-                sets.append(("fuse_allreduce_rms", False))
-                said.append("fuse_allreduce_rms=False (the fused all-reduce+RMSNorm never wins here)")
-        else:
-            sets.append(("fi_allreduce_fusion_max_size_mb", r.fusion.mb))
-            v = inputs["vllm_version"]
-            kept = "; vLLM's own limit kept" if r.fusion.why.startswith("kept") else ""
-            said.append(f"fi_allreduce_fusion_max_size_mb={r.fusion.mb:.6g} (fused up to {r.fusion.tokens} tokens; "
-                        f"vLLM {v[0]}.{v[1]}'s tables{kept})")
+    sets, said = _fusion_plan(inputs, r.fusion)
     if inputs["want_sp"]:
         if r.enable:
             sets.append(("sp_min_token_num", r.cutoff_tokens))
@@ -312,11 +325,7 @@ def _kernel_plan(inputs: dict) -> dict:
 
     prof = detect_profile()
     km = read_kernel_model(inputs["kernel_model"], inputs["model"])
-    workload = None
-    if os.environ.get("TPCOST_WORKLOAD"):
-        from costmodel.workload import read_workload
-
-        workload = read_workload(os.environ["TPCOST_WORKLOAD"])
+    workload = _workload_from_env()
     kw = dict(max_num_batched_tokens=inputs["max_tokens"], workload=workload,
               vllm_version=tuple(inputs["vllm_version"]), user_fuse_allreduce_rms=inputs["fuse_allreduce_rms"],
               user_fi_max_mb=inputs["fi_allreduce_fusion_max_size_mb"])
@@ -327,16 +336,9 @@ def _kernel_plan(inputs: dict) -> dict:
     except TpcostError as e:  # the switch has no effect here: say why, and still decide the fusion range
         said.append(str(e))
         d = kernel_model_config(prof, km, par, None, **kw)
-    sets, env = [], []
-    f = d.fusion
-    if inputs["want_fi"] and f is not None and not f.why.startswith("user"):
-        if f.tokens == 0:
-            if inputs["fuse_allreduce_rms"] is None:
-                sets.append(("fuse_allreduce_rms", False))
-                said.append("fuse_allreduce_rms=False (the fused all-reduce+RMSNorm never wins here)")
-        else:
-            sets.append(("fi_allreduce_fusion_max_size_mb", f.mb))
-            said.append(f"fi_allreduce_fusion_max_size_mb={f.mb:.6g} (fused up to {f.tokens} tokens)")
+    sets, fusion_said = _fusion_plan(inputs, d.fusion)
+    said += fusion_said
+    env = []
     ks = d.switch
     if ks is not None:
         env.append((ks.env, str(int(ks.set_on))))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from costmodel.errors import TpcostError
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
-from .common import DEFAULT_GPU, bounded_int, vllm_version_arg
+from .common import DEFAULT_GPU, bounded_int, resolve_profile, vllm_version_arg
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 DEFAULT_SIZES = [float(2**e) for e in range(10, 35, 2)]  # 1 KiB .. 16 GiB, x4 (nccl-tests -b 1K -e 16G -f 4)
@@ -40,13 +40,8 @@ def _rows(prof, op: str, tp: int, sizes, model_level_sp: bool, version) -> list[
 
 def cmd_collective(args) -> int:
     from costmodel.analysis import provenance_line
-    from costmodel.profile import load_profile
 
-    if args.gpu == "auto":
-        from costmodel.profile import detect_profile_name
-
-        args.gpu = detect_profile_name()
-    prof = load_profile(args.gpu)
+    prof, _ = resolve_profile(args)  # collective has no --set
     version = vllm_version_arg(args)
     measured = None
     if args.log:

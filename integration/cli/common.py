@@ -72,9 +72,11 @@ def add_shape_args(p, gpu_help="built-in GPU profile name, a profile .toml path,
     p.add_argument("--fi-allreduce-fusion-max-size-mb", type=fraction("--fi-allreduce-fusion-max-size-mb", 0.0, 1e6),
                    metavar="MB", help="vLLM's PassConfig value to predict with (0: fuse_allreduce_rms off; default: "
                    "decided, the same way by whatif and vllm-config)")
-    p.add_argument("--min-confidence", type=probability("--min-confidence"), default=0.8, metavar="P",
+    from integration.recommend import MIN_CONFIDENCE
+
+    p.add_argument("--min-confidence", type=probability("--min-confidence"), default=MIN_CONFIDENCE, metavar="P",
                    help="move one of vLLM's defaults (the fusion range) only when the change helps in at least this "
-                        "share of the profile's Monte Carlo draws, in [0, 1] (default 0.8)")
+                        f"share of the profile's Monte Carlo draws, in [0, 1] (default {MIN_CONFIDENCE:g})")
     p.add_argument("--workload", metavar="FILE", help="your traffic: a scrape of vLLM's /metrics "
                    "(vllm:iteration_tokens_total) or a CSV num_tokens,count (default: uniform over the multiples of tp)")
     p.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE",
@@ -128,21 +130,27 @@ def cudagraph_arg(args) -> int | None:
     return getattr(args, "cudagraph_max_tokens", None)
 
 
-def resolve_inputs(args):
+def resolve_profile(args):
+    """(profile, its --set overrides) of --gpu (a built-in, a .toml, or 'auto': the local GPU), the overrides applied."""
     from costmodel.profile import load_profile, parse_set, with_overrides
-    from costmodel.shapes import check_dtype, load_model
 
     if args.gpu == "auto":
         from costmodel.profile import detect_profile_name
 
         args.gpu = detect_profile_name()
     prof = load_profile(args.gpu)
-    overrides = parse_set(args.set)
+    overrides = parse_set(getattr(args, "set", None) or [])
+    return (with_overrides(prof, overrides) if overrides else prof), overrides
+
+
+def resolve_inputs(args):
+    from costmodel.shapes import check_dtype, load_model
+
+    prof, overrides = resolve_profile(args)
     shape = load_model(args.model)
     check_dtype(args.dtype)
     shape.check_tp(args.tp)
     if overrides:
-        prof = with_overrides(prof, overrides)
         check_overrides_take_effect(prof, overrides, shape, args)
     return prof, shape
 

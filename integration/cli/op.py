@@ -6,23 +6,14 @@ from costmodel.errors import TpcostError
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
 from .common import (DEFAULT_GPU, MAX_TOKENS, add_regime_args, bounded_int, cudagraph_arg,
-                     fraction, load_workload_arg, vllm_version_arg)
+                     fraction, load_workload_arg, resolve_profile, vllm_version_arg)
 
 
 def cmd_op(args) -> int:
     """tpcost op: one fused GEMM+collective against vLLM's unfused path over M, and its cutoff."""
     from costmodel.analysis import provenance_line
     from costmodel.op_analysis import M_STEP, analyse_op
-    from costmodel.profile import load_profile, parse_set, with_overrides
-
-    if args.gpu == "auto":
-        from costmodel.profile import detect_profile_name
-
-        args.gpu = detect_profile_name()
-    prof = load_profile(args.gpu)
-    overrides = parse_set(args.set)
-    if overrides:
-        prof = with_overrides(prof, overrides)
+    prof, overrides = resolve_profile(args)
     kw = dict(calls_per_forward=args.calls_per_forward, max_num_batched_tokens=args.max_num_batched_tokens,
               margin=args.margin, workload=load_workload_arg(args), extra_m=args.m or (),
               vllm_version=vllm_version_arg(args), cudagraph_max_tokens=cudagraph_arg(args))

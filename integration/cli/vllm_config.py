@@ -7,7 +7,8 @@ import sys
 
 from costmodel.io import dumps_json
 
-from .common import add_shape_args, bounded_int, cudagraph_arg, decode_arg, load_workload_arg, resolve_inputs
+from .common import (add_shape_args, bounded_int, cudagraph_arg, decode_arg, load_workload_arg, resolve_inputs,
+                     resolve_profile)
 
 
 def register(sub) -> None:
@@ -137,22 +138,13 @@ def kernel_model_config(args, cfg, name, where, version, how) -> int:
     call sites (costmodel.kernel_sites); its forward is not modelled, so the flags only a forward reads are refused."""
     from costmodel.errors import TpcostError
     from costmodel.kernel_sites import read_kernel_model
-    from costmodel.profile import parse_set, recording, with_overrides
+    from costmodel.profile import recording
 
     from integration.recommend import fusion_lines, kernel_model_config as decide, kernel_switch_lines
 
     km = read_kernel_model(cfg, name, where)
     par = _kernel_parallel_args(args, km, name)
-    if args.gpu == "auto":
-        from costmodel.profile import detect_profile_name
-
-        args.gpu = detect_profile_name()
-    from costmodel.profile import load_profile
-
-    prof = load_profile(args.gpu)
-    overrides = parse_set(args.set)
-    if overrides:
-        prof = with_overrides(prof, overrides)
+    prof, overrides = resolve_profile(args)
     workload = load_workload_arg(args)
     mb = args.fi_allreduce_fusion_max_size_mb
     traced, reads = recording(prof)

@@ -27,8 +27,10 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     if args.ops is not None:
         from costmodel.errors import TpcostError
 
+        from integration.recommend import MIN_CONFIDENCE
+
         for flag, given in (("--plot", args.plot), ("--workload", args.workload), ("--tokens", args.tokens),
-                            ("--no-band", args.no_band), ("--min-confidence", args.min_confidence != 0.8)):
+                            ("--no-band", args.no_band), ("--min-confidence", args.min_confidence != MIN_CONFIDENCE)):
             if given:
                 raise TpcostError(f"whatif --ops {args.ops}: {flag} belongs to the sweep, which --ops replaces by one "
                                   "token count")
