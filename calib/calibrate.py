@@ -57,7 +57,6 @@ def cpu_prior(host: str) -> dict:
                                                internode_bw_bytes_per_s=1e9, internode_latency_s=1e-4)},
         "collectives": {c: {"tp2": sec(latency_s=5e-5, bus_bw_bytes_per_s=2e9)}
                         for c in ("nccl_all_gather", "nccl_reduce_scatter", "nccl_all_reduce")},
-        "vllm_dispatch": {},
         "asynctp": sec(barrier_s=5e-5, copy_engine_bw_bytes_per_s=2e9, copy_latency_s=5e-5, compute_slowdown=0.1,
                        stream_concurrency=0.0),
     }

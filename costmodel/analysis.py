@@ -7,11 +7,13 @@ from typing import Any
 
 import numpy as np
 
+from . import vllm_tables
 from .errors import TpcostError
 from .model import BREAKDOWN_KEYS, SCHEDULES, Prediction, predict
 from .profile import UNPERTURBED_PREFIXES, HardwareProfile, value_range
 from .shapes import ModelShape
 from .vllm_rules import vllm_sp_min_token_num
+from .vllm_tables import VllmLike
 
 BAND_DRAWS = 200
 BAND_SEED = 0
@@ -173,7 +175,7 @@ def decided_schedule(a: Analysis, asynctp: bool | None = None) -> tuple[str | No
     is its expected forward time at its own cutoff with the risk premium on the steps it runs (decision_value);
     plain TP wins ties, then SP alone."""
     v = a.predict_kw.get("vllm_version")
-    if v is not None and tuple(v) >= (0, 32):  # vLLM 0.32 removed the SP and AsyncTP passes
+    if v is not None and vllm_tables.version_of(v) >= (0, 32):  # vLLM 0.32 removed the SP and AsyncTP passes
         return None, None
     cands: list[tuple[float, int, str | None, int | None]] = []
     dv, sdv = a.decision_value or {}, a.sp_decision_value or {}
@@ -285,7 +287,7 @@ def display_tokens(max_tokens: int = 65536) -> np.ndarray:
 def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *, seq_len: int = 1024,
             max_num_batched_tokens: int = 8192, margin: float = 0.02, band: bool = True,
             display_max_tokens: int = 65536, tokens: Any = None, workload: Any = None, fi_max_bytes: float | None = None,
-            cudagraph_max_tokens: int | None = None, vllm_version: tuple[int, int] | None = None,
+            cudagraph_max_tokens: int | None = None, vllm_version: VllmLike = None,
             decode: Any = None) -> Analysis:
     """Cutoff decision, band and a table at `tokens` (default: powers of two up to display_max_tokens, plus the
     cutoff). `workload` (costmodel.workload.Workload; default uniform over the multiples of tp) is the traffic

@@ -14,6 +14,7 @@ from . import ops
 from .errors import TpcostError
 from .io import read_text
 from .io import savefig_atomic
+from .vllm_tables import VllmLike
 
 OP_COLUMNS = ("hardware", "tp", "op", "dtype", "m", "n", "k", "baseline_us", "overlap_us", "source")
 MODEL_COLUMNS = ("hardware", "tp", "model", "dtype", "num_tokens", "baseline_us", "overlap_us", "scope", "source")
@@ -198,7 +199,7 @@ def _profile(cache, name):
 
 
 def predict_op_row(prof: Any, op: str, dtype: str, tp: int, m: int, n: int | None, k: int | None, eager: bool = True,
-                   impl: str = "torch", baseline_impl: str = "nccl", vllm_version: tuple[int, int] | None = None,
+                   impl: str = "torch", baseline_impl: str = "nccl", vllm_version: VllmLike = None,
                    all_draws: bool = False) -> tuple[Any, int]:
     """(predicted speedup of the fused op over its sequential arm, hidden size vLLM's rule sees) for one
     microbenchmark row; by default the fused op runs eagerly (a Python loop issued per call, as in the benchmarks),
@@ -287,7 +288,7 @@ def _model_groups(rows, profiles, models, skipped, path):
 
 
 def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
-                   vllm_version: tuple[int, int] | None = None, band: bool = False) -> tuple[list[Scored], list[dict]]:
+                   vllm_version: VllmLike = None, band: bool = False) -> tuple[list[Scored], list[dict]]:
     """Score every row of `paths`. `cudagraph_max_tokens`: None keeps each set's own regime (op microbenchmarks
     eager; model rows vLLM's default capture size), else rows of more tokens run eagerly and the rest replay graphs
     (0: everything eager)."""

@@ -19,6 +19,7 @@ from .errors import TpcostError
 from .layer import LayerSpec
 from .profile import HardwareProfile
 from .shapes import ModelShape, check_dtype
+from .vllm_tables import VllmLike
 
 SCHEDULES = ("tp", "sp", "sp_asynctp")
 # every term is "positive = SP+AsyncTP saves", in JSON and in text; they sum to t_tp − t_sp_asynctp
@@ -140,7 +141,7 @@ def cudagraph_max_tokens_default(profile: HardwareProfile) -> int:
 
 def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens: Any,  # noqa: C901 (ops)
             seq_len: int = 1024, cudagraph_max_tokens: int | None = None, fi_max_bytes: float | None = None,
-            vllm_version: tuple[int, int] | None = None, decode: DecodeRegime | None = None) -> Prediction:
+            vllm_version: VllmLike = None, decode: DecodeRegime | None = None) -> Prediction:
     """Per-op times of tp / sp / sp_asynctp for one forward over token counts `num_tokens`.
 
     Forwards of N ≤ cudagraph_max_tokens replay CUDA graphs (no host cost); larger ones run eagerly,

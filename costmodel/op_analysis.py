@@ -18,6 +18,7 @@ from .analysis import BAND_DRAWS, BAND_SEED, decide_cutoff, decision_value, pert
 from .errors import TpcostError
 from .model import cudagraph_max_tokens_default
 from .profile import HardwareProfile
+from .vllm_tables import VllmLike
 
 OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
 IMPLS = ("torch", "kernel")
@@ -40,7 +41,7 @@ class OpSpec:
     k: int
     dtype: str
     cudagraph_max_tokens: int  # torch's pipelined ops pay host issue time above it
-    vllm_version: tuple[int, int] | None = None
+    vllm_version: VllmLike = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +145,7 @@ def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: 
 
 def analyse_op(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int, dtype: str = "bf16", *,
                calls_per_forward: int = 1, max_num_batched_tokens: int = 8192, margin: float = 0.02, workload: Any = None,
-               extra_m: Any = (), vllm_version: tuple[int, int] | None = None, cudagraph_max_tokens: int | None = None,
+               extra_m: Any = (), vllm_version: VllmLike = None, cudagraph_max_tokens: int | None = None,
                with_band: bool = True) -> OpAnalysis:
     """Fused against unfused over M = the multiples of 128 up to max_num_batched_tokens (and `extra_m`), per forward
     (× calls_per_forward); the cutoff on that grid; vLLM's own rule and the saving against it."""

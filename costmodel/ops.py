@@ -14,8 +14,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import formulas as F
+from . import vllm_tables
 from .errors import TpcostError
 from .profile import HardwareProfile
+from .vllm_tables import VllmLike
 
 Arr = F.Arr  # a number or a numpy array (formulas broadcast)
 
@@ -205,8 +207,6 @@ def reduce_scatter_dispatch(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: boo
     """(time s, implementation per size) of the reduce-scatter vLLM runs: under model-level SP its custom backends
     (costmodel.vllm_tables.custom_rs_backend: Lamport, multimem, IPC) where the profile has their curves, else NCCL;
     the generic reduce_scatter (vLLM <= 0.31's compile-pass SP) always NCCL."""
-    from . import vllm_tables
-
     msg = np.atleast_1d(np.asarray(msg_bytes, dtype=float))
     p = hw.p
     t0 = t_reduce_scatter_s(hw, tp, msg)
@@ -214,7 +214,7 @@ def reduce_scatter_dispatch(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: boo
     impls = np.full(msg.shape, "nccl_reduce_scatter", dtype=object)
     if model_level_sp:
         multicast = p.fused_kernel is not None  # the NVLS multicast buffer the custom backends need
-        fully = p.kind == "nvswitch" or tp == 2
+        fully = vllm_tables.fully_connected(p.interconnect, tp)
         names = np.array([vllm_tables.custom_rs_backend(float(s), tp, p.identity.compute_capability, multicast, fully)
                           or "nccl_reduce_scatter" for s in msg], dtype=object)
         for impl in set(names) - {"nccl_reduce_scatter"}:
@@ -251,20 +251,15 @@ class AllReduce(NamedTuple):
 
 
 def all_reduce_dispatch(hw: Hw, msg_bytes: Arr, tp: int, fusion_applies: bool, fi_max_bytes: float | None = None,
-                        vllm_version: tuple[int, int] | None = None) -> AllReduce:
+                        vllm_version: VllmLike = None) -> AllReduce:
     """The all-reduce implementation vLLM picks for each message size, and its time.
 
     Order as in CudaCommunicator.all_reduce: FlashInfer (fused AR+RMSNorm when the fusion pass applies)
     ≤ fi limit; quick-reduce (ROCm); custom AR < its max (1-stage below the 1-stage limit); torch
     symm-mem ≤ its max; else (Py)NCCL. `fi_max_bytes` overrides the FlashInfer limit (0 = off). The limits are
-    the profile's `vllm_dispatch` (vLLM ≤ 0.31's tables), with what `vllm_version` changes in them
-    (costmodel.vllm_tables.version_delta; nothing on one node from 0.31 to 0.33)."""
-    from . import vllm_tables
-
-    p, d = hw.p, hw.p.dispatch(tp)
-    delta = vllm_tables.version_delta(vllm_version, p.identity.compute_capability, tp) if vllm_version else {}
-    if delta:
-        d = dataclasses.replace(d, **delta)
+    vLLM's own for this GPU and version (costmodel.vllm_tables.dispatch; a Vllm carries --vllm-set's changes)."""
+    p = hw.p
+    d = vllm_tables.dispatch(vllm_version, p.identity, p.interconnect, tp)
     msg_bytes = np.asarray(msg_bytes, dtype=float)
     fi_max = d.fi_fusion_max_bytes
     if fi_max_bytes is not None and fi_max is not None:
@@ -320,7 +315,8 @@ def all_reduce_dispatch(hw: Hw, msg_bytes: Arr, tp: int, fusion_applies: bool, f
         fused.ravel()[where] = is_fused
         names.ravel()[where] = impl
         used.append(impl)
-    return AllReduce(t, fused, used, lat_out, vllm_tables.citations(vllm_version), names.astype(str))
+    return AllReduce(t, fused, used, lat_out, vllm_tables.citations(vllm_tables.version_of(vllm_version)),
+                     names.astype(str))
 
 
 # ---------------------------------------------------------------------- AsyncTP (§6)
@@ -498,7 +494,7 @@ class KernelPair(NamedTuple):
 
 
 def kernel_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, *, weights: str = "bf16", baseline: str = "vllm",
-                vllm_version: tuple[int, int] | None = None, norm_after: bool = False,
+                vllm_version: VllmLike = None, norm_after: bool = False,
                 fi_max_bytes: float | None = None) -> KernelPair:
     """The one predictor of the single kernel against its unfused arm (tpcost op, vllm-config, evaluate, the fits).
 
@@ -526,7 +522,7 @@ def kernel_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, *, weights: st
     return KernelPair(fused + t_norm, hw.t_gemm(m, n, k) + coll, impls, kern)
 
 
-def unfused_all_reduce_norm_s(hw: Hw, rows: Arr, hidden: int, tp: int, vllm_version: tuple[int, int] | None = None) -> Arr:
+def unfused_all_reduce_norm_s(hw: Hw, rows: Arr, hidden: int, tp: int, vllm_version: VllmLike = None) -> Arr:
     """The all-reduce + RMSNorm unit without FlashInfer's fusion: vLLM's next all-reduce for rows·H activations, then
     the RMSNorm kernel (s; docs/model.md §3-4; the one home of this unit outside the schedules)."""
     msg = rows * (hidden * hw.act_bytes)
@@ -534,7 +530,7 @@ def unfused_all_reduce_norm_s(hw: Hw, rows: Arr, hidden: int, tp: int, vllm_vers
     return t_ar + hw.t_mem(F.rms_norm_bytes(rows, hidden, hw.act_bytes, hw.mode.quant_bytes))
 
 
-def sequential_gemm_ar_s(hw: Hw, m: Arr, n: int, k: int, tp: int, vllm_version: tuple[int, int] | None = None) -> Arr:
+def sequential_gemm_ar_s(hw: Hw, m: Arr, n: int, k: int, tp: int, vllm_version: VllmLike = None) -> Arr:
     """What GEMM+AR replaces: the whole GEMM, then the all-reduce vLLM dispatches for its m·n partials (s)."""
     msg = np.atleast_1d(np.asarray(m, dtype=float) * (n * hw.act_bytes))
     ar = all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm_version=vllm_version)

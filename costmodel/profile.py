@@ -1,7 +1,8 @@
 """Hardware profiles: versioned TOML, parsed once into frozen typed dataclasses; every number keeps its source and tier.
 
 Schema (version 1). A profile is a tree of TOML tables, one per dataclass below (`[gemm]` is `Gemm`,
-`[collectives.<impl>.tp<W>]` a `Collective`, `[vllm_dispatch.tp<W>]` a `Dispatch`). Every table that holds
+`[collectives.<impl>.tp<W>]` a `Collective`). A profile holds hardware only: vLLM's dispatch limits are code of
+vLLM's, derived per version by costmodel.vllm_tables.dispatch. Every table that holds
 numeric leaves also holds `source` (URL, `../shared/reference` source_id, or calibration provenance) and
 `tier` (one of TIERS); the numeric leaves of that table share them. A sub-table whose name starts with `_`
 only groups values that share a source: its leaves belong to the parent table (`[gemm._tile] tile_m = 128`
@@ -35,8 +36,11 @@ SCHEMA_VERSION = 1
 TIERS = ("assumed", "datasheet", "published-measurement", "calibrated")
 # Relative 1-sigma of a parameter by provenance tier, used by the cutoff band (docs/model.md §7).
 SIGMA_REL_BY_TIER = {"assumed": 0.30, "datasheet": 0.15, "published-measurement": 0.10, "calibrated": 0.05}
-# Tables whose values are code constants (vLLM's dispatch tables) or shapes: never perturbed.
-UNPERTURBED_PREFIXES = ("vllm_dispatch.", "identity.", "gemm.tile_", "interconnect.domain_size")
+# Tables whose values are shapes or counts: never perturbed.
+UNPERTURBED_PREFIXES = ("identity.", "gemm.tile_", "interconnect.domain_size")
+NO_DISPATCH_TABLE = ("[vllm_dispatch] is not a profile table: profiles hold hardware only, and tpcost derives vLLM's "
+                     "dispatch limits from its version (costmodel/vllm_tables.py); delete the section, and use "
+                     "--vllm-set KEY=BYTES (e.g. custom_ar_max_bytes=4194304) for a what-if on a limit")
 
 Num = Any  # a float, or an array of Monte Carlo draws of shape (D, 1) (the cutoff band)
 
@@ -140,19 +144,6 @@ class Collective:
 
 
 @dataclasses.dataclass(frozen=True)
-class Dispatch:
-    """[vllm_dispatch.tp<W>]: vLLM's all-reduce implementation limits at W ranks (bytes; None: not used, §4)."""
-
-    fi_fusion_max_bytes: Num | None = None  # FlashInfer fused AR+RMSNorm up to this message size
-    fi_oneshot_max_bytes: Num | None = None  # ... one-shot kernel up to this size, two-shot above
-    quick_reduce_max_bytes: Num | None = None  # ROCm quick-reduce
-    custom_ar_max_bytes: Num | None = None  # vLLM custom all-reduce below this size
-    custom_ar_1stage_max_bytes: Num | None = None  # ... 1-stage below this size, 2-stage above
-    symm_mem_max_bytes: Num | None = None  # torch symmetric-memory all-reduce up to this size
-    symm_mem_algo: str | None = None  # multimem | two_shot
-
-
-@dataclasses.dataclass(frozen=True)
 class AsyncTP:
     """[asynctp]: torch's fused AG+GEMM / GEMM+RS pipelines (§6)."""
 
@@ -180,8 +171,7 @@ class FusedKernel:
     inflight_scale: Num  # bytes a CTA keeps in flight over one RS tile's ld_reduce (vLLM's design: 1)
 
 
-_NO_DISPATCH = Dispatch()
-# fixed tables: dotted path -> dataclass; patterned ones: collectives.<impl>.tp<W>, vllm_dispatch.tp<W>
+# fixed tables: dotted path -> dataclass; patterned ones: collectives.<impl>.tp<W>
 _TABLES = {"identity": Identity, "compute.peak_flops_per_s": PeakFlops, "memory": Memory, "kernels": Kernels,
            "gemm": Gemm, "attention": Attention, "interconnect": Interconnect, "asynctp": AsyncTP}
 _SECTIONS = ("identity", "compute", "memory", "kernels", "gemm", "attention", "interconnect", "asynctp")
@@ -203,8 +193,6 @@ def _table_class(parent: str):
     parts = parent.split(".")
     if len(parts) == 3 and parts[0] == "collectives" and _is_tp(parts[2]):
         return Collective
-    if len(parts) == 2 and parts[0] == "vllm_dispatch" and _is_tp(parts[1]):
-        return Dispatch
     return None
 
 
@@ -259,7 +247,6 @@ VALUE_RANGES: tuple[tuple[str, ValueRange], ...] = (
     (r"fused_kernel\.(fixed_s|ar_fence_s)", ValueRange(0.0, 0.01, "s", "a launch, fences and signals: ~1e-6..1e-5")),
     (r"asynctp\.stream_concurrency", ValueRange(0.0, 1.0, "", "a fraction")),
     (r"asynctp\.compute_slowdown", ValueRange(0.0, 10.0, "", "relative slowdown; a 2-core CPU measured 1.3")),
-    (r"vllm_dispatch\..*", ValueRange(0.0, 2.0**40, "bytes", "vLLM's size limits are <= 128 MiB")),
     (r".*_bw_bytes_per_s", ValueRange(1e6, 1e14, "bytes/s", "gloo on a CPU ~4e8; NVLink 5 9e11")),
     (r".*(latency_s|barrier_s)", ValueRange(0.0, 0.1, "s", "NVLink ~1e-6; gloo on a CPU ~3.5e-4")),
     (r".*(launch_overhead_s|host_op_s)", ValueRange(0.0, 0.01, "s", "a kernel launch or torch call is ~1e-6..1e-5")),
@@ -295,7 +282,6 @@ class HardwareProfile:
     attention: Attention
     interconnect: Interconnect
     collectives: Mapping[str, Mapping[int, Collective]]  # impl -> TP size -> α, busBW
-    vllm_dispatch: Mapping[int, Dispatch]  # TP size -> vLLM's all-reduce limits
     asynctp: AsyncTP
     provenance: Mapping[str, Provenance]  # every numeric dotted key -> where its value came from
     notes: Mapping[str, str]  # [calibration] strings, dotted
@@ -335,8 +321,6 @@ class HardwareProfile:
         for impl, per_tp in self.collectives.items():
             for tp, c in per_tp.items():
                 walk(c, f"collectives.{impl}.tp{tp}")
-        for tp, d in self.vllm_dispatch.items():
-            walk(d, f"vllm_dispatch.tp{tp}")
         return MappingProxyType(out)
 
     def values(self) -> dict[str, Any]:
@@ -374,10 +358,6 @@ class HardwareProfile:
 
     def has_collective(self, impl: str) -> bool:
         return impl in self.collectives
-
-    def dispatch(self, tp: int) -> Dispatch:
-        """vLLM's implementation-switch limits at `tp` (every field None where the profile has no entry)."""
-        return self.vllm_dispatch.get(tp, _NO_DISPATCH)
 
     @property
     def tier(self) -> str:
@@ -437,13 +417,10 @@ def _assemble(leaves: Mapping[str, Any], provenance: Mapping[str, Provenance], n
         return cls(**{f: leaves[key] for f in _field_kinds(cls) if (key := f"{prefix}.{f}") in leaves})
 
     colls: dict[str, set[int]] = {}
-    disp: set[int] = set()
     for key in leaves:
         if key.startswith("collectives."):
             parts = key.split(".")
             colls.setdefault(parts[1], set()).add(int(parts[2][2:]))
-        elif key.startswith("vllm_dispatch."):
-            disp.add(int(key.split(".")[1][2:]))
     optional = {}
     for sec, cls in _OPTIONAL_TABLES.items():
         have = [f for f in _field_kinds(cls) if f"{sec}.{f}" in leaves]
@@ -462,7 +439,6 @@ def _assemble(leaves: Mapping[str, Any], provenance: Mapping[str, Provenance], n
         compute=Compute(build(PeakFlops, "compute.peak_flops_per_s")), memory=build(Memory, "memory"),
         kernels=build(Kernels, "kernels"), gemm=build(Gemm, "gemm"), attention=build(Attention, "attention"),
         interconnect=build(Interconnect, "interconnect"), collectives=MappingProxyType(collectives),
-        vllm_dispatch=MappingProxyType({tp: build(Dispatch, f"vllm_dispatch.tp{tp}") for tp in sorted(disp)}),
         asynctp=build(AsyncTP, "asynctp"), provenance=MappingProxyType(dict(provenance)),
         notes=MappingProxyType(dict(notes)), modified=modified, **optional)
 
@@ -497,8 +473,7 @@ def recording(profile: HardwareProfile) -> tuple[HardwareProfile, set[str]]:
         profile, **{s: rec(getattr(profile, s), s) for s in _SECTIONS + tuple(_OPTIONAL_TABLES)
                     if getattr(profile, s) is not None},
         collectives={impl: {tp: rec(c, f"collectives.{impl}.tp{tp}") for tp, c in per.items()}
-                     for impl, per in profile.collectives.items()},
-        vllm_dispatch={tp: rec(d, f"vllm_dispatch.tp{tp}") for tp, d in profile.vllm_dispatch.items()})
+                     for impl, per in profile.collectives.items()})
     return traced, reads
 
 
@@ -547,6 +522,8 @@ def check_params(values: Mapping[str, Any], where: str) -> None:
     """One validation path for every profile value, run on load, after every override and on what calibration
     writes: finite, inside its plausible range (VALUE_RANGES), counts and tile sizes integers."""
     for k, v in values.items():
+        if k.startswith("vllm_dispatch."):
+            raise TpcostError(f"{where}: {k}: {NO_DISPATCH_TABLE}")
         if hasattr(v, "shape"):  # Monte Carlo draws: clipped into the range where they are made
             continue
         try:
@@ -581,6 +558,8 @@ def _check_key(key: str, value: Any, where: str) -> None:
     """`key` names a field of the schema, and `value` has that field's type (number or string)."""
     parent, _, leaf = key.rpartition(".")
     cls = _table_class(parent)
+    if key.startswith("vllm_dispatch."):
+        raise TpcostError(f"{where}: {key}: {NO_DISPATCH_TABLE}")
     if cls is None:
         raise TpcostError(f"{where}: [{parent or key}] is not a table of the profile schema "
                           f"(version {SCHEMA_VERSION}; see the fields in costmodel/profile.py)")
@@ -650,6 +629,8 @@ def profile_from_dict(tree: Mapping[str, Any], origin: str) -> HardwareProfile:
     prov: dict[str, Provenance] = {}
     notes: dict[str, str] = {}
     body = {k: v for k, v in tree.items() if k != "schema_version"}
+    if "vllm_dispatch" in body:
+        raise TpcostError(f"{where}: {NO_DISPATCH_TABLE}")
     _flatten(body, "", leaves, prov, notes, where)
     for key, (value, source) in OPTIONAL_DEFAULTS.items():
         if key not in leaves:  # profiles written before the quantity existed keep loading, and say so
@@ -725,6 +706,8 @@ def parse_set(items: list[str]) -> dict[str, float]:
         key, sep, val = item.partition("=")
         if not sep or not key.strip():
             raise TpcostError(f"--set expects QUANTITY=VALUE, got {item!r}")
+        if key.strip().startswith("vllm_dispatch."):
+            raise TpcostError(f"--set {key.strip()}: {NO_DISPATCH_TABLE}")
         try:
             fv = float(val)
         except ValueError:

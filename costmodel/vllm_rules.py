@@ -1,6 +1,6 @@
 """vLLM 0.31's own SP threshold table, reproduced to compare tpcost's cutoff with vLLM's default (whatif,
-evaluate's "vLLM 0.31 rule"). vLLM's all-reduce dispatch and FlashInfer fusion limits are data, not code:
-they live in each profile's `vllm_dispatch` tables (tools/build_profiles.py) and costmodel.ops reads them.
+evaluate's "vLLM 0.31 rule"). vLLM's all-reduce dispatch and FlashInfer fusion limits are in
+costmodel/vllm_tables.py (derived per version, GPU and TP by its `dispatch`).
 
 Sources (vLLM v0.31.0):
 - vllm/compilation/passes/fusion/sequence_parallelism.py: SP_MIN_HIDDEN_SIZE, SP_MIN_PER_GPU_SIZE_MB,

@@ -7,12 +7,16 @@ tests/test_vllm_tables.py compares every entry below with it). Citations are fil
 What differs between the versions, for the dispatch tpcost models: nothing on one node. 0.33 changes
 FI_MNNVL_ALLREDUCE_MAX_SIZE_MB (multi-node NVLink, sm100 TP 8 added and sm103 TP 8 raised from 64 to 128 MB),
 which tpcost does not model (its fused ops live inside one NVLink domain), and the batch-invariant and ROCm paths.
-The profiles' `vllm_dispatch` tables are built from these (tools/build_profiles.py), so a prediction names the
-version whose tables it used.
+
+Profiles hold hardware only: `dispatch(vllm, identity, interconnect, tp)` derives vLLM's limits at run time from
+these tables, the GPU's vendor and capability and whether its interconnect is fully connected, so a prediction names
+the version whose tables it used. `Vllm` is the vLLM a prediction is for: a version, plus any what-if change to
+those limits (`--vllm-set custom_ar_max_bytes=...`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -169,19 +173,131 @@ def custom_rs_backend(msg_bytes: float, tp: int, capability: str, multicast: boo
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Dispatch:
+    """vLLM's all-reduce implementation limits at one TP size (bytes; None: vLLM does not use it there)."""
+
+    fi_fusion_max_bytes: Any = None  # FlashInfer fused AR+RMSNorm up to this message size
+    fi_oneshot_max_bytes: Any = None  # ... one-shot kernel up to this size, two-shot above
+    quick_reduce_max_bytes: Any = None  # ROCm quick-reduce (off by default: VLLM_ROCM_QUICK_REDUCE_QUANTIZATION=NONE)
+    custom_ar_max_bytes: Any = None  # vLLM custom all-reduce below this size
+    custom_ar_1stage_max_bytes: Any = None  # ... 1-stage below this size, 2-stage above
+    symm_mem_max_bytes: Any = None  # torch symmetric-memory all-reduce up to this size
+    symm_mem_algo: str | None = None  # multimem | two_shot
+
+
+DISPATCH_FIELDS = tuple(f.name for f in dataclasses.fields(Dispatch))
+SYMM_MEM_ALGOS = ("multimem", "two_shot")
+# the limit -> the implementation (profile collective) it selects; --vllm-set refuses a limit whose
+# implementation the profile cannot time
+LIMIT_IMPLS = {"fi_fusion_max_bytes": "flashinfer_ar_rmsnorm", "fi_oneshot_max_bytes": "flashinfer_ar_rmsnorm",
+               "quick_reduce_max_bytes": "quick_reduce", "custom_ar_max_bytes": "custom_ar_2stage",
+               "custom_ar_1stage_max_bytes": "custom_ar_1stage", "symm_mem_max_bytes": None, "symm_mem_algo": None}
+# one node: CustomAllreduce._SUPPORTED_WORLD_SIZES without 16 (MNNVL, which tpcost does not model); beyond, NCCL
+DISPATCH_WORLDS = (2, 4, 6, 8)
+# interconnects on which every GPU reaches every other in one hop (vLLM's is_fully_connected: NVLink to all peers)
+FULLY_CONNECTED_KINDS = ("nvswitch", "xgmi")
+# where CUDA's tables apply (ROCm has custom AR at its default and none of FlashInfer / torch symm-mem)
+_TABLE_VENDORS, _CUSTOM_AR_VENDORS = ("nvidia",), ("nvidia", "amd")
+
+
+@dataclasses.dataclass(frozen=True)
+class Vllm:
+    """The vLLM a prediction is for: its version (major, minor) and what-if changes to its dispatch limits
+    (Dispatch field -> value, --vllm-set), applied at every TP size."""
+
+    version: tuple[int, int] = OLDEST
+    limits: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self):
+        for key, value in self.limits:
+            check_limit(key, value)
+
+
+VllmLike = Vllm | tuple[int, int] | None
+
+
+def target(vllm: VllmLike) -> Vllm:
+    """A Vllm of a version tuple (None: vLLM <= 0.31, the version with the SP schedules) or a Vllm itself."""
+    if isinstance(vllm, Vllm):
+        return vllm
+    return Vllm(OLDEST if vllm is None else (int(vllm[0]), int(vllm[1])))
+
+
+def version_of(vllm: VllmLike) -> tuple[int, int]:
+    """The (major, minor) of a Vllm, a version tuple or None (<= 0.31)."""
+    return target(vllm).version
+
+
+def check_limit(key: str, value: Any) -> None:
+    """One clear error for a --vllm-set key vLLM has no such limit for, or a value outside its range."""
+    if key not in DISPATCH_FIELDS:
+        raise TpcostError(f"--vllm-set {key}: vLLM's dispatch has no such limit (one of {', '.join(DISPATCH_FIELDS)})")
+    if key == "symm_mem_algo":
+        if value not in SYMM_MEM_ALGOS:
+            raise TpcostError(f"--vllm-set symm_mem_algo={value!r}: expected one of {', '.join(SYMM_MEM_ALGOS)}")
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 2.0**40:
+        raise TpcostError(f"--vllm-set {key}={value!r}: expected bytes in [0, 2^40] (vLLM's limits are <= 128 MiB; "
+                          "0 turns the implementation off)")
+
+
+def parse_limits(items: list[str]) -> tuple[tuple[str, Any], ...]:
+    """--vllm-set KEY=VALUE ... as Vllm.limits (bytes, or multimem / two_shot for symm_mem_algo)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not text.strip():
+            raise TpcostError(f"--vllm-set {item!r}: expected KEY=VALUE, e.g. custom_ar_max_bytes=4194304")
+        if key.startswith("vllm_dispatch."):
+            raise TpcostError(f"--vllm-set {key}: name the limit alone (e.g. custom_ar_max_bytes=...): it applies at "
+                              "the TP size of the query")
+        value: Any = text.strip()
+        if key != "symm_mem_algo":
+            try:
+                value = float(value)
+            except ValueError:
+                raise TpcostError(f"--vllm-set {item!r}: {text.strip()!r} is not a number of bytes") from None
+        if key in out:
+            raise TpcostError(f"--vllm-set {key} given twice")
+        check_limit(key, value)
+        out[key] = value
+    return tuple(out.items())
+
+
+def fully_connected(interconnect: Any, tp: int) -> bool:
+    """vLLM's condition for its custom collectives without multicast: 2 GPUs, or every GPU one hop from every other."""
+    return tp == 2 or interconnect.kind in FULLY_CONNECTED_KINDS
+
+
+def dispatch(vllm: VllmLike, identity: Any, interconnect: Any, tp: int) -> Dispatch:
+    """What vLLM's CudaCommunicator dispatches with at `tp` on one node of this GPU (vendor, compute capability) and
+    interconnect: CUDA's tables of `vllm`'s version where they hold the capability; else custom AR at
+    CustomAllreduce's 8 MiB default (custom_all_reduce.py: the table only lowers max_size); custom AR off for more
+    than 2 GPUs that are not fully connected (PCIe); nothing beyond one node or NVLink domain. `vllm`'s limits are applied last."""
+    v = target(vllm)
+    out: dict[str, Any] = {}
+    vendor, cap = identity.vendor, identity.compute_capability
+    if tp in DISPATCH_WORLDS and tp <= interconnect.domain_size and vendor in _CUSTOM_AR_VENDORS:
+        if vendor in _TABLE_VENDORS:
+            out = dispatch_limits(v.version, cap, tp)
+        if "custom_ar_max_bytes" not in out:
+            out["custom_ar_max_bytes"] = CUSTOM_AR_CAP_BYTES
+            out["custom_ar_1stage_max_bytes"] = min(custom_ar_1stage_max_bytes(tp), CUSTOM_AR_CAP_BYTES)
+        if not fully_connected(interconnect, tp):
+            out.pop("custom_ar_max_bytes")
+            out.pop("custom_ar_1stage_max_bytes")
+    out.update(v.limits)
+    return Dispatch(**out)
+
+
 def citations(version: tuple[int, int] | None) -> str:
     """The tables a dispatch of `version` reads, with file:line (for --ops and notes)."""
     v = version_range(version)
     names = ("FI_ALLREDUCE_FUSION_MAX_SIZE_MB", "_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB", "CUSTOM_ALL_REDUCE_MAX_SIZES",
              "SYMM_MEM_ALL_REDUCE_MAX_SIZES", "_WORLD_SIZES_MULTIMEM")
     return f"vLLM {v[0]}.{v[1]}: " + ", ".join(f"{n} ({TABLES[v][n][1].rsplit('/', 1)[-1]})" for n in names)
-
-
-def version_delta(version: tuple[int, int] | None, capability: str, tp: int) -> dict:
-    """The Dispatch fields whose value in `version` differs from <= 0.31's (what a profile built from 0.31's tables
-    must change to predict for `version`); empty when the two agree (every single-node entry, 0.31 -> 0.33)."""
-    old, new = dispatch_limits(OLDEST, capability, tp), dispatch_limits(version, capability, tp)
-    return {k: new.get(k) for k in set(old) | set(new) if old.get(k) != new.get(k)}
 
 
 OLDEST_SUPPORTED, LATEST_SUPPORTED = (0, 13), (0, 33)  # the range whose tables and rules this module carries

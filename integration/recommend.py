@@ -74,7 +74,7 @@ class FusionRange:
     """The FlashInfer fused all-reduce+RMSNorm range decided for one configuration."""
 
     tokens: int  # the fused kernel runs for N <= tokens (0: fusion off)
-    vllm_default_tokens: int  # vLLM's own limit here (its table, via the profile's vllm_dispatch)
+    vllm_default_tokens: int  # vLLM's own limit here (its table: costmodel.vllm_tables.dispatch)
     mb: float | None  # fi_allreduce_fusion_max_size_mb to emit (None: fusion off)
     why: str  # "decided", "kept vLLM's default: ...", "user: ...", ...
     value: dict  # expected all-reduce+norm time per forward on the workload: at it, off, at vLLM's default
@@ -144,7 +144,7 @@ class Recommendation:
 
 def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int, margin: float, workload=None,
                   user_enabled: bool | None = None, user_mb: float | None = None,
-                  vllm_version: tuple[int, int] | None = None, units_per_forward: int | None = None,
+                  vllm_version: Any = None, units_per_forward: int | None = None,
                   min_confidence: float = MIN_CONFIDENCE) -> FusionRange | None:
     """The FlashInfer fusion range: the user's when given, else the largest token count up to which the fused
     all-reduce+RMSNorm beats the next all-reduce + RMSNorm on the workload, by the SP cutoff's rule
@@ -158,10 +158,7 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
 
     from costmodel import vllm_tables
 
-    d = profile.dispatch(tp)  # vLLM <= 0.31's limits, changed where `vllm_version`'s tables differ
-    delta = vllm_tables.version_delta(vllm_version, profile.identity.compute_capability, tp) if vllm_version else {}
-    if delta:
-        d = dataclasses.replace(d, **delta)
+    d = vllm_tables.dispatch(vllm_version, profile.identity, profile.interconnect, tp)
     if d.fi_fusion_max_bytes is None or not profile.has_collective("flashinfer_ar_rmsnorm"):
         return None
     hw = ops.Hw(profile, dtype)
@@ -228,7 +225,7 @@ def _fusion_confidence(profile, dtype: str, n, hidden: int, tp: int, w, tokens: 
 
 
 def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int = 8192, margin: float = 0.02,
-              seq_len: int = 1024, workload=None, vllm_version: tuple[int, int] = (0, 31),
+              seq_len: int = 1024, workload=None, vllm_version: Any = (0, 31),
               user_fuse_allreduce_rms: bool | None = None, user_fi_max_mb: float | None = None,
               cudagraph_max_tokens: int | None = None, draft_hidden_size: int | None = None,
               asynctp: bool | None = None, asynctp_choice: str = "decided", band: bool = False, tokens: Any = "budget",
@@ -239,11 +236,13 @@ def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int =
     neither (AsyncTP off by the user, or by vLLM's resolution of an unset fuse_gemm_comms); True: SP+AsyncTP or
     neither. `tokens`: the table's token counts ("budget": the budget alone; None: analyse's display default)."""
     from costmodel.analysis import analyse, decided_schedule
-    from costmodel import ops
+    from costmodel import ops, vllm_tables
     from costmodel.ops import fused_ops_available
 
+    vllm = vllm_tables.target(vllm_version)  # a version, or a Vllm with --vllm-set's limits (whatif)
+    vllm_version = vllm.version
     fusion = decide_fusion(profile, shape, tp, dtype, max_num_batched_tokens, margin, workload,
-                           user_fuse_allreduce_rms, user_fi_max_mb, vllm_version=vllm_version,
+                           user_fuse_allreduce_rms, user_fi_max_mb, vllm_version=vllm,
                            min_confidence=min_confidence)
     if draft_hidden_size and fusion is not None:
         fusion = draft_fusion_range(fusion, shape.hidden, draft_hidden_size, ops.dtype_mode(dtype).act_bytes,
@@ -252,7 +251,7 @@ def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int =
     a = analyse(profile, shape, tp, dtype, seq_len=seq_len, max_num_batched_tokens=max_num_batched_tokens,
                 margin=margin, band=band, tokens=[max_num_batched_tokens] if tokens == "budget" else tokens,
                 workload=workload, fi_max_bytes=fi_bytes, cudagraph_max_tokens=cudagraph_max_tokens,
-                vllm_version=vllm_version, decode=decode)
+                vllm_version=vllm, decode=decode)
     sched, cut = decided_schedule(a, asynctp)
     grid = a.grid_tokens
     s = a.grid_speedup_sp if sched == "sp" else a.grid_speedup_sp_asynctp

@@ -100,7 +100,7 @@ def test_bad_profile_files_and_values(tmp_path, capsys, one_line_error):
     ("memory.hbm_bw_bytes_per_s=1e400", "finite"),
     ("compute.peak_flops_per_s.fp8=1e15", "no effect"),  # bf16 run: the fp8 peak is never read
     ("collectives.nccl_all_reduce.tp8.latency_s=1e-5", "not the entry used at tp=4"),
-    ("vllm_dispatch.tp8.symm_mem_max_bytes=1", "not the entry used at tp=4"),
+    ("vllm_dispatch.tp8.symm_mem_max_bytes=1", "use --vllm-set"),
     ("interconnect.domain_size=0", "interconnect.domain_size = 0 is outside its plausible range"),
     ("asynctp.barrier_s=1e308", "asynctp.barrier_s = 1e+308 is outside its plausible range [0, 0.1] s"),
     ("identity.sm_count=1e308", "identity.sm_count = 1e+308 is outside its plausible range [1, 4096]"),
@@ -113,7 +113,7 @@ def test_bad_set_values(capsys, item, needle, one_line_error):
 def test_set_twice_and_dispatch_keys_take_effect(capsys, one_line_error):
     one_line_error("whatif", "--set", "gemm.max_efficiency=0.7", "--set", "gemm.max_efficiency=0.6",
                 needle="given twice")
-    rc, out, _ = _run(capsys, "whatif", "--no-band", "--json", "--set", "vllm_dispatch.tp4.fi_fusion_max_bytes=0")
+    rc, out, _ = _run(capsys, "whatif", "--no-band", "--json", "--vllm-set", "fi_fusion_max_bytes=0")
     rc0, out0, _ = _run(capsys, "whatif", "--no-band", "--json")
     assert rc == rc0 == 0
     t = {r["num_tokens"]: r["t_tp_s"] for r in json.loads(out)["rows"]}

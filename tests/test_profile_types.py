@@ -7,7 +7,7 @@ import pytest
 
 from costmodel.errors import TpcostError
 from costmodel.model import predict
-from costmodel.profile import (Collective, Dispatch, HardwareProfile, Provenance, builtin_profile_names, load_profile,
+from costmodel.profile import (Collective, HardwareProfile, Provenance, builtin_profile_names, load_profile,
                                profile_from_dict, profile_to_tree, recording, with_overrides)
 from costmodel.shapes import load_model
 
@@ -21,7 +21,6 @@ def test_every_number_has_provenance_and_the_types_hold(name):
     p = load_profile(name)
     assert set(p.values()) == set(p.provenance)
     assert all(isinstance(c, Collective) for per_tp in p.collectives.values() for c in per_tp.values())
-    assert all(isinstance(d, Dispatch) for d in p.vllm_dispatch.values())
     assert p.interconnect.kind in ("nvswitch", "nvlink-mesh", "pcie", "xgmi", "host")
 
 
@@ -64,13 +63,17 @@ def test_with_values_refuses_what_the_schema_lacks_and_checks_ranges():
     assert r.values() == q.values() and r.provenance == q.provenance and r.notes == q.notes
 
 
-def test_set_on_a_dispatch_limit_changes_the_prediction():
-    """The profile is held once: --set on vLLM's dispatch table reaches the model (it once did not)."""
+def test_a_vllm_limit_changes_the_prediction():
+    """A what-if on vLLM's dispatch (a Vllm with a limit) reaches the model: FlashInfer off at 1 MiB messages."""
+    from costmodel.vllm_tables import Vllm
+
     p = load_profile("h100-sxm")
     n = np.array([64.0])  # 1 MiB messages: under vLLM's 2 MiB FlashInfer limit at tp 4
     base = predict(p, L70, 4, "bf16", n).t_forward_s("tp")
-    off = predict(with_overrides(p, {"vllm_dispatch.tp4.fi_fusion_max_bytes": 0.0}), L70, 4, "bf16", n).t_forward_s("tp")
+    off = predict(p, L70, 4, "bf16", n, vllm_version=Vllm((0, 31), (("fi_fusion_max_bytes", 0.0),))).t_forward_s("tp")
     assert off[0] != base[0]
+    with pytest.raises(TpcostError, match="not a profile table"):
+        with_overrides(p, {"vllm_dispatch.tp4.fi_fusion_max_bytes": 0.0})
 
 
 def test_recording_sees_only_what_one_query_reads():
@@ -80,7 +83,7 @@ def test_recording_sees_only_what_one_query_reads():
     assert np.array_equal(pred.t_forward_s("sp_asynctp"), predict(p, L70, 4, "bf16", np.array([512.0, 4096.0]))
                           .t_forward_s("sp_asynctp"))
     assert "gemm.max_efficiency" in reads and "asynctp.barrier_s" in reads
-    assert "collectives.nccl_all_reduce.tp4.latency_s" in reads or "vllm_dispatch.tp4.symm_mem_max_bytes" in reads
+    assert "collectives.nccl_all_reduce.tp4.latency_s" in reads or "collectives.symm_mem_multimem.tp4.latency_s" in reads
     assert not any(".tp8." in k or k.endswith(".tp8") for k in reads)  # another TP size's entries
     assert "compute.peak_flops_per_s.fp8" not in reads  # a bf16 run
     assert all(k in p.leaves() for k in reads)  # every read is a field of the schema

@@ -43,17 +43,62 @@ def test_0_33_commit_and_what_changed():
     # single node: no dispatch entry tpcost models differs
     for cap in ("9.0", "10.0", "10.3"):
         for tp in (2, 4, 8):
-            assert T.version_delta((0, 33), cap, tp) == {}
+            assert T.dispatch_limits((0, 33), cap, tp) == T.dispatch_limits((0, 31), cap, tp)
 
 
-@pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm", "b200", "b300", "gb200-nvl72"])
-def test_profiles_carry_the_tables(name):
-    """The built-in profiles' vllm_dispatch is built from vllm_tables (one home)."""
+def _disp(name, tp, vllm=None):
     p = load_profile(name)
-    for tp, d in p.vllm_dispatch.items():
-        want = T.dispatch_limits((0, 31), p.identity.compute_capability, tp)
-        for field, value in want.items():
-            assert getattr(d, field) == value, (name, tp, field)
+    return T.dispatch(vllm, p.identity, p.interconnect, tp)
+
+
+def test_dispatch_by_gpu_hand_values():
+    """vLLM's dispatch as its source gives it, per GPU kind (hand-read values, not the tables echoed)."""
+    KiB, MiB = 1024, 2**20
+    h = _disp("h100-sxm", 8)  # sm90 TP 8: custom AR 256 KiB (all 1-stage), symm-mem multimem 64 MiB, FI 0.5 MB
+    assert (h.custom_ar_max_bytes, h.custom_ar_1stage_max_bytes) == (256 * KiB, 256 * KiB)
+    assert (h.symm_mem_max_bytes, h.symm_mem_algo, h.fi_fusion_max_bytes) == (64 * MiB, "multimem", MiB // 2)
+    b = _disp("b200", 2)  # sm100 TP 2: custom AR 2 MiB, symm-mem two-shot 8 MiB (multimem only at 6, 8)
+    assert (b.custom_ar_max_bytes, b.symm_mem_algo, b.symm_mem_max_bytes) == (2 * MiB, "two_shot", 8 * MiB)
+    # a capability outside vLLM's tables: CustomAllreduce's 8 MiB default, no FlashInfer, no symm-mem
+    a = _disp("a100-sxm-80gb", 4)
+    assert (a.custom_ar_max_bytes, a.custom_ar_1stage_max_bytes, a.fi_fusion_max_bytes, a.symm_mem_max_bytes) == \
+        (8 * MiB, 512 * KiB, None, None)
+    # PCIe: custom AR only at 2 GPUs (custom_all_reduce.py: more than 2 need full connectivity)
+    assert _disp("l40s", 2).custom_ar_max_bytes == 8 * MiB and _disp("l40s", 4) == T.Dispatch()
+    m = _disp("mi300x", 8)  # ROCm over xGMI (fully connected): custom AR at its default, nothing of CUDA's
+    assert (m.custom_ar_max_bytes, m.custom_ar_1stage_max_bytes, m.fi_fusion_max_bytes) == (8 * MiB, 256 * KiB, None)
+    assert _disp("gb200-nvl72", 16) == T.Dispatch()  # beyond one node's world sizes: NCCL only
+    assert _disp("h100-sxm", 3) == T.Dispatch()
+
+
+def test_vllm_limits_apply_last_at_every_tp():
+    v = T.Vllm((0, 33), (("custom_ar_max_bytes", 0.0), ("symm_mem_algo", "two_shot")))
+    for tp in (2, 4, 8):
+        d = _disp("h100-sxm", tp, v)
+        assert (d.custom_ar_max_bytes, d.symm_mem_algo) == (0.0, "two_shot")
+        assert d.fi_fusion_max_bytes == _disp("h100-sxm", tp).fi_fusion_max_bytes
+    with pytest.raises(T.TpcostError, match="no such limit"):
+        T.Vllm((0, 31), (("custom_ar_bytes", 1.0),))
+
+
+def test_no_builtin_profile_carries_dispatch_limits():
+    """Profiles hold hardware only: no table of any built-in TOML has a Dispatch field, under any name."""
+    import tomllib
+    from importlib import resources
+
+    from costmodel.profile import builtin_profile_names
+
+    fields = set(T.DISPATCH_FIELDS)
+
+    def keys(tree):
+        for k, v in tree.items():
+            yield k
+            if isinstance(v, dict):
+                yield from keys(v)
+
+    for name in builtin_profile_names():
+        tree = tomllib.loads(resources.files("costmodel.profiles").joinpath(f"{name}.toml").read_text())
+        assert not fields & set(keys(tree)) and "vllm_dispatch" not in tree, name
 
 
 def test_vllm_config_033_uses_033_tables_and_the_draft_rule(capsys):
@@ -75,3 +120,62 @@ def test_vllm_config_033_uses_033_tables_and_the_draft_rule(capsys):
     s = int(mb * T.MiB)
     assert s // (8192 * 2) == s // (9216 * 2) > 0
     assert "capped at" in err and "draft model" in err
+
+
+# ---------------------------------------------------------------- --vllm-set: a what-if on vLLM's limits (CLI)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["whatif", "--vllm-set", "custom_ar_bytes=1"], "no such limit"),
+    (["whatif", "--vllm-set", "custom_ar_max_bytes"], "expected KEY=VALUE"),
+    (["whatif", "--vllm-set", "custom_ar_max_bytes=lots"], "is not a number of bytes"),
+    (["whatif", "--vllm-set", "custom_ar_max_bytes=-1"], "expected bytes in [0, 2^40]"),
+    (["whatif", "--vllm-set", "custom_ar_max_bytes=nan"], "expected bytes in [0, 2^40]"),
+    (["whatif", "--vllm-set", "custom_ar_max_bytes=1e400"], "expected bytes in [0, 2^40]"),
+    (["whatif", "--vllm-set", "symm_mem_algo=three_shot"], "expected one of multimem, two_shot"),
+    (["whatif", "--vllm-set", "custom_ar_max_bytes=1", "--vllm-set", "custom_ar_max_bytes=2"], "given twice"),
+    (["whatif", "--vllm-set", "vllm_dispatch.tp4.custom_ar_max_bytes=1"], "name the limit alone"),
+    (["whatif", "--gpu", "a100-sxm-80gb", "--vllm-set", "fi_fusion_max_bytes=1048576"],
+     "no flashinfer_ar_rmsnorm collective"),
+    (["whatif", "--gpu", "a100-sxm-80gb", "--vllm-set", "symm_mem_algo=multimem"], "no symm_mem_multimem"),
+    (["whatif", "--gpu", "mi300x", "--vllm-set", "quick_reduce_max_bytes=1048576"], "no quick_reduce collective"),
+    (["op", "--gpu", "b200", "--tp", "4", "--op", "gemm_rs", "--impl", "kernel", "--n", "7168", "--k", "1536",
+      "--vllm-set", "custom_ar_1stage_max_bytes=1"], ""),  # placeholder replaced below
+    (["collective", "--op", "reduce_scatter", "--tp", "8", "--vllm-set", "custom_ar_max_bytes=0"],
+     "reduce_scatter has none"),
+    (["whatif", "--set", "vllm_dispatch.tp4.fi_fusion_max_bytes=0"], "use --vllm-set"),
+])
+def test_vllm_set_bad_input(argv, needle, one_line_error):
+    if argv[0] == "op":  # a refinement of a limit vLLM does not have there: the L40S has no custom AR at tp 4
+        argv = ["whatif", "--gpu", "l40s", "--tp", "4", "--vllm-set", "custom_ar_1stage_max_bytes=1"]
+        needle = "vLLM has no custom_ar_max_bytes there"
+    one_line_error(*argv, needle=needle)
+
+
+def test_a_profile_toml_with_vllm_dispatch_is_refused(tmp_path, one_line_error):
+    from importlib import resources
+
+    text = resources.files("costmodel.profiles").joinpath("h100-sxm.toml").read_text()
+    bad = tmp_path / "old.toml"
+    bad.write_text(text + '\n[vllm_dispatch.tp4]\ncustom_ar_max_bytes = 1\nsource = "x"\ntier = "datasheet"\n')
+    one_line_error("whatif", "--gpu", str(bad), needle="delete the section, and use --vllm-set")
+
+
+def test_vllm_set_takes_effect_in_collective_and_op(capsys):
+    """--vllm-set reaches every command that takes it: collective's pick, op's unfused arm."""
+    from integration.cli import main
+
+    def run(*argv):
+        assert main(list(argv)) == 0
+        return json.loads(capsys.readouterr().out)
+
+    base = run("collective", "--op", "all_reduce", "--tp", "8", "--gpu", "h100-sxm", "--sizes", "65536", "--json")
+    off = run("collective", "--op", "all_reduce", "--tp", "8", "--gpu", "h100-sxm", "--sizes", "65536", "--json",
+              "--vllm-set", "custom_ar_max_bytes=0")
+    assert base["rows"][0]["vllm_impl"] == "custom_ar_1stage"  # 64 KiB < vLLM's sm90 TP 8 256 KiB
+    assert off["rows"][0]["vllm_impl"] == "symm_mem_multimem"  # the next in CudaCommunicator's order
+    op = ["op", "--gpu", "b200", "--tp", "8", "--op", "gemm_ar", "--impl", "kernel", "--n", "7168", "--k", "2048",
+          "--json"]
+    a, b = run(*op), run(*op, "--vllm-set", "custom_ar_max_bytes=0", "--vllm-set", "symm_mem_max_bytes=0")
+    assert [r["t_unfused_s"] for r in a["rows"]] != [r["t_unfused_s"] for r in b["rows"]]
+    assert [r["t_fused_s"] for r in a["rows"]] == [r["t_fused_s"] for r in b["rows"]]

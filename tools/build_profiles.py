@@ -4,7 +4,7 @@
     python tools/build_profiles.py --check    # exit 1 if a file differs (tests run this)
 
 Values come from datasheets (URL), from fits to data/reference/components.csv (tools/reference_fits.py,
-source_id named), from vLLM 0.31's dispatch tables (code path named), from this project's GPU runs
+source_id named), from this project's GPU runs
 (calib/data/, provenance named), or are assumed (derivation named). Tier per docs/model.md §7.
 """
 
@@ -30,7 +30,6 @@ from tools import reference_fits as R  # noqa: E402
 MiB, RING = F.MiB, F.RING_LINK_RATIO
 CHECK_REL_TOL = 1e-3  # values are written with 4 significant digits
 OUT = ROOT / "costmodel" / "profiles"
-VLLM_AR = "vLLM v0.31.0 vllm/distributed/device_communicators/all_reduce_utils.py (CUSTOM_ALL_REDUCE_MAX_SIZES capped by CustomAllreduce max_size=8 MiB, SYMM_MEM_ALL_REDUCE_MAX_SIZES), symm_mem.py (_WORLD_SIZES_MULTIMEM), compilation/passes/fusion/allreduce_rms_fusion.py (FI_ALLREDUCE_FUSION_MAX_SIZE_MB, _FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB), csrc/custom_all_reduce.cuh (1-stage when W=2, or W<=4 and <512 KiB, or W<=8 and <256 KiB)"
 NV_H100 = "https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM5 datasheet, dense)"
 NV_H200 = "https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM datasheet, dense)"
 NV_B200 = "https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200 datasheet, per GPU, dense)"
@@ -50,35 +49,6 @@ def _round(v):
 def sec(source, tier, **vals):
     """A sourced table: values (fitted ones rounded to 4 significant digits), source, tier."""
     return {**{k: _round(v) for k, v in vals.items()}, "source": source, "tier": tier}
-
-
-def dispatch(fi=None, custom=None, symm=None, multimem_ws=(), custom_ws=(2, 4, 6, 8), src=VLLM_AR, worlds=(2, 4, 6, 8),
-             fi_oneshot=None, capability=None):
-    """vllm_dispatch tables per TP size (bytes); entries absent where vLLM has no implementation. `capability`
-    ("major.minor"): vLLM 0.31's own tables for it (costmodel/vllm_tables.py, the one home); else the given dicts
-    (MB) for GPUs outside vLLM's tables."""
-    out = {}
-    for w in worlds:
-        if capability is not None:
-            e = T.dispatch_limits(T.OLDEST, capability, w)
-        else:
-            e = {}
-            if fi and w in fi:
-                e["fi_fusion_max_bytes"] = int(fi[w] * MiB)
-                if fi_oneshot and w in fi_oneshot:
-                    e["fi_oneshot_max_bytes"] = int(fi_oneshot[w] * MiB)
-            if custom and w in custom and w in custom_ws:
-                e["custom_ar_max_bytes"] = int(min(custom[w], 8) * MiB)
-                e["custom_ar_1stage_max_bytes"] = min(T.custom_ar_1stage_max_bytes(w), e["custom_ar_max_bytes"])
-            if symm and w in symm:
-                e["symm_mem_max_bytes"] = int(symm[w] * MiB)
-                e["symm_mem_algo"] = "multimem" if w in multimem_ws else "two_shot"
-        if e:
-            out[f"tp{w}"] = sec(src, "datasheet", **e)
-    return out
-
-
-PRE_HOPPER = dict(custom={2: 8, 4: 8, 6: 8, 8: 8})  # cc not in vLLM's tables: CustomAllreduce default 8 MiB
 
 
 def scaled_collectives(base, ratio, why, lat_add=0.0):
@@ -120,7 +90,6 @@ def h100():
                                                    "datasheet", link_bw_bytes_per_s=450e9, latency_s=1e-6, domain_size=8,
                                                    internode_bw_bytes_per_s=50e9, internode_latency_s=5e-6)},
         "collectives": coll,
-        "vllm_dispatch": dispatch(capability="9.0"),
         "asynctp": {
             "_sync": sec("assumed: symm-mem barrier = signal-pad put + wait ~4 us (SYMMMEM_RECIPES_PR3: a Triton one-shot all-reduce, 2 barriers + launch, takes 10.8 us at 8 KiB); CE pull start ~3 us; two-stream GEMM concurrency recovers half of the wave-quantisation loss",
                         "assumed", barrier_s=4e-6, copy_latency_s=3e-6, stream_concurrency=0.5),
@@ -255,7 +224,6 @@ def b200():
                                                    "datasheet", link_bw_bytes_per_s=900e9, latency_s=1e-6, domain_size=8,
                                                    internode_bw_bytes_per_s=50e9, internode_latency_s=5e-6)},
         "collectives": coll,
-        "vllm_dispatch": dispatch(capability="10.0"),
         "asynctp": {
             "_sync": h["asynctp"]["_sync"],
             "_copy": sec(f"assumed: copy-engine pull at {RING} x 900 GB/s (H100 ring busBW/link ratio)", "assumed",
@@ -280,7 +248,6 @@ def b300():
     p["compute"]["peak_flops_per_s"] = sec(NV_B300 + "; fp32 non-tensor assumed as B200", "datasheet",
                                            bf16=2250e12, fp8=4500e12, fp32=75e12)
     p["memory"] = sec(NV_B300, "datasheet", hbm_bw_bytes_per_s=8e12)
-    p["vllm_dispatch"] = dispatch(capability="10.3", src=VLLM_AR + " (sm_103 entries)")
     for part in ("_efficiency", "_small_m"):
         p["gemm"][part]["source"] = "B200 value (same SM100 tensor cores): " + p["gemm"][part]["source"]
         p["gemm"][part]["tier"] = "assumed"
@@ -325,7 +292,7 @@ def gb200(b):
 
 
 def pre_hopper(name, display, cc, sms, peak_bf16, fp8, fp32, hbm, link, kind, domain, inter_bw, src, link_src,
-               eff, eff_src, attn, patterns, coll_why, custom_ws=(2, 4, 6, 8), tile=(128, 256)):
+               eff, eff_src, attn, patterns, coll_why, tile=(128, 256)):
     h = h100()
     ratio = link / 450e9
     coll = scaled_collectives({k: v for k, v in h["collectives"].items()
@@ -348,8 +315,6 @@ def pre_hopper(name, display, cc, sms, peak_bf16, fp8, fp32, hbm, link, kind, do
         "interconnect": {"kind": kind, **sec(link_src, "datasheet", link_bw_bytes_per_s=link, latency_s=2e-6,
                                              domain_size=domain, internode_bw_bytes_per_s=inter_bw, internode_latency_s=5e-6)},
         "collectives": coll,
-        "vllm_dispatch": dispatch(custom={w: 8 for w in custom_ws}, custom_ws=custom_ws,
-                                  src=VLLM_AR + "; compute capability not in vLLM's tables: no FlashInfer fusion, no torch symm-mem, custom AR at its 8 MiB default"),
         "asynctp": {
             "_sync": h["asynctp"]["_sync"],
             "_copy": sec(f"assumed: copy-engine pull at {RING} x {link / 1e9:.0f} GB/s per peer (H100 ring busBW/link ratio)",
@@ -378,8 +343,7 @@ def l40s():
     p = pre_hopper("l40s", "NVIDIA L40S (PCIe, no NVLink)", "8.9", 142, 362.05e12, 733e12, 91.6e12, 864e9, 32e9, "pcie", 8,
                    25e9, NV_L40S, "PCIe Gen4 x16: 32 GB/s per direction, no NVLink; GPUs talk through the host's PCIe switch",
                    0.7, "assumed: 0.70 of dense bf16 peak (Ada, no MAMF entry)", 0.45, "L40S",
-                   "PCIe Gen4 x16 32 vs NVLink4 450 GB/s per direction", custom_ws=(2,), tile=(128, 128))
-    p["vllm_dispatch"]["tp2"]["source"] += "; custom AR needs full NVLink for W>2 (custom_all_reduce.py), so only TP2 on PCIe"
+                   "PCIe Gen4 x16 32 vs NVLink4 450 GB/s per direction", tile=(128, 128))
     return p
 
 
@@ -389,8 +353,6 @@ def mi300x():
                    0.55, "assumed: 0.55 of dense bf16 peak (hipBLASLt large-GEMM fraction reported ~0.5-0.6)", 0.4, "MI300X",
                    "xGMI aggregate 448 vs NVLink4 450 GB/s per direction")
     p["identity"]["vendor"] = "amd"
-    p["vllm_dispatch"] = dispatch(custom={w: 8 for w in (2, 4, 6, 8)},
-                                  src="vLLM v0.31.0 ROCm: custom AR (8 MiB default max); quick-reduce off by default (VLLM_ROCM_QUICK_REDUCE_QUANTIZATION=NONE); aiter AR off unless VLLM_ROCM_USE_AITER; no FlashInfer/symm-mem; RCCL beyond")
     p["asynctp"]["_copy"] = sec(f"assumed: a pull from ONE peer uses one xGMI link: {RING} x 64 GB/s", "assumed",
                                copy_engine_bw_bytes_per_s=RING * 64e9)
     return p

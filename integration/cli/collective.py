@@ -6,7 +6,7 @@ from __future__ import annotations
 from costmodel.errors import TpcostError
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
-from .common import DEFAULT_GPU, bounded_int, resolve_profile, vllm_version_arg
+from .common import DEFAULT_GPU, add_vllm_args, bounded_int, resolve_profile, vllm_arg
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 DEFAULT_SIZES = [float(2**e) for e in range(10, 35, 2)]  # 1 KiB .. 16 GiB, x4 (nccl-tests -b 1K -e 16G -f 4)
@@ -42,7 +42,6 @@ def cmd_collective(args) -> int:
     from costmodel.analysis import provenance_line
 
     prof, _ = resolve_profile(args)  # collective has no --set
-    version = vllm_version_arg(args)
     measured = None
     if args.log:
         from calib.nccl_tests import parse_nccl_tests
@@ -66,6 +65,9 @@ def cmd_collective(args) -> int:
         raise TpcostError("--model-level-sp: only the reduce-scatter has vLLM's model-level-SP backends")
     if tp < 2:
         raise TpcostError(f"--tp {tp}: a collective needs at least 2 ranks")
+    if args.vllm_set and op != "all_reduce":
+        raise TpcostError(f"--vllm-set: vLLM's dispatch limits choose among all-reduce implementations; {op} has none")
+    version = vllm_arg(args, prof, tp)
     rows = _rows(prof, op, tp, sizes, bool(args.model_level_sp), version)
     if measured is not None:
         from costmodel import formulas as F
@@ -112,6 +114,6 @@ def register(sub) -> None:
                                                  "all_gather_perf): predicted beside measured at its sizes")
     c.add_argument("--model-level-sp", action="store_true",
                    help="reduce-scatter as model-level SP runs it (vLLM's custom backends before NCCL)")
-    c.add_argument("--vllm-version", metavar="X.Y", help="whose all-reduce dispatch tables (default 0.31's)")
+    add_vllm_args(c, "whose all-reduce dispatch tables (default 0.31's)")
     c.add_argument("--json", action="store_true", help="print JSON instead of the table")
     c.set_defaults(func=cmd_collective)

@@ -111,6 +111,49 @@ def vllm_version_arg(args) -> tuple[int, int] | None:
     return parse_version(v)
 
 
+VLLM_SET_HELP = ("what if vLLM's dispatch limit were VALUE bytes, at every TP size (custom_ar_max_bytes, "
+                 "symm_mem_max_bytes, fi_fusion_max_bytes, ...; symm_mem_algo=multimem|two_shot; docs/profiles.md)")
+
+
+def add_vllm_args(p, version_help: str) -> None:
+    """--vllm-version and --vllm-set: the vLLM a what-if is for (costmodel.vllm_tables.Vllm)."""
+    p.add_argument("--vllm-version", metavar="X.Y", help=version_help)
+    p.add_argument("--vllm-set", action="append", default=[], metavar="LIMIT=VALUE", help=VLLM_SET_HELP)
+
+
+def vllm_arg(args, prof, tp: int | None):
+    """--vllm-version and --vllm-set as a costmodel.vllm_tables.Vllm (None: neither given, vLLM <= 0.31). A limit
+    is refused where it cannot take effect: the profile cannot time the implementation it selects, or the limit it
+    refines (the one-shot / 1-stage / algorithm of an implementation) is absent at `tp`."""
+    from costmodel import vllm_tables as T
+
+    version, items = vllm_version_arg(args), getattr(args, "vllm_set", None) or []
+    if not items:
+        return version
+    vllm = T.Vllm(version or T.OLDEST, T.parse_limits(items))
+    limits = dict(vllm.limits)
+    tps = [tp] if tp is not None else list(T.DISPATCH_WORLDS)
+    for key in limits:
+        impl = T.LIMIT_IMPLS[key]
+        if impl is None:
+            have = [i for i in ("symm_mem_multimem", "symm_mem_two_shot") if prof.has_collective(i)]
+            impl_ok = bool(have)
+            impl = "symm_mem_multimem / symm_mem_two_shot"
+        else:
+            impl_ok = prof.has_collective(impl)
+        if not impl_ok:
+            raise TpcostError(f"--vllm-set {key}: no effect on {prof.name} (the profile has no {impl} collective to "
+                              "time, so vLLM's dispatch could not pick it here)")
+        parent = {"fi_oneshot_max_bytes": "fi_fusion_max_bytes", "custom_ar_1stage_max_bytes": "custom_ar_max_bytes",
+                  "symm_mem_algo": "symm_mem_max_bytes"}.get(key)
+        if parent and not any(getattr(T.dispatch(vllm, prof.identity, prof.interconnect, t), parent) is not None
+                              for t in tps):
+            at = f"tp={tp}" if tp is not None else "any TP size"
+            raise TpcostError(f"--vllm-set {key}: no effect on {prof.name} at {at} (vLLM has no {parent} there; "
+                              f"give --vllm-set {parent}=... too)")
+    return vllm
+
+
 def decode_arg(args):
     """--context-len / --max-num-seqs as costmodel.model.DecodeRegime (None: prefill only)."""
     c, s = getattr(args, "context_len", None), getattr(args, "max_num_seqs", None)
@@ -188,6 +231,6 @@ def check_overrides_take_effect(prof, overrides, shape, args) -> None:
             continue  # its dependants (collectives, pulls) were read
         if key not in reads:
             why = "the model does not read it"
-            if key.startswith(("collectives.", "vllm_dispatch.")):
+            if key.startswith("collectives."):
                 why = f"it is not the entry used at tp={args.tp}"
             raise TpcostError(f"--set {key}: no effect for {shape.name} at tp={args.tp}, {args.dtype} ({why})")

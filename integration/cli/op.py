@@ -5,8 +5,8 @@ from __future__ import annotations
 from costmodel.errors import TpcostError
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
-from .common import (DEFAULT_GPU, MAX_TOKENS, add_regime_args, bounded_int, cudagraph_arg,
-                     fraction, load_workload_arg, resolve_profile, vllm_version_arg)
+from .common import (DEFAULT_GPU, MAX_TOKENS, add_regime_args, add_vllm_args, bounded_int, cudagraph_arg,
+                     fraction, load_workload_arg, resolve_profile, vllm_arg)
 
 
 def cmd_op(args) -> int:
@@ -16,7 +16,7 @@ def cmd_op(args) -> int:
     prof, overrides = resolve_profile(args)
     kw = dict(calls_per_forward=args.calls_per_forward, max_num_batched_tokens=args.max_num_batched_tokens,
               margin=args.margin, workload=load_workload_arg(args), extra_m=args.m or (),
-              vllm_version=vllm_version_arg(args), cudagraph_max_tokens=cudagraph_arg(args))
+              vllm_version=vllm_arg(args, prof, args.tp), cudagraph_max_tokens=cudagraph_arg(args))
     if overrides:  # a key this op does not read is refused, as whatif does (the band's draws read every key)
         from costmodel.profile import DERIVED_FROM_LINK, recording
 
@@ -84,7 +84,7 @@ def register(sub) -> None:
                    "M runs over the multiples of 128 up to it"), default=8192, help="vLLM's token budget (default 8192)")
     o.add_argument("--margin", type=fraction("--margin"), default=0.02, help="risk premium on the fused side (default 0.02)")
     o.add_argument("--workload", metavar="FILE", help="your traffic (as whatif's --workload)")
-    o.add_argument("--vllm-version", metavar="X.Y", help="whose dispatch tables the unfused all-reduce uses")
+    add_vllm_args(o, "whose dispatch tables the unfused all-reduce uses")
     o.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE", help="override one profile quantity")
     add_regime_args(o)
     o.add_argument("--json", action="store_true", help="print JSON instead of the table")

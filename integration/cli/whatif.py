@@ -6,9 +6,9 @@ import math
 
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
-from .common import (add_shape_args, cudagraph_arg, decode_arg,
+from .common import (add_shape_args, add_vllm_args, cudagraph_arg, decode_arg,
                      fi_max_bytes_arg, load_workload_arg, resolve_inputs, tokens_arg,
-                     vllm_version_arg)
+                     vllm_arg)
 
 SENSITIVITY_SHOWN = 5
 
@@ -39,10 +39,12 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
         return _print_ops(prof, shape, args)
     from integration.recommend import fusion_lines, recommend
 
-    version = vllm_version_arg(args) or (0, 31)
+    from costmodel.vllm_tables import version_of
+
+    vllm = vllm_arg(args, prof, args.tp) or (0, 31)
     mb = args.fi_allreduce_fusion_max_size_mb
     r = recommend(prof, shape, args.tp, args.dtype, args.max_num_batched_tokens, args.margin, args.seq_len,
-                  workload=load_workload_arg(args), vllm_version=version,
+                  workload=load_workload_arg(args), vllm_version=vllm,
                   user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
                   cudagraph_max_tokens=cudagraph_arg(args), band=not args.no_band, tokens=args.tokens,
                   min_confidence=args.min_confidence, decode=decode_arg(args))  # vllm-config's decision path: the same answer
@@ -52,7 +54,7 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     out["fusion_range"] = None if f is None else {"tokens": f.tokens, "mb": f.mb, "why": f.why,
                                                   "vllm_default_tokens": f.vllm_default_tokens,
                                                   "confidence": f.confidence}
-    out["vllm_version"] = list(version)
+    out["vllm_version"] = list(version_of(vllm))
     if not r.has_sp:  # vLLM >= 0.32: no SP pass, so no SP threshold to show
         out.update(cutoff_tokens=None, sp_cutoff_tokens=None, cutoff_band_tokens=None, decided_schedule=None,
                    decided_threshold_tokens=None, sp_passes=False)
@@ -83,7 +85,7 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     for line in fusion_lines(f, prof.name, args.tp):
         print(line.removeprefix("tpcost: "))
     if not r.has_sp:
-        print(f"\nvLLM {version[0]}.{version[1]} has no SP/AsyncTP passes (removed in 0.32): no SP threshold to decide; "
+        print(f"\nvLLM {r.vllm_version[0]}.{r.vllm_version[1]} has no SP/AsyncTP passes (removed in 0.32): no SP threshold to decide; "
               "the SP columns are what vLLM 0.31 would run")
         _notes_and_provenance(a, prof)
         return 0
@@ -153,7 +155,7 @@ def _print_ops(prof, shape, args) -> int:
 
     pred = predict(prof, shape, args.tp, args.dtype, [float(args.ops)], seq_len=args.seq_len,
                    fi_max_bytes=fi_max_bytes_arg(args), cudagraph_max_tokens=cudagraph_arg(args),
-                   vllm_version=vllm_version_arg(args), decode=decode_arg(args))
+                   vllm_version=vllm_arg(args, prof, args.tp), decode=decode_arg(args))
     view = ops_view(pred)
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "gpu": prof.name, "model": shape.name, "tp": args.tp,
@@ -189,9 +191,9 @@ def register(sub) -> None:
     w.add_argument("--ops", type=tokens_arg, metavar="N",
                    help="instead of the sweep: every op of each schedule at N tokens with its time, achieved rate, bound "
                         "and formula")
-    w.add_argument("--vllm-version", metavar="X.Y", help="whose all-reduce dispatch tables the plain-TP arm uses "
-                   "(default 0.31, the last version with the SP passes; costmodel/vllm_tables.py); from 0.32 on there "
-                   "is no SP threshold to decide, only the fusion range")
+    add_vllm_args(w, "whose all-reduce dispatch tables the plain-TP arm uses (default 0.31, the last version with the "
+                     "SP passes; costmodel/vllm_tables.py); from 0.32 on there is no SP threshold to decide, only the "
+                     "fusion range")
     w.add_argument("--tokens", type=tokens_arg, nargs="+", metavar="N",
                    help="token counts for the table (default: powers of two to 65536, plus the cutoff)")
     w.set_defaults(func=cmd_whatif)
