@@ -57,7 +57,7 @@ def main():
                                               "kernel_cutoffs": kernel}, indent=2) + "\n")
 
 
-# vLLM's fused GEMM+RS/AR kernel at Kimi-K3's call sites, read from its config.json (costmodel/kernel_sites.py):
+# vLLM's fused GEMM+RS/AR kernel at Kimi-K3's call sites, read from its config.json (costmodel/vllm_tables.py):
 # GEMM-AR without SP (vLLM's default), GEMM-RS under model-level SP (MegaMoE) with the shared experts sharded, every SM100
 # profile at TP 2, 4, 8
 KERNEL_GPUS = ("b200", "b300", "gb200-nvl72", "gb300-nvl72")
@@ -71,7 +71,7 @@ def kernel_matrix() -> list[dict]:
     import numpy as np
 
     from costmodel import load_profile, ops
-    from costmodel.kernel_sites import Parallel, read_kernel_model
+    from costmodel.vllm_tables import Parallel, read_kernel_model
     from costmodel.shapes import load_model_config
     from integration.recommend import kernel_model_config
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from costmodel import vllm_tables
+
 from .microbench import make_gemm
 from .timing import Timer
 
@@ -240,11 +242,6 @@ def bench_fused_ops(timer: Timer, ops: AsyncTPOps, shapes, ms, device, rank, wor
 # ------------------------------------------------------------------ vLLM's own all-reduce implementations (CUDA)
 
 
-def _one_stage(world, nbytes):
-    """vLLM csrc/custom_all_reduce.cuh: the 1-stage kernel runs for W=2, or W<=4 and <512 KiB, or W<=8 and <256 KiB."""
-    return world == 2 or (world <= 4 and nbytes < 512 * 1024) or (world <= 8 and nbytes < 256 * 1024)
-
-
 def bench_vllm_all_reduce(timer: Timer, sizes_bytes, device, world, hidden=8192):
     """vLLM's CustomAllreduce and SymmMemCommunicator (as CudaCommunicator builds them: on a gloo CPU group),
     each over the sizes its own `should_*` accepts; records name the kernel vLLM runs at that size.
@@ -280,7 +277,8 @@ def bench_vllm_all_reduce(timer: Timer, sizes_bytes, device, world, hidden=8192)
             if not ok_t.item():
                 continue
             if name == "custom_ar":
-                impl = "custom_ar_1stage" if _one_stage(world, nbytes) else "custom_ar_2stage"
+                one = nbytes < vllm_tables.custom_ar_1stage_max_bytes(world)
+                impl = "custom_ar_1stage" if one else "custom_ar_2stage"
                 fn = lambda c=c: c.custom_all_reduce(x)  # noqa: E731
             else:
                 multimem = world in multimem_world_sizes(c)
@@ -292,10 +290,8 @@ def bench_vllm_all_reduce(timer: Timer, sizes_bytes, device, world, hidden=8192)
 
 def multimem_world_sizes(comm) -> list[int]:
     """The world sizes at which vLLM's SymmMemCommunicator runs the multimem all-reduce on this GPU: the one adapter
-    to vLLM's private `_WORLD_SIZES_MULTIMEM` (symm_mem.py:26), with costmodel.vllm_tables' copy of it as the
+    to vLLM's private `_WORLD_SIZES_MULTIMEM`, with costmodel.vllm_tables' copy of it (and its citation) as the
     fallback when a vLLM release renames or drops it."""
-    from costmodel import vllm_tables
-
     table = getattr(type(comm), "_WORLD_SIZES_MULTIMEM", None)
     if not isinstance(table, dict):
         table = vllm_tables.table(None, "_WORLD_SIZES_MULTIMEM")[0]

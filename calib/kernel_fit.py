@@ -64,9 +64,8 @@ KERNEL_PRIOR = {
 # vLLM's bytes in flight are its code (scale 1); FlashInfer's kernel keeps its own number of requests in flight
 KERNEL_TERMS = {"vllm": ("fixed_s", "ar_fence_s"),
                 "flashinfer": ("fixed_s", "compute_overhead", "exposed_fraction", "inflight_scale")}
-# vLLM's kernel by its code, not fitted: warp-specialised (TMA warp 9, MMA warp 8, epilogue warps 0-3, communication
-# warps 4-7 run side by side, gemm_rs_ar.py l. 326-497), so a wave's multimem traffic overlaps the next wave's GEMM
-# (exposure 0); its GEMM slowdown beside the communicating warps is the prior (at large M the kernel is link-bound)
+# vLLM's kernel by its code, not fitted: warp-specialised, its communication warps beside the MMA and epilogue warps
+# (the design, cited in costmodel.vllm_tables), so a wave's multimem traffic overlaps the next wave's GEMM (exposure 0); its GEMM slowdown beside the communicating warps is the prior (at large M the kernel is link-bound)
 DESIGN = {"vllm": {"exposed_fraction": 0.0, "compute_overhead": KERNEL_PRIOR["compute_overhead"][0],
                    "inflight_scale": 1.0},
           "flashinfer": {"ar_fence_s": KERNEL_PRIOR["ar_fence_s"][0]}}

@@ -12,7 +12,7 @@ from .errors import TpcostError
 from .model import BREAKDOWN_KEYS, SCHEDULES, Prediction, predict
 from .profile import UNPERTURBED_PREFIXES, HardwareProfile, value_range
 from .shapes import ModelShape
-from .vllm_rules import vllm_sp_min_token_num
+from .vllm_tables import vllm_sp_min_token_num
 from .vllm_tables import VllmLike
 
 BAND_DRAWS = 200
@@ -175,7 +175,7 @@ def decided_schedule(a: Analysis, asynctp: bool | None = None) -> tuple[str | No
     is its expected forward time at its own cutoff with the risk premium on the steps it runs (decision_value);
     plain TP wins ties, then SP alone."""
     v = a.predict_kw.get("vllm_version")
-    if v is not None and vllm_tables.version_of(v) >= (0, 32):  # vLLM 0.32 removed the SP and AsyncTP passes
+    if v is not None and vllm_tables.version_of(v) >= vllm_tables.FIRST_WITHOUT_SP:  # no SP, no AsyncTP passes
         return None, None
     cands: list[tuple[float, int, str | None, int | None]] = []
     dv, sdv = a.decision_value or {}, a.sp_decision_value or {}

@@ -14,6 +14,7 @@ from . import ops
 from .errors import TpcostError
 from .io import read_text
 from .io import savefig_atomic
+from . import vllm_tables
 from .vllm_tables import VllmLike
 
 OP_COLUMNS = ("hardware", "tp", "op", "dtype", "m", "n", "k", "baseline_us", "overlap_us", "source")
@@ -222,27 +223,20 @@ def predict_op_row(prof: Any, op: str, dtype: str, tp: int, m: int, n: int | Non
     if m % tp:
         raise _Skip(f"m={m} not divisible by tp={tp}")
     hw = ops.Hw(prof, dtype)
-    if op == "ag_gemm":
-        if not hw.mode.ag_gemm_fuses:
-            raise _Skip("ag_gemm does not fuse with per-token (dynamic) fp8 in vLLM 0.31")
-        a_bytes = hw.mode.ag_bytes
-        base = ops.sequential_ag_gemm_s(hw, float(m), n, k, tp, a_bytes)
-        over = ops.fused_ag_gemm(hw, float(m), n, k, tp, a_bytes, eager=eager).t_s
-        hidden = k
-    elif op == "gemm_rs":
-        base = ops.sequential_gemm_rs_s(hw, float(m), n, k, tp)
-        over = ops.fused_gemm_rs(hw, float(m), n, k, tp, eager=eager).t_s
-        hidden = n
-    else:
+    if op not in ("ag_gemm", "gemm_rs"):
         raise _Skip(f"unknown op {op!r} (ag_gemm | gemm_rs)")
-    s_all = np.ravel(base / over)
+    if op == "ag_gemm" and not hw.mode.ag_gemm_fuses:
+        raise _Skip("ag_gemm does not fuse with per-token (dynamic) fp8 in vLLM 0.31")
+    p = ops.torch_pair(hw, op, float(m), n, k, tp)
+    hidden = k if op == "ag_gemm" else n
+    s_all = np.ravel(p.unfused_s / (p.fused_eager_s if eager else p.fused_graph_s))
     return (s_all if all_draws else float(s_all[0])), hidden
 
 
 def _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_version):
     if n is None or k is None:
         raise _Skip(f"missing {'n' if n is None else 'k'}")
-    if op not in ops.KERNEL_OPS:
+    if op not in vllm_tables.KERNEL_OPS:
         raise _Skip(f"op {op!r} has no single-kernel form (gemm_rs | gemm_ar)")
     why = ops.kernel_available(prof, tp, dtype, n)
     if why:
@@ -293,7 +287,7 @@ def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
     eager; model rows vLLM's default capture size), else rows of more tokens run eagerly and the rest replay graphs
     (0: everything eager)."""
     from .model import predict
-    from .vllm_rules import vllm_sp_min_token_num
+    from .vllm_tables import vllm_sp_min_token_num
 
     scored, skipped = [], []
     profiles: dict = {}

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import formulas as F
-from . import ops
+from . import ops, vllm_tables
 from .errors import TpcostError
 from .layer import LayerSpec
 from .profile import HardwareProfile
@@ -25,10 +25,6 @@ SCHEDULES = ("tp", "sp", "sp_asynctp")
 # every term is "positive = SP+AsyncTP saves", in JSON and in text; they sum to t_tp − t_sp_asynctp
 BREAKDOWN_KEYS = ("overlap_gain_s", "chunking_s", "two_stream_recovery_s", "contention_s", "sync_and_memory_s",
                   "host_issue_s", "norm_saving_s", "collective_change_s", "padding_and_other_s")
-# vLLM's default largest CUDA-graph capture size (vllm/config/vllm.py _set_cudagraph_sizes: 1024 on
-# data-center Blackwell, else 512): above it the forward runs eagerly and the host issue time counts
-CUDAGRAPH_MAX_TOKENS_DEFAULT = 512
-CUDAGRAPH_MAX_TOKENS_BLACKWELL = 1024
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
@@ -134,11 +130,6 @@ class Prediction:
         return self.speedup("sp_asynctp")
 
 
-def cudagraph_max_tokens_default(profile: HardwareProfile) -> int:
-    cc = profile.identity.compute_capability
-    return CUDAGRAPH_MAX_TOKENS_BLACKWELL if cc.startswith("10.") else CUDAGRAPH_MAX_TOKENS_DEFAULT
-
-
 def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens: Any,  # noqa: C901 (ops)
             seq_len: int = 1024, cudagraph_max_tokens: int | None = None, fi_max_bytes: float | None = None,
             vllm_version: VllmLike = None, decode: DecodeRegime | None = None) -> Prediction:
@@ -157,7 +148,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     if N.ndim != 1 or N.size == 0 or np.any(N <= 0) or not np.all(np.isfinite(N)):
         raise TpcostError("token counts N must be finite and > 0")
     if cudagraph_max_tokens is None:
-        cudagraph_max_tokens = cudagraph_max_tokens_default(profile)
+        cudagraph_max_tokens = vllm_tables.cudagraph_max_tokens_default(profile.identity.compute_capability)
     elif not isinstance(cudagraph_max_tokens, (int, np.integer)) or cudagraph_max_tokens < 0:
         raise TpcostError(f"--cudagraph-max-tokens must be an integer >= 0, got {cudagraph_max_tokens}")
     W = tp

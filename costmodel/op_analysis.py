@@ -13,10 +13,9 @@ import dataclasses
 
 import numpy as np
 
-from . import ops
+from . import ops, vllm_tables
 from .analysis import BAND_DRAWS, BAND_SEED, decide_cutoff, decision_value, perturbed_values, uniform_workload
 from .errors import TpcostError
-from .model import cudagraph_max_tokens_default
 from .profile import HardwareProfile
 from .vllm_tables import VllmLike
 
@@ -25,9 +24,6 @@ IMPLS = ("torch", "kernel")
 OP_DTYPES = ("bf16", "fp8", "mxfp8")
 M_STEP = 128  # M runs over the multiples of 128 (vLLM's gemm_rs_ar tiles M by 128)
 SMALL_M = np.exp2(np.arange(7.0))  # 1, 2, ..., 64: the decode rows below one M tile, for the single kernel
-GEMM_RS_AR_MIN_M = 128  # gemm_rs_ar.py should_run (l. 982-985): x.shape[0] >= 128
-MUSE_SPARK_MIN_M = 512  # models/muse_spark/nvidia/ops/gemm_rs.py l. 44-75: 512 <= M <= max_M on sm103 at TP 4/8
-MUSE_SPARK_ALIGN = {4: 128, 8: 256}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,8 +113,7 @@ def check_combination(profile: HardwareProfile, op: str, impl: str, tp: int, dty
         if op == "ag_gemm":
             raise TpcostError("--op ag_gemm --impl kernel: vLLM 0.33's single kernel fuses GEMM+RS and GEMM+AR only")
         if dtype == "fp8":
-            raise TpcostError("--dtype fp8 --impl kernel: vLLM's gemm_rs_ar takes bf16 or MXFP8 weights only "
-                              "(can_run, gemm_rs_ar.py l. 939-973); for per-tensor fp8 the switch has no effect")
+            raise TpcostError(f"--dtype fp8 --impl kernel: {vllm_tables.CAN_RUN_FP8}")
         why = ops.kernel_available(profile, tp, dtype, n)
         if why:
             raise TpcostError(why)
@@ -127,14 +122,8 @@ def check_combination(profile: HardwareProfile, op: str, impl: str, tp: int, dty
 def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int) -> tuple[str, int | None, Any]:
     """(description, threshold tokens or None, runs(m) -> bool array) of vLLM's own rule for this op."""
     if impl == "kernel":
-        cc = profile.identity.compute_capability
-        if op == "gemm_rs" and cc == "10.3" and tp in MUSE_SPARK_ALIGN:
-            a = MUSE_SPARK_ALIGN[tp]
-            return (f"Muse Spark's B300 GEMM+RS: {MUSE_SPARK_MIN_M} <= M, M % {a} == 0 (gemm_rs.py l. 44-75)",
-                    MUSE_SPARK_MIN_M, lambda m: (m >= MUSE_SPARK_MIN_M) & (m % a == 0))
-        return (f"gemm_rs_ar should_run: M >= {GEMM_RS_AR_MIN_M} (gemm_rs_ar.py l. 982-985)", GEMM_RS_AR_MIN_M,
-                lambda m: m >= GEMM_RS_AR_MIN_M)
-    from .vllm_rules import vllm_sp_min_token_num
+        return vllm_tables.kernel_rule(op, profile.identity.compute_capability, tp)
+    from .vllm_tables import vllm_sp_min_token_num
 
     hidden = n if op == "gemm_rs" else k
     thr = vllm_sp_min_token_num(profile.identity.vendor, profile.identity.compute_capability, hidden, tp)
@@ -163,7 +152,8 @@ def analyse_op(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k:
                               "multiple of tp")
         raise TpcostError(f"--tp {tp}: torch's fused ops split M into tp chunks, and M runs over the multiples of "
                           f"{M_STEP}, which {tp} does not divide; use a tp that divides {M_STEP}")
-    cap = cudagraph_max_tokens_default(profile) if cudagraph_max_tokens is None else cudagraph_max_tokens
+    cap = (vllm_tables.cudagraph_max_tokens_default(profile.identity.compute_capability)
+           if cudagraph_max_tokens is None else cudagraph_max_tokens)
     spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm_version)
     f_all, u_all, unfused_impl, unfused_per_m = op_arms(profile, spec, m_all)
     notes = []
@@ -205,15 +195,10 @@ def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> tuple[Any,
         pair = ops.kernel_pair(hw, op, m, n, k, tp, weights=spec.dtype, vllm_version=spec.vllm_version)
         name = "vLLM's model-level-SP reduce-scatter" if op == "gemm_rs" else "vLLM's dispatched all-reduce"
         return pair.fused_s, pair.unfused_s, name, pair.unfused_impls
-    if op == "ag_gemm":
-        u = ops.sequential_ag_gemm_s(hw, m, n, k, tp, hw.mode.ag_bytes)
-        f = ops.fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=True)  # t_s eager, t_gpu_s graphs
-        name, impl = "NCCL all-gather", "nccl_all_gather"
-    else:
-        u = ops.sequential_gemm_rs_s(hw, m, n, k, tp)
-        f = ops.fused_gemm_rs(hw, m, n, k, tp, eager=True)  # t_s eager, t_gpu_s under graph replay
-        name, impl = "NCCL reduce-scatter", "nccl_reduce_scatter"
-    return np.where(m > spec.cudagraph_max_tokens, f.t_s, f.t_gpu_s), u, name, np.full(np.shape(m), impl)
+    p = ops.torch_pair(hw, op, m, n, k, tp)
+    name = "NCCL all-gather" if op == "ag_gemm" else "NCCL reduce-scatter"
+    fused = np.where(m > spec.cudagraph_max_tokens, p.fused_eager_s, p.fused_graph_s)
+    return fused, p.unfused_s, name, np.full(np.shape(m), p.unfused_impl)
 
 
 def op_cutoff_band(profile: HardwareProfile, spec: OpSpec, grid: np.ndarray, margin: float, weights: Any,

@@ -17,7 +17,7 @@ from . import formulas as F
 from . import vllm_tables
 from .errors import TpcostError
 from .profile import HardwareProfile
-from .vllm_tables import VllmLike
+from .vllm_tables import KERNEL_TILE_M, KERNEL_TILE_N, VllmLike
 
 Arr = F.Arr  # a number or a numpy array (formulas broadcast)
 
@@ -383,6 +383,32 @@ def fused_gemm_rs(hw: Hw, m: Arr, n: int, k: int, tp: int, eager: bool) -> Fused
     return FusedOp(t, t_gpu, t_host, t_tail, W * g, W * g_c, W * g_eff, (W - 1) * p, 2.0 * W * a["barrier_s"], t_red)
 
 
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+class TorchPair:
+    """torch's pipelined fused op against its sequential arm, over m rows (s; arrays of the rows' shape)."""
+
+    fused_eager_s: Any  # issued from Python per call: the benchmarks, and vLLM above its CUDA-graph size
+    fused_graph_s: Any  # under CUDA-graph replay: no host issue time
+    unfused_s: Any  # the GEMM, then NCCL's collective
+    unfused_impl: str  # "nccl_all_gather" | "nccl_reduce_scatter"
+
+
+def torch_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int) -> TorchPair:
+    """The one predictor of torch's fused all-gather+GEMM ("ag_gemm") or GEMM+reduce-scatter ("gemm_rs") against its
+    sequential arm (tpcost op, evaluate); `hw` carries the dtype mode (the all-gathered operand's bytes)."""
+    if op == "ag_gemm":
+        u = sequential_ag_gemm_s(hw, m, n, k, tp, hw.mode.ag_bytes)
+        f = fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=True)
+        impl = "nccl_all_gather"
+    elif op == "gemm_rs":
+        u = sequential_gemm_rs_s(hw, m, n, k, tp)
+        f = fused_gemm_rs(hw, m, n, k, tp, eager=True)
+        impl = "nccl_reduce_scatter"
+    else:
+        raise TpcostError(f"torch has no fused {op!r} (ag_gemm | gemm_rs)")
+    return TorchPair(f.t_s, f.t_gpu_s, u, impl)
+
+
 def sequential_ag_gemm_s(hw: Hw, m: Arr, n: int, k: int, tp: int, a_bytes: float) -> Arr:
     """What AG+GEMM replaces: NCCL all-gather of m·k·b_A, then the whole GEMM (s)."""
     return t_all_gather_s(hw, tp, m * (k * a_bytes)) + hw.t_gemm(m, n, k)
@@ -396,44 +422,30 @@ def sequential_gemm_rs_s(hw: Hw, m: Arr, n: int, k: int, tp: int) -> Arr:
 # ---------------------------------------------------------------------------------------------------------------
 # The single-kernel family (docs/model.md §6b): vLLM 0.33's CuTe gemm_rs_ar, FlashInfer's CuTe GEMM+RS
 
-KERNEL_OPS = ("gemm_rs", "gemm_ar")
-KERNEL_DTYPES = ("bf16", "mxfp8")  # gemm_rs_ar.py l. 946-961, 1009-1026
-
-
 def kernel_available(profile: HardwareProfile, tp: int, dtype: str = "bf16", n: int | None = None) -> str | None:
     """None if a single-kernel fused GEMM+RS/AR of vLLM's design can run here, else why not (one line): NVLink
-    multicast inside one domain (the profile's [fused_kernel] table) and the shape gate of vLLM's gemm_rs_ar
-    (gemm_rs_ar.py l. 1105-1152: bf16 or MXFP8 weights, 1 < TP <= 16, 128 % TP == 0, N % 128 == 0). Whether vLLM
-    ships it on this GPU is kernel_shipped()."""
+    multicast inside one domain (the profile's [fused_kernel] table) and vLLM's shape gate
+    (costmodel.vllm_tables.kernel_gate). Whether vLLM ships it on this GPU is kernel_shipped()."""
     cc = profile.identity.compute_capability
     if profile.fused_kernel is None:
         return (f"no single-kernel fused GEMM+collective on {profile.name} (cc {cc or 'n/a'}): it needs NVLink "
                 "multicast (NVLS) over NVSwitch, which this profile does not have")
-    if dtype not in KERNEL_DTYPES:
-        return f"the single-kernel fused GEMM+collective takes bf16 or mxfp8 weights, not {dtype}"
-    if not (1 < tp <= 16 and 128 % tp == 0):
-        return f"vLLM's gemm_rs_ar needs 1 < tp <= 16 with 128 % tp == 0, got tp={tp}"
+    why = vllm_tables.kernel_gate(dtype, tp)
+    if why:
+        return why
     if tp > int(profile.interconnect.domain_size):
         return f"tp={tp} spans more than one NVLink domain ({int(profile.interconnect.domain_size)} GPUs)"
-    if n is not None and n % 128:
-        return f"vLLM's gemm_rs_ar needs N % 128 == 0, got n={n}"
-    return None
+    return vllm_tables.kernel_gate(dtype, tp, n)
 
 
 def kernel_shipped(profile: HardwareProfile) -> str | None:
-    """None if vLLM ships gemm_rs_ar on this GPU, else a note: its init gate takes the SM100 family only
-    (gemm_rs_ar.py l. 1131, is_device_capability_family(100)); elsewhere the prediction is what a multimem kernel of
-    its design would do."""
+    """None if vLLM ships gemm_rs_ar on this GPU (vllm_tables.kernel_ships_on: the SM100 family), else a note:
+    elsewhere the prediction is what a multimem kernel of its design would do."""
     cc = profile.identity.compute_capability
-    if cc.startswith("10."):
+    if vllm_tables.kernel_ships_on(cc):
         return None
     return (f"not shipped by vLLM on this GPU ({profile.name}, cc {cc or 'n/a'}): vLLM's gemm_rs_ar runs on the SM100 "
             "family only; this is what a multimem kernel of its design would do here")
-
-
-KERNEL_TILE_M = KERNEL_TILE_N = 128  # Sm100GemmRsAr cta_tile (BM, BN) = (128, 128) (gemm_rs_ar.py l. 124-128)
-# each CTA's communicating warps (4-7) issue one RS tile's multimem.ld_reduce before any store (l. 560-575):
-# formulas.kernel_inflight_bytes
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
@@ -461,8 +473,8 @@ class KernelOp:
 def fused_kernel(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int) -> KernelOp:
     """One single-kernel fused GEMM+RS (op "gemm_rs") or GEMM+AR ("gemm_ar") on m rows (formulas.t_fused_kernel_s,
     docs/model.md §6b): its tiles in waves over the SMs, each wave's multimem traffic beside the next wave's GEMM at
-    the multicast bandwidth its CTAs keep in flight; GEMM+AR ends with `partial[:M].clone()` (gemm_rs_ar.py l. 1081),
-    one more m·n copy in HBM."""
+    the multicast bandwidth its CTAs keep in flight; GEMM+AR ends with a clone of its output, one more m·n copy in
+    HBM (the design: costmodel.vllm_tables)."""
     fk = hw.p.fused_kernel
     if fk is None:
         raise TpcostError(kernel_available(hw.p, tp) or "no fused kernel")
@@ -498,7 +510,7 @@ def kernel_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, *, weights: st
                 fi_max_bytes: float | None = None) -> KernelPair:
     """The one predictor of the single kernel against its unfused arm (tpcost op, vllm-config, evaluate, the fits).
 
-    `weights` "mxfp8": the kernel quantises its activations first (gemm_rs_ar.py l. 1009-1026: m·k·(b+1) bytes);
+    `weights` "mxfp8": the kernel quantises its activations first (m·k·(b+1) bytes; costmodel.vllm_tables);
     `hw` carries the GEMM's dtype mode. `baseline` "vllm": GEMM+AR's collective is vLLM's dispatched all-reduce,
     "nccl": NCCL's; GEMM+RS's is vLLM's model-level-SP reduce-scatter (its custom backends, reduce_scatter_dispatch)
     or NCCL's.

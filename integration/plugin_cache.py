@@ -122,7 +122,7 @@ PLAN_ATTRS = {"fuse_allreduce_rms": (bool,), "fi_allreduce_fusion_max_size_mb": 
               "sp_min_token_num": (int,), "enable_sp": (bool,), "fuse_gemm_comms": (bool,)}
 
 
-PLAN_ENV = ("VLLM_KIMI_K3_GEMM_AR", "VLLM_ENABLE_GEMM_RS")  # costmodel.kernel_sites.SWITCHES (not imported here)
+PLAN_ENV = ("VLLM_KIMI_K3_GEMM_AR", "VLLM_ENABLE_GEMM_RS")  # costmodel.vllm_tables.SWITCHES (not imported here)
 
 
 def _is_plan(plan) -> bool:

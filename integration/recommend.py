@@ -9,13 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.vllm_tables import LATEST_SUPPORTED, parse_version as parse_vllm_version
+from costmodel.vllm_tables import CURRENT, FIRST_WITHOUT_SP, parse_version as parse_vllm_version
 
 from costmodel.formulas import MiB
 
 
-FIRST_WITHOUT_SP = (0, 32)  # vLLM 0.32 removed the SP and AsyncTP passes and their PassConfig fields
-CURRENT_VLLM = LATEST_SUPPORTED  # the release current when this was written (2026-12): the default without vLLM here
 
 
 def installed_vllm_version() -> tuple[tuple[int, int] | None, str]:
@@ -40,7 +38,7 @@ def resolve_vllm_version(explicit: str | None) -> tuple[tuple[int, int], str, bo
     v, how = installed_vllm_version()
     if v is not None:
         return v, how, False
-    return CURRENT_VLLM, (f"{how}: assuming vLLM {CURRENT_VLLM[0]}.{CURRENT_VLLM[1]}, the current release "
+    return CURRENT, (f"{how}: assuming vLLM {CURRENT[0]}.{CURRENT[1]}, the current release "
                           "(pass --vllm-version for another)"), True
 
 
@@ -274,7 +272,7 @@ def draft_fusion_range(f: FusionRange, hidden: int, draft_hidden: int, elem_byte
     _fused_ar_workspace_hidden_dim), and fuses a range only if it ends within the pass's limit: with a wider draft
     the whole first range is left unfused. Both conversions give the same T only for T < hidden/(draft − hidden);
     the range is capped there and the MB value taken from the draft's width, so that the two limits agree."""
-    if draft_hidden <= hidden or not f.tokens or (vllm_version is not None and tuple(vllm_version) < (0, 32)):
+    if draft_hidden <= hidden or not f.tokens or (vllm_version is not None and tuple(vllm_version) < FIRST_WITHOUT_SP):
         return f
     t_max = -(-hidden // (draft_hidden - hidden)) - 1  # the largest T with T·draft < (T + 1)·hidden
     t = min(f.tokens, t_max)
@@ -350,7 +348,7 @@ def explain(r: Recommendation) -> list[str]:
 class SiteDecision:
     """One call site of the fused kernel on the workload (s per forward, expected over the steps)."""
 
-    site: Any  # costmodel.kernel_sites.CallSite
+    site: Any  # costmodel.vllm_tables.CallSite
     expected_on_s: float  # the switch on: the kernel where vLLM's rule (M >= 128) runs it, the unfused path below
     expected_off_s: float  # the switch off: the GEMM, then vLLM's collective (and the norm, fused where vLLM fuses)
     cutoff_tokens: int | None  # tpcost's own M from which the kernel pays here (None: never; costmodel.analysis)
@@ -397,7 +395,7 @@ def kernel_switch(profile, sites, tp: int, op: str, max_num_batched_tokens: int 
     from costmodel import ops
     from costmodel.analysis import decide_cutoff
     from costmodel.errors import TpcostError
-    from costmodel.kernel_sites import KERNEL_MIN_M, SWITCHES
+    from costmodel.vllm_tables import KERNEL_MIN_M, SWITCHES
 
     sw = SWITCHES[op]
     n_tok = np.arange(1, max_num_batched_tokens + 1, dtype=float)
@@ -466,7 +464,7 @@ def kernel_switch_lines(ks: KernelSwitch) -> list[str]:
 @dataclasses.dataclass(frozen=True)
 class KernelModelConfig:
     """vllm-config and the plugin for a model whose forward tpcost does not model but whose fused-kernel switch it
-    answers (costmodel.kernel_sites): the fusion range first, then the switch priced with exactly that range."""
+    answers (costmodel.vllm_tables): the fusion range first, then the switch priced with exactly that range."""
 
     fusion: FusionRange | None  # None: not in vLLM's tables here, or model-level SP (no all-reduce to fuse)
     switch: KernelSwitch | None  # None: no --kernel-op asked
@@ -486,7 +484,7 @@ def kernel_model_config(profile, km, par, op: str | None, max_num_batched_tokens
     """The one decision path of a kernel model (vllm-config --kernel-op and the plugin): raises TpcostError, in one
     line, where the switch has no effect."""
     from costmodel.errors import TpcostError
-    from costmodel.kernel_sites import FIRST_WITH_KERNEL, SWITCHES
+    from costmodel.vllm_tables import FIRST_WITH_KERNEL, SWITCHES
 
     if op is not None:
         if tuple(vllm_version) < FIRST_WITH_KERNEL:

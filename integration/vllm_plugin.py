@@ -237,11 +237,11 @@ def _plan(inputs: dict) -> dict:
 
 
 def _kernel_family(cfg) -> str | None:
-    """costmodel.kernel_sites.kernel_family of the model in `cfg` (None: not a model that runs the fused kernel)."""
+    """costmodel.vllm_tables.kernel_family of the model in `cfg` (None: not a model that runs the fused kernel)."""
     mc = cfg.model_config
     if mc is None:
         return None
-    from costmodel.kernel_sites import kernel_family
+    from costmodel.vllm_tables import kernel_family
 
     hf = getattr(mc, "hf_config", None)
     return kernel_family({"model_type": getattr(hf, "model_type", None),
@@ -250,9 +250,9 @@ def _kernel_family(cfg) -> str | None:
 
 
 def kernel_parallel(parallel_config, kernel_config) -> dict:
-    """costmodel.kernel_sites.Parallel's fields from vLLM's ParallelConfig and KernelConfig (and the environment's
+    """costmodel.vllm_tables.Parallel's fields from vLLM's ParallelConfig and KernelConfig (and the environment's
     VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT), as vLLM's model code reads them."""
-    from costmodel.kernel_sites import SHARD_SP_SHARED_EXPERT_ENV
+    from costmodel.vllm_tables import SHARD_SP_SHARED_EXPERT_ENV
 
     return {"tp": int(parallel_config.tensor_parallel_size),
             "pipeline_parallel_size": int(parallel_config.pipeline_parallel_size),
@@ -266,7 +266,7 @@ def kernel_parallel(parallel_config, kernel_config) -> dict:
 def _apply_kernel_model(cfg, has_sp: bool) -> None:
     """A model that runs vLLM's fused GEMM+RS/AR: the fusion range (when unset) and the switch of the mode its workers
     bind (when unset in the environment); an explicit user value stands."""
-    from costmodel.kernel_sites import SWITCHES, Parallel
+    from costmodel.vllm_tables import SWITCHES, Parallel
 
     from . import plugin_cache
 
@@ -279,7 +279,7 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
     outer = {"model_type": getattr(mc.hf_config, "model_type", None), "architectures": list(mc.architectures or ()),
              "dtype": str(mc.dtype).replace("torch.", ""), "text_config": text}
     text["dtype"] = outer["dtype"]  # what vLLM runs (--dtype), not the checkpoint's
-    from costmodel.kernel_sites import read_kernel_model
+    from costmodel.vllm_tables import read_kernel_model
 
     km = read_kernel_model(outer, str(mc.model))
     op = km.mode(Parallel(**par))
@@ -318,7 +318,7 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
 def _kernel_plan(inputs: dict) -> dict:
     """The plan for a kernel model (integration.recommend.kernel_model_config, vllm-config's decision path)."""
     from costmodel.errors import TpcostError
-    from costmodel.kernel_sites import Parallel, read_kernel_model
+    from costmodel.vllm_tables import Parallel, read_kernel_model
     from costmodel.profile import detect_profile
 
     from .recommend import kernel_model_config

@@ -55,6 +55,10 @@ ONE_HOME = [
     (r"rms_norm_bytes\(", {"costmodel/model.py", "costmodel/ops.py", "costmodel/formulas.py"}),  # AR + norm unit
     (r"CUSTOM_ALL_REDUCE_MAX_SIZES\s*=|_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB\s*=|SM90\s*=\s*dict", set()),  # vllm_tables
     (r"def least_squares|from scipy.optimize import least_squares", {"calib/fit.py"}),  # one fitting core
+    # vLLM's behaviour: its source cited by line, its constants and switches, in one module
+    (r"l\. ?\d{2,}|\.py:\d+", {"costmodel/vllm_tables.py"}),
+    (r"(KERNEL_MIN_M|CUDAGRAPH_MAX_TOKENS_\w+|FIRST_WITHOUT_SP|FIRST_WITH_KERNEL|MUSE_SPARK_\w+|SP_MIN_\w+)\s*=",
+     {"costmodel/vllm_tables.py"}),
 ]
 
 

@@ -497,9 +497,7 @@ def kernel_section(p, kern, nvlink: str):
             t = sec(over, "published-measurement", **{leaf: v})
             t["uncertainty_rel"] = {leaf: _round(min(sg, 1.0))}
         out[f"_{leaf}"] = t
-    out["_inflight_scale"] = sec("vLLM's design: each CTA's communicating warps issue one RS tile's multimem.ld_reduce "
-                                 "(BM/W rows x BN from each of W ranks) before any store (gemm_rs_ar.py l. 560-575): "
-                                 "scale 1 by construction", "datasheet", inflight_scale=1.0)
+    out["_inflight_scale"] = sec(T.KERNEL_INFLIGHT_SOURCE, "datasheet", inflight_scale=1.0)
     p["fused_kernel"] = out
     return p
 

@@ -324,16 +324,13 @@ def fused_op_rows(source_id=None, impl: str | None = "torch"):
     return out
 
 
-def predict_fused_row(profile, r, eager=True):
-    """(predicted sequential s, predicted fused s, the FusedOp) for one fused-op row (costmodel.ops)."""
+def predict_fused_row(profile, r):
+    """(predicted sequential s, predicted fused s issued eagerly, as the benchmarks run it) for one fused-op row
+    (costmodel.ops.torch_pair, the predictor tpcost op and evaluate use)."""
     from costmodel import ops
 
-    hw = ops.Hw(profile, r["dtype"])
-    m, n, k, tp = float(r["m"]), r["n"], r["k"], r["tp"]
-    if r["op"] == "gemm_rs":
-        return ops.sequential_gemm_rs_s(hw, m, n, k, tp), None, ops.fused_gemm_rs(hw, m, n, k, tp, eager=eager)
-    a_bytes = hw.mode.ag_bytes
-    return ops.sequential_ag_gemm_s(hw, m, n, k, tp, a_bytes), None, ops.fused_ag_gemm(hw, m, n, k, tp, a_bytes, eager=eager)
+    p = ops.torch_pair(ops.Hw(profile, r["dtype"]), r["op"], float(r["m"]), r["n"], r["k"], r["tp"])
+    return p.unfused_s, p.fused_eager_s
 
 
 def fit_fused_param(tree, rows, key, name, arm="fused"):
@@ -347,8 +344,8 @@ def fit_fused_param(tree, rows, key, name, arm="fused"):
     meas = np.array([r["overlap_s" if arm == "fused" else "baseline_s"] for r in rows])
 
     def one(prof, r):
-        seq, _, f = predict_fused_row(prof, r)
-        return float(np.asarray(f.t_s if arm == "fused" else seq).ravel()[0])
+        seq, f = predict_fused_row(prof, r)
+        return float(np.asarray(f if arm == "fused" else seq).ravel()[0])
 
     def resid(x):
         prof = base.with_values({key: float(np.exp(x[0]))}, None, mark_modified=False)
@@ -476,9 +473,9 @@ class FamilyFit:
             out.append({"arm": "decode", "measured_s": pr28672_measured_decode_s(),
                         "predicted_s": pr28672_predicted_decode_s(prof)})
         for r in s.get("rows") or ():
-            seq, _, f = predict_fused_row(prof, r)
+            seq, f = predict_fused_row(prof, r)
             out.append({"arm": "op", "row": r, "fused_measured_s": r["overlap_s"], "seq_measured_s": r["baseline_s"],
-                        "fused_predicted_s": float(np.ravel(f.t_s)[0]) + off,
+                        "fused_predicted_s": float(np.ravel(f)[0]) + off,
                         "seq_predicted_s": float(np.ravel(seq)[0]) + off, "offset_s": off})
         return out
 

@@ -55,7 +55,7 @@ def cmd_vllm_config(args) -> int:
     from integration.recommend import explain, recommend, resolve_vllm_version
 
     from costmodel.errors import TpcostError
-    from costmodel.kernel_sites import kernel_family
+    from costmodel.vllm_tables import kernel_family
     from costmodel.shapes import load_model_config
 
     if args.format == "env" and not args.kernel_op:
@@ -104,7 +104,7 @@ def _emit(args, cc: dict, switch) -> None:
 def _kernel_parallel_args(args, km, name):
     """The parallel setup of a kernel model's vllm-config, refusing in one line the flags only a forward reads."""
     from costmodel.errors import TpcostError
-    from costmodel.kernel_sites import Parallel
+    from costmodel.vllm_tables import Parallel
 
     for flag, bad in (("--dtype", args.dtype != "bf16"), ("--seq-len", args.seq_len != 1024),
                       ("--cudagraph-max-tokens", args.cudagraph_max_tokens is not None),
@@ -135,9 +135,9 @@ def _kernel_parallel_args(args, km, name):
 
 def kernel_model_config(args, cfg, name, where, version, how) -> int:
     """vllm-config for a model that runs vLLM's fused kernel: the fusion range and (--kernel-op) the switch, from its
-    call sites (costmodel.kernel_sites); its forward is not modelled, so the flags only a forward reads are refused."""
+    call sites (costmodel.vllm_tables); its forward is not modelled, so the flags only a forward reads are refused."""
     from costmodel.errors import TpcostError
-    from costmodel.kernel_sites import read_kernel_model
+    from costmodel.vllm_tables import read_kernel_model
     from costmodel.profile import recording
 
     from integration.recommend import fusion_lines, kernel_model_config as decide, kernel_switch_lines
