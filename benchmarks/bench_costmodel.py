@@ -37,9 +37,9 @@ COLD = r"""
 import time
 t0 = time.perf_counter()
 import costmodel
-from costmodel import analyse, load_model, load_profile
+from costmodel import RunConfig, analyse, load_model, load_profile
 t1 = time.perf_counter()
-a = analyse(load_profile("h100-sxm"), load_model("llama-3.1-70b"), 4, "bf16", band=False)
+a = analyse(load_profile("h100-sxm"), load_model("llama-3.1-70b"), RunConfig(4, "bf16"), band=False)
 t2 = time.perf_counter()
 import sys
 print(t1 - t0, t2 - t1, a.cutoff_tokens, int(any(m in sys.modules for m in ("torch", "scipy"))))
@@ -80,12 +80,12 @@ def main():
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / (a.reps + 1)
     grid = token_grid(4, 8192)
     cutoff = median_time(lambda: predict(p, m, 4, "bf16", grid).speedup_sp_asynctp, a.reps)
-    band = median_time(lambda: cutoff_band(p, m, 4, "bf16", 1024, grid, 0.02), 3)
-    band_sweep = median_time(lambda: cutoff_band(p, m, 4, "bf16", 1024, N, 0.02), 1)
-    from costmodel import analyse
+    band = median_time(lambda: cutoff_band(p, m, RunConfig(4, "bf16"), grid), 3)
+    band_sweep = median_time(lambda: cutoff_band(p, m, RunConfig(4, "bf16"), N), 1)
+    from costmodel import RunConfig, analyse
 
-    no_band = median_time(lambda: analyse(p, m, 4, "bf16", band=False), 5)
-    with_band = median_time(lambda: analyse(p, m, 4, "bf16", band=True), 3)
+    no_band = median_time(lambda: analyse(p, m, RunConfig(4, "bf16"), band=False), 5)
+    with_band = median_time(lambda: analyse(p, m, RunConfig(4, "bf16"), band=True), 3)
     import tempfile
 
     from costmodel.evaluate import evaluate_files

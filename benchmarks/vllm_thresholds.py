@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main():
-    from costmodel import analyse, load_model, load_profile
+    from costmodel import RunConfig, analyse, load_model, load_profile
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -32,7 +32,7 @@ def main():
         tp, thr = int(r["num_gpus"]), int(r["M_or_tokens"])
         gpu = "h100-sxm" if r["gpu"].startswith("H100") else "b200"
         max_tokens = 8192 if 2 * thr <= 8192 else 32768  # room above vLLM's threshold for the cutoff to land
-        an = analyse(load_profile(gpu), load_model("llama-3.1-70b"), tp, "bf16", max_num_batched_tokens=max_tokens)
+        an = analyse(load_profile(gpu), load_model("llama-3.1-70b"), RunConfig(tp, "bf16", max_num_batched_tokens=max_tokens))
         cut = an.cutoff_tokens
         ratio = None if cut is None else cut / thr
         ok = ratio is not None and 0.5 <= ratio <= 2.0
@@ -43,7 +43,7 @@ def main():
               f"{(f'{ratio:.2f}' if ratio else '-'):>6s} {'yes' if ok else 'NO':>9s} {max_tokens:10d}")
     print("\nllama-3.1-8b (hidden 4096; vLLM: SP off below hidden 8192):")
     for tp in (2, 4, 8):
-        an = analyse(load_profile("h100-sxm"), load_model("llama-3.1-8b"), tp, "bf16")
+        an = analyse(load_profile("h100-sxm"), load_model("llama-3.1-8b"), RunConfig(tp, "bf16"))
         rows.append({"gpu": "h100-sxm", "model": "llama-3.1-8b", "tp": tp, "vllm_threshold": None,
                      "cutoff_tokens": an.cutoff_tokens, "band": list(an.cutoff_band_tokens)})
         s8k = float(an.table.speedup_sp_asynctp[list(an.table.num_tokens).index(8192.0)])
@@ -84,7 +84,7 @@ def kernel_matrix() -> list[dict]:
             for op, par in (("gemm_ar", Parallel(tp)),
                             ("gemm_rs", Parallel(tp, enable_expert_parallel=True, moe_backend="deep_gemm_mega_moe",
                                                  shard_sp_shared_expert=True))):
-                d = kernel_model_config(prof, km, par, op, vllm_version=(0, 33))
+                d = kernel_model_config(prof, km, par, op)  # vLLM 0.33's dispatch, bf16 at par.tp
                 ks = d.switch
                 for sd in ks.sites:
                     s = sd.site
@@ -92,8 +92,8 @@ def kernel_matrix() -> list[dict]:
                     m = np.array([128.0])
                     kop = ops.fused_kernel(hw, op, m, s.n, s.k, tp)
                     fi = None if ks.fi_tokens is None else float(ks.fi_tokens * s.n * hw.act_bytes)
-                    pair = ops.kernel_pair(hw, op, m, s.n, s.k, tp, vllm_version=(0, 33), norm_after=s.norm_after,
-                                           fi_max_bytes=fi)
+                    pair = ops.kernel_pair(hw, ops.KernelGemm(op, s.n, s.k, tp, norm_after=s.norm_after), m,
+                                           vllm_version=(0, 33), fi_max_bytes=fi)
                     out.append({"gpu": gpu, "tp": tp, "op": op, "site": s.name, "n": s.n, "k": s.k,
                                 "calls_per_forward": s.calls_per_forward, "vllm_rule_tokens": 128,
                                 "cutoff_tokens": sd.cutoff_tokens, "switch_env": ks.env, "switch_set_on": ks.set_on,
@@ -132,6 +132,7 @@ FI_MODELS = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b")  # hidden 4096, 
 def fusion_ranges():
     """tpcost's fusion range (tokens, uniform workload, 2 % premium) beside vLLM's table, per GPU x TP x hidden."""
     from costmodel import load_model, load_profile
+    from costmodel.model import Regime, RunConfig
     from integration.recommend import decide_fusion
 
     out = []
@@ -142,7 +143,7 @@ def fusion_ranges():
             for tp in (2, 4, 8):
                 row = {"gpu": gpu, "hidden": shape.hidden, "tp": tp, "model": model}
                 for ver in ((0, 31), (0, 33)):  # each version's own tables (costmodel/vllm_tables.py)
-                    f = decide_fusion(prof, shape, tp, "bf16", 8192, 0.02, vllm_version=ver)
+                    f = decide_fusion(prof, shape, RunConfig(tp, "bf16", Regime(vllm=ver)))
                     if f is None:
                         continue
                     tag = f"{ver[0]}.{ver[1]}".replace(".", "")

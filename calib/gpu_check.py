@@ -12,6 +12,7 @@ residuals and provenance) and OUT_DIR/summary.txt. Without a GPU it fails at onc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -37,6 +38,19 @@ GEMM_ROWS = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 CHUNK_ROWS = [256, 512, 1024, 2048, 4096, 8192]
 WORLDS = [2, 4, 8]
 MEM_SIZES = [2**p for p in range(10, 29, 2)]  # 1 KiB .. 256 MiB
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckSizes:
+    """What the check times: GEMM shapes (name, n, k), their rows, the chunked GEMMs' rows and world sizes, the
+    memory sizes (bytes) and the interference GEMM's rows. The defaults are the GPU check's; tests pass small ones."""
+
+    shapes: tuple = tuple(SHAPES)
+    gemm_rows: tuple = tuple(GEMM_ROWS)
+    chunk_rows: tuple = tuple(CHUNK_ROWS)
+    worlds: tuple = tuple(WORLDS)
+    mem_sizes: tuple = tuple(MEM_SIZES)
+    interference_m: int = 4096
 
 
 def provenance(device_name=None):
@@ -92,11 +106,11 @@ def main(argv=None) -> int:
     return run_check(Path(args.out_dir), "cuda", args.budget_s)
 
 
-def run_check(out: Path, device: str, budget_s: float, shapes=SHAPES, gemm_rows=GEMM_ROWS, chunk_rows=CHUNK_ROWS,
-              worlds=WORLDS,
-              mem_sizes=MEM_SIZES, interference_m=4096) -> int:
-    """The check itself, on `device`; the CLI runs it on CUDA. The sizes are parameters so that the tests
+def run_check(out: Path, device: str, budget_s: float, sizes: CheckSizes = CheckSizes()) -> int:
+    """The check itself, on `device`; the CLI runs it on CUDA. The sizes are a parameter so that the tests
     can run the same pipeline on CPU with small shapes (there the interference phase yields nothing)."""
+    shapes, gemm_rows, chunk_rows = list(sizes.shapes), list(sizes.gemm_rows), list(sizes.chunk_rows)
+    worlds, mem_sizes, interference_m = list(sizes.worlds), list(sizes.mem_sizes), sizes.interference_m
     from .fit import fit_single_device
     from .microbench import bench_chunked, bench_gemms, bench_host_issue, bench_interference, bench_memory, gemm_dtypes
     from .timing import Timer

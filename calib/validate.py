@@ -91,7 +91,7 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from costmodel.model import predict
+    from costmodel.model import Regime, predict
     from costmodel.profile import load_profile
     from costmodel.shapes import load_model
 
@@ -117,7 +117,7 @@ def worker(args) -> None:
         full = torch.empty(n_pad, shape.hidden, device=dev, dtype=dt)
         t = {"tp": timer(lambda: tp_layer(x)), "sp": timer(lambda: sp_layer(xs, full)),
              "sp_asynctp": timer(lambda: spa_layer(xs, full))}
-        pred = predict(prof, shape, world, dtype, np.array([float(n)]), args.seq_len)
+        pred = predict(prof, shape, world, dtype, np.array([float(n)]), Regime(seq_len=args.seq_len))
         p = {s: float(np.asarray(pred.schedules[s].t_layer_s).ravel()[0]) for s in t}
         rows.append({"num_tokens": n, **{f"t_{s}_s": v.median_s for s, v in t.items()},
                      **{f"pred_{s}_s": v for s, v in p.items()}, "spread": {s: [v.p10_s, v.p90_s] for s, v in t.items()}})

@@ -5,7 +5,8 @@ speedup curve → cutoff. Imports neither torch nor scipy."""
 # The public names, imported on first use (PEP 562): `import costmodel.device` or the vLLM plugin's cache lookup
 # must not pay for the whole model.
 _PUBLIC = {"TpcostError": "errors", "HardwareProfile": "profile", "load_profile": "profile", "ModelShape": "shapes",
-           "load_model": "shapes", "predict": "model", "Prediction": "model", "analyse": "analysis",
+           "load_model": "shapes", "predict": "model", "Prediction": "model", "RunConfig": "model", "Regime": "model",
+           "analyse": "analysis",
            "Analysis": "analysis"}
 __all__ = sorted(_PUBLIC)
 

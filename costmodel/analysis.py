@@ -9,11 +9,10 @@ import numpy as np
 
 from . import vllm_tables
 from .errors import TpcostError
-from .model import BREAKDOWN_KEYS, SCHEDULES, Prediction, predict
+from .model import BREAKDOWN_KEYS, SCHEDULES, Prediction, RunConfig, predict
 from .profile import UNPERTURBED_PREFIXES, HardwareProfile, value_range
 from .shapes import ModelShape
 from .vllm_tables import vllm_sp_min_token_num
-from .vllm_tables import VllmLike
 
 BAND_DRAWS = 200
 BAND_SEED = 0
@@ -28,11 +27,7 @@ BAND_GRID_MAX = 8192
 class Analysis:
     profile: HardwareProfile
     shape: ModelShape
-    tp: int
-    dtype: str
-    seq_len: int
-    max_num_batched_tokens: int
-    margin: float
+    run: RunConfig  # the query: tp, dtype, regime, budget, margin, workload
     cutoff_tokens: int | None
     sp_cutoff_tokens: int | None
     cutoff_band_tokens: tuple[int | None, int | None] | None
@@ -48,14 +43,33 @@ class Analysis:
     cutoff_by_spread: dict | None = None  # histogram workloads: the cutoff under each way of spreading a bucket
     memory: dict | None = None  # memory_fit(): weights per GPU against the HBM capacity
     band_resolution_tokens: int | None = None  # the band's and the sensitivity's grid step (tp unless coarsened)
-    predict_kw: dict = dataclasses.field(default_factory=dict)  # fi_max_bytes, cudagraph_max_tokens, vllm_version
     sp_decision_value: dict | None = None  # decision_value() for SP alone at sp_cutoff_tokens
     grid_speedup_sp: np.ndarray | None = None  # SP alone's speedup on the grid
+
+    @property
+    def tp(self) -> int:
+        return self.run.tp
+
+    @property
+    def dtype(self) -> str:
+        return self.run.dtype
+
+    @property
+    def seq_len(self) -> int:
+        return self.run.regime.seq_len
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        return self.run.max_num_batched_tokens
+
+    @property
+    def margin(self) -> float:
+        return self.run.margin
 
 
 def curve(a: Analysis, num_tokens: Any) -> Prediction:
     """The prediction of analysis `a` (same profile, model, TP, dtype, fusion range and regime) at other N."""
-    return predict(a.profile, a.shape, a.tp, a.dtype, num_tokens, a.seq_len, **a.predict_kw)
+    return predict(a.profile, a.shape, a.tp, a.dtype, num_tokens, a.run.regime)
 
 
 def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
@@ -174,7 +188,7 @@ def decided_schedule(a: Analysis, asynctp: bool | None = None) -> tuple[str | No
     (the user's choice, or vLLM's resolution of an unset fuse_gemm_comms); True: SP+AsyncTP. Each schedule's cost
     is its expected forward time at its own cutoff with the risk premium on the steps it runs (decision_value);
     plain TP wins ties, then SP alone."""
-    v = a.predict_kw.get("vllm_version")
+    v = a.run.regime.vllm
     if v is not None and vllm_tables.version_of(v) >= vllm_tables.FIRST_WITHOUT_SP:  # no SP, no AsyncTP passes
         return None, None
     cands: list[tuple[float, int, str | None, int | None]] = []
@@ -213,16 +227,17 @@ def perturbed_values(profile: HardwareProfile, draws: int, seed: int) -> dict[st
     return {key: perturbed(profile, key, rng.standard_normal(draws))[:, None] for key in perturbable_keys(profile)}
 
 
-def cutoff_band(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, seq_len: int, grid: np.ndarray,
-                margin: float, draws: int = BAND_DRAWS, seed: int = BAND_SEED, weights: Any = None,
-                below: float = np.inf, **predict_kw: Any) -> tuple[int | None, int | None]:
-    """5th–95th percentile of the cutoff decision over a fixed-seed Monte Carlo of the profile (never = +inf)."""
+def cutoff_band(profile: HardwareProfile, shape: ModelShape, run: RunConfig, grid: np.ndarray, weights: Any = None,
+                below: float = np.inf, draws: int = BAND_DRAWS, seed: int = BAND_SEED) -> tuple[int | None, int | None]:
+    """5th–95th percentile of the cutoff decision over a fixed-seed Monte Carlo of the profile (never = +inf), on
+    `grid` with its `weights` (run.workload is not re-read: the caller may have coarsened the grid)."""
+    tp, dtype, margin = run.tp, run.dtype, run.margin
     vals = perturbed_values(profile, draws, seed)
     cuts = []
     for lo in range(0, draws, BAND_CHUNK):
         chunk = {k: v[lo:lo + BAND_CHUNK] for k, v in vals.items()}
         prof = profile.with_values(chunk, None, mark_modified=False)
-        pred = predict(prof, shape, tp, dtype, grid, seq_len, **predict_kw)
+        pred = predict(prof, shape, tp, dtype, grid, run.regime)
         cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights, below))
     c = np.concatenate(cuts)
     lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
@@ -244,12 +259,12 @@ def model_inputs(profile: HardwareProfile, tp: int) -> list[str]:
     return keys
 
 
-def cutoff_sensitivity(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, seq_len: int,
-                       grid: np.ndarray, margin: float, base_cutoff: int | None, weights: Any = None,
-                       below: float = np.inf, **predict_kw: Any) -> list[dict]:
+def cutoff_sensitivity(profile: HardwareProfile, shape: ModelShape, run: RunConfig, grid: np.ndarray,
+                       base_cutoff: int | None, weights: Any = None, below: float = np.inf) -> list[dict]:
     """One at a time, each model input × e^(−σ) and × e^(+σ) (σ of its tier; efficiencies capped at 1): the
     cutoff with each. Returned for the inputs that move it away from `base_cutoff` (the profile's own),
     largest move first ("never" = beyond the grid)."""
+    tp, dtype, margin = run.tp, run.dtype, run.margin
     keys = model_inputs(profile, tp)
     variants = [(k, sign) for k in keys for sign in (-1.0, 1.0)]
     cuts = []
@@ -259,8 +274,7 @@ def cutoff_sensitivity(profile: HardwareProfile, shape: ModelShape, tp: int, dty
         for i, (k, sign) in enumerate(part):
             row = vals.setdefault(k, np.full((len(part), 1), profile.value(k)))
             row[i, 0] = perturbed(profile, k, sign)
-        pred = predict(profile.with_values(vals, None, mark_modified=False), shape, tp, dtype, grid, seq_len,
-                       **predict_kw)
+        pred = predict(profile.with_values(vals, None, mark_modified=False), shape, tp, dtype, grid, run.regime)
         c_part = decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights, below)
         # variants of keys the prediction does not read give one cutoff for the whole chunk: one per variant
         cuts.append(np.broadcast_to(np.atleast_1d(np.asarray(c_part, dtype=float)), (len(part),)))
@@ -284,19 +298,15 @@ def display_tokens(max_tokens: int = 65536) -> np.ndarray:
     return 2.0 ** np.arange(0, int(np.log2(max_tokens)) + 1)
 
 
-def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *, seq_len: int = 1024,
-            max_num_batched_tokens: int = 8192, margin: float = 0.02, band: bool = True,
-            display_max_tokens: int = 65536, tokens: Any = None, workload: Any = None, fi_max_bytes: float | None = None,
-            cudagraph_max_tokens: int | None = None, vllm_version: VllmLike = None,
-            decode: Any = None) -> Analysis:
+def analyse(profile: HardwareProfile, shape: ModelShape, run: RunConfig, *, band: bool = True,
+            display_max_tokens: int = 65536, tokens: Any = None) -> Analysis:
     """Cutoff decision, band and a table at `tokens` (default: powers of two up to display_max_tokens, plus the
-    cutoff). `workload` (costmodel.workload.Workload; default uniform over the multiples of tp) is the traffic
-    the decision serves; its histogram buckets are spread uniformly, and the other spreads are reported.
-    `fi_max_bytes`: the FlashInfer fusion limit vLLM will run with (None: its table; 0: fusion off).
-    `cudagraph_max_tokens`: vLLM's largest CUDA-graph capture size (None: vLLM's default for the GPU; 0: eager,
-    `--enforce-eager`): steps above it pay the host's issue time."""
-    kw: dict[str, Any] = {"fi_max_bytes": fi_max_bytes, "cudagraph_max_tokens": cudagraph_max_tokens,
-                          "vllm_version": vllm_version, "decode": decode}
+    cutoff) for the query `run`. Its workload (costmodel.workload.Workload; None: uniform over the multiples of tp)
+    is the traffic the decision serves; its histogram buckets are spread uniformly, and the other spreads are
+    reported. Its regime's fi_max_bytes is the FlashInfer fusion limit vLLM will run with, cudagraph_max_tokens
+    vLLM's largest CUDA-graph capture size (steps above it pay the host's issue time)."""
+    tp, dtype, margin = run.tp, run.dtype, run.margin
+    max_num_batched_tokens, workload, reg = run.max_num_batched_tokens, run.workload, run.regime
     if tokens is not None and (len(tokens) == 0 or any(int(t) != t or t <= 0 for t in tokens)):
         raise TpcostError("--tokens: token counts N must be integers > 0")
     if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
@@ -310,7 +320,7 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
         from .workload import SPREADS, grid_weights
 
         weights = grid_weights(workload, grid, "uniform")
-    pred = predict(profile, shape, tp, dtype, grid, seq_len, **kw)
+    pred = predict(profile, shape, tp, dtype, grid, reg)
     t_tp, t_spa = pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp")
     if workload is not None and workload.buckets:
         by_spread = {sp: decide_cutoff(grid, t_tp, t_spa, margin, grid_weights(workload, grid, sp), budget)
@@ -321,14 +331,13 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     if band and "sp_asynctp" not in pred.unavailable:  # nothing to draw where the schedule cannot run
         b_grid, b_weights, k = band_grid(grid, weights)
         b_cut = cut if k == 1 else decide_cutoff(b_grid, t_tp[::k], t_spa[::k], margin, b_weights, budget)
-        band_v = cutoff_band(profile, shape, tp, dtype, seq_len, b_grid, margin, weights=b_weights, below=budget, **kw)
-        sens = cutoff_sensitivity(profile, shape, tp, dtype, seq_len, b_grid, margin, b_cut, b_weights, below=budget,
-                                  **kw)
+        band_v = cutoff_band(profile, shape, run, b_grid, b_weights, budget)
+        sens = cutoff_sensitivity(profile, shape, run, b_grid, b_cut, b_weights, budget)
         resolution = k * tp
     shown = display_tokens(display_max_tokens) if tokens is None else np.unique(np.asarray(tokens, dtype=float))
     if cut is not None:
         shown = np.union1d(shown, [cut])
-    table = predict(profile, shape, tp, dtype, shown, seq_len, **kw)
+    table = predict(profile, shape, tp, dtype, shown, reg)
     bd = None
     if cut is not None:
         i = int(np.searchsorted(grid, cut))
@@ -338,11 +347,11 @@ def analyse(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, *,
     value = decision_value(grid, t_tp, t_spa, margin, cut, weights, vllm_default, budget)
     sp_value = decision_value(grid, t_tp, pred.t_forward_s("sp"), margin, sp_cut, weights, None, budget)
     memory = memory_fit(profile, shape, tp, dtype)
-    return Analysis(profile, shape, tp, dtype, seq_len, max_num_batched_tokens, margin, cut, sp_cut, band_v,
+    return Analysis(profile, shape, run, cut, sp_cut, band_v,
                     table, bd, grid, pred.speedup_sp_asynctp, sens, vllm_default, value, pred.asynctp_available,
                     "uniform over the multiples of tp" if workload is None else _workload_text(workload, max_num_batched_tokens),
                     by_spread, memory,
-                    resolution, kw, sp_value, pred.speedup("sp"))
+                    resolution, sp_value, pred.speedup("sp"))
 
 
 def _workload_text(workload: Any, budget: int) -> str:

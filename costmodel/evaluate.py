@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 import csv
+from collections.abc import Mapping
 import dataclasses
 import math
 
@@ -199,14 +200,17 @@ def _profile(cache, name):
     return cache[name]
 
 
-def predict_op_row(prof: Any, op: str, dtype: str, tp: int, m: int, n: int | None, k: int | None, eager: bool = True,
-                   impl: str = "torch", baseline_impl: str = "nccl", vllm_version: VllmLike = None,
+def predict_op_row(prof: Any, row: Mapping[str, Any], eager: bool = True, vllm_version: VllmLike = None,
                    all_draws: bool = False) -> tuple[Any, int]:
     """(predicted speedup of the fused op over its sequential arm, hidden size vLLM's rule sees) for one
-    microbenchmark row; by default the fused op runs eagerly (a Python loop issued per call, as in the benchmarks),
-    `eager=False` under CUDA-graph replay (no host issue time). impl "kernel": the single-kernel family;
-    baseline_impl "vllm": the GEMM then vLLM's dispatched collective of `vllm_version`. `all_draws`: the speedup of
-    every Monte Carlo draw of a drawn profile (an array) instead of one float."""
+    microbenchmark row (an op CSV's parsed row: op, dtype, tp, m, n, k, impl, baseline_impl); by default the fused
+    op runs eagerly (a Python loop issued per call, as in the benchmarks), `eager=False` under CUDA-graph replay (no
+    host issue time). impl "kernel": the single-kernel family; baseline_impl "vllm": the GEMM then vLLM's dispatched
+    collective of `vllm_version`. `all_draws`: the speedup of every Monte Carlo draw of a drawn profile (an array)
+    instead of one float."""
+    op, dtype, tp, m = row["op"], row["dtype"], row["tp"], row["m"]
+    n, k = row.get("n") or None, row.get("k") or None
+    impl, baseline_impl = row.get("impl") or "torch", row.get("baseline_impl") or "nccl"
     if impl == "kernel":
         s_k, hidden = _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_version)
         return (s_k if all_draws else float(s_k[0])), hidden
@@ -242,7 +246,7 @@ def _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_versio
     if why:
         raise _Skip(why)
     hw = ops.Hw(prof, "fp8" if dtype == "mxfp8" else "bf16")
-    pair = ops.kernel_pair(hw, op, float(m), n, k, tp, weights=dtype,
+    pair = ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp, dtype), float(m),
                            baseline="vllm" if baseline_impl == "vllm" else "nccl", vllm_version=vllm_version)
     return np.ravel(pair.unfused_s / pair.fused_s), n
 
@@ -286,7 +290,7 @@ def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
     """Score every row of `paths`. `cudagraph_max_tokens`: None keeps each set's own regime (op microbenchmarks
     eager; model rows vLLM's default capture size), else rows of more tokens run eagerly and the rest replay graphs
     (0: everything eager)."""
-    from .model import predict
+    from .model import Regime, predict
     from .vllm_tables import vllm_sp_min_token_num
 
     scored, skipped = [], []
@@ -309,10 +313,7 @@ def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
         if prof.name not in drawn:
             drawn[prof.name] = prof.with_values(perturbed_values(prof, BAND_DRAWS, BAND_SEED), None,
                                                 mark_modified=False)
-        s_d, _ = predict_op_row(drawn[prof.name], r["op"], r["dtype"], r["tp"], r["m"], r["n"] or None,
-                                r["k"] or None, eager=eager, impl=r.get("impl") or "torch",
-                                baseline_impl=r.get("baseline_impl") or "nccl", vllm_version=vllm_version,
-                                all_draws=True)
+        s_d, _ = predict_op_row(drawn[prof.name], r, eager, vllm_version, all_draws=True)
         return float(np.percentile(s_d, 5)), float(np.percentile(s_d, 95))
 
     def add(path, line, r, label, prof, s_hat, hidden, tokens, bounds=(None, None)):
@@ -338,10 +339,7 @@ def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
                     _need(r, "baseline_us", "overlap_us", "hardware", "tp", "m", "op", "dtype")
                     prof = _profile(profiles, _beside(r["hardware"], path))
                     eager = cudagraph_max_tokens is None or r["m"] > cudagraph_max_tokens
-                    s_hat, hidden = predict_op_row(prof, r["op"], r["dtype"], r["tp"], r["m"], r["n"] or None,
-                                                   r["k"] or None, eager=eager, impl=r.get("impl") or "torch",
-                                                   baseline_impl=r.get("baseline_impl") or "nccl",
-                                                   vllm_version=vllm_version)
+                    s_hat, hidden = predict_op_row(prof, r, eager, vllm_version)
                 except _Skip as e:
                     skipped.append({"where": f"{path}:{line}", "reason": str(e)})
                     continue
@@ -352,7 +350,7 @@ def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
         for (hwname, model, tp, dtype, scope, base_sched, seq_len), (prof, shape, members) in \
                 _model_groups(rows, profiles, models, skipped, path).items():
             n_tok = np.array([float(r["num_tokens"]) for _, r in members])
-            pred = predict(prof, shape, tp, dtype, n_tok, seq_len, cudagraph_max_tokens=cudagraph_max_tokens)
+            pred = predict(prof, shape, tp, dtype, n_tok, Regime(seq_len, cudagraph_max_tokens))
             attr = "t_layer_s" if scope == "layer" else "t_forward_s"
             with np.errstate(invalid="ignore"):
                 s_all = np.ravel(getattr(pred.schedules[base_sched], attr) / getattr(pred.schedules["sp_asynctp"], attr))

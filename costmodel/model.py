@@ -91,6 +91,30 @@ class DecodeRegime:
     max_num_seqs: int = 256  # vLLM's default max_num_seqs
 
 
+@dataclasses.dataclass(frozen=True)
+class Regime:
+    """How vLLM runs a forward, beyond the model, TP, dtype and token count (docs/model.md §5)."""
+
+    seq_len: int = 1024  # prefill sequences of this many tokens (attention's quadratic term)
+    cudagraph_max_tokens: int | None = None  # largest CUDA-graph capture (None: vLLM's default; 0: eager)
+    fi_max_bytes: float | None = None  # FlashInfer fused AR+RMSNorm limit (None: vLLM's table; 0: the pass off)
+    vllm: VllmLike = None  # the vLLM version (and --vllm-set limits) whose dispatch runs (None: <= 0.31)
+    decode: DecodeRegime | None = None  # decode steps at a context length (None: every token is prefill)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One decision's query: the per-rank setup, how vLLM runs it, its token budget, the risk premium and the
+    traffic the decision is weighted by (None: uniform over the multiples of tp)."""
+
+    tp: int
+    dtype: str = "bf16"
+    regime: Regime = Regime()
+    max_num_batched_tokens: int = 8192
+    margin: float = 0.02
+    workload: Any = None  # costmodel.workload.Workload
+
+
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class Prediction:
     """Per-op times of the three schedules over `num_tokens`, and the difference breakdown (per forward)."""
@@ -131,15 +155,17 @@ class Prediction:
 
 
 def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens: Any,  # noqa: C901 (ops)
-            seq_len: int = 1024, cudagraph_max_tokens: int | None = None, fi_max_bytes: float | None = None,
-            vllm_version: VllmLike = None, decode: DecodeRegime | None = None) -> Prediction:
-    """Per-op times of tp / sp / sp_asynctp for one forward over token counts `num_tokens`.
+            regime: Regime | None = None) -> Prediction:
+    """Per-op times of tp / sp / sp_asynctp for one forward over token counts `num_tokens`, run as `regime` says.
 
     Forwards of N ≤ cudagraph_max_tokens replay CUDA graphs (no host cost); larger ones run eagerly,
     where torch's Python AsyncTP pipeline and every other op are issued by the host. `fi_max_bytes` is
-    the FlashInfer fused all-reduce+RMSNorm limit vLLM runs with (None: the profile's vLLM table; 0: the
-    fusion pass off, `fuse_allreduce_rms: false`). `decode`: steps as decodes at a context length (None: every
-    token is prefill of `seq_len`-token sequences, which reads no KV cache)."""
+    the FlashInfer fused all-reduce+RMSNorm limit vLLM runs with (None: vLLM's table; 0: the fusion pass off,
+    `fuse_allreduce_rms: false`). `decode`: steps as decodes at a context length (None: every token is prefill of
+    `seq_len`-token sequences, which reads no KV cache)."""
+    r = Regime() if regime is None else regime
+    seq_len, cudagraph_max_tokens, fi_max_bytes, vllm_version, decode = (
+        r.seq_len, r.cudagraph_max_tokens, r.fi_max_bytes, r.vllm, r.decode)
     check_dtype(dtype)
     shape.check_tp(tp)
     if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:

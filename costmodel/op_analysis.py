@@ -16,6 +16,7 @@ import numpy as np
 from . import ops, vllm_tables
 from .analysis import BAND_DRAWS, BAND_SEED, decide_cutoff, decision_value, perturbed_values, uniform_workload
 from .errors import TpcostError
+from .model import RunConfig
 from .profile import HardwareProfile
 from .vllm_tables import VllmLike
 
@@ -24,6 +25,16 @@ IMPLS = ("torch", "kernel")
 OP_DTYPES = ("bf16", "fp8", "mxfp8")
 M_STEP = 128  # M runs over the multiples of 128 (vLLM's gemm_rs_ar tiles M by 128)
 SMALL_M = np.exp2(np.arange(7.0))  # 1, 2, ..., 64: the decode rows below one M tile, for the single kernel
+
+
+@dataclasses.dataclass(frozen=True)
+class OpQuery:
+    """One fused GEMM+collective as asked: the op, its implementation, its GEMM's n and per-rank k."""
+
+    op: str  # ag_gemm | gemm_rs | gemm_ar
+    impl: str  # torch | kernel
+    n: int
+    k: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,12 +143,15 @@ def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: 
     return f"vLLM 0.31's sp_min_token_num {thr}", thr, lambda m: m >= thr
 
 
-def analyse_op(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int, dtype: str = "bf16", *,
-               calls_per_forward: int = 1, max_num_batched_tokens: int = 8192, margin: float = 0.02, workload: Any = None,
-               extra_m: Any = (), vllm_version: VllmLike = None, cudagraph_max_tokens: int | None = None,
-               with_band: bool = True) -> OpAnalysis:
-    """Fused against unfused over M = the multiples of 128 up to max_num_batched_tokens (and `extra_m`), per forward
-    (× calls_per_forward); the cutoff on that grid; vLLM's own rule and the saving against it."""
+def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, calls_per_forward: int = 1,
+               extra_m: Any = (), with_band: bool = True) -> OpAnalysis:
+    """Fused against unfused over M = the multiples of 128 up to run.max_num_batched_tokens (and `extra_m`), per
+    forward (× calls_per_forward); the cutoff on that grid for run's margin and workload; vLLM's own rule and the
+    saving against it. Of run's regime the op reads the CUDA-graph size and the vLLM."""
+    op, impl, n, k = query.op, query.impl, query.n, query.k
+    tp, dtype, max_num_batched_tokens, margin, workload = (run.tp, run.dtype, run.max_num_batched_tokens, run.margin,
+                                                           run.workload)
+    cudagraph_max_tokens, vllm_version = run.regime.cudagraph_max_tokens, run.regime.vllm
     check_combination(profile, op, impl, tp, dtype, n)
     if max_num_batched_tokens < M_STEP:
         raise TpcostError(f"--max-num-batched-tokens must be >= {M_STEP} (M runs over the multiples of {M_STEP})")
@@ -192,7 +206,7 @@ def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> tuple[Any,
     hw = ops.Hw(profile, "fp8" if spec.dtype == "mxfp8" else spec.dtype)
     op, n, k, tp = spec.op, spec.n, spec.k, spec.tp
     if spec.impl == "kernel":
-        pair = ops.kernel_pair(hw, op, m, n, k, tp, weights=spec.dtype, vllm_version=spec.vllm_version)
+        pair = ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp, spec.dtype), m, vllm_version=spec.vllm_version)
         name = "vLLM's model-level-SP reduce-scatter" if op == "gemm_rs" else "vLLM's dispatched all-reduce"
         return pair.fused_s, pair.unfused_s, name, pair.unfused_impls
     p = ops.torch_pair(hw, op, m, n, k, tp)

@@ -505,8 +505,20 @@ class KernelPair(NamedTuple):
     kernel: KernelOp
 
 
-def kernel_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, *, weights: str = "bf16", baseline: str = "vllm",
-                vllm_version: VllmLike = None, norm_after: bool = False,
+@dataclasses.dataclass(frozen=True)
+class KernelGemm:
+    """One GEMM the single kernel fuses with its collective: the op, the GEMM (n, per-rank k) at `tp`, the weights'
+    format and whether vLLM's residual-add RMSNorm follows (a model's GEMM+AR call site)."""
+
+    op: str  # gemm_rs | gemm_ar
+    n: int
+    k: int
+    tp: int
+    weights: str = "bf16"  # bf16 | mxfp8
+    norm_after: bool = False
+
+
+def kernel_pair(hw: Hw, gemm: KernelGemm, m: Arr, *, baseline: str = "vllm", vllm_version: VllmLike = None,
                 fi_max_bytes: float | None = None) -> KernelPair:
     """The one predictor of the single kernel against its unfused arm (tpcost op, vllm-config, evaluate, the fits).
 
@@ -517,6 +529,7 @@ def kernel_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, *, weights: st
     `norm_after` (GEMM+AR at a model's call site): both arms end with vLLM's residual-add RMSNorm; the unfused arm
     runs it inside FlashInfer's fused all-reduce+RMSNorm where vLLM's pass fuses (messages <= `fi_max_bytes`, None:
     vLLM's table), the kernel arm alone, since the kernel's all-reduce is invisible to the fusion pass."""
+    op, n, k, tp, weights, norm_after = gemm.op, gemm.n, gemm.k, gemm.tp, gemm.weights, gemm.norm_after
     m = np.atleast_1d(np.asarray(m, dtype=float))
     kern = fused_kernel(hw, op, m, n, k, tp)
     fused = kern.t_s + (hw.t_mem(m * k * (hw.act_bytes + 1.0)) if weights == "mxfp8" else 0.0)

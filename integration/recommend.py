@@ -9,11 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.model import Regime, RunConfig
 from costmodel.vllm_tables import CURRENT, FIRST_WITHOUT_SP, parse_version as parse_vllm_version
 
 from costmodel.formulas import MiB
-
-
 
 
 def installed_vllm_version() -> tuple[tuple[int, int] | None, str]:
@@ -65,6 +64,17 @@ def fusion_mb(tokens: int, hidden: int, elem_bytes: float, vllm_mb: float | None
     mb = (tokens * row + 0.5) / MiB
     assert lands(mb)
     return mb
+
+
+@dataclasses.dataclass(frozen=True)
+class UserChoices:
+    """What the user set in vLLM's own config, which tpcost keeps (None: unset, tpcost decides)."""
+
+    fuse_allreduce_rms: bool | None = None  # PassConfig.fuse_allreduce_rms
+    fi_max_mb: float | None = None  # PassConfig.fi_allreduce_fusion_max_size_mb
+    asynctp: bool | None = None  # None: tpcost chooses SP+AsyncTP, SP alone or neither; False: no AsyncTP; True: both
+    asynctp_choice: str = "decided"  # who chose whether AsyncTP runs: "decided", or the user's / vLLM's setting
+    draft_hidden_size: int | None = None  # a speculative-decoding draft model's width (vLLM >= 0.32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,10 +150,8 @@ class Recommendation:
         return pc
 
 
-def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int, margin: float, workload=None,
-                  user_enabled: bool | None = None, user_mb: float | None = None,
-                  vllm_version: Any = None, units_per_forward: int | None = None,
-                  min_confidence: float = MIN_CONFIDENCE) -> FusionRange | None:
+def decide_fusion(profile, shape, run: RunConfig, user: UserChoices = UserChoices(),
+                  units_per_forward: int | None = None, min_confidence: float = MIN_CONFIDENCE) -> FusionRange | None:
     """The FlashInfer fusion range: the user's when given, else the largest token count up to which the fused
     all-reduce+RMSNorm beats the next all-reduce + RMSNorm on the workload, by the SP cutoff's rule
     (costmodel.analysis.decide_fusion_limit), never above vLLM's own limit (FlashInfer's workspace is sized by
@@ -156,6 +164,9 @@ def decide_fusion(profile, shape, tp: int, dtype: str, max_num_batched_tokens: i
 
     from costmodel import vllm_tables
 
+    tp, dtype, max_num_batched_tokens, margin, workload = (run.tp, run.dtype, run.max_num_batched_tokens, run.margin,
+                                                           run.workload)
+    user_enabled, user_mb, vllm_version = user.fuse_allreduce_rms, user.fi_max_mb, run.regime.vllm
     d = vllm_tables.dispatch(vllm_version, profile.identity, profile.interconnect, tp)
     if d.fi_fusion_max_bytes is None or not profile.has_collective("flashinfer_ar_rmsnorm"):
         return None
@@ -222,34 +233,32 @@ def _fusion_confidence(profile, dtype: str, n, hidden: int, tp: int, w, tokens: 
     return float(np.mean(cost[:, i_default] > cost[:, i_tokens]))
 
 
-def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int = 8192, margin: float = 0.02,
-              seq_len: int = 1024, workload=None, vllm_version: Any = (0, 31),
-              user_fuse_allreduce_rms: bool | None = None, user_fi_max_mb: float | None = None,
-              cudagraph_max_tokens: int | None = None, draft_hidden_size: int | None = None,
-              asynctp: bool | None = None, asynctp_choice: str = "decided", band: bool = False, tokens: Any = "budget",
-              min_confidence: float = MIN_CONFIDENCE, decode: Any = None) -> Recommendation:
+def recommend(profile, shape, run: RunConfig, user: UserChoices = UserChoices(), *, band: bool = False,
+              tokens: Any = "budget", min_confidence: float = MIN_CONFIDENCE) -> Recommendation:
     """The one decision path (vllm-config, the plugin, whatif): the fusion range first, then (vLLM <= 0.31) the
     schedule and its SP threshold computed with exactly that range, so every number printed belongs to the
-    configuration emitted. `asynctp` None: tpcost chooses SP+AsyncTP, SP alone or neither; False: SP alone or
+    configuration emitted. `user.asynctp` None: tpcost chooses SP+AsyncTP, SP alone or neither; False: SP alone or
     neither (AsyncTP off by the user, or by vLLM's resolution of an unset fuse_gemm_comms); True: SP+AsyncTP or
-    neither. `tokens`: the table's token counts ("budget": the budget alone; None: analyse's display default)."""
+    neither. `tokens`: the table's token counts ("budget": the budget alone; None: analyse's display default).
+    The fusion range is decided here: run.regime.fi_max_bytes must be unset (the user's value is user.fi_max_mb)."""
     from costmodel.analysis import analyse, decided_schedule
     from costmodel import ops, vllm_tables
+    from costmodel.errors import TpcostError
     from costmodel.ops import fused_ops_available
 
-    vllm = vllm_tables.target(vllm_version)  # a version, or a Vllm with --vllm-set's limits (whatif)
-    vllm_version = vllm.version
-    fusion = decide_fusion(profile, shape, tp, dtype, max_num_batched_tokens, margin, workload,
-                           user_fuse_allreduce_rms, user_fi_max_mb, vllm_version=vllm,
-                           min_confidence=min_confidence)
-    if draft_hidden_size and fusion is not None:
-        fusion = draft_fusion_range(fusion, shape.hidden, draft_hidden_size, ops.dtype_mode(dtype).act_bytes,
+    if run.regime.fi_max_bytes is not None:
+        raise TpcostError("recommend decides the FlashInfer fusion range: give the user's limit as "
+                          "UserChoices.fi_max_mb, not run.regime.fi_max_bytes")
+    tp, dtype, max_num_batched_tokens, asynctp = run.tp, run.dtype, run.max_num_batched_tokens, user.asynctp
+    vllm_version = vllm_tables.version_of(run.regime.vllm)  # run.regime.vllm: a version, or a Vllm with --vllm-set
+    fusion = decide_fusion(profile, shape, run, user, min_confidence=min_confidence)
+    if user.draft_hidden_size and fusion is not None:
+        fusion = draft_fusion_range(fusion, shape.hidden, user.draft_hidden_size, ops.dtype_mode(dtype).act_bytes,
                                     vllm_version)
     fi_bytes = None if fusion is None else fusion.tokens * shape.hidden * ops.dtype_mode(dtype).act_bytes
-    a = analyse(profile, shape, tp, dtype, seq_len=seq_len, max_num_batched_tokens=max_num_batched_tokens,
-                margin=margin, band=band, tokens=[max_num_batched_tokens] if tokens == "budget" else tokens,
-                workload=workload, fi_max_bytes=fi_bytes, cudagraph_max_tokens=cudagraph_max_tokens,
-                vllm_version=vllm, decode=decode)
+    decided = dataclasses.replace(run, regime=dataclasses.replace(run.regime, fi_max_bytes=fi_bytes))
+    a = analyse(profile, shape, decided, band=band,
+                tokens=[max_num_batched_tokens] if tokens == "budget" else tokens)
     sched, cut = decided_schedule(a, asynctp)
     grid = a.grid_tokens
     s = a.grid_speedup_sp if sched == "sp" else a.grid_speedup_sp_asynctp
@@ -261,7 +270,8 @@ def recommend(profile, shape, tp: int, dtype: str, max_num_batched_tokens: int =
     dv = a.sp_decision_value if sched == "sp" or (sched is None and asynctp is False) else a.decision_value
     return Recommendation(profile.name, profile.tier, profile.origin, bool(profile.modified), tp, dtype,
                           max_num_batched_tokens, cut, at_cut, float(s[-1]), worst_below, fusion, profile.kind,
-                          fused_ops_available(profile, tp), dv, a.workload, vllm_version, sched, asynctp_choice, a)
+                          fused_ops_available(profile, tp), dv, a.workload, vllm_version, sched, user.asynctp_choice,
+                          a)
 
 
 def draft_fusion_range(f: FusionRange, hidden: int, draft_hidden: int, elem_bytes: float, vllm_version) -> FusionRange:
@@ -386,8 +396,7 @@ class KernelSwitch:
                 "refused_sites": [{"site": s.name, "why": s.refused} for s in self.refused_sites]}
 
 
-def kernel_switch(profile, sites, tp: int, op: str, max_num_batched_tokens: int = 8192, margin: float = 0.02,
-                  workload=None, vllm_version=(0, 33), fi_tokens: int | None = None) -> KernelSwitch:
+def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None = None) -> KernelSwitch:
     """The switch of vLLM's fused GEMM+RS/AR kernel for this traffic: the expected time per forward with it on
     (the kernel at every site where vLLM's rule, M >= 128, runs it) against off, over every step of 1 ..
     max_num_batched_tokens tokens (costmodel.ops.kernel_pair per site). vLLM's default moves only when the other
@@ -397,6 +406,8 @@ def kernel_switch(profile, sites, tp: int, op: str, max_num_batched_tokens: int 
     from costmodel.errors import TpcostError
     from costmodel.vllm_tables import KERNEL_MIN_M, SWITCHES
 
+    tp, max_num_batched_tokens, margin, workload = run.tp, run.max_num_batched_tokens, run.margin, run.workload
+    vllm_version = run.regime.vllm
     sw = SWITCHES[op]
     n_tok = np.arange(1, max_num_batched_tokens + 1, dtype=float)
     if workload is not None:
@@ -419,8 +430,8 @@ def kernel_switch(profile, sites, tp: int, op: str, max_num_batched_tokens: int 
             raise TpcostError(f"{sw.env} has no effect here: {why}")
         hw = ops.Hw(profile, "fp8" if site.weights == "mxfp8" else "bf16")
         fi = None if fi_tokens is None else float(fi_tokens * site.n * hw.act_bytes)
-        pair = ops.kernel_pair(hw, op, n_tok, site.n, site.k, tp, weights=site.weights, vllm_version=vllm_version,
-                               norm_after=site.norm_after, fi_max_bytes=fi)
+        pair = ops.kernel_pair(hw, ops.KernelGemm(op, site.n, site.k, tp, site.weights, site.norm_after), n_tok,
+                               vllm_version=vllm_version, fi_max_bytes=fi)
         f, u = pair.fused_s * site.calls_per_forward, pair.unfused_s * site.calls_per_forward
         t_on, t_off = float(np.sum(w * np.where(runs, f, u))), float(np.sum(w * u))
         cut = decide_cutoff(n_tok, u, f, margin, w)
@@ -477,15 +488,19 @@ class KernelModelConfig:
         return {"fuse_allreduce_rms": f.tokens > 0, **({"fi_allreduce_fusion_max_size_mb": f.mb} if f.tokens else {})}
 
 
-def kernel_model_config(profile, km, par, op: str | None, max_num_batched_tokens: int = 8192, margin: float = 0.02,
-                        workload=None, vllm_version=(0, 33), user_fuse_allreduce_rms: bool | None = None,
-                        user_fi_max_mb: float | None = None, draft_hidden_size: int | None = None,
-                        min_confidence: float = MIN_CONFIDENCE) -> KernelModelConfig:
+def kernel_model_config(profile, km, par, op: str | None, run: RunConfig | None = None,
+                        user: UserChoices = UserChoices(), min_confidence: float = MIN_CONFIDENCE) -> KernelModelConfig:
     """The one decision path of a kernel model (vllm-config --kernel-op and the plugin): raises TpcostError, in one
-    line, where the switch has no effect."""
+    line, where the switch has no effect. `run` (None: bf16 at par.tp, vLLM 0.33's dispatch) gives the budget,
+    margin, workload and vLLM; its tp must be the parallel setup's."""
     from costmodel.errors import TpcostError
-    from costmodel.vllm_tables import FIRST_WITH_KERNEL, SWITCHES
+    from costmodel.vllm_tables import CURRENT, FIRST_WITH_KERNEL, SWITCHES, version_of
 
+    run = RunConfig(par.tp, "bf16", Regime(vllm=CURRENT)) if run is None else run
+    if run.tp != par.tp or run.dtype != "bf16":
+        raise TpcostError(f"kernel_model_config: the run's tp {run.tp} / dtype {run.dtype} must be the parallel "
+                          f"setup's tp {par.tp} and the kernel's bf16")
+    vllm_version = version_of(run.regime.vllm)
     if op is not None:
         if tuple(vllm_version) < FIRST_WITH_KERNEL:
             raise TpcostError(f"{SWITCHES[op].env}: vLLM {vllm_version[0]}.{vllm_version[1]} has no single-kernel fused "
@@ -496,14 +511,12 @@ def kernel_model_config(profile, km, par, op: str | None, max_num_batched_tokens
     mode = km.mode(par)
     fusion = None
     if mode != "gemm_rs":
-        fusion = decide_fusion(profile, km, par.tp, "bf16", max_num_batched_tokens, margin, workload,
-                               user_fuse_allreduce_rms, user_fi_max_mb, vllm_version=vllm_version,
-                               units_per_forward=km.ar_norm_units_per_forward(), min_confidence=min_confidence)
-        if draft_hidden_size and fusion is not None:
-            fusion = draft_fusion_range(fusion, km.hidden, draft_hidden_size, 2.0, vllm_version)
+        fusion = decide_fusion(profile, km, run, user, units_per_forward=km.ar_norm_units_per_forward(),
+                               min_confidence=min_confidence)
+        if user.draft_hidden_size and fusion is not None:
+            fusion = draft_fusion_range(fusion, km.hidden, user.draft_hidden_size, 2.0, vllm_version)
     switch = None
     if op is not None:
         sites = km.call_sites(op, par, vllm_version)
-        switch = kernel_switch(profile, sites, par.tp, op, max_num_batched_tokens, margin, workload, vllm_version,
-                               fi_tokens=None if fusion is None else fusion.tokens)
+        switch = kernel_switch(profile, sites, op, run, fi_tokens=None if fusion is None else fusion.tokens)
     return KernelModelConfig(fusion, switch, mode)

@@ -208,17 +208,18 @@ def _plan(inputs: dict) -> dict:
     from costmodel.profile import detect_profile
     from costmodel.shapes import shape_from_config
 
-    from .recommend import recommend
+    from costmodel.model import Regime, RunConfig
+
+    from .recommend import UserChoices, recommend
 
     prof = detect_profile()
     shape = shape_from_config(inputs["hf_text_config"], inputs["model"])
     workload = _workload_from_env()
     asynctp, choice = inputs.get("asynctp") or [None, "decided"]
-    r = recommend(prof, shape, inputs["tp"], inputs["dtype"], inputs["max_tokens"], workload=workload,
-                  vllm_version=tuple(inputs["vllm_version"]),
-                  user_fuse_allreduce_rms=inputs["fuse_allreduce_rms"],
-                  user_fi_max_mb=inputs["fi_allreduce_fusion_max_size_mb"],
-                  cudagraph_max_tokens=inputs.get("cudagraph_max_tokens"), asynctp=asynctp, asynctp_choice=choice)
+    regime = Regime(cudagraph_max_tokens=inputs.get("cudagraph_max_tokens"), vllm=tuple(inputs["vllm_version"]))
+    user = UserChoices(inputs["fuse_allreduce_rms"], inputs["fi_allreduce_fusion_max_size_mb"], asynctp, choice)
+    r = recommend(prof, shape, RunConfig(inputs["tp"], inputs["dtype"], regime, inputs["max_tokens"],
+                                         workload=workload), user)
     sets, said = _fusion_plan(inputs, r.fusion)
     if inputs["want_sp"]:
         if r.enable:
@@ -321,21 +322,22 @@ def _kernel_plan(inputs: dict) -> dict:
     from costmodel.vllm_tables import Parallel, read_kernel_model
     from costmodel.profile import detect_profile
 
-    from .recommend import kernel_model_config
+    from costmodel.model import Regime, RunConfig
+
+    from .recommend import UserChoices, kernel_model_config
 
     prof = detect_profile()
     km = read_kernel_model(inputs["kernel_model"], inputs["model"])
-    workload = _workload_from_env()
-    kw = dict(max_num_batched_tokens=inputs["max_tokens"], workload=workload,
-              vllm_version=tuple(inputs["vllm_version"]), user_fuse_allreduce_rms=inputs["fuse_allreduce_rms"],
-              user_fi_max_mb=inputs["fi_allreduce_fusion_max_size_mb"])
     par = Parallel(**inputs["parallel"])
+    run = RunConfig(par.tp, "bf16", Regime(vllm=tuple(inputs["vllm_version"])), inputs["max_tokens"],
+                    workload=_workload_from_env())
+    user = UserChoices(inputs["fuse_allreduce_rms"], inputs["fi_allreduce_fusion_max_size_mb"])
     said: list[str] = []
     try:
-        d = kernel_model_config(prof, km, par, inputs["op"], **kw)
+        d = kernel_model_config(prof, km, par, inputs["op"], run, user)
     except TpcostError as e:  # the switch has no effect here: say why, and still decide the fusion range
         said.append(str(e))
-        d = kernel_model_config(prof, km, par, None, **kw)
+        d = kernel_model_config(prof, km, par, None, run, user)
     sets, fusion_said = _fusion_plan(inputs, d.fusion)
     said += fusion_said
     env = []

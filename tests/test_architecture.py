@@ -99,17 +99,17 @@ def test_multimem_adapter_reads_vllm_or_falls_back():
 
 def test_whatif_plot_series_content():
     pytest.importorskip("matplotlib")
-    from costmodel import analyse, load_profile
+    from costmodel import RunConfig, analyse, load_profile
     from costmodel.plot import whatif_series
 
-    a = analyse(load_profile("h100-sxm"), load_model("llama-3.1-70b"), 4, "bf16", band=False)
+    a = analyse(load_profile("h100-sxm"), load_model("llama-3.1-70b"), RunConfig(4, "bf16"), band=False)
     s = whatif_series(a)
     n = s["num_tokens"]
     assert n[0] == 4 and n[-1] == 65536 and np.all(n % 4 == 0) and np.all(np.diff(n) > 0)
     assert s["cutoff_tokens"] == a.cutoff_tokens and s["margin_line"] == pytest.approx(1.02)
     # the curve at some of its points is whatif's table row at those N (analyse's own table prediction)
     picks = [int(n[i]) for i in (0, len(n) // 2, len(n) - 2, len(n) - 1)]
-    b = analyse(load_profile("h100-sxm"), load_model("llama-3.1-70b"), 4, "bf16", band=False, tokens=picks)
+    b = analyse(load_profile("h100-sxm"), load_model("llama-3.1-70b"), RunConfig(4, "bf16"), band=False, tokens=picks)
     tab = {int(x): float(v) for x, v in zip(b.table.num_tokens, b.table.speedup_sp_asynctp)}
     for x in picks:
         assert s["speedup_sp_asynctp"][int(np.flatnonzero(n == x)[0])] == pytest.approx(tab[x], rel=1e-12)
@@ -118,10 +118,10 @@ def test_whatif_plot_series_content():
 
 
 def test_whatif_plot_series_nan_where_no_schedule():
-    from costmodel import analyse, load_profile
+    from costmodel import RunConfig, analyse, load_profile
     from costmodel.plot import whatif_series
 
-    a = analyse(load_profile("h100-sxm"), load_model("llama-3.1-70b"), 16, "bf16", band=False)
+    a = analyse(load_profile("h100-sxm"), load_model("llama-3.1-70b"), RunConfig(16, "bf16"), band=False)
     s = whatif_series(a)
     assert np.all(np.isnan(s["speedup_sp_asynctp"])) and np.all(s["speedup_sp"] > 0)
 
@@ -142,11 +142,11 @@ def test_evaluation_series_content(tmp_path, capsys):
 
 def test_cutoff_is_the_argmin_by_brute_force():
     """The cutoff against an independent brute force: for every threshold, sum the schedule each N would run."""
-    from costmodel import analyse, load_profile, predict
+    from costmodel import RunConfig, analyse, load_profile, predict
     from costmodel.analysis import token_grid
 
     prof, shape = load_profile("h100-sxm"), load_model("llama-3.1-70b")
-    a = analyse(prof, shape, 4, "bf16", band=False)
+    a = analyse(prof, shape, RunConfig(4, "bf16"), band=False)
     grid = token_grid(4, 8192)
     pred = predict(prof, shape, 4, "bf16", grid)
     off, on = pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp") * 1.02
@@ -201,3 +201,30 @@ def test_every_package_is_shipped():
     found = {str(p.parent.relative_to(ROOT)).replace("/", ".") for d in ("costmodel", "calib", "integration")
              for p in (ROOT / d).rglob("__init__.py")}
     assert found <= listed, sorted(found - listed)
+
+
+def test_no_public_function_takes_more_than_eight_parameters():
+    """The run configuration travels typed (model.RunConfig, Regime; recommend.UserChoices; ops.KernelGemm), not as
+    loose keywords: no public function or method of costmodel, calib or integration takes more than 8 parameters
+    (costmodel/formulas.py is exempt: each argument is a named physical input)."""
+    import ast
+
+    over = []
+    for p in CODE:
+        rel = str(p.relative_to(ROOT))
+        if not rel.startswith(("costmodel/", "calib/", "integration/")) or rel == "costmodel/formulas.py":
+            continue
+
+        def visit(body):
+            for node in body:
+                if isinstance(node, ast.ClassDef):
+                    visit(node.body)
+                elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+                    a = node.args
+                    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                    n = len(names) - (1 if names[:1] in (["self"], ["cls"]) else 0)
+                    if n > 8:
+                        over.append(f"{rel}:{node.lineno} {node.name} ({n})")
+
+        visit(ast.parse(p.read_text()).body)
+    assert not over, over

@@ -142,14 +142,15 @@ def test_hung_rank_times_out_with_clear_message(tmp_path, capsys, monkeypatch):
 def test_gpu_check_pipeline_runs_on_cpu_and_folds_into_a_profile(tmp_path, capsys):
     """calib/gpu_check.py's pipeline (phases → samples.jsonl → fit.json → summary.txt) is the same code on
     CPU with small shapes; its fit.json is what tools/build_profiles.py folds into the h200-sxm profile."""
-    from calib.gpu_check import run_check
+    from calib.gpu_check import CheckSizes, run_check
     from costmodel.profile import profile_from_dict
     from tools.build_profiles import build_all
 
     out = tmp_path / "calib" / "data" / "h200-sxm-gpu-check"
     shapes = [("tiny_qkv", 96, 128), ("tiny_o", 128, 64), ("tiny_gate_up", 256, 128), ("tiny_down", 128, 128)]
-    assert run_check(out, "cpu", 60.0, shapes=shapes, gemm_rows=[1, 8, 32, 64, 128, 256], chunk_rows=[64, 128],
-                     worlds=[2, 4], mem_sizes=[2**16, 2**18]) == 0
+    sizes = CheckSizes(shapes=tuple(shapes), gemm_rows=(1, 8, 32, 64, 128, 256), chunk_rows=(64, 128), worlds=(2, 4),
+                       mem_sizes=(2**16, 2**18))
+    assert run_check(out, "cpu", 60.0, sizes) == 0
     recs = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     kinds = {r["kind"] for r in recs}
     assert {"gemm", "chunked_gemm", "copy", "rms_norm", "partial_sum"} <= kinds

@@ -95,7 +95,7 @@ def test_format_env_prints_the_switch_and_the_saving(capsys, tmp_path):
     assert decided[64] == "1"
     hw = ops.Hw(load_profile("b200"), "bf16")
     for m in (256, 8192):
-        wins = [ops.kernel_pair(hw, "gemm_ar", [m], 7168, k, 8, vllm_version=(0, 33), norm_after=True,
+        wins = [ops.kernel_pair(hw, ops.KernelGemm("gemm_ar", 7168, k, 8, norm_after=True), [m], vllm_version=(0, 33),
                                 fi_max_bytes=0.0) for k in (1536, 4224)]
         on = sum(float(p.fused_s[0]) * c for p, c in zip(wins, (93, 1)))
         off = sum(float(p.unfused_s[0]) * c for p, c in zip(wins, (93, 1)))
@@ -108,10 +108,11 @@ def test_switch_agrees_with_tpcost_op_per_site(capsys, tmp_path):
     reach (TP 8: vLLM's range ends at 73 tokens); the norm both arms run cancels."""
     wl = tmp_path / "w.csv"
     wl.write_text("num_tokens,count\n2048,10\n")
-    from integration.recommend import kernel_model_config
+    from costmodel.model import Regime, RunConfig
+    from integration.recommend import UserChoices, kernel_model_config
 
-    d = kernel_model_config(load_profile("b200"), _kimi(), Parallel(8), "gemm_ar", workload=read_workload(str(wl)),
-                            vllm_version=(0, 33), user_fi_max_mb=1.0)
+    run = RunConfig(8, "bf16", Regime(vllm=(0, 33)), workload=read_workload(str(wl)))
+    d = kernel_model_config(load_profile("b200"), _kimi(), Parallel(8), "gemm_ar", run, UserChoices(fi_max_mb=1.0))
     assert d.fusion.tokens == 73
     for sd in d.switch.sites:
         assert main(["op", "--gpu", "b200", "--tp", "8", "--op", "gemm_ar", "--impl", "kernel", "--n", "7168", "--k",

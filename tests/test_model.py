@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from costmodel import analyse, load_model, load_profile, predict
+from costmodel import RunConfig, analyse, load_model, load_profile, predict
 from costmodel import ops
 from costmodel.analysis import decide_cutoff, expected_time_by_threshold_s, token_grid
 from costmodel.profile import dump_profile, profile_from_dict, profile_to_tree
@@ -134,8 +134,8 @@ def test_cutoff_decision_by_hand():
 
 
 def test_analysis_cutoff_is_the_argmin_and_band_is_deterministic():
-    a = analyse(H100, L70, 4, "bf16")
-    b = analyse(H100, L70, 4, "bf16")
+    a = analyse(H100, L70, RunConfig(4, "bf16"))
+    b = analyse(H100, L70, RunConfig(4, "bf16"))
     assert a.cutoff_band_tokens == b.cutoff_band_tokens
     # that the cutoff is the argmin is checked by brute force in tests/test_architecture.py
     lo, hi = a.cutoff_band_tokens
@@ -168,8 +168,8 @@ def test_import_costmodel_pulls_no_torch_or_scipy():
     run one way); every costmodel module is imported, then a whole analysis runs."""
     code = ("import sys, pkgutil, importlib, costmodel;"
             "[importlib.import_module(m.name) for m in pkgutil.walk_packages(costmodel.__path__, 'costmodel.')];"
-            "from costmodel import analyse, load_model, load_profile;"
-            "analyse(load_profile('h100-sxm'), load_model('llama-3.1-8b'), 2, 'bf16', band=False);"
+            "from costmodel import RunConfig, analyse, load_model, load_profile;"
+            "analyse(load_profile('h100-sxm'), load_model('llama-3.1-8b'), RunConfig(2, 'bf16'), band=False);"
             "bad=[m for m in sys.modules if m.split('.')[0] in ('torch','scipy','vllm','matplotlib','calib','integration')];"
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -274,7 +274,7 @@ def test_cutoff_sensitivity_rows_are_single_input_what_ifs():
         return decide_cutoff(grid, p.t_forward_s("tp"), p.t_forward_s("sp_asynctp"), 0.02)
 
     base = cut(H100)
-    rows = cutoff_sensitivity(H100, L70, tp, "bf16", 1024, grid, 0.02, base)
+    rows = cutoff_sensitivity(H100, L70, RunConfig(tp, "bf16"), grid, base)
     assert rows, "something must move the H100 TP 2 cutoff"
     inputs = model_inputs(H100, tp)
     for k in (k for k in inputs if k.startswith("collectives.")):

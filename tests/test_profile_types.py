@@ -65,12 +65,13 @@ def test_with_values_refuses_what_the_schema_lacks_and_checks_ranges():
 
 def test_a_vllm_limit_changes_the_prediction():
     """A what-if on vLLM's dispatch (a Vllm with a limit) reaches the model: FlashInfer off at 1 MiB messages."""
+    from costmodel.model import Regime
     from costmodel.vllm_tables import Vllm
 
     p = load_profile("h100-sxm")
     n = np.array([64.0])  # 1 MiB messages: under vLLM's 2 MiB FlashInfer limit at tp 4
     base = predict(p, L70, 4, "bf16", n).t_forward_s("tp")
-    off = predict(p, L70, 4, "bf16", n, vllm_version=Vllm((0, 31), (("fi_fusion_max_bytes", 0.0),))).t_forward_s("tp")
+    off = predict(p, L70, 4, "bf16", n, Regime(vllm=Vllm((0, 31), (("fi_fusion_max_bytes", 0.0),)))).t_forward_s("tp")
     assert off[0] != base[0]
     with pytest.raises(TpcostError, match="not a profile table"):
         with_overrides(p, {"vllm_dispatch.tp4.fi_fusion_max_bytes": 0.0})

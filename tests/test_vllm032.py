@@ -51,8 +51,11 @@ def test_plugin_sets_the_fusion_range_and_ranges_split_there(scenarios, tp):
     res, log, _ = scenarios
     got = res[f"plugin_tp{tp}"]
     assert got["has_sp_fields"] is False
-    r = recommend(load_profile("h100-sxm"), load_model(MODEL), tp, "bf16", 8192, vllm_version=VERSION,
-                  user_fuse_allreduce_rms=True)
+    from costmodel.model import Regime, RunConfig
+    from integration.recommend import UserChoices
+
+    r = recommend(load_profile("h100-sxm"), load_model(MODEL), RunConfig(tp, "bf16", Regime(vllm=VERSION)),
+                  UserChoices(fuse_allreduce_rms=True))
     assert r.fusion.tokens > 0
     assert got["fi_allreduce_fusion_max_size_mb"] == r.fusion.mb
     assert got["fuse_allreduce_rms"] is True and r.fusion.tokens in got["endpoints"]

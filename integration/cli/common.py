@@ -154,6 +154,31 @@ def vllm_arg(args, prof, tp: int | None):
     return vllm
 
 
+def regime_arg(args, vllm, fi_max_bytes=None):
+    """--seq-len, --cudagraph-max-tokens / --enforce-eager, --context-len / --max-num-seqs and the vLLM as a
+    costmodel.model.Regime."""
+    from costmodel.model import Regime
+
+    return Regime(getattr(args, "seq_len", 1024), cudagraph_arg(args), fi_max_bytes, vllm, decode_arg(args))
+
+
+def run_config_arg(args, vllm, workload):
+    """The query of whatif / vllm-config as a costmodel.model.RunConfig."""
+    from costmodel.model import RunConfig
+
+    return RunConfig(args.tp, args.dtype, regime_arg(args, vllm), args.max_num_batched_tokens, args.margin, workload)
+
+
+def user_choices_arg(args):
+    """--fi-allreduce-fusion-max-size-mb (0: fusion off) and --draft-hidden-size as integration.recommend's
+    UserChoices."""
+    from integration.recommend import UserChoices
+
+    mb = getattr(args, "fi_allreduce_fusion_max_size_mb", None)
+    return UserChoices(fuse_allreduce_rms=False if mb == 0 else None, fi_max_mb=mb or None,
+                       draft_hidden_size=getattr(args, "draft_hidden_size", None))
+
+
 def decode_arg(args):
     """--context-len / --max-num-seqs as costmodel.model.DecodeRegime (None: prefill only)."""
     c, s = getattr(args, "context_len", None), getattr(args, "max_num_seqs", None)
@@ -223,8 +248,7 @@ def check_overrides_take_effect(prof, overrides, shape, args) -> None:
 
     grid = np.arange(args.tp, args.max_num_batched_tokens + args.tp, args.tp, dtype=float)
     traced, reads = recording(prof)
-    predict(traced, shape, args.tp, args.dtype, grid, seq_len=args.seq_len, cudagraph_max_tokens=cudagraph_arg(args),
-            decode=decode_arg(args))
+    predict(traced, shape, args.tp, args.dtype, grid, regime_arg(args, None))
     rides_on_link = any(prof.provenance[k].source == DERIVED_FROM_LINK for k in reads if k in prof.provenance)
     for key in overrides:
         if key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s") and rides_on_link:

@@ -12,22 +12,24 @@ from .common import (DEFAULT_GPU, MAX_TOKENS, add_regime_args, add_vllm_args, bo
 def cmd_op(args) -> int:
     """tpcost op: one fused GEMM+collective against vLLM's unfused path over M, and its cutoff."""
     from costmodel.analysis import provenance_line
-    from costmodel.op_analysis import M_STEP, analyse_op
+    from costmodel.model import Regime, RunConfig
+    from costmodel.op_analysis import M_STEP, OpQuery, analyse_op
     prof, overrides = resolve_profile(args)
-    kw = dict(calls_per_forward=args.calls_per_forward, max_num_batched_tokens=args.max_num_batched_tokens,
-              margin=args.margin, workload=load_workload_arg(args), extra_m=args.m or (),
-              vllm_version=vllm_arg(args, prof, args.tp), cudagraph_max_tokens=cudagraph_arg(args))
+    query = OpQuery(args.op, args.impl, args.n, args.k)
+    regime = Regime(cudagraph_max_tokens=cudagraph_arg(args), vllm=vllm_arg(args, prof, args.tp))
+    run = RunConfig(args.tp, args.dtype, regime, args.max_num_batched_tokens, args.margin, load_workload_arg(args))
+    kw = dict(calls_per_forward=args.calls_per_forward, extra_m=args.m or ())
     if overrides:  # a key this op does not read is refused, as whatif does (the band's draws read every key)
         from costmodel.profile import DERIVED_FROM_LINK, recording
 
         traced, reads = recording(prof)
-        analyse_op(traced, args.op, args.impl, args.tp, args.n, args.k, args.dtype, with_band=False, **kw)
+        analyse_op(traced, query, run, with_band=False, **kw)
         rides = any(prof.provenance[k].source == DERIVED_FROM_LINK for k in reads if k in prof.provenance)
         for key in overrides:
             if key not in reads and not (rides and key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s")):
                 raise TpcostError(f"--set {key}: no effect on {args.op} ({args.impl}) at tp={args.tp} (the op does "
                                   "not read it)")
-    a = analyse_op(prof, args.op, args.impl, args.tp, args.n, args.k, args.dtype, **kw)
+    a = analyse_op(prof, query, run, **kw)
     out = a.to_json()
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, **out}, indent=2))

@@ -7,8 +7,8 @@ import sys
 
 from costmodel.io import dumps_json
 
-from .common import (add_shape_args, bounded_int, cudagraph_arg, decode_arg, load_workload_arg, resolve_inputs,
-                     resolve_profile)
+from .common import (add_shape_args, bounded_int, load_workload_arg, resolve_inputs, resolve_profile,
+                     run_config_arg, user_choices_arg)
 
 
 def register(sub) -> None:
@@ -74,12 +74,8 @@ def cmd_vllm_config(args) -> int:
                           "runs the kernel reads")
     prof, shape = resolve_inputs(args)
     workload = load_workload_arg(args)
-    mb = args.fi_allreduce_fusion_max_size_mb
-    r = recommend(prof, shape, args.tp, args.dtype, args.max_num_batched_tokens, args.margin, args.seq_len,
-                  workload=workload, vllm_version=version,
-                  user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
-                  cudagraph_max_tokens=cudagraph_arg(args), draft_hidden_size=args.draft_hidden_size,
-                  min_confidence=args.min_confidence, decode=decode_arg(args))
+    r = recommend(prof, shape, run_config_arg(args, version, workload), user_choices_arg(args),
+                  min_confidence=args.min_confidence)
     _emit(args, {"pass_config": r.pass_config()}, None)
     print(f"tpcost: config for vLLM {version[0]}.{version[1]} ({how})", file=sys.stderr)
     for line in explain(r):
@@ -140,20 +136,20 @@ def kernel_model_config(args, cfg, name, where, version, how) -> int:
     from costmodel.vllm_tables import read_kernel_model
     from costmodel.profile import recording
 
+    from costmodel.model import Regime, RunConfig
+
     from integration.recommend import fusion_lines, kernel_model_config as decide, kernel_switch_lines
 
     km = read_kernel_model(cfg, name, where)
     par = _kernel_parallel_args(args, km, name)
     prof, overrides = resolve_profile(args)
     workload = load_workload_arg(args)
-    mb = args.fi_allreduce_fusion_max_size_mb
     traced, reads = recording(prof)
-    kw = dict(max_num_batched_tokens=args.max_num_batched_tokens, margin=args.margin, workload=workload,
-              vllm_version=version, user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
-              draft_hidden_size=args.draft_hidden_size, min_confidence=args.min_confidence)
+    run = RunConfig(par.tp, "bf16", Regime(vllm=version), args.max_num_batched_tokens, args.margin, workload)
+    user = user_choices_arg(args)
     if overrides:  # what the decision reads (the confidence draws read every key: left out of the trace)
-        decide(traced, km, par, args.kernel_op, **{**kw, "min_confidence": 0.0})
-    d = decide(prof, km, par, args.kernel_op, **kw)
+        decide(traced, km, par, args.kernel_op, run, user, min_confidence=0.0)
+    d = decide(prof, km, par, args.kernel_op, run, user, min_confidence=args.min_confidence)
     for key in overrides:
         if key not in reads and key not in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s"):
             raise TpcostError(f"--set {key}: no effect for {name} at tp={args.tp} (the fused kernel and the fusion "

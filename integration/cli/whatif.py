@@ -6,9 +6,8 @@ import math
 
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
-from .common import (add_shape_args, add_vllm_args, cudagraph_arg, decode_arg,
-                     fi_max_bytes_arg, load_workload_arg, resolve_inputs, tokens_arg,
-                     vllm_arg)
+from .common import (add_shape_args, add_vllm_args, fi_max_bytes_arg, load_workload_arg, regime_arg,
+                     resolve_inputs, run_config_arg, tokens_arg, user_choices_arg, vllm_arg)
 
 SENSITIVITY_SHOWN = 5
 
@@ -42,12 +41,9 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     from costmodel.vllm_tables import version_of
 
     vllm = vllm_arg(args, prof, args.tp) or (0, 31)
-    mb = args.fi_allreduce_fusion_max_size_mb
-    r = recommend(prof, shape, args.tp, args.dtype, args.max_num_batched_tokens, args.margin, args.seq_len,
-                  workload=load_workload_arg(args), vllm_version=vllm,
-                  user_fuse_allreduce_rms=False if mb == 0 else None, user_fi_max_mb=mb or None,
-                  cudagraph_max_tokens=cudagraph_arg(args), band=not args.no_band, tokens=args.tokens,
-                  min_confidence=args.min_confidence, decode=decode_arg(args))  # vllm-config's decision path: the same answer
+    run = run_config_arg(args, vllm, load_workload_arg(args))
+    r = recommend(prof, shape, run, user_choices_arg(args), band=not args.no_band, tokens=args.tokens,
+                  min_confidence=args.min_confidence)  # vllm-config's decision path: the same answer
     a = r.analysis
     out = analysis_json(a)
     f = r.fusion
@@ -153,9 +149,8 @@ def _print_ops(prof, shape, args) -> int:
     from costmodel.analysis import ops_view
     from costmodel.model import predict
 
-    pred = predict(prof, shape, args.tp, args.dtype, [float(args.ops)], seq_len=args.seq_len,
-                   fi_max_bytes=fi_max_bytes_arg(args), cudagraph_max_tokens=cudagraph_arg(args),
-                   vllm_version=vllm_arg(args, prof, args.tp), decode=decode_arg(args))
+    pred = predict(prof, shape, args.tp, args.dtype, [float(args.ops)],
+                   regime_arg(args, vllm_arg(args, prof, args.tp), fi_max_bytes_arg(args)))
     view = ops_view(pred)
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "gpu": prof.name, "model": shape.name, "tp": args.tp,
