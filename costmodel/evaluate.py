@@ -338,7 +338,7 @@ def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
                 try:
                     _need(r, "baseline_us", "overlap_us", "hardware", "tp", "m", "op", "dtype")
                     prof = _profile(profiles, _beside(r["hardware"], path))
-                    eager = cudagraph_max_tokens is None or r["m"] > cudagraph_max_tokens
+                    eager = cudagraph_max_tokens is None or bool(vllm_tables.runs_eagerly(r["m"], cudagraph_max_tokens))
                     s_hat, hidden = predict_op_row(prof, r, eager, vllm_version)
                 except _Skip as e:
                     skipped.append({"where": f"{path}:{line}", "reason": str(e)})

@@ -154,7 +154,7 @@ class Prediction:
         return self.speedup("sp_asynctp")
 
 
-def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens: Any,  # noqa: C901 (ops)
+def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, num_tokens: Any,
             regime: Regime | None = None) -> Prediction:
     """Per-op times of tp / sp / sp_asynctp for one forward over token counts `num_tokens`, run as `regime` says.
 
@@ -164,65 +164,111 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     `fuse_allreduce_rms: false`). `decode`: steps as decodes at a context length (None: every token is prefill of
     `seq_len`-token sequences, which reads no KV cache)."""
     r = Regime() if regime is None else regime
-    seq_len, cudagraph_max_tokens, fi_max_bytes, vllm_version, decode = (
-        r.seq_len, r.cudagraph_max_tokens, r.fi_max_bytes, r.vllm, r.decode)
     check_dtype(dtype)
     shape.check_tp(tp)
-    if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
-        raise TpcostError(f"--seq-len must be an integer >= 1, got {seq_len}")
+    if not isinstance(r.seq_len, (int, np.integer)) or r.seq_len < 1:
+        raise TpcostError(f"--seq-len must be an integer >= 1, got {r.seq_len}")
     N = np.atleast_1d(np.asarray(num_tokens, dtype=float))
     if N.ndim != 1 or N.size == 0 or np.any(N <= 0) or not np.all(np.isfinite(N)):
         raise TpcostError("token counts N must be finite and > 0")
-    if cudagraph_max_tokens is None:
-        cudagraph_max_tokens = vllm_tables.cudagraph_max_tokens_default(profile.identity.compute_capability)
-    elif not isinstance(cudagraph_max_tokens, (int, np.integer)) or cudagraph_max_tokens < 0:
-        raise TpcostError(f"--cudagraph-max-tokens must be an integer >= 0, got {cudagraph_max_tokens}")
-    W = tp
-    spec = LayerSpec.build(shape, tp, dtype)
-    Np = np.ceil(N / W) * W  # SP pads N up to a multiple of tp
-    hw = ops.Hw(profile, dtype, float(Np.max()))
-    mode = hw.mode
-    act = mode.act_bytes
-    eager = N > cudagraph_max_tokens
-    host_op = profile.asynctp.host_op_s
-    H, L = spec.hidden, spec.num_layers
-    h_rank, kv_rank, d, I_rank = spec.heads_per_rank, spec.kv_heads_per_rank, spec.head_dim, spec.intermediate_per_rank
+    cap = r.cudagraph_max_tokens
+    if cap is None:
+        cap = vllm_tables.cudagraph_max_tokens_default(profile.identity.compute_capability)
+    elif not isinstance(cap, (int, np.integer)) or cap < 0:
+        raise TpcostError(f"--cudagraph-max-tokens must be an integer >= 0, got {cap}")
+    fw = _Forward(profile, shape, tp, dtype, N, r)
+    eager = vllm_tables.runs_eagerly(N, cap)
     notes: list[str] = [f"{shape.name}: config.json has no {d.split(' = ')[0]}; taken as Hugging Face does: {d}"
                         for d in shape.defaults]
     unavailable = ops.fused_ops_available(profile, tp)
     sp_unavailable = None if tp >= 2 else "SP needs tp >= 2 (at tp 1 there is nothing to scatter)"
+    tp_layer, unit_tp = fw.tp_layer(notes)
+    sp_layer, rs, norm_shard, ag = fw.sp_layer()
+    if sp_unavailable:
+        notes.append(sp_unavailable)
+        sp_layer = (fw.op("sp_unavailable", "comm", np.full(N.shape, np.inf), formula="tp >= 2", section="§4",
+                          host_calls=0.0),)
+    if unavailable is None:
+        spa_layer = fw.sp_asynctp_layer(rs, norm_shard, ag, notes)
+    else:
+        if not sp_unavailable:
+            notes.append(unavailable + "; SP alone stays possible with inter-node collectives")
+        spa_layer = (fw.op("asynctp_unavailable", "fused", np.full(N.shape, np.inf), formula="ops.fused_ops_available",
+                           section="§6", host_calls=0.0),)
+    if cap == 0:
+        notes.append("every step runs eagerly (--enforce-eager): the host issue time of every op counts, torch's "
+                     "Python AsyncTP pipeline included")
+    elif np.any(eager):
+        notes.append(f"N > {cap} runs eagerly (vLLM's largest CUDA-graph capture size): the host "
+                     "issue time of every op counts there, torch's Python AsyncTP pipeline included; below, graphs replay")
+    nonlayer_tp, nonlayer_sp = fw.nonlayer(unit_tp, rs, norm_shard, ag)
+    L = fw.spec.num_layers
+    scheds = {"tp": Schedule("tp", tp_layer, nonlayer_tp, L, eager),
+              "sp": Schedule("sp", sp_layer, nonlayer_sp, L, eager),
+              "sp_asynctp": Schedule("sp_asynctp", spa_layer, nonlayer_sp, L, eager)}
+    why = {k: v for k, v in (("sp", sp_unavailable), ("sp_asynctp", sp_unavailable or unavailable)) if v}
+    return Prediction(num_tokens=N, tp=tp, dtype=dtype, schedules=scheds, notes=tuple(notes),
+                      asynctp_available=unavailable is None, unavailable=why, num_layers=L, t_all_gather_s=fw.t_ag,
+                      t_reduce_scatter_s=fw.t_rs)
 
-    def op(name, kind, t, count=1, formula="", section="", fused=None, host_calls=1.0, t_host=None, slot=None,
-           **work):
-        return Op(name, kind, t, count, formula, section, host_calls * host_op if t_host is None else t_host, fused,
-                  slot=slot, **work)
 
-    def gemm(name, n_rows, n, k, fp8_ok=True, slot=None):
+def _once(o: Op) -> Op:
+    """The op run once (a non-layer copy of a per-layer op)."""
+    return dataclasses.replace(o, count=1)
+
+
+class _Forward:
+    """The ops of one forward at token counts N: one method per kind of op and per schedule (predict's parts)."""
+
+    def __init__(self, profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, N: np.ndarray,
+                 regime: Regime):
+        self.shape, self.W, self.dtype, self.N, self.regime = shape, tp, dtype, N, regime
+        self.spec = LayerSpec.build(shape, tp, dtype)
+        self.Np = np.ceil(N / tp) * tp  # SP pads N up to a multiple of tp
+        self.hw = hw = ops.Hw(profile, dtype, float(self.Np.max()))
+        self.mode, self.act = hw.mode, hw.mode.act_bytes
+        self.host_op = profile.asynctp.host_op_s
+        self.t_rs: Any = None  # NCCL reduce-scatter / all-gather of the SP layer (s), set by sp_layer
+        self.t_ag: Any = None
+
+    # ---------------------------------------------------------------- one op of each kind
+    def op(self, name, kind, t, count=1, formula="", section="", fused=None, host_calls=1.0, t_host=None, slot=None,
+           **work) -> Op:
+        return Op(name, kind, t, count, formula, section, host_calls * self.host_op if t_host is None else t_host,
+                  fused, slot=slot, **work)
+
+    def gemm(self, name, n_rows, n, k, fp8_ok=True, slot=None) -> Op:
+        hw, act = self.hw, self.act
         b = hw.gemm_in_bytes if fp8_ok else act
-        return op(name, "gemm", hw.t_gemm(n_rows, n, k, fp8_ok=fp8_ok), formula="formulas.t_gemm_s", section="§2",
-                  flops=F.gemm_flops(n_rows, n, k), hbm_bytes=F.gemm_bytes(n_rows, n, k, b, b, act),
-                  parts={"compute": hw.t_gemm_comp(n_rows, n, k, fp8_ok=fp8_ok),
-                         "HBM": hw.t_gemm_mem(n_rows, n, k, fp8_ok=fp8_ok), "latency": hw.gemm["launch_overhead_s"]},
-                  slot=slot)
+        return self.op(name, "gemm", hw.t_gemm(n_rows, n, k, fp8_ok=fp8_ok), formula="formulas.t_gemm_s",
+                       section="§2", flops=F.gemm_flops(n_rows, n, k), hbm_bytes=F.gemm_bytes(n_rows, n, k, b, b, act),
+                       parts={"compute": hw.t_gemm_comp(n_rows, n, k, fp8_ok=fp8_ok),
+                              "HBM": hw.t_gemm_mem(n_rows, n, k, fp8_ok=fp8_ok),
+                              "latency": hw.gemm["launch_overhead_s"]}, slot=slot)
 
-    def slot_gemm(slot, n_rows):
+    def slot_gemm(self, slot, n_rows) -> Op:
         """The whole GEMM of one slot of the per-rank layer (the router runs unquantised)."""
-        return gemm(f"{slot.name}_gemm", n_rows, slot.n, slot.k, fp8_ok=slot.name != "router", slot=slot.name)
+        return self.gemm(f"{slot.name}_gemm", n_rows, slot.n, slot.k, fp8_ok=slot.name != "router", slot=slot.name)
 
-    def mem(name, nbytes, formula, count=1):
-        return op(name, "memory", hw.t_mem(nbytes), count, f"formulas.t_memory_bound_s({formula})", "§3",
-                  hbm_bytes=nbytes, parts={"HBM": nbytes / (hw.hbm_bw_bytes_per_s * hw.mem_efficiency), "latency": hw.launch_overhead_s})
+    def mem(self, name, nbytes, formula, count=1) -> Op:
+        hw = self.hw
+        return self.op(name, "memory", hw.t_mem(nbytes), count, f"formulas.t_memory_bound_s({formula})", "§3",
+                       hbm_bytes=nbytes, parts={"HBM": nbytes / (hw.hbm_bw_bytes_per_s * hw.mem_efficiency),
+                                                "latency": hw.launch_overhead_s})
 
-    def comm(name, t, msg_bytes, factor, latency, count, formula):
-        return op(name, "comm", t, count, formula, "§4", link_bytes=factor * msg_bytes,
-                  parts={"link": t - latency, "latency": latency})
+    def comm(self, name, t, msg_bytes, factor, latency, count, formula) -> Op:
+        return self.op(name, "comm", t, count, formula, "§4", link_bytes=factor * msg_bytes,
+                       parts={"link": t - latency, "latency": latency})
 
-    def attention(n):
+    def attention(self, n) -> Op:
+        hw, spec, act, decode = self.hw, self.spec, self.act, self.regime.decode
+        h_rank, kv_rank, d = spec.heads_per_rank, spec.kv_heads_per_rank, spec.head_dim
         seqs = 0.0 if decode is None else np.minimum(n, float(decode.max_num_seqs))  # decodes of this step
         pre = n - seqs  # chunked-prefill tokens
-        flops = F.attention_flops(pre, seq_len, h_rank, d)
+        flops = F.attention_flops(pre, self.regime.seq_len, h_rank, d)
         nbytes = F.attention_bytes(n, h_rank, kv_rank, d, act)
-        t_c, t_m = flops / (hw.peak_act_flops_per_s * hw.attention_efficiency), nbytes / (hw.hbm_bw_bytes_per_s * hw.mem_efficiency)
+        t_c = flops / (hw.peak_act_flops_per_s * hw.attention_efficiency)
+        t_m = nbytes / (hw.hbm_bw_bytes_per_s * hw.mem_efficiency)
         t = np.maximum(t_c, t_m)
         parts = {"compute": t_c, "HBM": t_m, "latency": hw.launch_overhead_s}
         if decode is not None:  # paged KV reads at the attention kernel's efficiency of HBM (docs/model.md §5)
@@ -232,130 +278,129 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
             t_kv = np.maximum(f_d / (hw.peak_act_flops_per_s * eff), kv / (hw.hbm_bw_bytes_per_s * eff))
             t, flops, nbytes = t + t_kv, flops + f_d, nbytes + kv
             parts["KV read"] = t_kv
-        return op("attention", "attention", hw.launch_overhead_s + t,
-                  formula="formulas.attention_flops/attention_bytes" + ("" if decode is None else
-                                                                        " + decode_attention_flops/kv_cache_read_bytes"),
-                  section="§5", flops=flops, hbm_bytes=nbytes, parts=parts)
+        return self.op("attention", "attention", hw.launch_overhead_s + t,
+                       formula="formulas.attention_flops/attention_bytes" + (
+                           "" if decode is None else " + decode_attention_flops/kv_cache_read_bytes"),
+                       section="§5", flops=flops, hbm_bytes=nbytes, parts=parts)
 
-    def silu_mul(n):
-        return mem("silu_mul", F.silu_mul_bytes(n, I_rank, act, mode.quant_bytes), "silu_mul_bytes")
+    def silu_mul(self, n) -> Op:
+        return self.mem("silu_mul", F.silu_mul_bytes(n, self.spec.intermediate_per_rank, self.act,
+                                                     self.mode.quant_bytes), "silu_mul_bytes")
 
-    def moe_experts(n):
+    def moe_experts(self, n) -> Op:
         """Grouped experts (roofline): the expected experts touched stream their weights (§8). SP's padding rows
         (n > N) are identical zero rows: they all route to one token's experts, so the experts touched are those of
         the N real tokens and one more; every padded row still computes."""
-        E, k = spec.num_experts, spec.experts_per_token
+        hw, spec = self.hw, self.spec
+        E, k, H, I_rank = spec.num_experts, spec.experts_per_token, spec.hidden, spec.intermediate_per_rank
         flops = F.gemm_flops(n * k, 3 * I_rank, H)
-        routed = np.where(n > N, N + 1.0, n)
+        routed = np.where(n > self.N, self.N + 1.0, n)
         w_bytes = F.moe_expert_weight_bytes(routed, k, E, H, I_rank, hw.gemm_in_bytes)
         t_exp = hw.gemm["launch_overhead_s"] * 3 + np.maximum(
-            flops / (hw.peak_flops_per_s * hw.gemm["max_efficiency"]), w_bytes / (hw.hbm_bw_bytes_per_s * hw.gemm["mem_efficiency"]))
-        return op("moe_experts", "gemm", t_exp, formula="formulas.gemm_flops + moe_expert_weight_bytes (grouped roofline)",
-                  section="§8", host_calls=3.0)
+            flops / (hw.peak_flops_per_s * hw.gemm["max_efficiency"]),
+            w_bytes / (hw.hbm_bw_bytes_per_s * hw.gemm["mem_efficiency"]))
+        return self.op("moe_experts", "gemm", t_exp,
+                       formula="formulas.gemm_flops + moe_expert_weight_bytes (grouped roofline)", section="§8",
+                       host_calls=3.0)
 
-    def after(slot, n):
+    def after(self, slot, n) -> list[Op]:
         """What runs right after a slot's GEMM, in vLLM's order: attention after qkv, SiluMul after gate_up,
         the grouped experts after the router."""
-        follow = {"qkv": attention, "gate_up": silu_mul, "router": moe_experts}.get(slot.name)
+        follow = {"qkv": self.attention, "gate_up": self.silu_mul, "router": self.moe_experts}.get(slot.name)
         return [follow(n)] if follow else []
 
-    def compute_ops(n, slots):
+    def compute_ops(self, n, slots) -> list[Op]:
         out = []
         for slot in slots:
-            out += [slot_gemm(slot, n)] + after(slot, n)
+            out += [self.slot_gemm(slot, n)] + self.after(slot, n)
         return out
 
-    def quant(n, count=1):  # dynamic per-token quantisation kernel after a bf16 all-gather
-        return mem("dynamic_quant", F.dynamic_quant_bytes(n, H, act), "dynamic_quant_bytes", count)
+    def quant(self, n, count=1) -> Op:
+        """The dynamic per-token quantisation kernel after a bf16 all-gather."""
+        return self.mem("dynamic_quant", F.dynamic_quant_bytes(n, self.spec.hidden, self.act), "dynamic_quant_bytes",
+                        count)
 
-    # ---------------------------------------------------------------- tp
-    msg = spec.reduce_msg_bytes(N)
-    ar = ops.all_reduce_dispatch(hw, msg, W, True, fi_max_bytes=fi_max_bytes, vllm_version=vllm_version)
-    t_ar, fused_mask, impls, lat_ar = ar.t_s, ar.fused, ar.impls, ar.latency_s
-    norm_bytes = np.where(fused_mask, 0.0, F.rms_norm_bytes(N, H, act, mode.quant_bytes))
-    t_norm_unfused = np.where(fused_mask, 0.0, hw.t_mem(norm_bytes))
-    notes.append("tp all-reduce implementations over this sweep: " + ", ".join(impls) + f" (dispatch tables of {ar.tables})")
-    unit_tp = [comm("all_reduce", t_ar, msg, F.bus_bw_factor("all_reduce", W), lat_ar, 2,
-                    f"ops.all_reduce_dispatch ({', '.join(impls)}) -> formulas.t_all_reduce_s"),
-               op("rms_norm", "memory", t_norm_unfused, 2, "formulas.t_memory_bound_s(rms_norm_bytes); 0 where fused", "§3",
-                  hbm_bytes=norm_bytes, parts={"HBM": norm_bytes / (hw.hbm_bw_bytes_per_s * hw.mem_efficiency),
-                                               "latency": np.where(fused_mask, 0.0, hw.launch_overhead_s)})]
-    tp_layer = tuple(compute_ops(N, spec.slots) + unit_tp)
+    # ---------------------------------------------------------------- the schedules' layers
+    def tp_layer(self, notes: list[str]) -> tuple[tuple, list[Op]]:
+        """(the layer under plain TP, its all-reduce + RMSNorm unit): vLLM's dispatched all-reduce (§4)."""
+        hw, spec, N, W, act, mode = self.hw, self.spec, self.N, self.W, self.act, self.mode
+        msg = spec.reduce_msg_bytes(N)
+        ar = ops.all_reduce_dispatch(hw, msg, W, True, fi_max_bytes=self.regime.fi_max_bytes,
+                                     vllm_version=self.regime.vllm)
+        t_ar, fused_mask, impls, lat_ar = ar.t_s, ar.fused, ar.impls, ar.latency_s
+        norm_bytes = np.where(fused_mask, 0.0, F.rms_norm_bytes(N, spec.hidden, act, mode.quant_bytes))
+        t_norm_unfused = np.where(fused_mask, 0.0, hw.t_mem(norm_bytes))
+        notes.append("tp all-reduce implementations over this sweep: " + ", ".join(impls)
+                     + f" (dispatch tables of {ar.tables})")
+        unit_tp = [self.comm("all_reduce", t_ar, msg, F.bus_bw_factor("all_reduce", W), lat_ar, 2,
+                             f"ops.all_reduce_dispatch ({', '.join(impls)}) -> formulas.t_all_reduce_s"),
+                   self.op("rms_norm", "memory", t_norm_unfused, 2,
+                           "formulas.t_memory_bound_s(rms_norm_bytes); 0 where fused", "§3", hbm_bytes=norm_bytes,
+                           parts={"HBM": norm_bytes / (hw.hbm_bw_bytes_per_s * hw.mem_efficiency),
+                                  "latency": np.where(fused_mask, 0.0, hw.launch_overhead_s)})]
+        return tuple(self.compute_ops(N, spec.slots) + unit_tp), unit_tp
 
-    # ---------------------------------------------------------------- sp (RS -> norm(N/W) -> AG)
-    t_rs = ops.t_reduce_scatter_s(hw, W, Np * (H * act))
-    t_ag = ops.t_all_gather_s(hw, W, Np * (H * mode.ag_bytes))
-    rs = comm("reduce_scatter", t_rs, Np * (H * act), F.bus_bw_factor("reduce_scatter", W),
-              ops.collective_latency_s(hw, "nccl_reduce_scatter", W), 2, "ops.t_reduce_scatter_s -> formulas.t_reduce_scatter_s")
-    ag = comm("all_gather", t_ag, Np * (H * mode.ag_bytes), F.bus_bw_factor("all_gather", W),
-              ops.collective_latency_s(hw, "nccl_all_gather", W), 2, "ops.t_all_gather_s -> formulas.t_all_gather_s")
-    norm_shard = mem("rms_norm_shard", F.rms_norm_bytes(Np / W, H, act, mode.ag_bytes), "rms_norm_bytes on N/tp rows", 2)
-    dyn = [quant(Np, 2)] if dtype == "fp8-dynamic" else []
-    sp_layer = (rs, norm_shard, ag, *dyn, *compute_ops(Np, spec.slots))
-    if sp_unavailable:
-        notes.append(sp_unavailable)
-        sp_layer = (op("sp_unavailable", "comm", np.full(N.shape, np.inf), formula="tp >= 2", section="§4",
-                       host_calls=0.0),)
+    def sp_layer(self) -> tuple[tuple, Op, Op, Op]:
+        """(the layer under SP: RS -> norm(N/W) -> AG, its reduce-scatter, sharded norm, all-gather)."""
+        hw, H, Np, W, act, mode = self.hw, self.spec.hidden, self.Np, self.W, self.act, self.mode
+        self.t_rs = ops.t_nccl_reduce_scatter_s(hw, W, Np * (H * act))
+        self.t_ag = ops.t_nccl_all_gather_s(hw, W, Np * (H * mode.ag_bytes))
+        rs = self.comm("reduce_scatter", self.t_rs, Np * (H * act), F.bus_bw_factor("reduce_scatter", W),
+                       ops.collective_latency_s(hw, "nccl_reduce_scatter", W), 2,
+                       "ops.t_nccl_reduce_scatter_s -> formulas.t_reduce_scatter_s")
+        ag = self.comm("all_gather", self.t_ag, Np * (H * mode.ag_bytes), F.bus_bw_factor("all_gather", W),
+                       ops.collective_latency_s(hw, "nccl_all_gather", W), 2,
+                       "ops.t_nccl_all_gather_s -> formulas.t_all_gather_s")
+        norm_shard = self.mem("rms_norm_shard", F.rms_norm_bytes(Np / W, H, act, mode.ag_bytes),
+                              "rms_norm_bytes on N/tp rows", 2)
+        dyn = [self.quant(Np, 2)] if self.dtype == "fp8-dynamic" else []
+        return (rs, norm_shard, ag, *dyn, *self.compute_ops(Np, self.spec.slots)), rs, norm_shard, ag
 
-    # ---------------------------------------------------------------- sp_asynctp: each slot's fusion, in order
-    once = lambda o: dataclasses.replace(o, count=1)  # noqa: E731
-    if unavailable is None:
-        def fused(slot, f, formula, moved_bytes):
-            name = (f"fused_all_gather_{slot.name}_gemm" if slot.fuses == "ag_gemm"
-                    else f"fused_{slot.name}_gemm_reduce_scatter")
-            return op(name, "fused", f.t_gpu_s, formula=formula, section="§6", fused=f, t_host=f.t_host_s,
-                      flops=F.gemm_flops(Np, slot.n, slot.k), link_bytes=F.bus_bw_factor("all_gather", W) * moved_bytes,
-                      parts={"compute": f.t_chunks_contended_s, "link": f.t_pulls_s, "latency": f.t_sync_s,
-                             "HBM": f.t_memory_s}, slot=slot.name)
+    def fused(self, slot, f, formula, moved_bytes) -> Op:
+        """One slot's torch fused op (§6)."""
+        name = (f"fused_all_gather_{slot.name}_gemm" if slot.fuses == "ag_gemm"
+                else f"fused_{slot.name}_gemm_reduce_scatter")
+        return self.op(name, "fused", f.t_gpu_s, formula=formula, section="§6", fused=f, t_host=f.t_host_s,
+                       flops=F.gemm_flops(self.Np, slot.n, slot.k),
+                       link_bytes=F.bus_bw_factor("all_gather", self.W) * moved_bytes,
+                       parts={"compute": f.t_chunks_contended_s, "link": f.t_pulls_s, "latency": f.t_sync_s,
+                              "HBM": f.t_memory_s}, slot=slot.name)
+
+    def sp_asynctp_layer(self, rs: Op, norm_shard: Op, ag: Op, notes: list[str]) -> tuple:
+        """The layer under SP+AsyncTP: each slot's fusion, in order."""
+        hw, H, Np, W, act, mode = self.hw, self.spec.hidden, self.Np, self.W, self.act, self.mode
         spa = [norm_shard]
-        for slot in spec.slots:
+        for slot in self.spec.slots:
             if slot.name == "router":  # an MoE block: SP's all-gather before it, no GEMM fusion in vLLM 0.31
-                spa += [once(ag)] + compute_ops(Np, [slot])
+                spa += [_once(ag)] + self.compute_ops(Np, [slot])
             elif slot.fuses == "ag_gemm" and not mode.ag_gemm_fuses:  # per-token fp8: a quant kernel sits between
-                spa += [once(ag), quant(Np), slot_gemm(slot, Np)] + after(slot, Np)
+                spa += [_once(ag), self.quant(Np), self.slot_gemm(slot, Np)] + self.after(slot, Np)
             elif slot.fuses == "ag_gemm":
                 f = ops.fused_ag_gemm(hw, Np, slot.n, slot.k, W, mode.ag_bytes, eager=True)
-                spa += [fused(slot, f, "ops.fused_ag_gemm -> formulas.t_ag_gemm_gpu_s", Np * (H * mode.ag_bytes))]
-                spa += after(slot, Np)
+                spa += [self.fused(slot, f, "ops.fused_ag_gemm -> formulas.t_ag_gemm_gpu_s", Np * (H * mode.ag_bytes))]
+                spa += self.after(slot, Np)
             else:  # gemm_rs
                 f = ops.fused_gemm_rs(hw, Np, slot.n, slot.k, W, eager=True)
-                spa.append(fused(slot, f, "ops.fused_gemm_rs -> formulas.t_gemm_rs_gpu_s", Np * (H * act)))
-        if spec.is_moe:
-            spa.append(once(rs))
-            notes.append(f"{shape.name} is MoE: its MoE block gets SP (RS/AG) but no GEMM fusion in vLLM 0.31")
-        spa_layer = tuple(spa)
-    else:
-        if not sp_unavailable:
-            notes.append(unavailable + "; SP alone stays possible with inter-node collectives")
-        spa_layer = (op("asynctp_unavailable", "fused", np.full(N.shape, np.inf), formula="ops.fused_ops_available",
-                        section="§6", host_calls=0.0),)
-    if cudagraph_max_tokens == 0:
-        notes.append("every step runs eagerly (--enforce-eager): the host issue time of every op counts, torch's "
-                     "Python AsyncTP pipeline included")
-    elif np.any(eager):
-        notes.append(f"N > {cudagraph_max_tokens} runs eagerly (vLLM's largest CUDA-graph capture size): the host "
-                     "issue time of every op counts there, torch's Python AsyncTP pipeline included; below, graphs replay")
+                spa.append(self.fused(slot, f, "ops.fused_gemm_rs -> formulas.t_gemm_rs_gpu_s", Np * (H * act)))
+        if self.spec.is_moe:
+            spa.append(_once(rs))
+            notes.append(f"{self.shape.name} is MoE: its MoE block gets SP (RS/AG) but no GEMM fusion in vLLM 0.31")
+        return tuple(spa)
 
-    # ---------------------------------------------------------------- non-layer parts
-    n_seqs = np.ceil(N / seq_len)
-    embed = mem("embedding", F.embedding_bytes(N, H, act), "embedding_bytes")
-    lm_head = gemm("lm_head_gemm", n_seqs, shape.vocab / W, H, fp8_ok=False)
-    logit_bytes = F.logits_bytes(n_seqs, shape.vocab)
-    logits = comm("logits_gather", ops.t_all_gather_s(hw, W, logit_bytes), logit_bytes, F.bus_bw_factor("all_gather", W),
-                  ops.collective_latency_s(hw, "nccl_all_gather", W), 1, "ops.t_all_gather_s")
-    nonlayer_tp = (embed, *[once(o) for o in unit_tp], lm_head, logits)
-    nonlayer_sp = (mem("embedding", F.embedding_bytes(Np, H, act), "embedding_bytes on N_p rows"), once(rs),
-                   once(norm_shard), once(ag),
-                   lm_head, logits)
-
-    scheds = {"tp": Schedule("tp", tp_layer, nonlayer_tp, L, eager),
-              "sp": Schedule("sp", sp_layer, nonlayer_sp, L, eager),
-              "sp_asynctp": Schedule("sp_asynctp", spa_layer, nonlayer_sp, L, eager)}
-
-    why = {k: v for k, v in (("sp", sp_unavailable), ("sp_asynctp", sp_unavailable or unavailable)) if v}
-    return Prediction(num_tokens=N, tp=tp, dtype=dtype, schedules=scheds, notes=tuple(notes),
-                      asynctp_available=unavailable is None, unavailable=why, num_layers=L, t_all_gather_s=t_ag,
-                      t_reduce_scatter_s=t_rs)
+    def nonlayer(self, unit_tp: list[Op], rs: Op, norm_shard: Op, ag: Op) -> tuple[tuple, tuple]:
+        """(the ops outside the layers under TP, and under SP): embedding, the final norm unit, lm_head, logits."""
+        hw, H, N, Np, W, act = self.hw, self.spec.hidden, self.N, self.Np, self.W, self.act
+        n_seqs = np.ceil(N / self.regime.seq_len)
+        embed = self.mem("embedding", F.embedding_bytes(N, H, act), "embedding_bytes")
+        lm_head = self.gemm("lm_head_gemm", n_seqs, self.shape.vocab / W, H, fp8_ok=False)
+        logit_bytes = F.logits_bytes(n_seqs, self.shape.vocab)
+        logits = self.comm("logits_gather", ops.t_nccl_all_gather_s(hw, W, logit_bytes), logit_bytes,
+                           F.bus_bw_factor("all_gather", W), ops.collective_latency_s(hw, "nccl_all_gather", W), 1,
+                           "ops.t_nccl_all_gather_s")
+        nonlayer_tp = (embed, *[_once(o) for o in unit_tp], lm_head, logits)
+        nonlayer_sp = (self.mem("embedding", F.embedding_bytes(Np, H, act), "embedding_bytes on N_p rows"), _once(rs),
+                       _once(norm_shard), _once(ag), lm_head, logits)
+        return nonlayer_tp, nonlayer_sp
 
 
 def breakdown_terms(scheds: dict[str, Schedule], L: int, t_ag: Any, t_rs: Any, available: bool) -> dict[str, Any]:

@@ -211,7 +211,7 @@ def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> tuple[Any,
         return pair.fused_s, pair.unfused_s, name, pair.unfused_impls
     p = ops.torch_pair(hw, op, m, n, k, tp)
     name = "NCCL all-gather" if op == "ag_gemm" else "NCCL reduce-scatter"
-    fused = np.where(m > spec.cudagraph_max_tokens, p.fused_eager_s, p.fused_graph_s)
+    fused = np.where(vllm_tables.runs_eagerly(m, spec.cudagraph_max_tokens), p.fused_eager_s, p.fused_graph_s)
     return fused, p.unfused_s, name, np.full(np.shape(m), p.unfused_impl)
 
 

@@ -117,12 +117,17 @@ class Hw:
         return hit[1]
 
     # ------------------------------------------------------------------ GEMM (docs §2)
-    def _bytes(self, fp8_ok):
-        return (self.gemm_in_bytes, self.peak_flops_per_s) if fp8_ok else (self.act_bytes, self.peak_act_flops_per_s)
+    def _in_bytes(self, fp8_ok: bool) -> float:
+        """Bytes per GEMM input element: the dtype mode's (fp8 weights) where the GEMM takes them, else activations'."""
+        return self.gemm_in_bytes if fp8_ok else self.act_bytes
+
+    def _peak_flops(self, fp8_ok: bool) -> Any:
+        """The tensor-core peak the GEMM runs at: the dtype mode's where it takes fp8 inputs, else the activations'."""
+        return self.peak_flops_per_s if fp8_ok else self.peak_act_flops_per_s
 
     def t_gemm_mem(self, m: Arr, n: int, k: int, *, fp8_ok: bool=True) -> Arr:
         """Memory-bound time of one GEMM: its bytes / (HBM · gemm.mem_efficiency) (s)."""
-        b, _ = self._bytes(fp8_ok)
+        b = self._in_bytes(fp8_ok)
         return F.gemm_bytes(m, n, k, b, b, self.act_bytes) / (self.hbm_bw_bytes_per_s * self.gemm["mem_efficiency"])
 
     def t_gemm_comp(self, m: Arr, n: int, k: int, *, fp8_ok: bool=True) -> Arr:
@@ -130,7 +135,7 @@ class Hw:
         return self._memoised(("comp", n, k, fp8_ok), m, lambda: self._t_gemm_comp(m, n, k, fp8_ok))
 
     def _t_gemm_comp(self, m, n, k, fp8_ok):
-        _, peak = self._bytes(fp8_ok)
+        peak = self._peak_flops(fp8_ok)
         g = self.gemm
         padded = self._padded_rows(m)
         if padded is None:  # draws or short inputs: the reference formula, fully broadcast
@@ -191,13 +196,13 @@ def collective_latency_s(hw: Hw, impl: str, tp: int) -> Arr:
     return hw.p.collective(impl, tp)[0]
 
 
-def t_all_gather_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
+def t_nccl_all_gather_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
     """NCCL all-gather of a msg_bytes (gathered) message at this TP (s)."""
     lat, bw = hw.p.collective("nccl_all_gather", tp)
     return F.t_all_gather_s(msg_bytes, lat, bw, tp)
 
 
-def t_reduce_scatter_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
+def t_nccl_reduce_scatter_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
     """NCCL reduce-scatter of a msg_bytes (unreduced) message at this TP (s)."""
     lat, bw = hw.p.collective("nccl_reduce_scatter", tp)
     return F.t_reduce_scatter_s(msg_bytes, lat, bw, tp)
@@ -209,7 +214,7 @@ def reduce_scatter_dispatch(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: boo
     the generic reduce_scatter (vLLM <= 0.31's compile-pass SP) always NCCL."""
     msg = np.atleast_1d(np.asarray(msg_bytes, dtype=float))
     p = hw.p
-    t0 = t_reduce_scatter_s(hw, tp, msg)
+    t0 = t_nccl_reduce_scatter_s(hw, tp, msg)
     t = np.array(np.broadcast_to(t0, np.broadcast_shapes(np.shape(t0), msg.shape)), dtype=float)
     impls = np.full(msg.shape, "nccl_reduce_scatter", dtype=object)
     if model_level_sp:
@@ -411,12 +416,12 @@ def torch_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int) -> TorchPair:
 
 def sequential_ag_gemm_s(hw: Hw, m: Arr, n: int, k: int, tp: int, a_bytes: float) -> Arr:
     """What AG+GEMM replaces: NCCL all-gather of m·k·b_A, then the whole GEMM (s)."""
-    return t_all_gather_s(hw, tp, m * (k * a_bytes)) + hw.t_gemm(m, n, k)
+    return t_nccl_all_gather_s(hw, tp, m * (k * a_bytes)) + hw.t_gemm(m, n, k)
 
 
 def sequential_gemm_rs_s(hw: Hw, m: Arr, n: int, k: int, tp: int) -> Arr:
     """What GEMM+RS replaces: the whole GEMM, then NCCL reduce-scatter of its m·n bf16 partials (s)."""
-    return hw.t_gemm(m, n, k) + t_reduce_scatter_s(hw, tp, m * (n * hw.act_bytes))
+    return hw.t_gemm(m, n, k) + t_nccl_reduce_scatter_s(hw, tp, m * (n * hw.act_bytes))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -386,6 +386,12 @@ CUDAGRAPH_MAX_TOKENS_DEFAULT = 512
 CUDAGRAPH_MAX_TOKENS_BLACKWELL = 1024
 
 
+def runs_eagerly(num_tokens: Any, cudagraph_max_tokens: int) -> Any:
+    """vLLM replays a captured CUDA graph for steps of N <= its largest capture size and runs larger ones eagerly
+    (each op issued by the host): N > cudagraph_max_tokens, per element."""
+    return np.asarray(num_tokens) > cudagraph_max_tokens
+
+
 def cudagraph_max_tokens_default(compute_capability: str) -> int:
     """vLLM's largest captured CUDA-graph size on a GPU of this capability (tokens)."""
     return CUDAGRAPH_MAX_TOKENS_BLACKWELL if compute_capability.startswith("10.") else CUDAGRAPH_MAX_TOKENS_DEFAULT

@@ -104,7 +104,7 @@ def test_model_level_sp_reaches_the_custom_reduce_scatter(capsys):
     lat, bw = load_profile("b200").collective("custom_rs_lamport", 8)
     assert impl[0] == "custom_rs_lamport" and t[0] == pytest.approx(float(F.t_reduce_scatter_s(msg[0], lat, bw, 8)))
     t_nccl, impl_nccl = ops.reduce_scatter_dispatch(hw, msg, 8, model_level_sp=False)
-    assert impl_nccl[0] == "nccl_reduce_scatter" and t_nccl[0] == pytest.approx(float(ops.t_reduce_scatter_s(hw, 8, msg)[0]))
+    assert impl_nccl[0] == "nccl_reduce_scatter" and t_nccl[0] == pytest.approx(float(ops.t_nccl_reduce_scatter_s(hw, 8, msg)[0]))
     pair = ops.kernel_pair(hw, ops.KernelGemm("gemm_rs", 7168, 1536, 8), msg / (7168 * 2))
     assert pair.unfused_s[0] == pytest.approx(float(hw.t_gemm(msg / (7168 * 2), 7168, 1536)[0]) + t[0])
 

@@ -27,9 +27,9 @@ def _rows(prof, op: str, tp: int, sizes, model_level_sp: bool, version) -> list[
         t_nccl = ops.t_nccl_all_reduce_s(hw, tp, S)
     elif op == "reduce_scatter":
         t_vllm, impl = ops.reduce_scatter_dispatch(hw, S, tp, model_level_sp)
-        t_nccl = ops.t_reduce_scatter_s(hw, tp, S)
+        t_nccl = ops.t_nccl_reduce_scatter_s(hw, tp, S)
     else:
-        t_nccl = ops.t_all_gather_s(hw, tp, S)
+        t_nccl = ops.t_nccl_all_gather_s(hw, tp, S)
         t_vllm, impl = t_nccl, np.full(S.shape, "nccl_all_gather")
     factor = float(F.bus_bw_factor(op, tp))
     return [{"size_bytes": int(s), "vllm_impl": str(i), "t_vllm_s": float(tv), "t_nccl_s": float(tn),
