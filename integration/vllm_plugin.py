@@ -106,20 +106,7 @@ def _apply_inner(cfg) -> None:
                   "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb,
                   "cudagraph_max_tokens": _cudagraph_max_tokens(cfg), "vllm_version": _vllm_version(has_sp),
                   "asynctp": _asynctp(pc) if want_sp else None}
-        from . import plugin_cache
-
-        problem = plugin_cache.setting_problem()
-        if problem:
-            logger.warning("tpcost: %s", problem)
-        cache = plugin_cache.cache_dir()
-        key = plugin_cache.decision_key(inputs)
-        plan = plugin_cache.load(cache, key)
-        hit = plan is not None
-        if not hit:
-            plan = _plan(inputs)
-            if not plugin_cache.store(cache, key, plan) and cache is not None:
-                logger.warning("tpcost: decision cache not written (%s is not a writable directory); the next start "
-                               "decides again", cache)
+        plan, hit = _cached_plan(inputs, _plan)
         for attr, value in plan["set"]:
             setattr(pc, attr, value)
         if plan["said"]:
@@ -128,6 +115,26 @@ def _apply_inner(cfg) -> None:
     except Exception as e:
         logger.warning("tpcost: could not compute the pass config (%s: %s); vLLM's defaults apply",
                        type(e).__name__, e)
+
+
+def _cached_plan(inputs: dict, make) -> tuple[dict, bool]:
+    """(the plan for `inputs`, whether it came from the decision cache): the cached one, else `make(inputs)`,
+    stored for the next start (a warning where the cache directory cannot be written)."""
+    from . import plugin_cache
+
+    problem = plugin_cache.setting_problem()
+    if problem:
+        logger.warning("tpcost: %s", problem)
+    cache = plugin_cache.cache_dir()
+    key = plugin_cache.decision_key(inputs)
+    plan = plugin_cache.load(cache, key)
+    if plan is not None:
+        return plan, True
+    plan = make(inputs)
+    if not plugin_cache.store(cache, key, plan) and cache is not None:
+        logger.warning("tpcost: decision cache not written (%s is not a writable directory); the next start "
+                       "decides again", cache)
+    return plan, False
 
 
 def _asynctp(pc) -> list:
@@ -269,8 +276,6 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
     bind (when unset in the environment); an explicit user value stands."""
     from costmodel.vllm_tables import SWITCHES, Parallel
 
-    from . import plugin_cache
-
     pc = cfg.compilation_config.pass_config
     par = kernel_parallel(cfg.parallel_config, getattr(cfg, "kernel_config", None))
     if par["tp"] <= 1:
@@ -297,13 +302,7 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
               "fuse_allreduce_rms": pc.fuse_allreduce_rms,
               "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb,
               "vllm_version": _vllm_version(has_sp)}
-    cache = plugin_cache.cache_dir()
-    key = plugin_cache.decision_key(inputs)
-    plan = plugin_cache.load(cache, key)
-    hit = plan is not None
-    if not hit:
-        plan = _kernel_plan(inputs)
-        plugin_cache.store(cache, key, plan)
+    plan, hit = _cached_plan(inputs, _kernel_plan)
     for attr, value in plan["set"]:
         setattr(pc, attr, value)
     for env, value in plan.get("env", []):
