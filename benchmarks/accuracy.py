@@ -3,7 +3,7 @@ beside vLLM 0.31's rule.
 
     python benchmarks/accuracy.py [--json benchmarks/results/accuracy.json]
 
-Fused-op sources (data/reference/fused_ops.csv, end_to_end.csv), per GPU family (tools/reference_fits.py
+Fused-op sources (data/reference/fused_ops.csv, end_to_end.csv), per GPU family (calib/reference.py
 FamilyFit, docs/model.md §6 "Joint fits"):
 - Hopper: KRAKEN_PR19 (H100 eager GEMM+RS) and VLLM_PR28672 (graph-mode decode, scored as its 1023-step cost);
 - Blackwell: PT_ISSUE179770 (B300 fp8 GEMM+RS) and FLASHINFER_GB200_GEMMRS_MATRIX (GB200 torch fused arm; fp16
@@ -30,56 +30,37 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from costmodel.evaluate import OP_COLUMNS, TIE_BAND, evaluate_files, summarise  # noqa: E402
+from costmodel.evaluate import OP_COLUMNS, evaluate_files, score, summarise  # noqa: E402
 from costmodel.io import atomic_write_text, dumps_json  # noqa: E402
 from costmodel.profile import load_profile  # noqa: E402
 from costmodel.op_analysis import vllm_rule  # noqa: E402
-from tools import build_profiles as B  # noqa: E402
-from tools import reference_fits as R  # noqa: E402
+from calib import reference as R  # noqa: E402
 
 CPU_SETS = ("calib/data/cpu-gloo-w2/validate.csv", "calib/data/cpu-gloo-w2/profile.ops.csv")
 OUT_OF_SAMPLE_OPS = ("META_AH_H100_ASYNCTP",)
 
 
-def family_trees() -> dict:
-    """The profile trees the family fits start from (the fitted terms at their priors)."""
-    pri = (B.BARRIER_PRIOR_S, "fit start", "assumed")
-    return {"hopper": {"h100-sxm": B.asynctp_section(B.h100(), pri, B.HOST_OP)},
-            "blackwell": {"b300": B.asynctp_section(B.b300(), pri, B.HOST_OP),
-                          "gb200-nvl72": B.asynctp_section(B.gb200(B.b200()), pri, B.HOST_OP)}}
-
-
-def score_rows(rows: list[dict], kernel: bool = False) -> dict:
-    """Speedup error, verdicts and regret of op rows (and the relative error of a decode row); vLLM's rule is its SP
-    table for torch's ops, gemm_rs_ar's M >= 128 (or Muse Spark's) for the single kernel (`kernel`)."""
+def score_rows(rows: list[dict]) -> dict:
+    """Speedup error, verdicts and regret of torch's fused-op rows, scored by costmodel.evaluate.score against vLLM's
+    rule (its SP table), and the relative error of a decode row."""
     ops = [r for r in rows if r["arm"] == "op"]
     out: dict = {"rows": len(ops)}
     if ops:
-        sm = np.array([r["seq_measured_s"] / r["fused_measured_s"] for r in ops])
-        sp = np.array([r["seq_predicted_s"] / r["fused_predicted_s"] for r in ops])
-        err = np.abs(sp - sm)
-        tie = np.abs(sm - 1.0) <= TIE_BAND
-        right = tie | ((sp > 1.0) == (sm > 1.0))
-        vllm = []
+        scored = []
         for r in ops:
             row = r["row"]
             prof = load_profile(row["hardware"])
-            runs = vllm_rule(prof, row["op"], "kernel" if kernel else "torch", row["tp"], row["n"], row["k"])[2]
-            vllm.append(bool(runs(float(row["m"]))))
-        vllm = np.array(vllm)
-        best = np.minimum([r["seq_measured_s"] for r in ops], [r["fused_measured_s"] for r in ops])
-
-        def regret(choose):
-            t = np.where(choose, [r["fused_measured_s"] for r in ops], [r["seq_measured_s"] for r in ops])
-            return 100.0 * (t - best) / best
-
-        slow = sm < 0.9
-        out.update(median_abs_speedup_error=float(np.median(err)), p90_abs_speedup_error=float(np.percentile(err, 90)),
-                   max_abs_speedup_error=float(err.max()), verdict_accuracy=float(right.mean()),
-                   verdicts_right_where_measured_below_0_9=(f"{int(right[slow].sum())}/{int(slow.sum())}"),
-                   mean_regret_pct=float(regret(sp > 1.0).mean()),
-                   vllm_rule={"verdict_accuracy": float((tie | (vllm == (sm > 1.0))).mean()),
-                              "mean_regret_pct": float(regret(vllm).mean())})
+            runs = vllm_rule(prof, row["op"], "torch", row["tp"], row["n"], row["k"])[2]
+            scored.append(score((row["source"], row["line"], row["hardware"], row["source"]), r["seq_measured_s"],
+                                r["fused_measured_s"], r["seq_predicted_s"] / r["fused_predicted_s"],
+                                bool(runs(float(row["m"])))))
+        s = summarise(scored, [])
+        slow = [x for x in scored if x.s_measured < 0.9]
+        out.update({k: s[k] for k in ("median_abs_speedup_error", "p90_abs_speedup_error", "max_abs_speedup_error",
+                                      "verdict_accuracy")},
+                   verdicts_right_where_measured_below_0_9=f"{sum(x.right for x in slow)}/{len(slow)}",
+                   mean_regret_pct=s["mean_regret_pct"],
+                   vllm_rule={k: s["vllm_rule"][k] for k in ("verdict_accuracy", "mean_regret_pct")})
     dec = [r for r in rows if r["arm"] == "decode"]
     if dec:
         d = dec[0]
@@ -120,7 +101,7 @@ def kernel_results() -> dict:
 def family_results() -> dict:
     """In-sample and leave-one-source-out scores per family and source, with the fits' values."""
     out = {}
-    for family, trees in family_trees().items():
+    for family, trees in R.load_family_trees().items():
         full = R.fit_family(family, trees)
         fam = {"fit": full, "sources": {}}
         for sid in R.family_sources(family):

@@ -13,6 +13,7 @@ from .model import BREAKDOWN_KEYS, SCHEDULES, Prediction, RunConfig, predict
 from .profile import UNPERTURBED_PREFIXES, HardwareProfile, value_range
 from .shapes import ModelShape
 from .vllm_tables import vllm_sp_min_token_num
+from .workload import uniform_workload
 
 BAND_DRAWS = 200
 BAND_SEED = 0
@@ -88,11 +89,6 @@ def band_grid(grid: np.ndarray, weights: Any = None) -> tuple[np.ndarray, np.nda
     if k == 1:
         return grid, w, 1
     return grid[::k], np.add.reduceat(w, np.arange(0, grid.size, k)), k
-
-
-def uniform_workload(grid: np.ndarray) -> np.ndarray:
-    """The default workload: every multiple of tp up to max_num_batched_tokens equally likely (weights sum to 1)."""
-    return np.full(grid.shape, 1.0 / grid.size)
 
 
 def expected_time_by_threshold_s(t_off_s: Any, t_on_s: Any, weights: Any, margin: float) -> np.ndarray:

@@ -16,6 +16,7 @@ from .errors import TpcostError
 from .io import read_text
 from .io import savefig_atomic
 from . import vllm_tables
+from .shapes import DTYPES
 from .vllm_tables import VllmLike
 
 OP_COLUMNS = ("hardware", "tp", "op", "dtype", "m", "n", "k", "baseline_us", "overlap_us", "source")
@@ -27,7 +28,7 @@ OPTIONAL_OP_COLUMNS = ("impl", "baseline_impl")
 OP_IMPLS, BASELINE_IMPLS = ("torch", "kernel"), ("nccl", "vllm")
 TIE_BAND = 0.02  # a measured speedup within 2 % of 1 is a tie: either verdict counts as right
 INT_LIMITS = {"tp": 4096, "m": 2**24, "n": 2**20, "k": 2**20, "num_tokens": 2**24, "seq_len": 2**24}
-OP_DTYPES = ("bf16", "fp8", "fp8-dynamic", "fp32")
+OP_DTYPES = DTYPES  # every dtype mode of the model (costmodel.shapes.DTYPES)
 
 
 def op_csv_header() -> str:
@@ -78,6 +79,16 @@ class Scored:
     @property
     def vllm_right(self) -> bool:
         return self.tie or self.vllm_verdict == self.verdict_measured
+
+
+def score(where: tuple[str, int, str, str], base_s: float, over_s: float, s_predicted: float, vllm_runs: bool,
+          band: tuple[float | None, float | None] = (None, None)) -> Scored:
+    """One measured row scored (the one scoring: tpcost evaluate and benchmarks/accuracy.py): `where` = (path, line,
+    label, source); the measured baseline and overlapped times (any one unit), the predicted speedup, whether vLLM's
+    own rule runs the fused path there; verdicts, ties (TIE_BAND) and regrets follow."""
+    v_pred = s_predicted > 1.0
+    return Scored(*where, base_s / over_s, s_predicted, over_s < base_s, v_pred, _regret(v_pred, base_s, over_s),
+                  vllm_runs, _regret(vllm_runs, base_s, over_s), *band)
 
 
 def _regret(choose_overlap: bool, base: float, over: float) -> float:
@@ -325,9 +336,7 @@ def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
             v_vllm = bool(runs(float(tokens)))
         else:
             v_vllm = vllm_verdict(prof, hidden, r["tp"], tokens)
-        v_pred = s_hat > 1.0
-        scored.append(Scored(path, line, label, r["source"], base / over, s_hat, over < base, v_pred,
-                             _regret(v_pred, base, over), v_vllm, _regret(v_vllm, base, over), *bounds))
+        scored.append(score((path, line, label, r["source"]), base, over, s_hat, v_vllm, bounds))
 
     for path, schema, rows in parsed:
         if not rows:

@@ -14,7 +14,8 @@ import dataclasses
 import numpy as np
 
 from . import ops, vllm_tables
-from .analysis import BAND_DRAWS, BAND_SEED, decide_cutoff, decision_value, perturbed_values, uniform_workload
+from .analysis import BAND_DRAWS, BAND_SEED, decide_cutoff, decision_value, perturbed_values
+from .workload import weights_on
 from .errors import TpcostError
 from .model import RunConfig
 from .profile import HardwareProfile
@@ -22,7 +23,8 @@ from .vllm_tables import VllmLike
 
 OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
 IMPLS = ("torch", "kernel")
-OP_DTYPES = ("bf16", "fp8", "mxfp8")
+# torch's pipelined ops take bf16 and static fp8; the single kernel adds its MXFP8 weights (vllm_tables.KERNEL_DTYPES)
+OP_DTYPES = ("bf16", "fp8", *[d for d in vllm_tables.KERNEL_DTYPES if d != "bf16"])
 M_STEP = 128  # M runs over the multiples of 128 (vLLM's gemm_rs_ar tiles M by 128)
 SMALL_M = np.exp2(np.arange(7.0))  # 1, 2, ..., 64: the decode rows below one M tile, for the single kernel
 
@@ -186,12 +188,7 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
     f_all, u_all = f_all * calls_per_forward, u_all * calls_per_forward
     on_grid = np.isin(m_all, grid)
     t_on, t_off = f_all[on_grid], u_all[on_grid]
-    if workload is not None:
-        from .workload import grid_weights
-
-        weights = grid_weights(workload, grid)
-    else:
-        weights = uniform_workload(grid)
+    weights = weights_on(workload, grid)
     cut = decide_cutoff(grid, t_off, t_on, margin, weights)
     rule_text, rule_tokens, runs = vllm_rule(profile, op, impl, tp, n, k)
     value = decision_value(grid, t_off, t_on, margin, cut, weights, vllm_default=rule_tokens)

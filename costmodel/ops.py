@@ -17,6 +17,7 @@ from . import formulas as F
 from . import vllm_tables
 from .errors import TpcostError
 from .profile import HardwareProfile
+from .shapes import DTYPES
 from .vllm_tables import KERNEL_TILE_M, KERNEL_TILE_N, VllmLike
 
 Arr = F.Arr  # a number or a numpy array (formulas broadcast)
@@ -41,6 +42,9 @@ DTYPE_MODES: dict[str, DtypeMode] = {
     "fp8-dynamic": DtypeMode("fp8", "bf16", 2.0, 1.0, 1.0, 2.0, False),
     "fp32": DtypeMode("fp32", "fp32", 4.0, 4.0, 4.0, 4.0, True),  # CPU calibration runs; not a vLLM mode
 }
+
+
+assert tuple(DTYPE_MODES) == DTYPES, "ops.DTYPE_MODES and shapes.DTYPES name the same dtype modes"
 
 
 def dtype_mode(dtype: str) -> DtypeMode:

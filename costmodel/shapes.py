@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from .errors import TpcostError
 from .io import read_json
 
-DTYPES = ("bf16", "fp8", "fp8-dynamic", "fp32")  # fp32: CPU calibration/validation runs
+DTYPES = ("bf16", "fp8", "fp8-dynamic", "fp32")  # the model's dtype modes (ops.DTYPE_MODES); fp32: CPU runs
 
 
 @dataclasses.dataclass(frozen=True)

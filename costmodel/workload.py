@@ -131,6 +131,17 @@ def read_workload(path: str) -> Workload:
     return parse_csv(text, str(path))
 
 
+def uniform_workload(grid: np.ndarray) -> np.ndarray:
+    """The default workload: every point of the grid (the multiples of tp up to the budget) equally likely (sum 1)."""
+    return np.full(np.shape(grid), 1.0 / np.size(grid))
+
+
+def weights_on(w: Workload | None, grid: np.ndarray, spread: str = "uniform") -> np.ndarray:
+    """The traffic a decision is weighted by, on a sorted grid (sum 1): the workload's (grid_weights), or without
+    one the default, uniform over the grid (the one home of that fallback)."""
+    return uniform_workload(grid) if w is None else grid_weights(w, grid, spread)
+
+
 def grid_weights(w: Workload, grid: np.ndarray, spread: str = "uniform") -> np.ndarray:
     """The workload as weights on a sorted grid of token counts (sum 1): a step of n tokens counts at the first
     grid point >= n (the padded step on a grid of multiples of tp); a point of n tokens above the grid's top (the

@@ -160,7 +160,8 @@ def decide_fusion(profile, shape, run: RunConfig, user: UserChoices = UserChoice
     only when it is worth it: the gain exceeds the risk premium `margin` of the all-reduce+norm time the range
     controls, and the decided range beats vLLM's in at least `min_confidence` of the profile's draws."""
     from costmodel import ops
-    from costmodel.analysis import decide_fusion_limit, expected_time_by_threshold_s, uniform_workload
+    from costmodel.analysis import decide_fusion_limit, expected_time_by_threshold_s
+    from costmodel.workload import weights_on
 
     from costmodel import vllm_tables
 
@@ -175,12 +176,7 @@ def decide_fusion(profile, shape, run: RunConfig, user: UserChoices = UserChoice
     row = shape.hidden * elem
     default_tokens = int(d.fi_fusion_max_bytes) // int(row)
     n = np.arange(1, max_num_batched_tokens + 1, dtype=float)
-    if workload is not None:
-        from costmodel.workload import grid_weights
-
-        w = grid_weights(workload, n)
-    else:
-        w = uniform_workload(n)
+    w = weights_on(workload, n)
     msg = n * row
     t_fused = ops.all_reduce_dispatch(hw, msg, tp, True, fi_max_bytes=np.inf, vllm_version=vllm_version).t_s
     t_unfused = ops.unfused_all_reduce_norm_s(hw, n, shape.hidden, tp, vllm_version)
@@ -403,6 +399,7 @@ def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None
     setting is faster by more than the risk premium `margin` on the time the switch controls."""
     from costmodel import ops
     from costmodel.analysis import decide_cutoff
+    from costmodel.workload import weights_on
     from costmodel.errors import TpcostError
     from costmodel.vllm_tables import KERNEL_MIN_M, SWITCHES
 
@@ -410,15 +407,11 @@ def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None
     vllm_version = run.regime.vllm
     sw = SWITCHES[op]
     n_tok = np.arange(1, max_num_batched_tokens + 1, dtype=float)
+    w, share = weights_on(workload, n_tok), 0.0
     if workload is not None:
-        from costmodel.workload import grid_weights
-
-        w = grid_weights(workload, n_tok)
         above = sum(c for n, c in workload.points if n > max_num_batched_tokens) + \
             sum(c for lo, _, c in workload.buckets if lo >= max_num_batched_tokens)
         share = float(above / workload.total) if workload.total else 0.0
-    else:
-        w, share = np.full(n_tok.size, 1.0 / n_tok.size), 0.0
     runs = n_tok >= KERNEL_MIN_M
     decisions = []
     on = off = 0.0

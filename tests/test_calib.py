@@ -162,7 +162,7 @@ def test_gpu_check_pipeline_runs_on_cpu_and_folds_into_a_profile(tmp_path, capsy
     assert set(fit["fits_by_dtype"]) == {"fp32"}
     assert (out / "summary.txt").read_text().startswith("gpu_check on ")
     capsys.readouterr()
-    p = profile_from_dict(build_all(root=tmp_path)["h200-sxm"], "h200-cpu-fold")
+    p = profile_from_dict(build_all({"h200-sxm": out / "fit.json"})["h200-sxm"], "h200-cpu-fold")
     folded = [k for k, v in p.provenance.items() if v.tier == "calibrated"]
     assert set(folded) <= set(fit["params"])
     for k in folded:

@@ -1,6 +1,6 @@
 """The regime is an input (CUDA graphs vs eager), and vLLM PR #28672's graph-mode decode cost is reproduced.
 
-VLLM_PR28672 is in the Hopper joint fit (tools/reference_fits.py FamilyFit: it pins the per-barrier GPU cost), so
+VLLM_PR28672 is in the Hopper joint fit (calib/reference.py FamilyFit: it pins the per-barrier GPU cost), so
 the decode check below is in-sample; its leave-one-source-out value is in benchmarks/results/accuracy.json."""
 
 import json

@@ -209,7 +209,7 @@ def test_gpu_check_fit_folds_into_profile(tmp_path):
                    "kernels.mem_efficiency": {"value": 0.9, "uncertainty_rel": 0.03},
                    "asynctp.compute_slowdown": {"value": 0.08, "uncertainty_rel": 0.2},
                    "asynctp.stream_concurrency": {"value": 0.85, "uncertainty_rel": 0.1}}}))
-    trees = build_all(root=tmp_path)
+    trees = build_all({"h200-sxm": d / "fit.json"})
     p = profile_from_dict(trees["h200-sxm"], "h200-test")
     for key, v in (("gemm.max_efficiency", 0.79), ("kernels.mem_efficiency", 0.9), ("asynctp.compute_slowdown", 0.08)):
         assert p.value(key) == v and p.provenance[key].tier == "calibrated" and "NVIDIA H200" in p.provenance[key].source

@@ -3,7 +3,7 @@
     python tools/build_profiles.py            # rewrite the TOML files
     python tools/build_profiles.py --check    # exit 1 if a file differs (tests run this)
 
-Values come from datasheets (URL), from fits to data/reference/components.csv (tools/reference_fits.py,
+Values come from datasheets (URL), from fits to data/reference/components.csv (calib/reference.py,
 source_id named), from this project's GPU runs
 (calib/data/, provenance named), or are assumed (derivation named). Tier per docs/model.md §7.
 """
@@ -25,7 +25,7 @@ from costmodel.io import atomic_write_text  # noqa: E402
 from costmodel.profile import SCHEMA_VERSION, dump_profile, profile_from_dict  # noqa: E402
 from costmodel import formulas as F  # noqa: E402
 from costmodel import vllm_tables as T  # noqa: E402
-from tools import reference_fits as R  # noqa: E402
+from calib import reference as R  # noqa: E402
 
 MiB, RING = F.MiB, F.RING_LINK_RATIO
 CHECK_REL_TOL = 1e-3  # values are written with 4 significant digits
@@ -95,7 +95,7 @@ def h100():
                         "assumed", barrier_s=4e-6, copy_latency_s=3e-6, stream_concurrency=0.5),
             "_copy": sec("assumed: copy-engine pull over NVLink4 at the measured NCCL ring busBW (NCCL_ISSUE1455: 367 GB/s of 450)",
                         "assumed", copy_engine_bw_bytes_per_s=367e9),
-            "_interference": sec("PT_PR172714 8xH100 8192^3 matmul + 64 MiB all-gather: sequential 2.96 ms, copy-engine overlapped 1.77 ms; sigma = t_ce/max(t_mm, t_ag) - 1 with t_mm at MAMF efficiency (tools/reference_fits.py)",
+            "_interference": sec("PT_PR172714 8xH100 8192^3 matmul + 64 MiB all-gather: sequential 2.96 ms, copy-engine overlapped 1.77 ms; sigma = t_ce/max(t_mm, t_ag) - 1 with t_mm at MAMF efficiency (calib/reference.py)",
                                 "published-measurement", compute_slowdown=sigma),
         },
     }
@@ -120,7 +120,7 @@ def h200(h):
     s_, t_ = R.asymptote_point(ring8, 8, size=16 * 1024**3)
     a, bw, err = R.fit_alpha_beta(S + [s_], t + [t_], R.ar_factor(8))
     p["collectives"]["nccl_all_reduce"]["tp8"] = sec(
-        f"MLENG_NET_README 8xH200 NCCL all-reduce median latency 8 B-1 MiB + MLENG_NET_SHARP 16 GiB ring busBW; fit rms rel err {err:.3f} (tools/reference_fits.py)",
+        f"MLENG_NET_README 8xH200 NCCL all-reduce median latency 8 B-1 MiB + MLENG_NET_SHARP 16 GiB ring busBW; fit rms rel err {err:.3f} (calib/reference.py)",
         "published-measurement", latency_s=a, bus_bw_bytes_per_s=bw)
     for impl, key in (("nccl_all_gather", "all_gather"), ("nccl_reduce_scatter", "reduce_scatter")):
         r = next(r for r in R.rows("MLENG_NET_SHARP", gpu="H200 SXM") if key in r["workload"])
@@ -168,7 +168,7 @@ def b200():
         a, bw, err = R.fit_alpha_beta(S, t, f)
         coll[impl]["tp8"] = sec(f"MLENG_NET_README 8xB200: alpha-beta fit to the 1 KiB median latency {readme[lat_key]['baseline_value']} us, "
                                 f"half of the 16 GiB busBW {readme[bw_key]['baseline_value']} GB/s at its half-peak payload "
-                                f"{half / 2**20:.0f} MiB, and that busBW at 16 GiB; rms log err {err:.3f} (tools/reference_fits.py)",
+                                f"{half / 2**20:.0f} MiB, and that busBW at 16 GiB; rms log err {err:.3f} (calib/reference.py)",
                                 "published-measurement", latency_s=a, bus_bw_bytes_per_s=bw)
     # TP2 reduce-scatter / all-gather: stock NCCL at 4 MiB (NCCL_PR2307 'default' 29.4 us) with the TP2 all-reduce
     # latency; the prototype's tuned 1-16 MiB rows are not the NCCL vLLM runs
@@ -362,15 +362,18 @@ def mi300x():
 SAME_DIE_KEYS = {"asynctp.stream_concurrency"}
 
 
-def calibrated_overrides(p, name, root=ROOT, keys=None, note=""):
-    """Fold single-GPU calibration results (calib/data/<name>-gpu-check/fit.json) into a profile: every
-    fitted key, or only `keys` (with `note` saying why they carry over from that GPU)."""
-    fit_path = root / "calib" / "data" / f"{name}-gpu-check" / "fit.json"
-    if not fit_path.exists():
+def calibrated_overrides(p, name, gpu_checks, keys=None, note=""):
+    """Fold a single-GPU calibration result named on the command line (gpu_checks: profile name -> its
+    <name>-gpu-check/fit.json) into a profile: every fitted key, or only `keys` (with `note` saying why they carry
+    over from that GPU). Nothing is read that the command line does not name."""
+    fit_path = (gpu_checks or {}).get(name)
+    if fit_path is None:
         return p
-    fit = json.loads(fit_path.read_text())
+    fit = json.loads(Path(fit_path).read_text())
     prov = fit["provenance"]
-    where = (f"calibrated: {fit_path.relative_to(root)} ({prov.get('device_name')}, torch {prov.get('torch')}, "
+    shown = Path(fit_path).resolve()
+    shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown
+    where = (f"calibrated: {shown} ({prov.get('device_name')}, torch {prov.get('torch')}, "
              f"{prov.get('date')}){note}")
     for key, val in fit["params"].items():
         if keys is not None and key not in keys:
@@ -439,17 +442,25 @@ HOST_OP = (3e-6, "assumed: one eager torch call (Python -> dispatcher -> launch)
 BARRIER_PRIOR_S = 4e-6  # fit start: signal-pad put + wait (SYMMMEM_RECIPES_PR3: one-shot AR with 2 barriers 10.8 us)
 
 
+def family_trees() -> dict:
+    """The profile trees the family fits start from (the fitted terms at their priors), per family; written to
+    calib/data/family_fit_trees.json (R.FAMILY_TREES) beside the profiles, where benchmarks/accuracy.py reads them."""
+    pri = (BARRIER_PRIOR_S, "fit start", "assumed")
+    return {"hopper": {"h100-sxm": asynctp_section(h100(), pri, HOST_OP)},
+            "blackwell": {"b300": asynctp_section(b300(), pri, HOST_OP),
+                          "gb200-nvl72": asynctp_section(gb200(b200()), pri, HOST_OP)}}
+
+
 def asynctp_fits():
-    """The joint fits of the fused-op terms per GPU family (tools/reference_fits.py FamilyFit; docs/model.md §6):
+    """The joint fits of the fused-op terms per GPU family (calib/reference.py FamilyFit; docs/model.md §6):
     Hopper over KRAKEN_PR19 (eager GEMM+RS) and VLLM_PR28672 (graph-mode decode: the GPU side alone); Blackwell over
     PT_ISSUE179770 (B300 fp8) and FLASHINFER_GB200_GEMMRS_MATRIX (GB200, torch's fused arm, with its baseline arm
     fitting the NCCL reduce-scatter busBW at TP 2/4 and the benchmark's own overhead). The barrier (and on Blackwell
-    the copy-engine pull bandwidth) is shared by a family's sources; host_op_s is each source's own host."""
-    pri = (BARRIER_PRIOR_S, "fit start", "assumed")
-    hop = R.fit_family("hopper", {"h100-sxm": asynctp_section(h100(), pri, HOST_OP)})
-    bw = R.fit_family("blackwell", {"b300": asynctp_section(b300(), pri, HOST_OP),
-                                    "gb200-nvl72": asynctp_section(gb200(b200()), pri, HOST_OP)})
-    return {"hopper": hop, "blackwell": bw, "kernel": kernel_fit()}
+    the copy-engine pull bandwidth) is shared by a family's sources; host_op_s is each source's own host. Read from
+    the committed result (calib/data/family_fit.json, `python -m calib.reference`), refused where it was fitted to
+    other start trees than these."""
+    fits = R.load_family_fits(family_trees())
+    return {"hopper": fits["hopper"], "blackwell": fits["blackwell"], "kernel": kernel_fit()}
 
 
 KERNEL_FIT = ROOT / "calib" / "data" / "kernel_fit.json"  # committed output of `python -m calib.kernel_fit`
@@ -521,7 +532,7 @@ def _fit_spec(fit, sid, key, what):
     keeps its prior, tier assumed, and says so."""
     v, sg = fit["values"][sid][key], fit["sigma_rel"][sid][key]
     over = (f"joint least-squares fit over {' + '.join(fit['sources'])} ({fit['n_residuals']} log residuals, "
-            f"{fit['n_params']} terms, rms {fit['rms_log']:.3f}; tools/reference_fits.py FamilyFit)")
+            f"{fit['n_params']} terms, rms {fit['rms_log']:.3f}; calib/reference.py FamilyFit)")
     if not math.isfinite(sg):
         return (v, f"assumed: {what}: prior kept, not identified by the {over}", "assumed")
     return (v, f"{what}: {over}", "published-measurement", min(sg, 1.0))
@@ -660,8 +671,9 @@ def custom_reduce_scatter(p):
     return p
 
 
-def build_all(root=ROOT):
-    """Every built-in profile tree; single-GPU calibration results under `root`/calib/data are folded in."""
+def build_all(gpu_checks=None):
+    """Every built-in profile tree; the single-GPU calibration results `gpu_checks` names (profile name -> fit.json,
+    from --gpu-check) are folded in, nothing else."""
     fits = asynctp_fits()
     hop, bw, kern = fits["hopper"], fits["blackwell"], fits["kernel"]
     sync_h100 = _fit_spec(hop, None, "asynctp.barrier_s", "per-barrier GPU cost")
@@ -679,7 +691,7 @@ def build_all(root=ROOT):
     nccl_h200, nccl_b200 = fit_regimes(SWEEPS["h200"]), fit_regimes(SWEEPS["b200"])
     h = nccl_regimes(asynctp_section(h100(), sync_h100, host_h100), nccl_h200, "assumed",
                      "assumed: the H200 fit (H100 and H200 share NVLink4 and the NVSwitch generation); ")
-    h = calibrated_overrides(h, "h200-sxm", root=root, keys=SAME_DIE_KEYS,
+    h = calibrated_overrides(h, "h200-sxm", gpu_checks, keys=SAME_DIE_KEYS,
                              note="; measured on an H200, which has the H100's GH100 die and 132 SMs")
     fam = "same NVLink5/NVSwitch and SM100 family as the Blackwell fit"
     b = _with_pull(asynctp_section(b200(), _assumed(sync_bw, fam), host_assumed), _assumed(pull_bw, fam))
@@ -691,7 +703,7 @@ def build_all(root=ROOT):
     profiles = {"h100-sxm": h,
                 "h200-sxm": calibrated_overrides(nccl_regimes(asynctp_section(h200(h100()), sync_h100_assumed,
                                                                               host_assumed), nccl_h200,
-                                                              "published-measurement"), "h200-sxm", root=root),
+                                                              "published-measurement"), "h200-sxm", gpu_checks),
                 "h800": asynctp_section(h800(h100()), sync_h100_assumed, host_assumed),
                 "b200": b,
                 "b300": kernel_section(_gb200_rs(_with_slowdown(_with_pull(asynctp_section(b300(), sync_bw, host_b300),
@@ -703,7 +715,7 @@ def build_all(root=ROOT):
                 "a800": asynctp_section(a800(), sync_h100_assumed, host_assumed),
                 "l40s": asynctp_section(l40s(), sync_h100_assumed, host_assumed),
                 "mi300x": asynctp_section(mi300x(), sync_h100_assumed, host_assumed)}
-    profiles["h800"] = calibrated_overrides(profiles["h800"], "h200-sxm", root=root, keys=SAME_DIE_KEYS,
+    profiles["h800"] = calibrated_overrides(profiles["h800"], "h200-sxm", gpu_checks, keys=SAME_DIE_KEYS,
                                             note="; measured on an H200, which has the H100's GH100 die and 132 SMs")
     profiles["gb300-nvl72"] = gb300(profiles["b300"])
     for name in ("h100-sxm", "h200-sxm", "h800"):
@@ -788,13 +800,43 @@ def range_line(prof) -> str:
             f"{vals[key]:g} in {r.text()} ({margin(key, vals[key]):.2f} decades)")
 
 
+def gpu_check_args(dirs) -> dict:
+    """--gpu-check DIR ... as profile name -> fit.json: each a <profile>-gpu-check folder of a built-in profile whose
+    fit.json git tracks (committed data only: an untracked result never changes a built-in profile)."""
+    import subprocess
+
+    out = {}
+    for d in dirs:
+        path = Path(d).resolve()
+        name = path.name.removesuffix("-gpu-check")
+        fit = path / "fit.json"
+        if not path.name.endswith("-gpu-check") or not (OUT / f"{name}.toml").exists():
+            raise ValueError(f"--gpu-check {d}: expected calib/data/<built-in profile>-gpu-check")
+        if not fit.exists():
+            raise ValueError(f"--gpu-check {d}: no fit.json (run calib/gpu_check.sh first)")
+        tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--error-unmatch", str(fit)],
+                                 capture_output=True).returncode == 0
+        if not tracked:
+            raise ValueError(f"--gpu-check {d}: {fit.name} is not committed (commit it with its provenance first)")
+        out[name] = fit
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true",
                     help=f"exit 1 if a file's parsed values differ from the generator's (relative tolerance {CHECK_REL_TOL:g})")
+    ap.add_argument("--gpu-check", action="append", default=[], metavar="DIR",
+                    help="fold a committed single-GPU calibration (calib/data/<profile>-gpu-check, with its fit.json) "
+                         "into that profile; nothing is folded that is not named here")
     args = ap.parse_args(argv)
+    try:
+        checks = gpu_check_args(args.gpu_check)
+    except ValueError as e:
+        print(f"build_profiles: error: {e}", file=sys.stderr)
+        return 2
     bad = []
-    for name, tree in build_all().items():
+    for name, tree in build_all(checks).items():
         tree = round_tree(tree)
         bad += [f"inconsistent collectives: {x}" for x in inconsistent_collectives(name, tree)]
         text = "# Generated by tools/build_profiles.py from datasheets, data/reference (source_id) and calib/data.\n" \
@@ -809,6 +851,12 @@ def main(argv=None) -> int:
                 bad.append(f"{name} ({diff})")
         else:
             atomic_write_text(path, text)
+    trees = json.dumps(family_trees(), indent=1, sort_keys=True) + "\n"
+    if args.check:
+        if not R.FAMILY_TREES.exists() or json.loads(R.FAMILY_TREES.read_text()) != json.loads(trees):
+            bad.append(f"{R.FAMILY_TREES.relative_to(ROOT)} (the family fits' start trees)")
+    else:
+        atomic_write_text(R.FAMILY_TREES, trees)
     if bad:
         print("\n".join(x if x.startswith("inconsistent") else f"out of date: {x} (run python tools/build_profiles.py)"
                         for x in bad))

@@ -61,7 +61,10 @@ def add_shape_args(p, gpu_help="built-in GPU profile name, a profile .toml path,
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in model name or a config.json path (default {DEFAULT_MODEL})")
     p.add_argument("--tp", type=bounded_int("--tp", 1, MAX_TP, "tensor-parallel sizes beyond that are not built"),
                    default=DEFAULT_TP, help=f"tensor-parallel size (default {DEFAULT_TP})")
-    p.add_argument("--dtype", default=DEFAULT_DTYPE, help="bf16 | fp8 | fp8-dynamic | fp32 (CPU runs) (default bf16)")
+    from costmodel.shapes import DTYPES
+
+    p.add_argument("--dtype", default=DEFAULT_DTYPE,
+                   help=f"{' | '.join(DTYPES)} (fp32: CPU runs; default {DEFAULT_DTYPE}; costmodel.shapes.DTYPES)")
     p.add_argument("--seq-len", type=bounded_int("--seq-len", 1, MAX_SEQ_LEN, "16 M tokens, beyond any context window"),
                    default=1024, help="prefill sequence length (default 1024)")
     p.add_argument("--max-num-batched-tokens", type=bounded_int("--max-num-batched-tokens", 1, MAX_TOKENS,

@@ -19,6 +19,15 @@ from calib.fit import fit_least_squares  # the one fitting core (calib and tools
 from costmodel import formulas as F
 
 CSV = Path(__file__).resolve().parents[1] / "data" / "reference" / "components.csv"
+# the family fits' start trees, written by tools/build_profiles.py beside the profiles (committed data)
+FAMILY_TREES = Path(__file__).resolve().parent / "data" / "family_fit_trees.json"
+
+
+def load_family_trees() -> dict:
+    """The profile trees each family fit starts from (family -> profile name -> tree), as build_profiles wrote them."""
+    import json
+
+    return json.loads(FAMILY_TREES.read_text())
 _UNITS = {"B": 1, "KB": 1024, "KIB": 1024, "MB": 1024**2, "MIB": 1024**2, "GB": 1024**3, "GIB": 1024**3}
 
 
@@ -97,7 +106,7 @@ def h100_collectives():
             bw = F.RING_LINK_RATIO * link
             source += f" (fitted busBW {fit['bus_bw_bytes_per_s'] / 1e9:.0f} GB/s capped at {F.RING_LINK_RATIO} x 450 GB/s link, NCCL_ISSUE1455 ring/link ratio)"
         out.setdefault(impl, {})[f"tp{w}"] = dict(latency_s=fit["latency_s"], bus_bw_bytes_per_s=bw,
-                                                  source=f"{source}; fit rms rel err {fit['rms_rel_err']:.3f} over {fit['n']} points (tools/reference_fits.py)",
+                                                  source=f"{source}; fit rms rel err {fit['rms_rel_err']:.3f} over {fit['n']} points (calib/reference.py)",
                                                   tier="published-measurement")
 
     ring = rows("NCCL_ISSUE1455")
@@ -233,7 +242,7 @@ def gemm_fit(gpu_prefix, source_ids, hbm_bw, peak_bf16, max_eff, sm_count, tile_
     r, _ = fit_least_squares(lambda x: np.log(model(x) / t), [0.85, 2e-6], [0.3, 0.0], [1.0, 2e-5])
     rms = float(np.sqrt(np.mean(r.fun**2)))
     return dict(mem_efficiency=float(r.x[0]), launch_overhead_s=float(r.x[1]), rms_rel_err=rms, n=len(rs),
-                source=f"fit to {'+'.join(source_ids)} {gpu_prefix} torch-bf16 rows (M=1..256), rms rel err {rms:.3f} over {len(rs)} points (tools/reference_fits.py)")
+                source=f"fit to {'+'.join(source_ids)} {gpu_prefix} torch-bf16 rows (M=1..256), rms rel err {rms:.3f} over {len(rs)} points (calib/reference.py)")
 
 
 def mamf_efficiency(gpu_label, dtype):
@@ -364,7 +373,7 @@ def fit_fused_param(tree, rows, key, name, arm="fused"):
     return dict(value=float(np.exp(r.x[0])), sigma_rel=sigma, rms_log=rms, n=len(rows),
                 source=(f"least-squares fit to the {arm} arm of {src} ({len(rows)} {rows[0]['op']} {rows[0]['dtype']} rows, "
                         f"M={ms[0]}..{ms[-1]}): rms log residual {rms:.3f}, sigma_rel {sigma:.2f} "
-                        "(tools/reference_fits.py fit_fused_param)"))
+                        "(calib/reference.py fit_fused_param)"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -586,3 +595,79 @@ def source_rows(family: str, trees: dict, sid: str, fit: dict, refit_own: bool =
         own_fit = FamilyFit(family, {sid: src}, (), {name: profile_to_tree(fixed)}).fit()
         vals[sid] = own_fit["values"].get(sid, {})
     return own.row_predictions(sid, vals)
+
+
+# ---------------------------------------------------------------- the committed family fits
+FAMILY_FIT = Path(__file__).resolve().parent / "data" / "family_fit.json"
+FAMILY_CMD = "python -m calib.reference"  # refits calib/data/family_fit.json from calib/data/family_fit_trees.json
+SHARED_KEY = "*"  # the GPU-side (shared) terms' key in the JSON (None in a fit's dicts)
+
+
+def trees_digest(trees: dict) -> str:
+    """sha256 of the start trees as build_profiles writes them (which trees a committed fit was made from)."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(trees, sort_keys=True).encode()).hexdigest()
+
+
+def _fit_to_json(fit: dict) -> dict:
+    """A FamilyFit result as strict JSON: the shared terms under SHARED_KEY, an unidentified term's sigma null."""
+    def keyed(d: dict) -> dict:
+        return {SHARED_KEY if k is None else k: v for k, v in d.items()}
+
+    sig = {sid: {k: (None if not np.isfinite(s) else s) for k, s in per.items()} for sid, per in fit["sigma_rel"].items()}
+    return {**fit, "values": keyed(fit["values"]), "sigma_rel": keyed(sig)}
+
+
+def _fit_from_json(d: dict) -> dict:
+    def keyed(x: dict) -> dict:
+        return {None if k == SHARED_KEY else k: v for k, v in x.items()}
+
+    sig = {sid: {k: (float("inf") if s is None else s) for k, s in per.items()} for sid, per in d["sigma_rel"].items()}
+    return {**d, "values": keyed(d["values"]), "sigma_rel": keyed(sig)}
+
+
+def fit_families(trees: dict) -> dict:
+    """Every family's joint fit from its start trees (family -> FamilyFit result)."""
+    return {family: fit_family(family, per) for family, per in trees.items()}
+
+
+def load_family_fits(trees: dict | None = None) -> dict:
+    """The committed family fits (FAMILY_FIT); with `trees`, one clear error where they were fitted to other ones."""
+    import json
+
+    from costmodel.errors import TpcostError
+
+    if not FAMILY_FIT.exists():
+        raise TpcostError(f"{FAMILY_FIT} is missing: run {FAMILY_CMD}")
+    d = json.loads(FAMILY_FIT.read_text())
+    if trees is not None and d.get("trees_sha256") != trees_digest(trees):
+        raise TpcostError(f"{FAMILY_FIT.name} was fitted to other start trees than the generator's: run "
+                          f"python tools/build_profiles.py, then {FAMILY_CMD}, then python tools/build_profiles.py")
+    return {family: _fit_from_json(f) for family, f in d["fits"].items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Refit every family from the committed start trees and write FAMILY_FIT (atomically)."""
+    import json
+
+    from costmodel.io import atomic_write_text, dumps_json
+
+    trees = load_family_trees()
+    fits = fit_families(trees)
+    out = {"command": FAMILY_CMD, "trees": str(FAMILY_TREES.relative_to(FAMILY_FIT.parents[2])),
+           "trees_sha256": trees_digest(trees), "fits": {f: _fit_to_json(v) for f, v in fits.items()}}
+    json.loads(dumps_json(out))  # strict JSON: no NaN, no inf
+    atomic_write_text(FAMILY_FIT, dumps_json(out, indent=1) + "\n")
+    for family, fit in fits.items():
+        print(f"{family}: {fit['n_params']} terms over {' + '.join(fit['sources'])}, rms log {fit['rms_log']:.4f}"
+              + (f"; unidentified: {', '.join(fit['unidentified'])}" if fit["unidentified"] else ""))
+    print(f"wrote {FAMILY_FIT}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
