@@ -115,6 +115,65 @@ def family_results() -> dict:
     return out
 
 
+# released all-reduce timing metrics -> the implementation vLLM dispatches (its profile curve); the others (NCCL's
+# symmetric-memory mode, Triton's recipes) are no implementation vLLM runs by default, and are not scored
+IMPL_METRICS = {"allreduce_time_custom_allreduce_1stage": "custom_ar_1stage",
+                "allreduce_time_custom_allreduce_2stage": "custom_ar_2stage",
+                "allreduce_time_pynccl": "nccl_all_reduce", "allreduce_time_nccl": "nccl_all_reduce",
+                "allreduce_time_torch_symm_mem_multimem": "symm_mem_multimem",
+                "allreduce_time_torch_symm_mem_two_shot": "symm_mem_two_shot",
+                "fused_ar_rmsnorm_time_oneshot": "flashinfer_ar_rmsnorm",
+                "fused_ar_rmsnorm_time_twoshot": "flashinfer_ar_rmsnorm_twoshot"}
+GPU_PROFILES = (("GB200", "gb200-nvl72"), ("B300", "b300"), ("B200", "b200"), ("H200", "h200-sxm"),
+                ("H100", "h100-sxm"), ("SM 9.0", "h100-sxm"))
+
+
+def collective_impl_results() -> dict:
+    """Every released all-reduce timing row of an implementation vLLM dispatches, against the built-in profile's
+    curve for it at that GPU and TP (|predicted/measured - 1| of the time). A row is in-sample where the curve's
+    provenance names the row's source (the curve was fitted to it), else out-of-sample (fitted to other sources,
+    or assumed); `entry_tp` says when the profile holds the curve at another TP than the row's."""
+    from costmodel import formulas as F
+    from costmodel import ops
+
+    groups: dict = {}
+    for r in R.rows():
+        impl = IMPL_METRICS.get(r["metric"])
+        prof_name = next((p for g, p in GPU_PROFILES if r["gpu"].startswith(g)), None)
+        if impl is None or prof_name is None or not r["baseline_value"]:
+            continue
+        w = int(r["num_gpus"]) if r["num_gpus"] else 8  # VLLM_PR42324's SM 9.0 rows: presumed 8, as their fit does
+        prof = load_profile(prof_name)
+        if not prof.has_collective(impl):
+            continue
+        try:
+            size = (float(r["M_or_tokens"]) * float(r["hidden_size"] or 8192) * 2 if r["M_or_tokens"]
+                    else R.size_in_notes(r["notes"]))
+        except ValueError:  # a row without a message size (a quoted "under 8 us"): nothing to predict at
+            continue
+        t_meas = float(r["baseline_value"]) * {"ms": 1e-3, "us": 1e-6}[r["unit"]]
+        hw = ops.Hw(prof, "bf16")
+        if impl == "nccl_all_reduce":
+            t_pred = float(ops.t_nccl_all_reduce_s(hw, w, np.array([size]))[0])
+        else:
+            lat, bw = prof.collective(impl, w)
+            t_pred = float(F.t_all_reduce_s(size, lat, bw, w))
+        entry = prof.collective_entry_tp(impl, w)
+        prov = prof.provenance.get(f"collectives.{impl}.tp{entry}.bus_bw_bytes_per_s")
+        src_of_curve = "" if prov is None else prov.source
+        key = (r["source_id"], prof_name, w, impl)
+        g = groups.setdefault(key, {"errs": [], "entry_tp": entry,
+                                    "sample": "in-sample" if r["source_id"] in src_of_curve else "out-of-sample"})
+        g["errs"].append(abs(t_pred / t_meas - 1.0))
+    out = {}
+    for (sid, prof_name, w, impl), g in sorted(groups.items()):
+        e = np.array(g["errs"])
+        out[f"{sid}|{prof_name}|tp{w}|{impl}"] = {
+            "source": sid, "gpu": prof_name, "tp": w, "impl": impl, "rows": int(e.size), "sample": g["sample"],
+            "entry_tp": g["entry_tp"], "median_rel_time_error": float(np.median(e)), "max_rel_time_error": float(e.max())}
+    return out
+
+
 def published_ops_csv(path: Path, sources) -> None:
     """The fused-op rows of `sources` in evaluate's op-level schema (times in us)."""
     buf = io.StringIO()
@@ -220,8 +279,14 @@ def main() -> int:
     for src, c in coll.items():
         print(f"  {src:36s} in-sample max {c['in_sample_max']:.3f} median {c['in_sample_median']:.3f}; "
               f"leave-one-source-out max {_f(c['loso_max'], '.3f')}")
+    impls = collective_impl_results()
+    print("\nall-reduce timings per implementation vLLM dispatches (|predicted/measured - 1| of the time):")
+    for c in impls.values():
+        at = "" if c["entry_tp"] == c["tp"] else f" (curve at tp{c['entry_tp']})"
+        print(f"  {c['source']:22s} {c['gpu']:12s} tp{c['tp']:<2d} {c['impl']:30s} {c['sample']:13s} {c['rows']:3d} rows "
+              f"median {c['median_rel_time_error']:.3f} max {c['max_rel_time_error']:.3f}{at}")
     res = {"schema_version": 2, "families": fams, "kernel": kern, "evaluated": table, "skipped": skipped,
-           "excluded": excluded, "band_coverage": cov, "collectives": coll}
+           "excluded": excluded, "band_coverage": cov, "collectives": coll, "collective_impls": impls}
     if a.json:
         atomic_write_text(a.json, dumps_json(res, indent=2, default=str) + "\n")
     return 0

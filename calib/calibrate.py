@@ -93,7 +93,9 @@ def build_profile(records, prior, prov: dict, world: int, gemm_dtype: str, name:
     params, residuals = fit_single_device(records, prior.values(), gemm_dtype)
     for key, v in params.items():
         put(key, v["value"], v["uncertainty_rel"], src)
-    vllm_impls = sorted({r["impl"] for r in records if r["kind"] == "collective" and r.get("op") == "all_reduce"})
+    # vLLM's own implementations (calib.distbench: its custom AR, symm-mem, custom reduce-scatters and all-gathers):
+    # the records that name their collective; NCCL's name it by their impl
+    vllm_impls = sorted({r["impl"] for r in records if r["kind"] == "collective" and r.get("op")})
     for impl, name_ in (("all_gather", "nccl_all_gather"), ("reduce_scatter", "nccl_reduce_scatter"),
                         ("all_reduce", "nccl_all_reduce"), *((i, i) for i in vllm_impls)):
         fits, res = fit_collective(records, impl, world)

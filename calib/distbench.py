@@ -244,7 +244,8 @@ def bench_fused_ops(timer: Timer, ops: AsyncTPOps, shapes, ms, device, rank, wor
 
 def bench_vllm_all_reduce(timer: Timer, sizes_bytes, device, world, hidden=8192):
     """vLLM's CustomAllreduce and SymmMemCommunicator (as CudaCommunicator builds them: on a gloo CPU group),
-    each over the sizes its own `should_*` accepts; records name the kernel vLLM runs at that size.
+    each over the sizes its own `should_*` accepts, and CustomAllreduce's model-level-SP reduce-scatter and
+    all-gather (_vllm_sp_collectives); records name the kernel vLLM runs at that size.
     Needs a CUDA build of vLLM; anything that fails is recorded as skipped, never fatal."""
     if not device.startswith("cuda"):
         return
@@ -271,10 +272,10 @@ def bench_vllm_all_reduce(timer: Timer, sizes_bytes, device, world, hidden=8192)
         x = torch.randn(max(1, S // (2 * hidden)), hidden, device=dev, dtype=torch.bfloat16)
         nbytes = x.numel() * 2
         for name, c in comms.items():
+            if name == "custom_ar":
+                yield from _vllm_sp_collectives(timer, c, x, world, dev)
             ok = c.should_custom_ar(x) if name == "custom_ar" else c.should_use_symm_mem(x)
-            ok_t = torch.tensor([1 if ok else 0], device=dev)
-            dist.all_reduce(ok_t, op=dist.ReduceOp.MIN)  # every rank must take the same branch
-            if not ok_t.item():
+            if not _all_agree(ok, dev):
                 continue
             if name == "custom_ar":
                 one = nbytes < vllm_tables.custom_ar_1stage_max_bytes(world)
@@ -286,6 +287,33 @@ def bench_vllm_all_reduce(timer: Timer, sizes_bytes, device, world, hidden=8192)
                 fn = lambda c=c: c.all_reduce(x)  # noqa: E731
             yield {"kind": "collective", "impl": impl, "op": "all_reduce", "world": world, "msg_bytes": nbytes,
                    **timer(fn).as_dict()}
+
+
+def _all_agree(ok: bool, dev) -> bool:
+    """Whether every rank takes the branch (they must all take the same one)."""
+    ok_t = torch.tensor([1 if ok else 0], device=dev)
+    dist.all_reduce(ok_t, op=dist.ReduceOp.MIN)
+    return bool(ok_t.item())
+
+
+def _vllm_sp_collectives(timer: Timer, comm, x, world, dev):
+    """vLLM's model-level-SP reduce-scatter of x and all-gather of its shard (sp_reduce_scatter / sp_all_gather)
+    where its CustomAllreduce takes them, each named as the profiles name its backend (costmodel.vllm_tables
+    custom_rs_backend / custom_ag_backend); sizes as nccl-tests counts them (the unreduced input, the gathered
+    output). Releases without the custom reduce-scatter record nothing."""
+    multicast = bool(getattr(comm, "mnnvl_multicast_ptr", 0))
+    if x.shape[0] % world == 0 and _all_agree(bool(getattr(comm, "should_custom_reduce_scatter", lambda _: False)(x)),
+                                              dev):
+        multimem = bool(getattr(comm, "should_mnnvl_multimem_reduce_scatter", lambda _: False)(x))
+        impl = "custom_rs_multimem" if multimem else ("custom_rs_lamport" if multicast else "custom_rs_ipc")
+        yield {"kind": "collective", "impl": impl, "op": "reduce_scatter", "world": world,
+               "msg_bytes": x.numel() * x.element_size(), **timer(lambda: comm.custom_reduce_scatter(x)).as_dict()}
+    shard = x[: max(1, x.shape[0] // world)].contiguous()
+    if _all_agree(bool(getattr(comm, "should_custom_all_gather", lambda _: False)(shard)), dev):
+        impl = "custom_ag_lamport" if multicast else "custom_ag_ipc"
+        yield {"kind": "collective", "impl": impl, "op": "all_gather", "world": world,
+               "msg_bytes": shard.numel() * shard.element_size() * world,
+               **timer(lambda: comm.custom_all_gather(shard)).as_dict()}
 
 
 def multimem_world_sizes(comm) -> list[int]:

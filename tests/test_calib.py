@@ -192,3 +192,30 @@ def test_ctrl_c_keeps_samples_and_writes_no_profile(tmp_path):
     assert err.strip().splitlines()[-1] == "tpcost: interrupted" and "Traceback" not in err
     assert not prof.exists() and not list(tmp_path.glob("*.tmp*"))
     assert all(json.loads(line) for line in samples.read_text().splitlines())
+
+
+def test_vllm_sp_collectives_fit_from_recorded_samples():
+    """The calibration job's vLLM reduce-scatter and all-gather records (calib.distbench._vllm_sp_collectives, named
+    by their backend) become the same curves the profiles hold: the released CPU samples plus records of a custom
+    Lamport reduce-scatter and IPC all-gather timed at a known latency and busBW (1 % deterministic ripple) give back
+    collectives.custom_rs_lamport.tp2 and custom_ag_ipc.tp2 within 3 %, tier calibrated."""
+    import numpy as np
+
+    from calib.calibrate import build_profile, prior_profile
+    from costmodel import formulas as F
+
+    here = Path(__file__).resolve().parents[1] / "calib" / "data" / "cpu-gloo-w2" / "profile.samples.jsonl"
+    records = [json.loads(line) for line in here.read_text().splitlines() if line.strip()]
+    truth = {"custom_rs_lamport": ("reduce_scatter", 9e-6, 3.0e11, F.t_reduce_scatter_s),
+             "custom_ag_ipc": ("all_gather", 7e-6, 2.5e11, F.t_all_gather_s)}
+    for impl, (op, lat, bw, t_of) in truth.items():
+        for i, s in enumerate(2.0 ** np.arange(14, 25)):
+            t = float(t_of(s, lat, bw, 2)) * (1.0 + 0.01 * (-1) ** i)
+            records.append({"kind": "collective", "impl": impl, "op": op, "world": 2, "msg_bytes": s, "median_s": t,
+                            "p10_s": t, "p90_s": t, "reps": 10, "rejected": 0})
+    prov = {"host": "test", "device_name": "cpu", "torch": "x", "date": "2026-12-01", "backend": "gloo"}
+    prof, _, _ = build_profile(records, prior_profile("cpu", ""), prov, 2, "fp32", "vllm-sp-fit")
+    for impl, (_, lat, bw, _) in truth.items():
+        got_lat, got_bw = prof.collective(impl, 2)
+        assert got_lat == pytest.approx(lat, rel=0.03) and got_bw == pytest.approx(bw, rel=0.03), impl
+        assert prof.provenance[f"collectives.{impl}.tp2.bus_bw_bytes_per_s"].tier == "calibrated"

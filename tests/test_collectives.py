@@ -109,6 +109,39 @@ def test_model_level_sp_reaches_the_custom_reduce_scatter(capsys):
     assert pair.unfused_s[0] == pytest.approx(float(hw.t_gemm(msg / (7168 * 2), 7168, 1536)[0]) + t[0])
 
 
+@pytest.mark.parametrize("shard,tp,multicast,fully,want", [
+    (2 * 2**20, 8, True, True, "custom_ag_lamport"),  # _DEFAULT_MNNVL_ALL_GATHER_MAX_SIZES[8] = 2 MiB, inclusive
+    (2 * 2**20 + 16, 8, True, True, None),
+    (8 * 2**20, 2, True, True, "custom_ag_lamport"),  # 8 MiB at W = 2
+    (4 * 2**20 + 16, 4, True, False, None),
+    (2 * 2**20, 8, False, True, "custom_ag_ipc"),  # the legacy 2 MiB one, fully connected
+    (2 * 2**20, 4, False, False, None),  # PCIe beyond 2 GPUs: NCCL
+    (1000, 8, True, True, None),  # not a multiple of 16 bytes
+    (2**20, 16, True, True, None),  # 16 ranks span MNNVL: not modelled
+])
+def test_vllm_custom_all_gather_rule(shard, tp, multicast, fully, want):
+    """should_custom_all_gather (custom_all_reduce.py), hand-read: the limit is on the per-rank input shard."""
+    from costmodel.vllm_tables import custom_ag_backend
+
+    assert custom_ag_backend(shard, tp, multicast, fully) == want
+
+
+def test_model_level_sp_reaches_the_custom_all_gather(capsys):
+    """`collective --op all_gather --model-level-sp` on H100 TP 8: the Lamport all-gather up to 2 MiB shards (16 MiB
+    gathered), NCCL above; its time is the curve's; without model-level SP NCCL at every size."""
+    hw = ops.Hw(load_profile("h100-sxm"), "bf16")
+    msg = np.array([8 * 2**20, 16 * 2**20, 32 * 2**20], dtype=float)  # gathered bytes
+    t, impl = ops.all_gather_dispatch(hw, msg, 8, model_level_sp=True)
+    assert list(impl) == ["custom_ag_lamport", "custom_ag_lamport", "nccl_all_gather"]
+    lat, bw = load_profile("h100-sxm").collective("custom_ag_lamport", 8)
+    assert t[0] == pytest.approx(float(F.t_all_gather_s(msg[0], lat, bw, 8)))
+    assert t[2] == pytest.approx(float(ops.t_nccl_all_gather_s(hw, 8, msg[2:])[0]))
+    assert set(ops.all_gather_dispatch(hw, msg, 8, model_level_sp=False)[1]) == {"nccl_all_gather"}
+    assert main(["collective", "--gpu", "h100-sxm", "--tp", "8", "--op", "all_gather", "--model-level-sp",
+                 "--sizes", "8388608", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["vllm_impl"] == "custom_ag_lamport"
+
+
 def test_collective_command(capsys, tmp_path, one_line_error):
     """`tpcost collective`: nccl-tests-shaped rows of vLLM's pick and NCCL's own; against an nccl-tests log (the
     calibrate reader) predicted beside measured at the log's sizes."""
@@ -134,7 +167,7 @@ def test_collective_command(capsys, tmp_path, one_line_error):
     one_line_error("collective", "--tp", "1", "--op", "all_reduce", needle="at least 2 ranks")
     one_line_error("collective", "--gpu", "h100-sxm", "--log", log, "--tp", "8", needle="is all_reduce on 4 ranks")
     one_line_error("collective", "--gpu", "h100-sxm", "--log", log, "--sizes", "1024", needle="the sizes are the log's")
-    one_line_error("collective", "--tp", "8", "--op", "all_gather", "--model-level-sp", needle="only the reduce-scatter")
+    one_line_error("collective", "--tp", "8", "--op", "all_reduce", "--model-level-sp", needle="dispatches the same way")
     one_line_error("collective", "--tp", "8", "--op", "all_reduce", "--sizes", "0", needle="--sizes must be in")
     bad = tmp_path / "x.txt"
     bad.write_text("not a log\n")

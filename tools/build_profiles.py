@@ -645,7 +645,9 @@ def custom_reduce_scatter(p):
     - multimem (SM100 at W 2/4/8): ld_reduce over the multicast address, each GPU ~S of egress and S/W of ingress,
       no better than a ring in bandwidth (its gain is latency): t = α + S/(η·link), η the fused kernel's multicast
       efficiency, i.e. busBW = (W-1)/W·η·link;
-    - IPC (fully connected, no multicast): each GPU reads its slice from the W-1 peers, as Lamport."""
+    - IPC (fully connected, no multicast): each GPU reads its slice from the W-1 peers, as Lamport;
+    and its custom all-gathers (costmodel.vllm_tables.custom_ag_backend), Lamport with the multicast buffer, IPC
+    without: each GPU takes in the (W-1)/W·S foreign shards, one shot, at the same latency and link fraction."""
     p = copy.deepcopy(p)
     coll, link = p["collectives"], p["interconnect"]["link_bw_bytes_per_s"]
     if "custom_ar_1stage" not in coll or p["interconnect"]["kind"] not in ("nvswitch",):
@@ -660,6 +662,12 @@ def custom_reduce_scatter(p):
             f"assumed (physics, no released row): one-shot {'Lamport push' if multicast else 'IPC read'} of the "
             f"(W-1)/W foreign slices; latency = custom_ar_1stage tp{w}'s ({c['source'][:60]}...), busBW = "
             f"{RING} x {link / 1e9:.0f} GB/s (the ring's link fraction)", "assumed",
+            latency_s=lat, bus_bw_bytes_per_s=RING * link)
+        ag = "custom_ag_lamport" if multicast else "custom_ag_ipc"
+        coll.setdefault(ag, {})[key] = sec(
+            f"assumed (physics, no released row): one-shot {'Lamport' if multicast else 'IPC'} all-gather, each GPU "
+            f"takes in the (W-1)/W·S foreign shards; latency = custom_ar_1stage tp{w}'s ({c['source'][:60]}...), "
+            f"busBW = {RING} x {link / 1e9:.0f} GB/s (the ring's link fraction)", "assumed",
             latency_s=lat, bus_bw_bytes_per_s=RING * link)
         if multicast and cc in T.CUSTOM_RS_MULTIMEM_CAPABILITIES and w in T.CUSTOM_RS_MULTIMEM_WORLDS:
             eta = p["fused_kernel"]["_link_efficiency"]["link_efficiency"]

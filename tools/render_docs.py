@@ -224,6 +224,19 @@ def collectives_table() -> str:
     return "\n".join(lines)
 
 
+def collective_impls_table() -> str:
+    """benchmarks/results/accuracy.json: each released all-reduce timing against the profile's curve for its
+    implementation."""
+    d = _load("accuracy.json")["collective_impls"]
+    lines = ["| source | GPU | TP | implementation | sample | rows | median / max \\|pred/meas − 1\\| of the time |",
+             "|---|---|---|---|---|---|---|"]
+    for c in d.values():
+        tp = f"{c['tp']}" + ("" if c["entry_tp"] == c["tp"] else f" (curve at {c['entry_tp']})")
+        lines.append(f"| {c['source']} | {c['gpu']} | {tp} | {c['impl']} | {c['sample']} | {c['rows']} | "
+                     f"{c['median_rel_time_error']:.3f} / {c['max_rel_time_error']:.3f} |")
+    return "\n".join(lines)
+
+
 BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
           ("vllm-thresholds.md", "kernel-cutoffs"): kernel_cutoffs_table,
           ("vllm.md", "vllm-config-031"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",
@@ -235,7 +248,8 @@ BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
           ("vllm-thresholds.md", "sp-cutoffs"): sp_cutoffs_table, ("speed.md", "costmodel-speed"): speed_table,
           ("speed.md", "plugin-overhead"): plugin_table,
           ("vllm-thresholds.md", "fusion-ranges"): fusion_ranges_table,
-          ("accuracy.md", "collectives"): collectives_table}
+          ("accuracy.md", "collectives"): collectives_table,
+          ("accuracy.md", "collective-impls"): collective_impls_table}
 
 
 def render(text: str, name: str, body: str) -> str:

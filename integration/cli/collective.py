@@ -29,8 +29,8 @@ def _rows(prof, op: str, tp: int, sizes, model_level_sp: bool, version) -> list[
         t_vllm, impl = ops.reduce_scatter_dispatch(hw, S, tp, model_level_sp)
         t_nccl = ops.t_nccl_reduce_scatter_s(hw, tp, S)
     else:
+        t_vllm, impl = ops.all_gather_dispatch(hw, S, tp, model_level_sp)
         t_nccl = ops.t_nccl_all_gather_s(hw, tp, S)
-        t_vllm, impl = t_nccl, np.full(S.shape, "nccl_all_gather")
     factor = float(F.bus_bw_factor(op, tp))
     return [{"size_bytes": int(s), "vllm_impl": str(i), "t_vllm_s": float(tv), "t_nccl_s": float(tn),
              "algbw_vllm_bytes_per_s": float(s / tv), "busbw_vllm_bytes_per_s": float(factor * s / tv),
@@ -61,8 +61,9 @@ def cmd_collective(args) -> int:
             raise TpcostError("collective needs --op and --tp (or --log FILE, an nccl-tests log, for both)")
         op, tp = args.op, args.tp
         sizes = [float(s) for s in args.sizes] if args.sizes else DEFAULT_SIZES
-    if args.model_level_sp and op != "reduce_scatter":
-        raise TpcostError("--model-level-sp: only the reduce-scatter has vLLM's model-level-SP backends")
+    if args.model_level_sp and op == "all_reduce":
+        raise TpcostError("--model-level-sp: vLLM's model-level-SP backends are its reduce-scatter and all-gather; "
+                          "the all-reduce dispatches the same way with or without it")
     if tp < 2:
         raise TpcostError(f"--tp {tp}: a collective needs at least 2 ranks")
     if args.vllm_set and op != "all_reduce":
@@ -113,7 +114,7 @@ def register(sub) -> None:
     c.add_argument("--log", metavar="FILE", help="an nccl-tests log (all_reduce_perf, reduce_scatter_perf, "
                                                  "all_gather_perf): predicted beside measured at its sizes")
     c.add_argument("--model-level-sp", action="store_true",
-                   help="reduce-scatter as model-level SP runs it (vLLM's custom backends before NCCL)")
+                   help="reduce-scatter / all-gather as model-level SP runs them (vLLM's custom backends before NCCL)")
     add_vllm_args(c, "whose all-reduce dispatch tables (default 0.31's)")
     c.add_argument("--json", action="store_true", help="print JSON instead of the table")
     c.set_defaults(func=cmd_collective)
