@@ -218,9 +218,15 @@ def perturbable_keys(profile: HardwareProfile) -> list[str]:
 
 
 def perturbed_values(profile: HardwareProfile, draws: int, seed: int) -> dict[str, np.ndarray]:
-    """Lognormal draws (median = profile value, σ by provenance tier) as (draws, 1) arrays."""
-    rng = np.random.default_rng(seed)
-    return {key: perturbed(profile, key, rng.standard_normal(draws))[:, None] for key in perturbable_keys(profile)}
+    """Lognormal draws (median = profile value, σ by provenance tier) as (draws, 1) arrays. Each key draws from its
+    own stream, seeded by (seed, crc32 of the key): a key added to or removed from a profile leaves every other
+    key's draws, and so the band, unchanged."""
+    import zlib
+
+    def z(key: str) -> np.ndarray:
+        return np.random.default_rng([seed, zlib.crc32(key.encode())]).standard_normal(draws)
+
+    return {key: perturbed(profile, key, z(key))[:, None] for key in perturbable_keys(profile)}
 
 
 def cutoff_band(profile: HardwareProfile, shape: ModelShape, run: RunConfig, grid: np.ndarray, weights: Any = None,

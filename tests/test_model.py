@@ -308,3 +308,21 @@ def test_generator_flags_inconsistent_collectives():
     fast = copy.deepcopy(trees["h100-sxm"])  # a busBW above the 450 GB/s NVLink4 link
     fast["collectives"]["nccl_all_gather"]["tp8"]["bus_bw_bytes_per_s"] = 500e9
     assert any("above the link's 450 GB/s" in f for f in inconsistent_collectives("h100-sxm", round_tree(fast)))
+
+
+def test_band_draws_of_a_key_do_not_depend_on_the_other_keys():
+    """perturbed_values draws each key from its own seeded stream: a collective added to the profile (a new
+    implementation's curve) leaves every other key's draws, and so every band, as they were; the draws still differ
+    from key to key and have the tier's spread."""
+    from costmodel.analysis import perturbed_values
+
+    p = H100
+    q = p.with_values({"collectives.custom_ag_ipc.tp4.latency_s": 9e-6,
+                       "collectives.custom_ag_ipc.tp4.bus_bw_bytes_per_s": 3e11}, new_keys_ok=True)
+    a, b = perturbed_values(p, 200, 7), perturbed_values(q, 200, 7)
+    assert set(b) - set(a) == {"collectives.custom_ag_ipc.tp4.latency_s", "collectives.custom_ag_ipc.tp4.bus_bw_bytes_per_s"}
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    k1, k2 = "gemm.max_efficiency", "memory.hbm_bw_bytes_per_s"
+    assert not np.allclose(np.log(a[k1] / p.value(k1)), np.log(a[k2] / p.value(k2)))
+    z = np.log(a[k2] / p.value(k2)).ravel() / p.provenance[k2].sigma_rel
+    assert abs(z.mean()) < 0.25 and 0.8 < z.std() < 1.2
