@@ -76,16 +76,40 @@ def _ms(v):
     return float(v) * 1e-3
 
 
-def fit_vllm_bench(source_id, world, metric, gpu_match="H100", hidden=8192, extra_points=()):
-    """AR fit to vLLM benchmark_device_communicators rows (ms, message = tokens·hidden·2)."""
+def fit_vllm_bench(source_id, world, metric, gpu_match="H100", hidden=8192, extra_points=(), max_bytes=None):
+    """AR fit to vLLM benchmark_device_communicators rows (ms, message = tokens·hidden·2), over the messages up to
+    `max_bytes` (None: all)."""
     rs = rows(source_id, num_gpus=str(world), metric=metric, gpu=lambda g: g.startswith(gpu_match))
     S = [float(r["M_or_tokens"]) * hidden * 2 if r["M_or_tokens"] else size_in_notes(r["notes"]) for r in rs]
     t = [_ms(r["baseline_value"]) for r in rs]
+    if max_bytes is not None:
+        S, t = [s for s in S if s <= max_bytes], [x for s, x in zip(S, t) if s <= max_bytes]
     for s_, t_ in extra_points:
         S.append(s_)
         t.append(t_)
     a, bw, err = fit_alpha_beta(S, t, ar_factor(world))
     return dict(latency_s=a, bus_bw_bytes_per_s=bw, rms_rel_err=err, n=len(S))
+
+
+def b300_vllm_ar_fits() -> dict:
+    """B300 TP 6 curves of vLLM's own all-reduce implementations from VLLM_PR37756 (vLLM's
+    benchmark_device_communicators), each over the messages vLLM can dispatch it at TP 6 on sm103: custom AR below
+    its limit, torch symm-mem up to its own (costmodel.vllm_tables.dispatch_limits). impl -> fit."""
+    from costmodel.vllm_tables import OLDEST, dispatch_limits
+
+    lim = dispatch_limits(OLDEST, "10.3", 6)
+    ca, sm = lim["custom_ar_max_bytes"] - 1, lim["symm_mem_max_bytes"]
+    spec = {"custom_ar_1stage": ("allreduce_time_custom_allreduce_1stage", ca),
+            "custom_ar_2stage": ("allreduce_time_custom_allreduce_2stage", ca),
+            "symm_mem_multimem": ("allreduce_time_torch_symm_mem_multimem", sm),
+            "symm_mem_two_shot": ("allreduce_time_torch_symm_mem_two_shot", sm)}
+    out = {}
+    for impl, (metric, top) in spec.items():
+        f = fit_vllm_bench("VLLM_PR37756", 6, metric, gpu_match="B300", max_bytes=top)
+        f["source"] = (f"VLLM_PR37756 B300 WS=6 {metric} 16 KiB-{top / 2**20:.0f} MiB (the sizes vLLM dispatches it); "
+                       f"fit rms rel err {f['rms_rel_err']:.3f} over {f['n']} points (calib/reference.py)")
+        out[impl] = f
+    return out
 
 
 def asymptote_point(busbw_gb_s, world, size=2 * 1024**3, factor=None):
