@@ -61,7 +61,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
-    from costmodel import load_model, load_profile, predict
+    from costmodel import RunConfig, analyse, load_model, load_profile, predict
     from costmodel.analysis import cutoff_band, token_grid
 
     cold = []
@@ -82,10 +82,18 @@ def main():
     cutoff = median_time(lambda: predict(p, m, 4, "bf16", grid).speedup_sp_asynctp, a.reps)
     band = median_time(lambda: cutoff_band(p, m, RunConfig(4, "bf16"), grid), 3)
     band_sweep = median_time(lambda: cutoff_band(p, m, RunConfig(4, "bf16"), N), 1)
-    from costmodel import RunConfig, analyse
-
     no_band = median_time(lambda: analyse(p, m, RunConfig(4, "bf16"), band=False), 5)
     with_band = median_time(lambda: analyse(p, m, RunConfig(4, "bf16"), band=True), 3)
+    from costmodel import ops
+
+    kept = ops.Hw._padded_rows, ops.Hw._memoised  # the ablation: ops.Hw's padded-row table and memo switched off
+    ops.Hw._padded_rows = lambda self, m: None
+    ops.Hw._memoised = lambda self, key, arr, compute: compute()
+    try:
+        no_band_plain = median_time(lambda: analyse(p, m, RunConfig(4, "bf16"), band=False), 5)
+        with_band_plain = median_time(lambda: analyse(p, m, RunConfig(4, "bf16"), band=True), 3)
+    finally:
+        ops.Hw._padded_rows, ops.Hw._memoised = kept
     import tempfile
 
     from costmodel.evaluate import evaluate_files
@@ -113,6 +121,8 @@ def main():
         "band_200_draws_cutoff_grid_s": band[0],
         "band_200_draws_sweep_1_65536_s": band_sweep[0],
         "analyse_no_band_s": no_band[0],
+        "analyse_no_band_without_memo_s": no_band_plain[0],
+        "analyse_with_band_without_memo_s": with_band_plain[0],
         "analyse_with_band_s": with_band[0],
         "evaluate_100000_model_rows_s": eval_s,
     }
