@@ -94,6 +94,9 @@ def kernel_matrix() -> list[dict]:
                     fi = None if ks.fi_tokens is None else float(ks.fi_tokens * s.n * hw.act_bytes)
                     pair = ops.kernel_pair(hw, ops.KernelGemm(op, s.n, s.k, tp, norm_after=s.norm_after), m,
                                            vllm_version=(0, 33), fi_max_bytes=fi)
+                    grid = np.arange(128.0, 8193.0, 128.0)  # where vLLM's rule runs the kernel, to the budget
+                    over = ops.kernel_pair(hw, ops.KernelGemm(op, s.n, s.k, tp, norm_after=s.norm_after), grid,
+                                           vllm_version=(0, 33), fi_max_bytes=fi)
                     out.append({"gpu": gpu, "tp": tp, "op": op, "site": s.name, "n": s.n, "k": s.k,
                                 "calls_per_forward": s.calls_per_forward, "vllm_rule_tokens": 128,
                                 "cutoff_tokens": sd.cutoff_tokens, "switch_env": ks.env, "switch_set_on": ks.set_on,
@@ -101,11 +104,30 @@ def kernel_matrix() -> list[dict]:
                                 "switch_saving_vs_vllm_s_per_forward": ks.saving_vs_vllm_default_s,
                                 "site_on_s_per_forward": sd.expected_on_s, "site_off_s_per_forward": sd.expected_off_s,
                                 "fi_fusion_tokens": ks.fi_tokens,
+                                "kernel_faster_at_m": _runs(grid, over.unfused_s / over.fused_s > 1.0),
+                                "unfused_impl_from_m": _edges(grid, over.unfused_impls),
                                 "terms_m128": {"waves": int(kop.waves[0]), "ctas": int(kop.ctas[0]),
                                                "multicast_gb_per_s": round(float(kop.multicast_bw_bytes_per_s[0]) / 1e9, 1),
                                                "bound": str(kop.bound[0]), "unfused_impl": str(pair.unfused_impls[0]),
                                                "speedup": round(float(pair.unfused_s[0] / pair.fused_s[0]), 3)}})
     return out
+
+
+def _runs(m, mask) -> list[list[int]]:
+    """The [first, last] M of each run where `mask` holds, in order."""
+    out, start = [], None
+    for i, ok in enumerate(mask):
+        if ok and start is None:
+            start = int(m[i])
+        if start is not None and (not ok or i == len(mask) - 1):
+            out.append([start, int(m[i] if ok else m[i - 1])])
+            start = None
+    return out
+
+
+def _edges(m, impls) -> list[list]:
+    """[M, implementation] where the unfused arm's dispatched collective changes (the first M included)."""
+    return [[int(m[i]), str(impls[i])] for i in range(len(m)) if i == 0 or impls[i] != impls[i - 1]]
 
 
 def main_kernel():

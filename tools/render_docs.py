@@ -202,8 +202,9 @@ def kernel_cutoffs_table() -> str:
     """benchmarks/results/vllm_thresholds.json: tpcost's per-site answer for Kimi-K3 beside vLLM's M >= 128."""
     d = _load("vllm_thresholds.json")
     lines = ["| GPU | TP | mode | call site | k | × / fwd | vLLM's rule | tpcost's cutoff | switch (vLLM's default) | "
-             "saves vs vLLM [ms/fwd] | at M = 128: waves · multicast GB/s · bound · unfused · speedup |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "saves vs vLLM [ms/fwd] | at M = 128: waves · multicast GB/s · bound · unfused · speedup | "
+             "kernel faster at M (128-8192) | unfused arm from M |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["kernel_cutoffs"]:
         cut = "never" if r["cutoff_tokens"] is None else str(r["cutoff_tokens"])
         t = r["terms_m128"]
@@ -211,7 +212,8 @@ def kernel_cutoffs_table() -> str:
         lines.append(f"| {r['gpu']} | {r['tp']} | {r['op']} | {r['site']} | {r['k']} | {r['calls_per_forward']} "
                      f"| M ≥ {r['vllm_rule_tokens']} | {cut} | {sw} | {r['switch_saving_vs_vllm_s_per_forward'] * 1e3:.3f} "
                      f"| {t['waves']} · {t['multicast_gb_per_s']:.0f} · {t['bound']} · {t['unfused_impl']} · "
-                     f"{t['speedup']:.3f} |")
+                     f"{t['speedup']:.3f} | {', '.join(f'{a}-{b}' for a, b in r['kernel_faster_at_m']) or 'nowhere'} "
+                     f"| {', '.join(f'{i} {m}' for m, i in r['unfused_impl_from_m'])} |")
     return "\n".join(lines)
 
 
