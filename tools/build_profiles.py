@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import sys
@@ -50,6 +51,20 @@ def _round(v):
 def sec(source, tier, **vals):
     """A sourced table: values (fitted ones rounded to 4 significant digits), source, tier."""
     return {**{k: _round(v) for k, v in vals.items()}, "source": source, "tier": tier}
+
+
+def derive(base: dict, changes: dict) -> dict:
+    """A profile tree made from another: a copy of `base` in which each dotted table path of `changes`
+    ("identity", "interconnect", "asynctp._copy", ...) is replaced by its value, a table, or by a function of the old
+    table (the one way one built-in profile is made from another)."""
+    p = copy.deepcopy(base)
+    for path, new in changes.items():
+        *parents, leaf = path.split(".")
+        node = p
+        for key in parents:
+            node = node[key]
+        node[leaf] = new(node[leaf]) if callable(new) else new
+    return p
 
 
 def scaled_collectives(base, ratio, why, lat_add=0.0):
@@ -103,15 +118,16 @@ def h100():
 
 
 def h200(h):
-    p = copy.deepcopy(h)
-    p["identity"].update(name="h200-sxm", display_name="NVIDIA H200 SXM 141GB", device_name_patterns="H200",
-                         source=NV_H200)
-    p["compute"]["peak_flops_per_s"]["source"] = NV_H200
-    p["memory"] = sec(NV_H200, "datasheet", hbm_bw_bytes_per_s=4.8e12)
     eff8 = R.mamf_efficiency("H200 SXM", "fp8")
-    p["gemm"]["_efficiency"]["source"] += " (MLENG_MAMF: H200 same as H100 for bf16)"
-    p["gemm"]["_small_m"]["source"] = "H100 fit applied to H200 (same SM; HBM3e bandwidth from datasheet): " + p["gemm"]["_small_m"]["source"]
-    p["attention"]["source"] = FA3 + " (H100; H200 has the same SMs)"
+    p = derive(h, {
+        "identity": lambda t: {**t, "name": "h200-sxm", "display_name": "NVIDIA H200 SXM 141GB",
+                               "device_name_patterns": "H200", "source": NV_H200},
+        "compute.peak_flops_per_s": lambda t: {**t, "source": NV_H200},
+        "memory": sec(NV_H200, "datasheet", hbm_bw_bytes_per_s=4.8e12),
+        "gemm._efficiency": lambda t: {**t, "source": t["source"] + " (MLENG_MAMF: H200 same as H100 for bf16)"},
+        "gemm._small_m": lambda t: {**t, "source": "H100 fit applied to H200 (same SM; HBM3e bandwidth from "
+                                                   "datasheet): " + t["source"]},
+        "attention": lambda t: {**t, "source": FA3 + " (H100; H200 has the same SMs)"}})
     # H200-specific collective measurements (8 GPUs)
     lat_rows = R.rows("MLENG_NET_README", metric="allreduce_latency_median", gpu="H200 SXM")
     S = [R.size_in_notes(r["notes"]) for r in lat_rows]
@@ -139,16 +155,16 @@ def h200(h):
 
 
 def h800(h):
-    p = copy.deepcopy(h)
-    p["identity"].update(name="h800", display_name="NVIDIA H800 SXM5 80GB", device_name_patterns="H800",
-                         source=NV_H100 + "; H800 = H100 SXM with NVLink cut to 400 GB/s bidirectional")
-    p["interconnect"].update(link_bw_bytes_per_s=200e9,
-                             source="H800 NVLink 400 GB/s bidirectional = 200 GB/s per direction (issue #2; NCCL_ISSUE1374)")
     ratio = 215.0 / 480.0  # NCCL_ISSUE1374 H800 NVLS AR busBW vs NCCL_ISSUE1455 H100 NVLS TP8
-    p["collectives"] = scaled_collectives(h["collectives"], ratio, "NCCL_ISSUE1374 8xH800 NVLS busBW 215 vs NCCL_ISSUE1455 8xH100 480 GB/s")
-    p["asynctp"]["_copy"] = sec(f"assumed: CE pull at {RING} x 200 GB/s link (H100 ring busBW/link ratio)", "assumed",
-                               copy_engine_bw_bytes_per_s=RING * 200e9)
-    return p
+    return derive(h, {
+        "identity": lambda t: {**t, "name": "h800", "display_name": "NVIDIA H800 SXM5 80GB", "device_name_patterns": "H800",
+                               "source": NV_H100 + "; H800 = H100 SXM with NVLink cut to 400 GB/s bidirectional"},
+        "interconnect": lambda t: {**t, "link_bw_bytes_per_s": 200e9, "source": "H800 NVLink 400 GB/s bidirectional = "
+                                   "200 GB/s per direction (issue #2; NCCL_ISSUE1374)"},
+        "collectives": scaled_collectives(h["collectives"], ratio,
+                                          "NCCL_ISSUE1374 8xH800 NVLS busBW 215 vs NCCL_ISSUE1455 8xH100 480 GB/s"),
+        "asynctp._copy": sec(f"assumed: CE pull at {RING} x 200 GB/s link (H100 ring busBW/link ratio)", "assumed",
+                             copy_engine_bw_bytes_per_s=RING * 200e9)})
 
 
 def b200():
@@ -196,14 +212,8 @@ def b200():
             f"TRTLLM_PR14534 GB200 4-rank one-shot fused AR+RMSNorm fit (rms rel err {err:.3f}); used for TP{w}",
             "published-measurement" if w == 4 else "assumed", latency_s=a, bus_bw_bytes_per_s=bw)
     # TP2 up to vLLM's 64 MB limit: the B300 (same NVLink5) large-message points
-    fi2 = R.fi_tp2_b300()
-    one, two = fi2["flashinfer_ar_rmsnorm"], fi2["flashinfer_ar_rmsnorm_twoshot"]
-    coll["flashinfer_ar_rmsnorm"]["tp2"] = sec(
-        f"assumed: busBW = {one['source']} (a B300, which has B200's NVLink5); latency: TRTLLM_PR14534 GB200 "
-        "4-rank one-shot fit", "assumed", latency_s=a, bus_bw_bytes_per_s=one["bus_bw_bytes_per_s"])
-    coll["flashinfer_ar_rmsnorm_twoshot"]["tp2"] = sec(
-        f"assumed: = {two['source']} (a B300, which has B200's NVLink5)", "assumed",
-        latency_s=two["latency_s"], bus_bw_bytes_per_s=two["bus_bw_bytes_per_s"])
+    for impl, e in fi_tp2_entries(a, own=False).items():
+        coll[impl]["tp2"] = e
     return {
         "schema_version": SCHEMA_VERSION,
         "identity": {"name": "b200", "display_name": "NVIDIA B200 (HGX, 8 GPUs)", "vendor": "nvidia",
@@ -240,6 +250,25 @@ NV_B300 = ("https://www.nvidia.com/en-us/data-center/hgx/ (HGX B300 datasheet, p
            "compute capability 10.3 (vLLM's tables list sm_103 on their own)")
 
 
+def fi_tp2_entries(latency_s: float, own: bool) -> dict:
+    """FlashInfer's fused AR+RMSNorm one-shot and two-shot at TP 2 from the B300 large-message rows
+    (calib/reference.py fi_tp2_b300): the B300's own measurement (`own`), or assumed for another NVLink5 GPU; the
+    one-shot's latency is `latency_s` (TRTLLM_PR14534's GB200 4-rank fit)."""
+    fi2 = R.fi_tp2_b300()
+    one, two = fi2["flashinfer_ar_rmsnorm"], fi2["flashinfer_ar_rmsnorm_twoshot"]
+    lat = "latency: TRTLLM_PR14534 GB200 4-rank one-shot fit"
+    if own:
+        return {"flashinfer_ar_rmsnorm": sec(f"busBW: {one['source']}; {lat}", "published-measurement",
+                                             latency_s=latency_s, bus_bw_bytes_per_s=one["bus_bw_bytes_per_s"]),
+                "flashinfer_ar_rmsnorm_twoshot": sec(two["source"], "published-measurement", latency_s=two["latency_s"],
+                                                     bus_bw_bytes_per_s=two["bus_bw_bytes_per_s"])}
+    via = "(a B300, which has B200's NVLink5)"
+    return {"flashinfer_ar_rmsnorm": sec(f"assumed: busBW = {one['source']} {via}; {lat}", "assumed",
+                                         latency_s=latency_s, bus_bw_bytes_per_s=one["bus_bw_bytes_per_s"]),
+            "flashinfer_ar_rmsnorm_twoshot": sec(f"assumed: = {two['source']} {via}", "assumed",
+                                                 latency_s=two["latency_s"], bus_bw_bytes_per_s=two["bus_bw_bytes_per_s"])}
+
+
 def b300():
     """B300 (Blackwell Ultra, HGX 8-GPU): the B200 profile's structure with B300's datasheet numbers. Its
     GEMM and collective fits stay B200's (same SM100 family and NVLink5) and say so."""
@@ -252,14 +281,13 @@ def b300():
     for part in ("_efficiency", "_small_m"):
         p["gemm"][part]["source"] = "B200 value (same SM100 tensor cores): " + p["gemm"][part]["source"]
         p["gemm"][part]["tier"] = "assumed"
-    for impl, per_tp in p["collectives"].items():
-        for tp, e in per_tp.items():
-            if "B300" in e["source"] and impl.startswith("flashinfer") and tp == "tp2":
-                e["tier"] = "published-measurement"
-                e["source"] = e["source"].replace("assumed: busBW = ", "busBW: ").replace("assumed: = ", "")
-            elif e["tier"] != "assumed":
+    for per_tp in p["collectives"].values():
+        for e in per_tp.values():
+            if e["tier"] != "assumed":
                 e["source"] = "B200 value (same NVLink5/NVSwitch): " + e["source"]
                 e["tier"] = "assumed"
+    for impl, e in fi_tp2_entries(p["collectives"]["flashinfer_ar_rmsnorm"]["tp2"]["latency_s"], own=True).items():
+        p["collectives"][impl]["tp2"] = e  # the B300's own TP 2 rows
     p["collectives"] = b300_vllm_ar(p["collectives"])
     # B300's own NCCL reduce-scatter at 1-12 MiB: the sequential arm of PT_ISSUE179770 (scaled_mm + NCCL RS) fixes the
     # latency (the busBW stays the 16 GiB value); the B200 fit's 1 KiB latency is far below NCCL's mid-size cost
@@ -295,26 +323,57 @@ def b300_vllm_ar(coll):
 
 
 def gb200(b):
-    p = copy.deepcopy(b)
-    p["identity"].update(name="gb200-nvl72", display_name="NVIDIA GB200 NVL72 (per Blackwell GPU)",
-                         device_name_patterns="GB200", source=NV_GB200 + "; SM count assumed = B200")
     peak = 2500e12
-    p["compute"]["peak_flops_per_s"] = sec(NV_GB200 + "; fp32 assumed as B200", "datasheet", bf16=peak, fp8=5000e12, fp32=75e12)
     eff = R.mamf_efficiency("GB200", "bf16")
-    p["gemm"]["_efficiency"] = sec(f"MLENG_MAMF GB200 bf16 best-shape {eff * peak / 1e12:.0f}/2500 TFLOP/s",
-                                  "published-measurement", max_efficiency=eff)
-    p["interconnect"].update(domain_size=72, source="https://www.nvidia.com/en-us/data-center/gb200-nvl72/ (72-GPU NVLink5 domain, 1.8 TB/s bidirectional per GPU; 800 Gb/s NIC per GPU beyond)",
-                             internode_bw_bytes_per_s=100e9)
     r = R.rows("NCCLTESTS_ISSUE333")[0]
-    e = p["collectives"]["nccl_all_reduce"]["tp4"]
-    p["collectives"]["nccl_all_reduce"]["tp4"] = sec(f"latency: NCCLTESTS_ISSUE333 GB200 4-GPU all-reduce {r['baseline_value']} us at <=1 KB; busBW: {e['source']}",
-                                                     "published-measurement", latency_s=float(r["baseline_value"]) * 1e-6,
-                                                     bus_bw_bytes_per_s=e["bus_bw_bytes_per_s"])
-    return p
+    return derive(b, {
+        "identity": lambda t: {**t, "name": "gb200-nvl72", "display_name": "NVIDIA GB200 NVL72 (per Blackwell GPU)",
+                               "device_name_patterns": "GB200", "source": NV_GB200 + "; SM count assumed = B200"},
+        "compute.peak_flops_per_s": sec(NV_GB200 + "; fp32 assumed as B200", "datasheet", bf16=peak, fp8=5000e12,
+                                        fp32=75e12),
+        "gemm._efficiency": sec(f"MLENG_MAMF GB200 bf16 best-shape {eff * peak / 1e12:.0f}/2500 TFLOP/s",
+                                "published-measurement", max_efficiency=eff),
+        "interconnect": lambda t: {**t, "domain_size": 72, "internode_bw_bytes_per_s": 100e9,
+                                   "source": "https://www.nvidia.com/en-us/data-center/gb200-nvl72/ (72-GPU NVLink5 "
+                                             "domain, 1.8 TB/s bidirectional per GPU; 800 Gb/s NIC per GPU beyond)"},
+        "collectives.nccl_all_reduce.tp4": lambda e: sec(
+            f"latency: NCCLTESTS_ISSUE333 GB200 4-GPU all-reduce {r['baseline_value']} us at <=1 KB; busBW: "
+            f"{e['source']}", "published-measurement", latency_s=float(r["baseline_value"]) * 1e-6,
+            bus_bw_bytes_per_s=e["bus_bw_bytes_per_s"])})
 
 
-def pre_hopper(name, display, cc, sms, peak_bf16, fp8, fp32, hbm, link, kind, domain, inter_bw, src, link_src,
-               eff, eff_src, attn, patterns, coll_why, tile=(128, 256)):
+@dataclasses.dataclass(frozen=True)
+class OtherGpu:
+    """A GPU outside the fitted families, by its datasheet (`src`) and its link (`link_src`): everything else is the
+    H100's fits, scaled by the link or assumed, and each value says so."""
+
+    name: str
+    display: str
+    cc: str  # compute capability
+    sms: int
+    peak_bf16: float
+    peak_fp8: float
+    peak_fp32: float
+    hbm: float  # bytes/s
+    link: float  # bytes/s per direction
+    kind: str  # interconnect kind
+    domain: int
+    inter_bw: float  # bytes/s per GPU beyond the domain
+    src: str
+    link_src: str
+    eff: float  # GEMM max efficiency
+    eff_src: str
+    attn: float  # attention efficiency
+    patterns: str
+    coll_why: str  # why the H100 collectives scale by link / 450 GB/s
+    tile: tuple = (128, 256)
+
+
+def pre_hopper(g: OtherGpu) -> dict:
+    """The profile tree of an OtherGpu."""
+    name, display, cc, sms, link, kind, domain = g.name, g.display, g.cc, g.sms, g.link, g.kind, g.domain
+    peak_bf16, fp8, fp32, hbm, inter_bw, src, link_src = g.peak_bf16, g.peak_fp8, g.peak_fp32, g.hbm, g.inter_bw, g.src, g.link_src
+    eff, eff_src, attn, patterns, coll_why, tile = g.eff, g.eff_src, g.attn, g.patterns, g.coll_why, g.tile
     h = h100()
     ratio = link / 450e9
     coll = scaled_collectives({k: v for k, v in h["collectives"].items()
@@ -348,36 +407,36 @@ def pre_hopper(name, display, cc, sms, peak_bf16, fp8, fp32, hbm, link, kind, do
 
 
 def a100(name="a100-sxm-80gb", link=300e9, display="NVIDIA A100 SXM4 80GB", patterns="A100"):
-    return pre_hopper(name, display, "8.0", 108, 312e12, 312e12, 19.5e12, 2.039e12, link, "nvswitch", 8, 25e9,
-                      NV_A100 + "; no FP8 tensor cores: fp8 runs weight-only (Marlin W8A16) at the bf16 peak",
-                      f"NVLink3: {2 * link / 1e9:.0f} GB/s bidirectional per GPU, 8-GPU NVSwitch; 200 Gb/s HDR NIC per GPU",
-                      R.mamf_efficiency("A100 SXM", "bf16"), "MLENG_MAMF A100 SXM bf16 best-shape 271.2/312 TFLOP/s",
-                      0.5, patterns, f"NVLink3 {link / 1e9:.0f} vs NVLink4 450 GB/s per direction")
+    return pre_hopper(OtherGpu(
+        name, display, "8.0", 108, 312e12, 312e12, 19.5e12, 2.039e12, link, "nvswitch", 8, 25e9,
+        src=NV_A100 + "; no FP8 tensor cores: fp8 runs weight-only (Marlin W8A16) at the bf16 peak",
+        link_src=f"NVLink3: {2 * link / 1e9:.0f} GB/s bidirectional per GPU, 8-GPU NVSwitch; 200 Gb/s HDR NIC per GPU",
+        eff=R.mamf_efficiency("A100 SXM", "bf16"), eff_src="MLENG_MAMF A100 SXM bf16 best-shape 271.2/312 TFLOP/s",
+        attn=0.5, patterns=patterns, coll_why=f"NVLink3 {link / 1e9:.0f} vs NVLink4 450 GB/s per direction"))
 
 
 def a800():
-    p = a100("a800", 200e9, "NVIDIA A800 SXM4 80GB", "A800")
-    p["identity"]["source"] += "; A800 = A100 with NVLink cut to 400 GB/s bidirectional"
-    return p
+    return derive(a100("a800", 200e9, "NVIDIA A800 SXM4 80GB", "A800"), {
+        "identity": lambda t: {**t, "source": t["source"] + "; A800 = A100 with NVLink cut to 400 GB/s bidirectional"}})
 
 
 def l40s():
-    p = pre_hopper("l40s", "NVIDIA L40S (PCIe, no NVLink)", "8.9", 142, 362.05e12, 733e12, 91.6e12, 864e9, 32e9, "pcie", 8,
-                   25e9, NV_L40S, "PCIe Gen4 x16: 32 GB/s per direction, no NVLink; GPUs talk through the host's PCIe switch",
-                   0.7, "assumed: 0.70 of dense bf16 peak (Ada, no MAMF entry)", 0.45, "L40S",
-                   "PCIe Gen4 x16 32 vs NVLink4 450 GB/s per direction", tile=(128, 128))
-    return p
+    return pre_hopper(OtherGpu(
+        "l40s", "NVIDIA L40S (PCIe, no NVLink)", "8.9", 142, 362.05e12, 733e12, 91.6e12, 864e9, 32e9, "pcie", 8, 25e9,
+        src=NV_L40S, link_src="PCIe Gen4 x16: 32 GB/s per direction, no NVLink; GPUs talk through the host's PCIe switch",
+        eff=0.7, eff_src="assumed: 0.70 of dense bf16 peak (Ada, no MAMF entry)", attn=0.45, patterns="L40S",
+        coll_why="PCIe Gen4 x16 32 vs NVLink4 450 GB/s per direction", tile=(128, 128)))
 
 
 def mi300x():
-    p = pre_hopper("mi300x", "AMD Instinct MI300X", "9.4", 304, 1307.4e12, 2614.9e12, 163.4e12, 5.3e12, 448e9, "xgmi", 8,
-                   50e9, AMD_MI300X + " (304 CUs)", "AMD Infinity Fabric: 7 xGMI links x 64 GB/s per direction to the 7 peers (fully connected mesh)",
-                   0.55, "assumed: 0.55 of dense bf16 peak (hipBLASLt large-GEMM fraction reported ~0.5-0.6)", 0.4, "MI300X",
-                   "xGMI aggregate 448 vs NVLink4 450 GB/s per direction")
-    p["identity"]["vendor"] = "amd"
-    p["asynctp"]["_copy"] = sec(f"assumed: a pull from ONE peer uses one xGMI link: {RING} x 64 GB/s", "assumed",
-                               copy_engine_bw_bytes_per_s=RING * 64e9)
-    return p
+    p = pre_hopper(OtherGpu(
+        "mi300x", "AMD Instinct MI300X", "9.4", 304, 1307.4e12, 2614.9e12, 163.4e12, 5.3e12, 448e9, "xgmi", 8, 50e9,
+        src=AMD_MI300X + " (304 CUs)",
+        link_src="AMD Infinity Fabric: 7 xGMI links x 64 GB/s per direction to the 7 peers (fully connected mesh)",
+        eff=0.55, eff_src="assumed: 0.55 of dense bf16 peak (hipBLASLt large-GEMM fraction reported ~0.5-0.6)", attn=0.4,
+        patterns="MI300X", coll_why="xGMI aggregate 448 vs NVLink4 450 GB/s per direction"))
+    return derive(p, {"asynctp._copy": sec(f"assumed: a pull from ONE peer uses one xGMI link: {RING} x 64 GB/s",
+                                           "assumed", copy_engine_bw_bytes_per_s=RING * 64e9)})
 
 
 # measured on one Hopper part, a property of the GH100 die (132 SMs) that H100 and H800 share
@@ -540,13 +599,12 @@ K_CMD = "python -m calib.kernel_fit, then python tools/build_profiles.py"
 
 def gb300(b3):
     """GB300 NVL72: B300 silicon (its profile: compute, HBM, GEMM and collective fits) in a 72-GPU NVLink5 domain."""
-    p = copy.deepcopy(b3)
-    p["identity"].update(name="gb300-nvl72", display_name="NVIDIA GB300 NVL72 (per Blackwell Ultra GPU)",
-                         device_name_patterns="GB300", source=NV_GB300 + "; SM count = B300 (same die)")
-    p["interconnect"].update(domain_size=72, source=NV_GB300 + " (72-GPU NVLink5 domain, 1.8 TB/s bidirectional "
-                                                               "per GPU; 800 Gb/s NIC per GPU beyond)",
-                             internode_bw_bytes_per_s=100e9)
-    return p
+    return derive(b3, {
+        "identity": lambda t: {**t, "name": "gb300-nvl72", "display_name": "NVIDIA GB300 NVL72 (per Blackwell Ultra GPU)",
+                               "device_name_patterns": "GB300", "source": NV_GB300 + "; SM count = B300 (same die)"},
+        "interconnect": lambda t: {**t, "domain_size": 72, "internode_bw_bytes_per_s": 100e9,
+                                   "source": NV_GB300 + " (72-GPU NVLink5 domain, 1.8 TB/s bidirectional per GPU; "
+                                             "800 Gb/s NIC per GPU beyond)"}})
 
 
 def _fit_spec(fit, sid, key, what):
