@@ -737,18 +737,16 @@ def custom_reduce_scatter(p):
     for key, c in coll["custom_ar_1stage"].items():
         w = int(key.removeprefix("tp"))
         lat = c["latency_s"]
-        name = "custom_rs_lamport" if multicast else "custom_rs_ipc"
-        coll.setdefault(name, {})[key] = sec(
-            f"assumed (physics, no released row): one-shot {'Lamport push' if multicast else 'IPC read'} of the "
-            f"(W-1)/W foreign slices; latency = custom_ar_1stage tp{w}'s ({c['source'][:60]}...), busBW = "
-            f"{RING} x {link / 1e9:.0f} GB/s (the ring's link fraction)", "assumed",
-            latency_s=lat, bus_bw_bytes_per_s=RING * link)
-        ag = "custom_ag_lamport" if multicast else "custom_ag_ipc"
-        coll.setdefault(ag, {})[key] = sec(
-            f"assumed (physics, no released row): one-shot {'Lamport' if multicast else 'IPC'} all-gather, each GPU "
-            f"takes in the (W-1)/W·S foreign shards; latency = custom_ar_1stage tp{w}'s ({c['source'][:60]}...), "
-            f"busBW = {RING} x {link / 1e9:.0f} GB/s (the ring's link fraction)", "assumed",
-            latency_s=lat, bus_bw_bytes_per_s=RING * link)
+        one_shot = (("custom_rs_lamport" if multicast else "custom_rs_ipc",
+                     f"one-shot {'Lamport push' if multicast else 'IPC read'} of the (W-1)/W foreign slices"),
+                    ("custom_ag_lamport" if multicast else "custom_ag_ipc",
+                     f"one-shot {'Lamport' if multicast else 'IPC'} all-gather, each GPU takes in the (W-1)/W·S "
+                     "foreign shards"))
+        for name, what in one_shot:
+            coll.setdefault(name, {})[key] = sec(
+                f"assumed (physics, no released row): {what}; latency = custom_ar_1stage tp{w}'s "
+                f"({c['source'][:60]}...), busBW = {RING} x {link / 1e9:.0f} GB/s (the ring's link fraction)",
+                "assumed", latency_s=lat, bus_bw_bytes_per_s=RING * link)
         if multicast and cc in T.CUSTOM_RS_MULTIMEM_CAPABILITIES and w in T.CUSTOM_RS_MULTIMEM_WORLDS:
             eta = p["fused_kernel"]["_link_efficiency"]["link_efficiency"]
             coll.setdefault("custom_rs_multimem", {})[key] = sec(
