@@ -11,7 +11,8 @@ with its file:line, lives here; no other module of costmodel/, calib/ or integra
   derives vLLM's limits at run time from these tables, the GPU's vendor and capability and whether its interconnect
   is fully connected. `Vllm` is the vLLM a prediction is for: a version, plus any what-if change to those limits
   (`--vllm-set custom_ar_max_bytes=...`).
-- The custom reduce-scatter backends of model-level SP (`custom_all_reduce.py`).
+- The custom reduce-scatter backends and all-gathers of model-level SP (`custom_all_reduce.py`,
+  `models/common/ops/sequence_parallel.py`).
 - vLLM 0.31's SP threshold table (`compilation/passes/fusion/sequence_parallelism.py`), for comparison only.
 - The CUDA-graph capture default (`config/vllm.py`), the versions (SP passes gone in 0.32; the single kernel from
   0.31), and the kernel's environment switches (`envs.py`).
