@@ -47,30 +47,10 @@ class Analysis:
     sp_decision_value: dict | None = None  # decision_value() for SP alone at sp_cutoff_tokens
     grid_speedup_sp: np.ndarray | None = None  # SP alone's speedup on the grid
 
-    @property
-    def tp(self) -> int:
-        return self.run.tp
-
-    @property
-    def dtype(self) -> str:
-        return self.run.dtype
-
-    @property
-    def seq_len(self) -> int:
-        return self.run.regime.seq_len
-
-    @property
-    def max_num_batched_tokens(self) -> int:
-        return self.run.max_num_batched_tokens
-
-    @property
-    def margin(self) -> float:
-        return self.run.margin
-
 
 def curve(a: Analysis, num_tokens: Any) -> Prediction:
     """The prediction of analysis `a` (same profile, model, TP, dtype, fusion range and regime) at other N."""
-    return predict(a.profile, a.shape, a.tp, a.dtype, num_tokens, a.run.regime)
+    return predict(a.profile, a.shape, a.run.tp, a.run.dtype, num_tokens, a.run.regime)
 
 
 def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
@@ -408,8 +388,8 @@ def analysis_json(a: Analysis) -> dict:
                      **{f"t_{s}_layer_s": _finite(t.schedules[s].t_layer_s[i]) for s in SCHEDULES},
                      **{f"speedup_{s}": _finite(v[i]) for s, v in speedups.items()}})
     return {
-        "gpu": a.profile.name, "model": a.shape.name, "tp": a.tp, "dtype": a.dtype, "seq_len": a.seq_len,
-        "max_num_batched_tokens": a.max_num_batched_tokens, "margin": a.margin,
+        "gpu": a.profile.name, "model": a.shape.name, "tp": a.run.tp, "dtype": a.run.dtype, "seq_len": a.run.regime.seq_len,
+        "max_num_batched_tokens": a.run.max_num_batched_tokens, "margin": a.run.margin,
         "cutoff_tokens": a.cutoff_tokens,
         "cutoff_band_tokens": list(a.cutoff_band_tokens) if a.cutoff_band_tokens else None,
         "band_resolution_tokens": a.band_resolution_tokens,

@@ -208,8 +208,8 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
               "sp_asynctp": Schedule("sp_asynctp", spa_layer, nonlayer_sp, L, eager)}
     why = {k: v for k, v in (("sp", sp_unavailable), ("sp_asynctp", sp_unavailable or unavailable)) if v}
     return Prediction(num_tokens=N, tp=tp, dtype=dtype, schedules=scheds, notes=tuple(notes),
-                      asynctp_available=unavailable is None, unavailable=why, num_layers=L, t_all_gather_s=fw.t_ag,
-                      t_reduce_scatter_s=fw.t_rs)
+                      asynctp_available=unavailable is None, unavailable=why, num_layers=L, t_all_gather_s=ag.t_s,
+                      t_reduce_scatter_s=rs.t_s)
 
 
 def _once(o: Op) -> Op:
@@ -228,8 +228,6 @@ class _Forward:
         self.hw = hw = ops.Hw(profile, dtype, float(self.Np.max()))
         self.mode, self.act = hw.mode, hw.mode.act_bytes
         self.host_op = profile.asynctp.host_op_s
-        self.t_rs: Any = None  # NCCL reduce-scatter / all-gather of the SP layer (s), set by sp_layer
-        self.t_ag: Any = None
 
     # ---------------------------------------------------------------- one op of each kind
     def op(self, name, kind, t, count=1, formula="", section="", fused=None, host_calls=1.0, t_host=None, slot=None,
@@ -343,12 +341,12 @@ class _Forward:
     def sp_layer(self) -> tuple[tuple, Op, Op, Op]:
         """(the layer under SP: RS -> norm(N/W) -> AG, its reduce-scatter, sharded norm, all-gather)."""
         hw, H, Np, W, act, mode = self.hw, self.spec.hidden, self.Np, self.W, self.act, self.mode
-        self.t_rs = ops.t_nccl_reduce_scatter_s(hw, W, Np * (H * act))
-        self.t_ag = ops.t_nccl_all_gather_s(hw, W, Np * (H * mode.ag_bytes))
-        rs = self.comm("reduce_scatter", self.t_rs, Np * (H * act), F.bus_bw_factor("reduce_scatter", W),
+        t_rs = ops.t_nccl_reduce_scatter_s(hw, W, Np * (H * act))
+        t_ag = ops.t_nccl_all_gather_s(hw, W, Np * (H * mode.ag_bytes))
+        rs = self.comm("reduce_scatter", t_rs, Np * (H * act), F.bus_bw_factor("reduce_scatter", W),
                        ops.collective_latency_s(hw, "nccl_reduce_scatter", W), 2,
                        "ops.t_nccl_reduce_scatter_s -> formulas.t_reduce_scatter_s")
-        ag = self.comm("all_gather", self.t_ag, Np * (H * mode.ag_bytes), F.bus_bw_factor("all_gather", W),
+        ag = self.comm("all_gather", t_ag, Np * (H * mode.ag_bytes), F.bus_bw_factor("all_gather", W),
                        ops.collective_latency_s(hw, "nccl_all_gather", W), 2,
                        "ops.t_nccl_all_gather_s -> formulas.t_all_gather_s")
         norm_shard = self.mem("rms_norm_shard", F.rms_norm_bytes(Np / W, H, act, mode.ag_bytes),

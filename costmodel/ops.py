@@ -246,7 +246,7 @@ def _sp_collective(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: bool, nccl: 
     if model_level_sp:
         names = np.array([backend(float(s)) or nccl for s in msg], dtype=object)
         for impl in set(names) - {nccl}:
-            if not (p.has_collective(impl) and tp in p.collective_tps(impl)):
+            if tp not in p.collective_tps(impl):
                 continue  # no curve for it in this profile: NCCL's stands in
             where = np.flatnonzero(names == impl)
             lat, bw = p.collective(impl, tp)
@@ -263,7 +263,7 @@ def t_nccl_all_reduce_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
     this TP (formulas.t_all_reduce_regimes_s), or the one nccl_all_reduce curve where it has no others."""
     p = hw.p
     curves = [p.collective("nccl_all_reduce", tp)] + [p.collective(r, tp) for r in NCCL_AR_REGIMES
-                                                        if p.has_collective(r) and tp in p.collective_tps(r)]
+                                                        if tp in p.collective_tps(r)]
     return F.t_all_reduce_regimes_s(msg_bytes, [c[0] for c in curves], [c[1] for c in curves], tp)
 
 
@@ -581,10 +581,3 @@ def unfused_all_reduce_norm_s(hw: Hw, rows: Arr, hidden: int, tp: int, vllm_vers
     msg = rows * (hidden * hw.act_bytes)
     t_ar = all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm_version=vllm_version).t_s
     return t_ar + hw.t_mem(F.rms_norm_bytes(rows, hidden, hw.act_bytes, hw.mode.quant_bytes))
-
-
-def sequential_gemm_ar_s(hw: Hw, m: Arr, n: int, k: int, tp: int, vllm_version: VllmLike = None) -> Arr:
-    """What GEMM+AR replaces: the whole GEMM, then the all-reduce vLLM dispatches for its m·n partials (s)."""
-    msg = np.atleast_1d(np.asarray(m, dtype=float) * (n * hw.act_bytes))
-    ar = all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm_version=vllm_version)
-    return hw.t_gemm(m, n, k) + (ar.t_s if np.ndim(m) else ar.t_s[..., 0])

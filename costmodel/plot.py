@@ -25,11 +25,11 @@ def whatif_series(a: Any) -> dict:
     schedule cannot run), the cutoff and its band, the token budget and the 1 + margin line."""
     from .analysis import curve
 
-    n = np.unique(np.round(np.geomspace(a.tp, 65536, 400) / a.tp) * a.tp)
+    n = np.unique(np.round(np.geomspace(a.run.tp, 65536, 400) / a.run.tp) * a.run.tp)
     pred = curve(a, n)
     return {"num_tokens": n, "speedup_sp_asynctp": pred.speedup_sp_asynctp, "speedup_sp": pred.speedup_sp,
-            "cutoff_tokens": a.cutoff_tokens, "band": a.cutoff_band_tokens, "margin_line": 1.0 + a.margin,
-            "max_num_batched_tokens": a.max_num_batched_tokens}
+            "cutoff_tokens": a.cutoff_tokens, "band": a.cutoff_band_tokens, "margin_line": 1.0 + a.run.margin,
+            "max_num_batched_tokens": a.run.max_num_batched_tokens}
 
 
 def plot_whatif(a: Any, path: str) -> None:
@@ -41,17 +41,17 @@ def plot_whatif(a: Any, path: str) -> None:
     ax.semilogx(n, s["speedup_sp_asynctp"], label="SP + AsyncTP")
     ax.semilogx(n, s["speedup_sp"], label="SP alone", alpha=0.8)
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.axhline(s["margin_line"], color="k", lw=0.6, ls=":", label=f"1 + margin ({a.margin:.0%})")
+    ax.axhline(s["margin_line"], color="k", lw=0.6, ls=":", label=f"1 + margin ({a.run.margin:.0%})")
     if s["band"]:
         lo, hi = s["band"]
-        ax.axvspan(lo or a.tp, hi or 65536, color="C2", alpha=0.15, label="cutoff band (5-95%)")
+        ax.axvspan(lo or a.run.tp, hi or 65536, color="C2", alpha=0.15, label="cutoff band (5-95%)")
     if s["cutoff_tokens"]:
         ax.axvline(s["cutoff_tokens"], color="C2", ls="--", label=f"cutoff {s['cutoff_tokens']}")
     ax.axvline(s["max_num_batched_tokens"], color="gray", ls="-.", lw=0.8, label="max_num_batched_tokens")
     ax.set_xlabel("tokens per forward N")
     ax.set_ylabel("speedup vs plain TP (t_tp / t)")
     mod = " (modified)" if a.profile.modified else ""
-    ax.set_title(f"{a.shape.name} on {a.profile.name}{mod} x{a.tp}, {a.dtype}")
+    ax.set_title(f"{a.shape.name} on {a.profile.name}{mod} x{a.run.tp}, {a.run.dtype}")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
