@@ -29,24 +29,56 @@ def fit_least_squares(resid, x0, lo=-np.inf, hi=np.inf, **kw):
     return r, np.where(flat, np.inf, sig)
 
 
+IDENTIFIED_SIGMA_REL = 1.0  # a term whose fitted relative sigma exceeds this is not identified by the data
+
+
+def worst_unidentified(sigma_by_term: dict):
+    """The term the data identify least (largest sigma_rel above IDENTIFIED_SIGMA_REL, NaN as inf, the first among
+    equals), or
+    None: the one rule of every fit in calib for a term the data cannot pin down (fix it at its prior, refit the
+    rest, ask again)."""
+    bad = {t: (sg if sg == sg else np.inf) for t, sg in sigma_by_term.items() if not sg <= IDENTIFIED_SIGMA_REL}
+    return max(bad, key=lambda t: bad[t]) if bad else None
+
+
 def fit_log_space(resid, x0, lo, hi, names):
-    """Fit positive parameters in log space (so that scales do not matter); σ_rel = σ of log(param)."""
+    """Fit positive parameters in log space (so that scales do not matter); σ_rel = σ of log(param). A parameter the
+    data do not identify (worst_unidentified) is fixed at its prior x0 and the rest refitted; one the data drive onto
+    its bound stays there (listed under "at_bound", not returned as fitted). Returns ({name: value,
+    uncertainty_rel} of the identified ones, residuals with every final value under "values")."""
     floor = 1e-15
     lo_l = np.log(np.maximum(lo, floor))
     hi_l = np.log(np.maximum(hi, floor * 10))
     x0_l = np.clip(np.log(np.maximum(x0, floor)), lo_l + 1e-9, hi_l - 1e-9)
-    # a parameter the residuals do not respond to (e.g. a memory term under compute-bound points) gets σ = inf
-    r, sd = fit_least_squares(lambda z: resid(np.exp(z)), x0_l, lo_l, hi_l)
-    n = r.fun.size
-    out, unconstrained = {}, []
-    for name, x, e in zip(names, np.exp(r.x), sd):
-        rel = float(e)
-        if not np.isfinite(rel) or rel > 1.0:  # the data do not pin it down: keep the prior
-            unconstrained.append(name)
-            continue
-        out[name] = {"value": float(x), "uncertainty_rel": rel}
-    res = {"rms_log_residual": float(np.sqrt(np.mean(r.fun**2))), "max_abs_log_residual": float(np.max(np.abs(r.fun))),
-           "points": int(n), "unconstrained_kept_prior": unconstrained}
+    free = list(range(len(names)))
+    while True:
+        def sub(z, free=free):
+            x = x0_l.copy()
+            x[free] = z
+            return resid(np.exp(x))
+
+        # a parameter the residuals do not respond to (e.g. a memory term under compute-bound points) gets σ = inf
+        r, sd = fit_least_squares(sub, x0_l[free], lo_l[free], hi_l[free])
+        # a term the data drive onto its bound (a latency below resolution) is put there by the data: kept, not a prior
+        at_bound = {i for i, act in zip(free, r.active_mask) if act}
+        worst = worst_unidentified({i: float(e) for i, e in zip(free, sd) if i not in at_bound})
+        if worst is None:
+            break
+        free.remove(worst)
+        if not free:
+            r, sd = None, np.zeros(0)
+            break
+    x = x0_l.copy()
+    if r is not None:
+        x[free] = r.x
+    else:
+        at_bound = set()
+    fun = resid(np.exp(x))
+    out = {names[i]: {"value": float(np.exp(x[i])), "uncertainty_rel": float(e)} for i, e in zip(free, sd)
+           if i not in at_bound}
+    res = {"rms_log_residual": float(np.sqrt(np.mean(fun**2))), "max_abs_log_residual": float(np.max(np.abs(fun))),
+           "points": int(fun.size), "unconstrained_kept_prior": [n for i, n in enumerate(names) if i not in free],
+           "at_bound": [names[i] for i in sorted(at_bound)], "values": {n: float(v) for n, v in zip(names, np.exp(x))}}
     return out, res
 
 
@@ -124,14 +156,20 @@ def fit_interference(records):
             {"points": len(rs), "ratios": ratio.round(4).tolist()})
 
 
+def fit_alpha_beta(msg_bytes, t_s, factor, names=("latency_s", "bus_bw_bytes_per_s")):
+    """The one α–β fit of calib: t = α + factor·S/busBW (s; factor the bus factor of formulas.bus_bw_factor, S bytes),
+    soft-L1 on log time with α and busBW in log space (fit_log_space). Returns ({name: fit}, residuals)."""
+    S, t = np.asarray(msg_bytes, float), np.asarray(t_s, float)
+    x0 = [max(float(t.min()) * 0.7, 1e-7), float(np.median(factor * S / t))]
+    # latency floor 1 ns, far below any collective: data that put α below resolution drive it onto that bound
+    return fit_log_space(lambda x: np.log((x[0] + factor * S / x[1]) / t), x0, [1e-9, 1e3], [1.0, 1e14], list(names))
+
+
 def fit_latency_bandwidth(rs, factor, names=("latency_s", "bus_bw_bytes_per_s")):
-    """t = α + factor·S/BW over records with msg_bytes and median_s; ({name: fit}, residuals), {} if < 3 points."""
+    """fit_alpha_beta over records with msg_bytes and median_s; ({name: fit}, residuals), {} if < 3 points."""
     if len(rs) < 3:
         return {}, {}
-    S = np.array([r["msg_bytes"] for r in rs], float)
-    t = np.array([r["median_s"] for r in rs])
-    x0 = [max(float(t.min()) * 0.7, 1e-7), float(np.median(factor * S / t))]
-    return fit_log_space(lambda x: np.log((x[0] + factor * S / x[1]) / t), x0, [0.0, 1e3], [1.0, 1e14], list(names))
+    return fit_alpha_beta([r["msg_bytes"] for r in rs], [r["median_s"] for r in rs], factor, names)
 
 
 def fit_collective(records, impl, world):

@@ -37,7 +37,7 @@ from costmodel import ops
 from costmodel.io import atomic_write_text, dumps_json
 from costmodel.profile import HardwareProfile, Provenance, load_profile
 
-from .fit import fit_least_squares
+from .fit import fit_least_squares, worst_unidentified
 
 ROOT = Path(__file__).resolve().parent.parent
 FUSED_CSV = ROOT / "data" / "reference" / "fused_ops.csv"
@@ -70,7 +70,6 @@ DESIGN = {"vllm": {"exposed_fraction": 0.0, "compute_overhead": KERNEL_PRIOR["co
                    "inflight_scale": 1.0},
           "flashinfer": {"ar_fence_s": KERNEL_PRIOR["ar_fence_s"][0]}}
 OFFSET_PRIOR = (10e-6, 1e-8, 5e-4)
-UNIDENTIFIED_SIGMA = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,10 +193,9 @@ def _fit(rows: list[KernelRow], fixed: dict[str, float] | None = None, arms: str
         hi = np.log([prob.terms[k][2] for k in prob.free])
         x0 = np.clip(np.log([prob.terms[k][0] for k in prob.free]), lo + 1e-6, hi - 1e-6)
         res, sig = fit_least_squares(lambda x, p=prob: p.residuals(x, arms), x0, lo, hi, diff_step=1e-3)
-        bad = [(s, k) for s, k in zip(sig, prob.free) if not s <= UNIDENTIFIED_SIGMA]
-        if not bad:
+        worst = worst_unidentified(dict(zip(prob.free, map(float, sig))))
+        if worst is None:
             break
-        worst = max(bad, key=lambda t: (t[0] if math.isfinite(t[0]) else math.inf, t[1]))[1]
         fixed[worst] = prob.terms[worst][0]
         unidentified.append(worst)
     vals = prob.values(res.x)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from calib.fit import fit_least_squares  # the one fitting core (calib and tools)
+from calib import fit as _fit
+from calib.fit import fit_least_squares, worst_unidentified  # the one fitting core and rule
 from costmodel import formulas as F
 
 CSV = Path(__file__).resolve().parents[1] / "data" / "reference" / "components.csv"
@@ -51,17 +52,9 @@ def size_in_notes(text: str) -> float:
 
 
 def fit_alpha_beta(msg_bytes, t_s, factor):
-    """Least-squares (soft-L1, log residuals) fit of t = α + factor·S/busBW; returns (α s, busBW B/s, rms rel)."""
-    S, t = np.asarray(msg_bytes, float), np.asarray(t_s, float)
-
-    def resid(x):
-        a, inv_bw = np.exp(x)
-        return np.log((a + factor * S * inv_bw) / t)
-
-    x0 = np.log([max(t.min() * 0.7, 1e-7), 1.0 / 300e9])
-    r, _ = fit_least_squares(resid, x0)
-    a, inv_bw = np.exp(r.x)
-    return float(a), float(1.0 / inv_bw), float(np.sqrt(np.mean(r.fun**2)))
+    """calib.fit.fit_alpha_beta's (α s, busBW B/s, rms log error) of t = α + factor·S/busBW."""
+    _, res = _fit.fit_alpha_beta(msg_bytes, t_s, factor)
+    return res["values"]["latency_s"], res["values"]["bus_bw_bytes_per_s"], res["rms_log_residual"]
 
 
 def ar_factor(w):
@@ -431,16 +424,6 @@ def pr28672_predicted_decode_s(profile) -> float:
     return PR28672_DECODE_STEPS * float(np.ravel(d)[0])
 
 
-IDENTIFIED_SIGMA_REL = 1.0  # a term whose fitted relative sigma exceeds this is not identified by the data
-
-
-def worst_unidentified(sigma_by_term: dict):
-    """The term the data identify least (largest sigma_rel above IDENTIFIED_SIGMA_REL, the first among equals), or
-    None: the fits fix it at its prior and refit the rest (the one rule of FamilyFit; calib/kernel_fit.py applies the same)."""
-    bad = {t: sg for t, sg in sigma_by_term.items() if sg > IDENTIFIED_SIGMA_REL}
-    return max(bad, key=lambda t: bad[t]) if bad else None
-
-
 class FamilyFit:
     """A joint least-squares fit (log residuals, soft-L1) of shared GPU-side terms and per-source terms.
 
@@ -531,7 +514,7 @@ class FamilyFit:
     HOST_STARTS_S = (3e-6, 1e-5, 3e-5)  # max(GPU, host + tail) is flat in the host term until it binds: multi-start
 
     def fit(self) -> dict:
-        """The fit; a term the data cannot identify (sigma_rel > IDENTIFIED_SIGMA_REL) is fixed at its prior and the
+        """The fit; a term the data cannot identify (sigma_rel > calib.fit.IDENTIFIED_SIGMA_REL) is fixed at its prior and the
         others refitted, and listed under "unidentified" (it stays `assumed` in the profiles)."""
         res = self._fit_once()
         fixed = []

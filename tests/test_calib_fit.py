@@ -1,0 +1,43 @@
+"""calib.fit: the one α–β fit and the one rule for a term the data cannot identify, against hand-worked truths."""
+
+import numpy as np
+import pytest
+
+from calib import fit
+
+
+def test_alpha_beta_recovers_a_noise_free_line():
+    """Points on t = α + f·S/busBW exactly: the fit returns α and busBW (the least-squares optimum is the line)."""
+    S = np.array([1e3, 1e5, 1e6, 1e7, 1e8])
+    a, bw, f = 12e-6, 400e9, 1.75
+    got, res = fit.fit_alpha_beta(S, a + f * S / bw, f)
+    assert got["latency_s"]["value"] == pytest.approx(a, rel=1e-4)
+    assert got["bus_bw_bytes_per_s"]["value"] == pytest.approx(bw, rel=1e-4)
+    assert res["rms_log_residual"] < 1e-5 and not res["unconstrained_kept_prior"] and not res["at_bound"]
+
+
+def test_latency_below_resolution_goes_to_its_floor_not_to_a_prior():
+    """Two large messages whose line passes through the origin or below it: the data say α ≈ 0, so α ends on its
+    1 ns floor (not at the start value, 0.7 x the smallest time) and busBW is the slope's."""
+    S = np.array([32.0, 64.0]) * 2**20
+    t = np.array([97e-6, 197e-6])  # slope 100 us per 32 MiB, intercept -3 us
+    got, res = fit.fit_alpha_beta(S, t, 1.0)
+    assert res["at_bound"] == ["latency_s"] and res["values"]["latency_s"] == pytest.approx(1e-9, rel=1e-3)
+    # least squares on log time through the origin: busBW between the two points' own S/t
+    assert S[1] / t[1] < got["bus_bw_bytes_per_s"]["value"] < S[0] / t[0]
+
+
+def test_an_unidentified_term_keeps_its_prior_and_the_rest_is_refitted():
+    """A term the residuals do not depend on is fixed at its prior; the identified one is fitted as if alone."""
+    x = np.linspace(1.0, 5.0, 9)
+    y = 3.0 * x
+
+    out, res = fit.fit_log_space(lambda p: np.log(p[0] * x / y), [1.0, 7.0], [1e-3, 1e-3], [1e3, 1e3], ["k", "unused"])
+    assert set(out) == {"k"} and out["k"]["value"] == pytest.approx(3.0, rel=1e-6)
+    assert res["unconstrained_kept_prior"] == ["unused"] and res["values"]["unused"] == pytest.approx(7.0)
+
+
+def test_worst_unidentified_takes_the_largest_sigma_and_counts_nan():
+    assert fit.worst_unidentified({"a": 0.5, "b": 3.0, "c": 2.0}) == "b"
+    assert fit.worst_unidentified({"a": 0.5, "b": float("nan"), "c": 2.0}) == "b"
+    assert fit.worst_unidentified({"a": 0.5, "b": 1.0}) is None
