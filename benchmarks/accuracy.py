@@ -101,7 +101,7 @@ def kernel_results() -> dict:
 def family_results() -> dict:
     """In-sample and leave-one-source-out scores per family and source, with the fits' values."""
     out = {}
-    for family, trees in R.load_family_trees().items():
+    for family, trees in R.start_trees()[0].items():
         full = R.fit_family(family, trees)
         fam = {"fit": full, "sources": {}}
         for sid in R.family_sources(family):

@@ -14,18 +14,16 @@ for the nccl-tests run, which is what the profile keeps (vLLM calls NCCL through
 
 from __future__ import annotations
 
-import csv
 import itertools
 import re
-from pathlib import Path
 
 import numpy as np
 
 from costmodel import formulas as F
 
+from . import reference
 from .fit import fit_least_squares
 
-CSV = Path(__file__).resolve().parents[1] / "data" / "reference" / "components.csv"
 REGIMES = ("nccl_all_reduce_small", "nccl_all_reduce_mid", "nccl_all_reduce")  # small -> large messages
 SWEEPS = {"h200": ("MLENG_AR_8xH200_NCCL2307_NCCLTESTS", "MLENG_AR_8xH200_NCCL2277"),  # reference first (offset 0)
           "b200": ("MLENG_AR_8xB200_P6",)}
@@ -36,10 +34,9 @@ _INIT_BW = ([200e9, 320e9, 480e9], [100e9, 400e9, 740e9], [60e9, 300e9, 800e9])
 
 def sweep(source_id: str) -> tuple[np.ndarray, np.ndarray]:
     """(message bytes, time s) of one released all-reduce sweep (busBW rows, nccl-tests convention)."""
-    with open(CSV, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["source_id"] == source_id]
+    rows = reference.rows(source_id)
     if not rows:
-        raise ValueError(f"no rows of {source_id} in {CSV}")
+        raise ValueError(f"no rows of {source_id} in {reference.CSV}")
     S = np.array([float(re.match(r"(\d+)", r["M_or_tokens"]).group(1)) for r in rows])  # type: ignore[union-attr]
     bus = np.array([float(r["baseline_value"]) for r in rows]) * 1e9
     return S, float(F.bus_bw_factor("all_reduce", WORLD)) * S / bus

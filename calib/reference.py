@@ -17,18 +17,10 @@ import numpy as np
 
 from calib import fit as _fit
 from calib.fit import fit_least_squares, worst_unidentified  # the one fitting core and rule
+from calib.results import FAMILY_CMD, FAMILY_FIT, FAMILY_TREES, fit_to_json, load_family_trees, trees_digest
 from costmodel import formulas as F
 
 CSV = Path(__file__).resolve().parents[1] / "data" / "reference" / "components.csv"
-# the family fits' start trees, written by tools/build_profiles.py beside the profiles (committed data)
-FAMILY_TREES = Path(__file__).resolve().parent / "data" / "family_fit_trees.json"
-
-
-def load_family_trees() -> dict:
-    """The profile trees each family fit starts from (family -> profile name -> tree), as build_profiles wrote them."""
-    import json
-
-    return json.loads(FAMILY_TREES.read_text())
 _UNITS = {"B": 1, "KB": 1024, "KIB": 1024, "MB": 1024**2, "MIB": 1024**2, "GB": 1024**3, "GIB": 1024**3}
 
 
@@ -605,54 +597,50 @@ def source_rows(family: str, trees: dict, sid: str, fit: dict, refit_own: bool =
 
 
 # ---------------------------------------------------------------- the committed family fits
-FAMILY_FIT = Path(__file__).resolve().parent / "data" / "family_fit.json"
-FAMILY_CMD = "python -m calib.reference"  # refits calib/data/family_fit.json from calib/data/family_fit_trees.json
-SHARED_KEY = "*"  # the GPU-side (shared) terms' key in the JSON (None in a fit's dicts)
+B300_RS_LATENCY = "collectives.nccl_reduce_scatter.tp8.latency_s"
+B300_RS_SOURCE = "PT_ISSUE179770"
 
 
-def trees_digest(trees: dict) -> str:
-    """sha256 of the start trees as build_profiles writes them (which trees a committed fit was made from)."""
-    import hashlib
-    import json
-
-    return hashlib.sha256(json.dumps(trees, sort_keys=True).encode()).hexdigest()
+def _round4(v: float) -> float:
+    return float(f"{v:.4g}")  # the profiles' 4 significant digits (what the built-in TOML holds)
 
 
-def _fit_to_json(fit: dict) -> dict:
-    """A FamilyFit result as strict JSON: the shared terms under SHARED_KEY, an unidentified term's sigma null."""
-    def keyed(d: dict) -> dict:
-        return {SHARED_KEY if k is None else k: v for k, v in d.items()}
-
-    sig = {sid: {k: (None if not np.isfinite(s) else s) for k, s in per.items()} for sid, per in fit["sigma_rel"].items()}
-    return {**fit, "values": keyed(fit["values"]), "sigma_rel": keyed(sig)}
+def b300_rs_latency_fit(b300_tree: dict) -> dict:
+    """The B300's own NCCL reduce-scatter latency at 1-12 MiB: the sequential arm of PT_ISSUE179770 (scaled_mm + NCCL
+    reduce-scatter) fitted with the rest of the B300 start tree fixed (its busBW stays the 16 GiB value)."""
+    return fit_fused_param(b300_tree, fused_op_rows(B300_RS_SOURCE), B300_RS_LATENCY, "b300", arm="sequential")
 
 
-def _fit_from_json(d: dict) -> dict:
-    def keyed(x: dict) -> dict:
-        return {None if k == SHARED_KEY else k: v for k, v in x.items()}
+def start_trees(raw: dict | None = None) -> tuple[dict, dict]:
+    """The family fits' start trees: build_profiles' (FAMILY_TREES, or `raw`) with the B300's reduce-scatter latency
+    fitted first and written in (rounded as the profile holds it). Returns (trees, that fit)."""
+    import copy
 
-    sig = {sid: {k: (float("inf") if s is None else s) for k, s in per.items()} for sid, per in d["sigma_rel"].items()}
-    return {**d, "values": keyed(d["values"]), "sigma_rel": keyed(sig)}
-
-
-def fit_families(trees: dict) -> dict:
-    """Every family's joint fit from its start trees (family -> FamilyFit result)."""
-    return {family: fit_family(family, per) for family, per in trees.items()}
+    trees = copy.deepcopy(load_family_trees() if raw is None else raw)
+    rs = b300_rs_latency_fit(trees["blackwell"]["b300"])
+    trees["blackwell"]["b300"]["collectives"]["nccl_reduce_scatter"]["tp8"]["latency_s"] = _round4(rs["value"])
+    return trees, rs
 
 
-def load_family_fits(trees: dict | None = None) -> dict:
-    """The committed family fits (FAMILY_FIT); with `trees`, one clear error where they were fitted to other ones."""
-    import json
+def b200_nccl_ar_tp2_fit(blackwell: dict) -> dict:
+    """TP2 NCCL all-reduce: VLLM_PR42324's pynccl points stop at 2 MiB; at the sizes vLLM sends NCCL (above its 2 MiB
+    custom-AR limit) a ring all-reduce is a reduce-scatter + an all-gather at the same busBW, so a 2 GiB point at the
+    TP2 reduce-scatter busBW the Blackwell family fit takes from FLASHINFER_GB200_GEMMRS_MATRIX's sequential arm."""
+    bw2 = blackwell["values"]["FLASHINFER_GB200_GEMMRS_MATRIX"]["collectives.nccl_reduce_scatter.tp2.bus_bw_bytes_per_s"]
+    ar2 = fit_vllm_bench("VLLM_PR42324", 2, "allreduce_time_pynccl", gpu_match="B200",
+                         extra_points=[asymptote_point(bw2 / 1e9, 2)])
+    ar2["source"] = (f"VLLM_PR42324 B200 WS=2 allreduce_time_pynccl (0.5-2 MiB) plus a 2 GiB point at the TP2 "
+                     f"reduce-scatter busBW fitted to FLASHINFER_GB200_GEMMRS_MATRIX's sequential arm; rms rel err "
+                     f"{ar2['rms_rel_err']:.3f} over {ar2['n']} points")
+    return ar2
 
-    from costmodel.errors import TpcostError
 
-    if not FAMILY_FIT.exists():
-        raise TpcostError(f"{FAMILY_FIT} is missing: run {FAMILY_CMD}")
-    d = json.loads(FAMILY_FIT.read_text())
-    if trees is not None and d.get("trees_sha256") != trees_digest(trees):
-        raise TpcostError(f"{FAMILY_FIT.name} was fitted to other start trees than the generator's: run "
-                          f"python tools/build_profiles.py, then {FAMILY_CMD}, then python tools/build_profiles.py")
-    return {family: _fit_from_json(f) for family, f in d["fits"].items()}
+def fit_families(raw: dict | None = None) -> tuple[dict, dict]:
+    """Every family's joint fit from its start trees (family -> FamilyFit result), and the fits made with them
+    (name -> fit: the B300 reduce-scatter latency before, the B200 TP2 all-reduce after)."""
+    trees, rs = start_trees(raw)
+    fits = {family: fit_family(family, per) for family, per in trees.items()}
+    return fits, {"b300_nccl_rs_latency": rs, "b200_nccl_all_reduce_tp2": b200_nccl_ar_tp2_fit(fits["blackwell"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -661,10 +649,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from costmodel.io import atomic_write_text, dumps_json
 
-    trees = load_family_trees()
-    fits = fit_families(trees)
+    raw = load_family_trees()
+    fits, made = fit_families(raw)
     out = {"command": FAMILY_CMD, "trees": str(FAMILY_TREES.relative_to(FAMILY_FIT.parents[2])),
-           "trees_sha256": trees_digest(trees), "fits": {f: _fit_to_json(v) for f, v in fits.items()}}
+           "trees_sha256": trees_digest(raw), "fits": {f: fit_to_json(v) for f, v in fits.items()}, "with": made}
     json.loads(dumps_json(out))  # strict JSON: no NaN, no inf
     atomic_write_text(FAMILY_FIT, dumps_json(out, indent=1) + "\n")
     for family, fit in fits.items():

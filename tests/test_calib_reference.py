@@ -1,14 +1,18 @@
-"""calib/reference.py: the fits of the released sources, committed as data (calib/data/family_fit.json) and
-assembled by tools/build_profiles.py; the staleness test refits them from data/reference."""
+"""calib/reference.py and calib/components.py: the fits of the released sources, committed as data
+(calib/data/component_fits.json, family_fit.json; calib/results.py reads them) and assembled by
+tools/build_profiles.py. The staleness tests refit them from data/reference."""
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 
 import pytest
 
+from calib import components as CMP
 from calib import reference as R
+from calib import results as CR
 from costmodel.errors import TpcostError
 
 REL = 1e-3  # a refit on another numpy / scipy may differ in the last digits; a changed row moves it by far more
@@ -30,10 +34,63 @@ def _differences(fresh: dict, committed: dict) -> list[str]:
     return out
 
 
+def _tree_differences(fresh, committed, path="") -> list[str]:
+    """Where two JSON trees differ: numbers beyond REL (absolute 1e-12 near zero), anything else exactly."""
+    if isinstance(fresh, dict) and isinstance(committed, dict):
+        out = [f"{path}{k}: only on one side" for k in set(fresh) ^ set(committed)]
+        for k in set(fresh) & set(committed):
+            out += _tree_differences(fresh[k], committed[k], f"{path}{k}.")
+        return out
+    if isinstance(fresh, list) and isinstance(committed, list) and len(fresh) == len(committed):
+        return [d for i, (a, b) in enumerate(zip(fresh, committed)) for d in _tree_differences(a, b, f"{path}{i}.")]
+    if isinstance(fresh, float) or isinstance(committed, float):
+        ok = isinstance(fresh, (int, float)) and isinstance(committed, (int, float)) and \
+            math.isclose(fresh, committed, rel_tol=REL, abs_tol=1e-12)
+        return [] if ok else [f"{path[:-1]}: {fresh!r} != {committed!r}"]
+    if isinstance(fresh, str) and isinstance(committed, str) and fresh != committed:
+        return [] if _same_text(fresh, committed) else [f"{path[:-1]}: {fresh!r} != {committed!r}"]
+    return [] if fresh == committed else [f"{path[:-1]}: {fresh!r} != {committed!r}"]
+
+
+def _same_text(a: str, b: str) -> bool:
+    """Source strings print fit errors with 3 decimals: they may differ in a last digit on another build."""
+    import re
+
+    num = re.compile(r"\d+\.\d+")
+    return num.sub("#", a) == num.sub("#", b)
+
+
+def _fresh_components() -> dict:
+    return json.loads(json.dumps(CMP.component_fits()))  # as the JSON holds it (tuples become lists)
+
+
+def test_committed_component_fits_are_current():
+    """Refit every component from data/reference: the committed component_fits.json still holds."""
+    assert _tree_differences(_fresh_components(), CR.load_components()) == []
+
+
+def test_a_changed_component_row_makes_the_staleness_check_fail(tmp_path, monkeypatch):
+    """One MEGATRON_PR5596 all-gather time 30 % slower moves the H100 all-gather fit: the comparison reports it."""
+    rows = list(csv.DictReader(open(R.CSV, newline="", encoding="utf-8")))
+    i = next(i for i, r in enumerate(rows) if r["source_id"] == "MEGATRON_PR5596" and r["metric"] == "allgather_time")
+    rows[i]["baseline_value"] = str(float(rows[i]["baseline_value"]) * 1.3)
+    changed = tmp_path / "components.csv"
+    with open(changed, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    monkeypatch.setattr(R, "CSV", changed)
+    diff = _tree_differences(_fresh_components(), CR.load_components())
+    assert any(d.startswith("h100_collectives.nccl_all_gather.tp8.") for d in diff)
+
+
 def test_committed_family_fit_is_current():
-    """Refit every family from the committed start trees and the released rows: the committed result still holds."""
-    trees = R.load_family_trees()
-    assert _differences(R.fit_families(trees), R.load_family_fits(trees)) == []
+    """Refit every family from the committed start trees and the released rows: the committed result still holds,
+    and so do the fits made with it (the B300 reduce-scatter latency, the B200 TP 2 all-reduce)."""
+    raw = CR.load_family_trees()
+    fits, made = R.fit_families(raw)
+    assert _differences(fits, CR.load_family_fits(raw)) == []
+    assert _tree_differences(json.loads(json.dumps(made)), CR.load_family_result(raw)["with"]) == []
 
 
 def test_a_changed_released_row_makes_the_staleness_check_fail(tmp_path, monkeypatch):
@@ -47,22 +104,31 @@ def test_a_changed_released_row_makes_the_staleness_check_fail(tmp_path, monkeyp
         w.writeheader()
         w.writerows(rows)
     monkeypatch.setattr(R, "FUSED_CSV", changed)
-    trees = R.load_family_trees()
+    trees = CR.load_family_trees()
     fresh = {"hopper": R.fit_family("hopper", trees["hopper"])}
-    assert _differences(fresh, R.load_family_fits(trees))
+    assert _differences(fresh, CR.load_family_fits(trees))
 
 
 def test_fits_from_other_trees_are_refused():
-    trees = R.load_family_trees()
+    trees = CR.load_family_trees()
     other = {**trees, "hopper": {"h100-sxm": {**trees["hopper"]["h100-sxm"], "schema_version": 1, "x": 1}}}
     with pytest.raises(TpcostError, match="fitted to other start trees"):
-        R.load_family_fits(other)
+        CR.load_family_fits(other)
+
+
+def test_a_missing_result_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(CR, "COMPONENT_FITS", tmp_path / "component_fits.json")
+    with pytest.raises(TpcostError, match="missing: run python -m calib.components"):
+        CR.load_components()
+    (tmp_path / "component_fits.json").write_text("{not json")
+    with pytest.raises(TpcostError, match="not readable JSON"):
+        CR.load_components()
 
 
 def test_the_json_round_trip_keeps_every_term():
     """The shared terms' None key and an unidentified term's infinite sigma survive strict JSON."""
     fit = {"values": {None: {"a": 1.0}, "S": {"b": 2.0}}, "sigma_rel": {None: {"a": 0.1}, "S": {"b": float("inf")}},
            "rms_log": 0.1, "n_residuals": 3, "n_params": 2, "sources": ["S"], "unidentified": ["S: b"]}
-    j = R._fit_to_json(fit)
-    assert j["sigma_rel"]["S"]["b"] is None and R.SHARED_KEY in j["values"]
-    assert R._fit_from_json(j) == fit
+    j = CR.fit_to_json(fit)
+    assert j["sigma_rel"]["S"]["b"] is None and CR.SHARED_KEY in j["values"]
+    assert CR.fit_from_json(j) == fit

@@ -157,12 +157,6 @@ def test_toml_round_trip_every_builtin():
         assert all(prm.source.strip() for prm in p.provenance.values())
 
 
-def test_builtin_profiles_match_generator():
-    r = subprocess.run([sys.executable, "tools/build_profiles.py", "--check"], capture_output=True, text=True,
-                       cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
-    assert r.returncode == 0, r.stdout + r.stderr
-
-
 def test_import_costmodel_pulls_no_torch_or_scipy():
     """costmodel imports no torch/scipy/vllm/matplotlib, and nothing of calib or integration (the layers
     run one way); every costmodel module is imported, then a whole analysis runs."""

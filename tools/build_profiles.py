@@ -27,7 +27,18 @@ from costmodel.io import atomic_write_text  # noqa: E402
 from costmodel.profile import SCHEMA_VERSION, dump_profile, profile_from_dict  # noqa: E402
 from costmodel import formulas as F  # noqa: E402
 from costmodel import vllm_tables as T  # noqa: E402
-from calib import reference as R  # noqa: E402
+from calib import results as CR  # noqa: E402  (committed fit results only: no fitting code)
+
+C: dict = {}  # calib/data/component_fits.json (python -m calib.components), read by main before anything is built
+
+
+def fit_inputs(gpu: str, peak_bf16: float, hbm: float, sms: int) -> None:
+    """Refuse datasheet values other than those the committed GEMM fit of `gpu` ran at."""
+    want = C["inputs"][gpu]
+    got = {"peak_bf16_flops_per_s": peak_bf16, "hbm_bw_bytes_per_s": hbm, "sm_count": sms}
+    if got != want:
+        raise TpcostError(f"{gpu} datasheet values {got} differ from those {CR.COMPONENT_FITS.name} was fitted at "
+                          f"({want}): update calib/components.py FIT_INPUTS and run {CR.COMPONENT_CMD}")
 
 MiB, RING = F.MiB, F.RING_LINK_RATIO
 CHECK_REL_TOL = 1e-3  # values are written with 4 significant digits
@@ -81,10 +92,11 @@ def scaled_collectives(base, ratio, why, lat_add=0.0):
 
 def h100():
     peak = 989.4e12
-    eff = R.mamf_efficiency("H100 SXM (H200 same)", "bf16")
-    g = R.gemm_fit("H100", ["VLLM_PR49363"], 3.35e12, peak, eff, 132)
-    coll = R.h100_collectives()
-    sigma = R.asynctp_slowdown_h100(peak, eff)
+    fit_inputs("H100", peak, 3.35e12, 132)
+    eff = C["mamf_efficiency"]["H100 SXM (H200 same)/bf16"]
+    g = C["gemm_small_m"]["H100"]
+    coll = copy.deepcopy(C["h100_collectives"])
+    sigma = C["h100_compute_slowdown"]
     return {
         "schema_version": SCHEMA_VERSION,
         "identity": {"name": "h100-sxm", "display_name": "NVIDIA H100 SXM5 80GB", "vendor": "nvidia",
@@ -118,7 +130,7 @@ def h100():
 
 
 def h200(h):
-    eff8 = R.mamf_efficiency("H200 SXM", "fp8")
+    eff8 = C["mamf_efficiency"]["H200 SXM/fp8"]
     p = derive(h, {
         "identity": lambda t: {**t, "name": "h200-sxm", "display_name": "NVIDIA H200 SXM 141GB",
                                "device_name_patterns": "H200", "source": NV_H200},
@@ -129,27 +141,21 @@ def h200(h):
                                                    "datasheet): " + t["source"]},
         "attention": lambda t: {**t, "source": FA3 + " (H100; H200 has the same SMs)"}})
     # H200-specific collective measurements (8 GPUs)
-    lat_rows = R.rows("MLENG_NET_README", metric="allreduce_latency_median", gpu="H200 SXM")
-    S = [R.size_in_notes(r["notes"]) for r in lat_rows]
-    t = [float(r["baseline_value"]) * 1e-6 for r in lat_rows]
-    sharp = {(r["num_gpus"], r["workload"][:40]): r for r in R.rows("MLENG_NET_SHARP", gpu="H200 SXM")}
-    ring8 = float(next(r for k, r in sharp.items() if "Ring, NVLS off" in r["workload"])["baseline_value"])
-    s_, t_ = R.asymptote_point(ring8, 8, size=16 * 1024**3)
-    a, bw, err = R.fit_alpha_beta(S + [s_], t + [t_], R.ar_factor(8))
+    h2 = C["h200_collectives"]
+    a, bw, err = (h2["nccl_all_reduce_tp8"][k] for k in ("latency_s", "bus_bw_bytes_per_s", "rms_rel_err"))
     p["collectives"]["nccl_all_reduce"]["tp8"] = sec(
         f"MLENG_NET_README 8xH200 NCCL all-reduce median latency 8 B-1 MiB + MLENG_NET_SHARP 16 GiB ring busBW; fit rms rel err {err:.3f} (calib/reference.py)",
         "published-measurement", latency_s=a, bus_bw_bytes_per_s=bw)
     for impl, key in (("nccl_all_gather", "all_gather"), ("nccl_reduce_scatter", "reduce_scatter")):
-        r = next(r for r in R.rows("MLENG_NET_SHARP", gpu="H200 SXM") if key in r["workload"])
         e = p["collectives"][impl]["tp8"]
         p["collectives"][impl]["tp8"] = sec(f"latency: {e['source'].split(';')[0]} (H100); busBW: MLENG_NET_SHARP 8xH200 {key} 16 GiB",
                                             "published-measurement", latency_s=e["latency_s"],
-                                            bus_bw_bytes_per_s=float(r["baseline_value"]) * 1e9)
+                                            bus_bw_bytes_per_s=h2[f"sharp_{key}_tp8_bus_bw_bytes_per_s"])
     for w in (4, 6):
-        r = next(r for r in R.rows("MLENG_NET_SHARP", gpu="H200 SXM", metric="allreduce_busbw") if r["num_gpus"] == str(w))
+        ring = h2[f"sharp_ring_tp{w}"]
         e = p["collectives"]["nccl_all_reduce"][f"tp{w}"]
-        e["bus_bw_bytes_per_s"] = min(e["bus_bw_bytes_per_s"], float(r["baseline_value"]) * 1e9)
-        e["source"] += f"; busBW capped at MLENG_NET_SHARP 8GiB H200 TP{w} ring {r['baseline_value']} GB/s"
+        e["bus_bw_bytes_per_s"] = min(e["bus_bw_bytes_per_s"], float(ring) * 1e9)
+        e["source"] += f"; busBW capped at MLENG_NET_SHARP 8GiB H200 TP{w} ring {ring} GB/s"
     p["gemm"]["_efficiency"]["source"] += f"; fp8: MLENG_MAMF H200 {eff8:.3f} of peak (not used: one efficiency per GPU)"
     return p
 
@@ -169,44 +175,33 @@ def h800(h):
 
 def b200():
     peak = 2250e12
-    eff = R.mamf_efficiency("B200 SXM", "bf16")
-    g = R.gemm_fit("B200", ["VLLM_PR20071", "VLLM_PR19566", "VLLM_PR18778"], 8e12, peak, eff, 148)
+    fit_inputs("B200", peak, 8e12, 148)
+    eff = C["mamf_efficiency"]["B200 SXM/bf16"]
+    g = C["gemm_small_m"]["B200"]
+    bc = C["b200_collectives"]
     h = h100()
     coll = scaled_collectives(h["collectives"], 2.0, "NVLink5 900 vs NVLink4 450 GB/s per direction")
-    readme = {r["metric"]: r for r in R.rows("MLENG_NET_README", gpu="B200")}
-    for impl, lat_key, bw_key in (("nccl_all_reduce", "all_reduce_latency_median", "all_reduce_peak_busbw"),
-                                  ("nccl_all_gather", "all_gather_latency_median", "all_gather_peak_busbw"),
-                                  ("nccl_reduce_scatter", "reduce_scatter_latency_median", "reduce_scatter_peak_busbw")):
-        lat, peak_bw = float(readme[lat_key]["baseline_value"]) * 1e-6, float(readme[bw_key]["baseline_value"]) * 1e9
-        half = R.size_in_notes(readme[bw_key]["notes"].replace("half-peak payload", "payload"))
-        f = F.bus_bw_factor(impl.removeprefix("nccl_"), 8)
-        S = [1024.0, half, 16 * 1024.0**3]
-        t = [lat, f * half / (peak_bw / 2), f * S[2] / peak_bw]
-        a, bw, err = R.fit_alpha_beta(S, t, f)
-        coll[impl]["tp8"] = sec(f"MLENG_NET_README 8xB200: alpha-beta fit to the 1 KiB median latency {readme[lat_key]['baseline_value']} us, "
-                                f"half of the 16 GiB busBW {readme[bw_key]['baseline_value']} GB/s at its half-peak payload "
-                                f"{half / 2**20:.0f} MiB, and that busBW at 16 GiB; rms log err {err:.3f} (calib/reference.py)",
-                                "published-measurement", latency_s=a, bus_bw_bytes_per_s=bw)
+    for impl, f in bc["readme"].items():
+        coll[impl]["tp8"] = sec(f"MLENG_NET_README 8xB200: alpha-beta fit to the 1 KiB median latency {f['latency_us']} us, "
+                                f"half of the 16 GiB busBW {f['busbw_gb_s']} GB/s at its half-peak payload "
+                                f"{f['half_peak_bytes'] / 2**20:.0f} MiB, and that busBW at 16 GiB; rms log err "
+                                f"{f['rms_rel_err']:.3f} (calib/reference.py)",
+                                "published-measurement", latency_s=f["latency_s"], bus_bw_bytes_per_s=f["bus_bw_bytes_per_s"])
     # TP2 reduce-scatter / all-gather: stock NCCL at 4 MiB (NCCL_PR2307 'default' 29.4 us) with the TP2 all-reduce
     # latency; the prototype's tuned 1-16 MiB rows are not the NCCL vLLM runs
-    stock = next(r for r in R.rows("NCCL_PR2307") if "default vs tuned" in r["workload"])
-    t4 = float(stock["baseline_value"]) * 1e-6
-    ar2 = R.fit_vllm_bench("VLLM_PR42324", 2, "allreduce_time_pynccl", gpu_match="B200")
-    bw2 = F.bus_bw_factor("all_gather", 2) * 4 * 2**20 / (t4 - ar2["latency_s"])
+    rs2 = bc["nccl_rs_tp2"]
     for impl in ("nccl_reduce_scatter", "nccl_all_gather"):
-        coll[impl]["tp2"] = sec(f"NCCL_PR2307 B200 TP2 stock reduce-scatter 4 MiB {stock['baseline_value']} us, latency from the "
+        coll[impl]["tp2"] = sec(f"NCCL_PR2307 B200 TP2 stock reduce-scatter 4 MiB {rs2['stock_4mib_us']} us, latency from the "
                                 "VLLM_PR42324 TP2 all-reduce fit" + ("" if impl == "nccl_reduce_scatter" else
                                 "; all-gather assumed = reduce-scatter (same ring, no reduction)"),
                                 "published-measurement" if impl == "nccl_reduce_scatter" else "assumed",
-                                latency_s=ar2["latency_s"], bus_bw_bytes_per_s=bw2)
+                                latency_s=rs2["latency_s"], bus_bw_bytes_per_s=rs2["bus_bw_bytes_per_s"])
     for impl, metric in (("nccl_all_reduce", "allreduce_time_pynccl"), ("symm_mem_multimem", "allreduce_time_torch_symm_mem_multimem"),
                          ("symm_mem_two_shot", "allreduce_time_torch_symm_mem_two_shot")):
-        f = R.fit_vllm_bench("VLLM_PR42324", 2, metric, gpu_match="B200")
+        f = bc["vllm_pr42324_tp2"][metric]
         coll[impl]["tp2"] = sec(f"VLLM_PR42324 B200 WS=2 {metric}; fit rms rel err {f['rms_rel_err']:.3f} over {f['n']} points",
                                 "published-measurement", latency_s=f["latency_s"], bus_bw_bytes_per_s=f["bus_bw_bytes_per_s"])
-    tr = R.rows("TRTLLM_PR14534", metric="fused_ar_rmsnorm_time_oneshot")
-    S = [float(r["M_or_tokens"]) * float(r["hidden_size"]) * 2 for r in tr]
-    a, bw, err = R.fit_alpha_beta(S, [float(r["baseline_value"]) * 1e-6 for r in tr], R.ar_factor(4))
+    a, bw, err = (bc["trtllm_oneshot_tp4"][k] for k in ("latency_s", "bus_bw_bytes_per_s", "rms_rel_err"))
     for w in (2, 4, 8):
         coll["flashinfer_ar_rmsnorm"][f"tp{w}"] = sec(
             f"TRTLLM_PR14534 GB200 4-rank one-shot fused AR+RMSNorm fit (rms rel err {err:.3f}); used for TP{w}",
@@ -254,7 +249,7 @@ def fi_tp2_entries(latency_s: float, own: bool) -> dict:
     """FlashInfer's fused AR+RMSNorm one-shot and two-shot at TP 2 from the B300 large-message rows
     (calib/reference.py fi_tp2_b300): the B300's own measurement (`own`), or assumed for another NVLink5 GPU; the
     one-shot's latency is `latency_s` (TRTLLM_PR14534's GB200 4-rank fit)."""
-    fi2 = R.fi_tp2_b300()
+    fi2 = C["fi_tp2_b300"]
     one, two = fi2["flashinfer_ar_rmsnorm"], fi2["flashinfer_ar_rmsnorm_twoshot"]
     lat = "latency: TRTLLM_PR14534 GB200 4-rank one-shot fit"
     if own:
@@ -269,9 +264,10 @@ def fi_tp2_entries(latency_s: float, own: bool) -> dict:
                                                  latency_s=two["latency_s"], bus_bw_bytes_per_s=two["bus_bw_bytes_per_s"])}
 
 
-def b300():
+def b300_base():
     """B300 (Blackwell Ultra, HGX 8-GPU): the B200 profile's structure with B300's datasheet numbers. Its
-    GEMM and collective fits stay B200's (same SM100 family and NVLink5) and say so."""
+    GEMM and collective fits stay B200's (same SM100 family and NVLink5) and say so; the start tree of the fit of
+    its own reduce-scatter latency (b300)."""
     p = copy.deepcopy(b200())
     p["identity"].update(name="b300", display_name="NVIDIA B300 (HGX, 8 GPUs)", compute_capability="10.3",
                          device_name_patterns="B300", sm_count=160, source=NV_B300)
@@ -289,12 +285,17 @@ def b300():
     for impl, e in fi_tp2_entries(p["collectives"]["flashinfer_ar_rmsnorm"]["tp2"]["latency_s"], own=True).items():
         p["collectives"][impl]["tp2"] = e  # the B300's own TP 2 rows
     p["collectives"] = b300_vllm_ar(p["collectives"])
-    # B300's own NCCL reduce-scatter at 1-12 MiB: the sequential arm of PT_ISSUE179770 (scaled_mm + NCCL RS) fixes the
-    # latency (the busBW stays the 16 GiB value); the B200 fit's 1 KiB latency is far below NCCL's mid-size cost
+    return p
+
+
+def b300(family: dict):
+    """The B300 profile tree: b300_base with its own NCCL reduce-scatter latency at 1-12 MiB, fitted to the
+    sequential arm of PT_ISSUE179770 (scaled_mm + NCCL RS) from that start tree (calib/reference.py
+    b300_rs_latency_fit, committed with the family fits in `family`); the busBW stays the 16 GiB value. The B200
+    fit's 1 KiB latency is far below NCCL's mid-size cost."""
+    p = b300_base()
     rs = p["collectives"]["nccl_reduce_scatter"]["tp8"]
-    fit = R.fit_fused_param(asynctp_section(copy.deepcopy(p), (BARRIER_PRIOR_S, "fit start", "assumed"), HOST_OP),
-                            R.fused_op_rows("PT_ISSUE179770"), "collectives.nccl_reduce_scatter.tp8.latency_s", "b300",
-                            arm="sequential")
+    fit = family["with"]["b300_nccl_rs_latency"]
     p["collectives"]["nccl_reduce_scatter"]["tp8"] = sec(
         f"latency: {fit['source']} (1-12 MiB messages); busBW: {rs['source']}", "published-measurement",
         latency_s=fit["value"], bus_bw_bytes_per_s=rs["bus_bw_bytes_per_s"])
@@ -307,7 +308,7 @@ def b300_vllm_ar(coll):
     at the other TPs the assumed values scaled by that fit's ratio to the TP 6 assumption, latency and busBW each
     (same GPU and switch: what the B300 measurement corrects at TP 6 it corrects at every TP; tier assumed)."""
     coll = copy.deepcopy(coll)
-    for impl, f in R.b300_vllm_ar_fits().items():
+    for impl, f in C["b300_vllm_ar"].items():
         per = coll[impl]
         old = per["tp6"]
         ra, rb = f["latency_s"] / old["latency_s"], f["bus_bw_bytes_per_s"] / old["bus_bw_bytes_per_s"]
@@ -324,8 +325,8 @@ def b300_vllm_ar(coll):
 
 def gb200(b):
     peak = 2500e12
-    eff = R.mamf_efficiency("GB200", "bf16")
-    r = R.rows("NCCLTESTS_ISSUE333")[0]
+    eff = C["mamf_efficiency"]["GB200/bf16"]
+    lat_us = C["gb200_nccl_ar_tp4_latency_us"]
     return derive(b, {
         "identity": lambda t: {**t, "name": "gb200-nvl72", "display_name": "NVIDIA GB200 NVL72 (per Blackwell GPU)",
                                "device_name_patterns": "GB200", "source": NV_GB200 + "; SM count assumed = B200"},
@@ -337,8 +338,8 @@ def gb200(b):
                                    "source": "https://www.nvidia.com/en-us/data-center/gb200-nvl72/ (72-GPU NVLink5 "
                                              "domain, 1.8 TB/s bidirectional per GPU; 800 Gb/s NIC per GPU beyond)"},
         "collectives.nccl_all_reduce.tp4": lambda e: sec(
-            f"latency: NCCLTESTS_ISSUE333 GB200 4-GPU all-reduce {r['baseline_value']} us at <=1 KB; busBW: "
-            f"{e['source']}", "published-measurement", latency_s=float(r["baseline_value"]) * 1e-6,
+            f"latency: NCCLTESTS_ISSUE333 GB200 4-GPU all-reduce {lat_us} us at <=1 KB; busBW: "
+            f"{e['source']}", "published-measurement", latency_s=float(lat_us) * 1e-6,
             bus_bw_bytes_per_s=e["bus_bw_bytes_per_s"])})
 
 
@@ -411,7 +412,7 @@ def a100(name="a100-sxm-80gb", link=300e9, display="NVIDIA A100 SXM4 80GB", patt
         name, display, "8.0", 108, 312e12, 312e12, 19.5e12, 2.039e12, link, "nvswitch", 8, 25e9,
         src=NV_A100 + "; no FP8 tensor cores: fp8 runs weight-only (Marlin W8A16) at the bf16 peak",
         link_src=f"NVLink3: {2 * link / 1e9:.0f} GB/s bidirectional per GPU, 8-GPU NVSwitch; 200 Gb/s HDR NIC per GPU",
-        eff=R.mamf_efficiency("A100 SXM", "bf16"), eff_src="MLENG_MAMF A100 SXM bf16 best-shape 271.2/312 TFLOP/s",
+        eff=C["mamf_efficiency"]["A100 SXM/bf16"], eff_src="MLENG_MAMF A100 SXM bf16 best-shape 271.2/312 TFLOP/s",
         attn=0.5, patterns=patterns, coll_why=f"NVLink3 {link / 1e9:.0f} vs NVLink4 450 GB/s per direction"))
 
 
@@ -525,10 +526,11 @@ BARRIER_PRIOR_S = 4e-6  # fit start: signal-pad put + wait (SYMMMEM_RECIPES_PR3:
 
 def family_trees() -> dict:
     """The profile trees the family fits start from (the fitted terms at their priors), per family; written to
-    calib/data/family_fit_trees.json (R.FAMILY_TREES) beside the profiles, where benchmarks/accuracy.py reads them."""
+    calib/data/family_fit_trees.json (calib.results.FAMILY_TREES) beside the profiles, where calib/reference.py
+    and benchmarks/accuracy.py read them (the B300's reduce-scatter latency is fitted there first)."""
     pri = (BARRIER_PRIOR_S, "fit start", "assumed")
     return {"hopper": {"h100-sxm": asynctp_section(h100(), pri, HOST_OP)},
-            "blackwell": {"b300": asynctp_section(b300(), pri, HOST_OP),
+            "blackwell": {"b300": asynctp_section(b300_base(), pri, HOST_OP),
                           "gb200-nvl72": asynctp_section(gb200(b200()), pri, HOST_OP)}}
 
 
@@ -540,27 +542,16 @@ def asynctp_fits():
     the copy-engine pull bandwidth) is shared by a family's sources; host_op_s is each source's own host. Read from
     the committed result (calib/data/family_fit.json, `python -m calib.reference`), refused where it was fitted to
     other start trees than these."""
-    fits = R.load_family_fits(family_trees())
-    return {"hopper": fits["hopper"], "blackwell": fits["blackwell"], "kernel": kernel_fit()}
+    fam = CR.load_family_result(family_trees())
+    fits = {f: CR.fit_from_json(v) for f, v in fam["fits"].items()}
+    return {"hopper": fits["hopper"], "blackwell": fits["blackwell"], "kernel": CR.load_kernel_fit(), "family": fam}
 
 
-KERNEL_FIT = ROOT / "calib" / "data" / "kernel_fit.json"  # committed output of `python -m calib.kernel_fit`
 # MLENG_NET_SHARP, 8 GPUs, 8 GiB all-reduce with NVLS: busBW = 2(W-1)/(W+1) x the multicast rate per direction
 # (ld_reduce + st move (1 + 1/W)·S each way): H200 473.1 GB/s over 450, B200 838.0 over 900 -> NVLink4 / NVLink5
 SHARP_NVLS_BUSBW = {"nvlink4": (473.1e9, 450e9), "nvlink5": (838.0e9, 900e9)}
 SHARP_NVLS_RATIO = (SHARP_NVLS_BUSBW["nvlink4"][0] / SHARP_NVLS_BUSBW["nvlink4"][1]) / \
     (SHARP_NVLS_BUSBW["nvlink5"][0] / SHARP_NVLS_BUSBW["nvlink5"][1])
-
-
-def kernel_fit() -> dict:
-    """The committed single-kernel joint fit (calib/kernel_fit.py); its priors where it has not been run yet."""
-    if KERNEL_FIT.exists():
-        return json.loads(KERNEL_FIT.read_text())
-    from calib import kernel_fit as K
-
-    vals = {f"hw:{k}": v[0] for k, v in K.HARDWARE_PRIOR.items()}
-    vals.update({f"vllm:{k}": v[0] for k, v in K.KERNEL_PRIOR.items()})
-    return {"values": vals, "sigma_rel": {k: None for k in vals}, "n_rows": 0, "rms_log": None}
 
 
 def kernel_section(p, kern, nvlink: str):
@@ -630,7 +621,7 @@ def _assumed(spec, why):
     return (spec[0], f"assumed: {why} ({spec[1]})", "assumed")
 
 
-def _gb200_rs(p, fit, tier_note=None):
+def _gb200_rs(p, fit, ar2_fit, tier_note=None):
     """NCCL reduce-scatter (and all-gather: same ring, no reduction) busBW at TP 2/4 from the GB200 baseline arm."""
     sid = "FLASHINFER_GB200_GEMMRS_MATRIX"
     for tp in (2, 4):
@@ -651,13 +642,9 @@ def _gb200_rs(p, fit, tier_note=None):
     # TP2 all-reduce: VLLM_PR42324's pynccl points stop at 2 MiB; at the sizes vLLM sends NCCL (above its 2 MiB
     # custom-AR limit) a ring all-reduce is a reduce-scatter + an all-gather at the same busBW: the large-message
     # point comes from the fitted reduce-scatter (so RS + AG and AR agree, CONSISTENCY_BAND)
-    bw2 = fit["values"][sid]["collectives.nccl_reduce_scatter.tp2.bus_bw_bytes_per_s"]
-    ar2 = R.fit_vllm_bench("VLLM_PR42324", 2, "allreduce_time_pynccl", gpu_match="B200",
-                           extra_points=[R.asymptote_point(bw2 / 1e9, 2)])
+    ar2 = ar2_fit
     p["collectives"]["nccl_all_reduce"]["tp2"] = sec(
-        f"VLLM_PR42324 B200 WS=2 allreduce_time_pynccl (0.5-2 MiB) plus a 2 GiB point at the TP2 reduce-scatter "
-        f"busBW fitted to FLASHINFER_GB200_GEMMRS_MATRIX's sequential arm; rms rel err {ar2['rms_rel_err']:.3f} over "
-        f"{ar2['n']} points" + (f" ({tier_note})" if tier_note else ""),
+        ar2["source"] + (f" ({tier_note})" if tier_note else ""),
         "assumed" if tier_note else "published-measurement", latency_s=ar2["latency_s"],
         bus_bw_bytes_per_s=ar2["bus_bw_bytes_per_s"])
     return p
@@ -708,12 +695,12 @@ def fi_oneshot_latency_b200(p):
     """B200 TP 8 FlashInfer one-shot AR+RMSNorm latency: SGLANG_PR7621's decode-size kernel time (8.7 us), where the
     GB200 4-rank fit (27 us) stood; its busBW stays."""
     p = copy.deepcopy(p)
-    r = next(iter(R.rows("SGLANG_PR7621")))
+    us = C["b200_collectives"]["sglang_fi_oneshot_us"]
     e = p["collectives"]["flashinfer_ar_rmsnorm"]["tp8"]
     p["collectives"]["flashinfer_ar_rmsnorm"]["tp8"] = sec(
-        f"latency: SGLANG_PR7621 B200 TP8 decode-size fused AR+RMSNorm kernel {r['overlap_value']} us (message size not "
+        f"latency: SGLANG_PR7621 B200 TP8 decode-size fused AR+RMSNorm kernel {us} us (message size not "
         f"stated, taken as latency); busBW: {e['source']}", "published-measurement",
-        latency_s=float(r["overlap_value"]) * 1e-6, bus_bw_bytes_per_s=e["bus_bw_bytes_per_s"])
+        latency_s=float(us) * 1e-6, bus_bw_bytes_per_s=e["bus_bw_bytes_per_s"])
     return p
 
 
@@ -760,8 +747,11 @@ def custom_reduce_scatter(p):
 def build_all(gpu_checks=None):
     """Every built-in profile tree; the single-GPU calibration results `gpu_checks` names (profile name -> fit.json,
     from --gpu-check) are folded in, nothing else."""
+    if not C:
+        C.update(CR.load_components())
     fits = asynctp_fits()
     hop, bw, kern = fits["hopper"], fits["blackwell"], fits["kernel"]
+    ar2 = fits["family"]["with"]["b200_nccl_all_reduce_tp2"]
     sync_h100 = _fit_spec(hop, None, "asynctp.barrier_s", "per-barrier GPU cost")
     host_h100 = _fit_spec(hop, "KRAKEN_PR19", "asynctp.host_op_s", "the KRAKEN_PR19 host's issue time per torch call")
     sync_h100_assumed = _assumed(sync_h100, "= the H100 fit")
@@ -772,9 +762,7 @@ def build_all(gpu_checks=None):
     host_gb200 = _fit_spec(bw, "FLASHINFER_GB200_GEMMRS_MATRIX", "asynctp.host_op_s",
                            "the FLASHINFER_GB200_GEMMRS_MATRIX (GB200, Grace) host's issue time")
     host_assumed = HOST_OP
-    from calib.nccl_fit import SWEEPS, fit_regimes
-
-    nccl_h200, nccl_b200 = fit_regimes(SWEEPS["h200"]), fit_regimes(SWEEPS["b200"])
+    nccl_h200, nccl_b200 = C["nccl_regimes"]["h200"], C["nccl_regimes"]["b200"]
     h = nccl_regimes(asynctp_section(h100(), sync_h100, host_h100), nccl_h200, "assumed",
                      "assumed: the H200 fit (H100 and H200 share NVLink4 and the NVSwitch generation); ")
     h = calibrated_overrides(h, "h200-sxm", gpu_checks, keys=SAME_DIE_KEYS,
@@ -782,7 +770,7 @@ def build_all(gpu_checks=None):
     fam = "same NVLink5/NVSwitch and SM100 family as the Blackwell fit"
     b = _with_pull(asynctp_section(b200(), _assumed(sync_bw, fam), host_assumed), _assumed(pull_bw, fam))
     b = _with_slowdown(b, _assumed(slow_bw, fam))
-    b = _gb200_rs(b, bw, tier_note="GB200 value carried to B200 (same NVLink5 switch)")
+    b = _gb200_rs(b, bw, ar2, tier_note="GB200 value carried to B200 (same NVLink5 switch)")
     b = kernel_section(b, kern, "nvlink5")
     b = fi_oneshot_latency_b200(nccl_regimes(b, nccl_b200, "published-measurement"))
     gb = _with_slowdown(_with_pull(asynctp_section(gb200(b200()), sync_bw, host_gb200), pull_bw), slow_bw)
@@ -792,11 +780,11 @@ def build_all(gpu_checks=None):
                                                               "published-measurement"), "h200-sxm", gpu_checks),
                 "h800": asynctp_section(h800(h100()), sync_h100_assumed, host_assumed),
                 "b200": b,
-                "b300": kernel_section(_gb200_rs(_with_slowdown(_with_pull(asynctp_section(b300(), sync_bw, host_b300),
-                                                                           pull_bw), slow_bw), bw,
-                                                 tier_note="GB200 value carried to B300 (same NVLink5 switch)"),
+                "b300": kernel_section(_gb200_rs(_with_slowdown(_with_pull(asynctp_section(b300(fits["family"]), sync_bw,
+                                                                                           host_b300), pull_bw), slow_bw),
+                                                 bw, ar2, tier_note="GB200 value carried to B300 (same NVLink5 switch)"),
                                        kern, "nvlink5"),
-                "gb200-nvl72": kernel_section(_gb200_rs(gb, bw), kern, "nvlink5"),
+                "gb200-nvl72": kernel_section(_gb200_rs(gb, bw, ar2), kern, "nvlink5"),
                 "a100-sxm-80gb": asynctp_section(a100(), sync_h100_assumed, host_assumed),
                 "a800": asynctp_section(a800(), sync_h100_assumed, host_assumed),
                 "l40s": asynctp_section(l40s(), sync_h100_assumed, host_assumed),
@@ -922,12 +910,17 @@ def main(argv=None) -> int:
         print(f"build_profiles: error: {e}", file=sys.stderr)
         return 2
     bad = []
-    trees = json.dumps(family_trees(), indent=1, sort_keys=True) + "\n"
+    try:
+        C.update(CR.load_components())
+        trees = json.dumps(family_trees(), indent=1, sort_keys=True) + "\n"
+    except TpcostError as e:
+        print(f"build_profiles: {e}", file=sys.stderr)
+        return 1
     if args.check:
-        if not R.FAMILY_TREES.exists() or json.loads(R.FAMILY_TREES.read_text()) != json.loads(trees):
-            bad.append(f"{R.FAMILY_TREES.relative_to(ROOT)} (the family fits' start trees)")
+        if not CR.FAMILY_TREES.exists() or json.loads(CR.FAMILY_TREES.read_text()) != json.loads(trees):
+            bad.append(f"{CR.FAMILY_TREES.relative_to(ROOT)} (the family fits' start trees)")
     else:
-        atomic_write_text(R.FAMILY_TREES, trees)  # first: the family fit is made from them
+        atomic_write_text(CR.FAMILY_TREES, trees)  # first: the family fit is made from them
     try:
         built = build_all(checks)
     except TpcostError as e:

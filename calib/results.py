@@ -1,0 +1,92 @@
+"""The committed results of calib's fits (calib/data/*.json): where they live, the command that makes each, and
+their readers. tools/build_profiles.py assembles the built-in profiles from these and the datasheets; it imports
+this module and no fitting code.
+
+    python -m calib.components        # component_fits.json   (GEMM, collective and kernel-time fits, readings)
+    python tools/build_profiles.py    # family_fit_trees.json (the family fits' start trees), then the profiles
+    python -m calib.reference         # family_fit.json       (the joint fused-op fits per GPU family)
+    python -m calib.kernel_fit        # kernel_fit.json       (the single-kernel GEMM+RS/AR joint fit)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+from costmodel.errors import TpcostError
+
+DATA = Path(__file__).resolve().parent / "data"
+COMPONENT_FITS = DATA / "component_fits.json"
+COMPONENT_CMD = "python -m calib.components"
+FAMILY_TREES = DATA / "family_fit_trees.json"  # written by tools/build_profiles.py
+FAMILY_FIT = DATA / "family_fit.json"
+FAMILY_CMD = "python -m calib.reference"  # refits FAMILY_FIT from FAMILY_TREES
+KERNEL_FIT = DATA / "kernel_fit.json"
+KERNEL_CMD = "python -m calib.kernel_fit"
+SHARED_KEY = "*"  # the GPU-side (shared) terms' key in the family JSON (None in a fit's dicts)
+REBUILD = "python tools/build_profiles.py"
+
+
+def _read(path: Path, cmd: str) -> dict:
+    if not path.exists():
+        raise TpcostError(f"{path} is missing: run {cmd}")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise TpcostError(f"{path}: not readable JSON ({e}): run {cmd}") from None
+
+
+def load_components() -> dict:
+    """The committed component fits: name -> entry (values, source, tier, ...) as calib.components wrote them."""
+    return _read(COMPONENT_FITS, COMPONENT_CMD)["fits"]
+
+
+def load_kernel_fit() -> dict:
+    """The committed single-kernel joint fit (calib/kernel_fit.py)."""
+    return _read(KERNEL_FIT, KERNEL_CMD)
+
+
+def load_family_trees() -> dict:
+    """The profile trees each family fit starts from (family -> profile name -> tree), as build_profiles wrote them."""
+    return _read(FAMILY_TREES, REBUILD)
+
+
+def trees_digest(trees: dict) -> str:
+    """sha256 of the start trees as build_profiles writes them (which trees a committed fit was made from)."""
+    return hashlib.sha256(json.dumps(trees, sort_keys=True).encode()).hexdigest()
+
+
+def fit_to_json(fit: dict) -> dict:
+    """A FamilyFit result as strict JSON: the shared terms under SHARED_KEY, an unidentified term's sigma null."""
+    def keyed(d: dict) -> dict:
+        return {SHARED_KEY if k is None else k: v for k, v in d.items()}
+
+    sig = {sid: {k: (None if not math.isfinite(s) else s) for k, s in per.items()}
+           for sid, per in fit["sigma_rel"].items()}
+    return {**fit, "values": keyed(fit["values"]), "sigma_rel": keyed(sig)}
+
+
+def fit_from_json(d: dict) -> dict:
+    """fit_to_json's inverse."""
+    def keyed(x: dict) -> dict:
+        return {None if k == SHARED_KEY else k: v for k, v in x.items()}
+
+    sig = {sid: {k: (float("inf") if s is None else s) for k, s in per.items()} for sid, per in d["sigma_rel"].items()}
+    return {**d, "values": keyed(d["values"]), "sigma_rel": keyed(sig)}
+
+
+def load_family_result(trees: dict | None = None) -> dict:
+    """The committed family-fit file (FAMILY_FIT) as JSON; with `trees`, one clear error where it was fitted to other
+    start trees."""
+    d = _read(FAMILY_FIT, FAMILY_CMD)
+    if trees is not None and d.get("trees_sha256") != trees_digest(trees):
+        raise TpcostError(f"{FAMILY_FIT.name} was fitted to other start trees than the generator's: run {REBUILD}, "
+                          f"then {FAMILY_CMD}, then {REBUILD}")
+    return d
+
+
+def load_family_fits(trees: dict | None = None) -> dict:
+    """The committed family fits (family -> FamilyFit result), checked against `trees` as load_family_result."""
+    return {family: fit_from_json(f) for family, f in load_family_result(trees)["fits"].items()}
