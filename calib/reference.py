@@ -1,10 +1,10 @@
-"""Fits of profile parameters to the published component measurements in data/reference/components.csv
-(a copy of ../shared/reference/components.csv; sources in data/reference/SOURCES.md).
+"""Fits of profile parameters to the published measurements in data/reference/components.csv and fused_ops.csv
+(copies of ../shared/reference; sources in data/reference/SOURCES.md, FUSED_OPS_SOURCES.md).
 
-Used by tools/build_profiles.py (which writes costmodel/profiles/*.toml) and by
-tests/test_model.py::test_builtin_profiles_match_generator (which runs `build_profiles.py --check`, so the
-built-in profiles still equal these fits).
-Each fit returns values plus a `source` string naming the source_ids and row selection.
+calib/components.py runs the component fits (committed as calib/data/component_fits.json); `python -m
+calib.reference` runs the joint fused-op fits per GPU family from the start trees tools/build_profiles.py writes
+(committed as calib/data/family_fit.json). tools/build_profiles.py assembles the profiles from both
+(calib/results.py). Each fit returns values plus a `source` string naming the source_ids and row selection.
 """
 
 from __future__ import annotations
