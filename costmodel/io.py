@@ -18,6 +18,20 @@ MAX_INPUT_BYTES = 64 * 1024 * 1024  # a profile, config.json, CSV or metrics fil
 MAX_JSON_DEPTH = 64  # config.json / fit.json nest a few levels; thousands deep is an attack or a mistake
 
 
+def finite_float(value: Any, label: str, nonneg: bool = False) -> float:
+    """`value` as a finite float (>= 0 with `nonneg`), or one TpcostError naming `label` (a text that is no number,
+    one beyond a float's range, inf, NaN, or a negative where it may not be)."""
+    try:
+        v = float(value)
+    except OverflowError:
+        raise TpcostError(f"{label} = {value} is beyond the range of a float") from None
+    except (TypeError, ValueError):
+        raise TpcostError(f"{label}: {value!r} is not a number") from None
+    if not math.isfinite(v) or (nonneg and v < 0):
+        raise TpcostError(f"{label} = {value!r} must be a finite number" + (" >= 0" if nonneg else ""))
+    return v
+
+
 def read_text(path: str | os.PathLike, what: str = "file") -> str:
     """The UTF-8 text of `path` (a BOM is dropped), or one clear TpcostError."""
     p = Path(path)

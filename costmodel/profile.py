@@ -30,7 +30,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from .errors import TpcostError
-from .io import read_text
+from .io import finite_float, read_text
 
 SCHEMA_VERSION = 1
 TIERS = ("assumed", "datasheet", "published-measurement", "calibrated")
@@ -228,29 +228,15 @@ class ValueRange:
         return f"{'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}] {self.unit}".rstrip()
 
 
-# Plausible ranges of every profile quantity (docs/profiles.md renders this table): wide enough for any GPU or
-# CPU host measured (the CPU calibration calib/data/cpu-gloo-w2: one "SM", 221 us barriers, sigma 0.76), narrow
-# enough that a typo (1e308, a value in ms, a negative) is refused. Checked on load, after every --set and
-# override, and on what calibrate writes; the Monte Carlo band clips its draws into them. First match wins:
-# (dotted-key regular expression, range).
-VALUE_RANGES: tuple[tuple[str, ValueRange], ...] = (
-    (r"identity\.sm_count", ValueRange(1, 4096, "SMs", "a CPU host is 1; the largest GPU has 304")),
-    (r"gemm\.tile_[mn]", ValueRange(1, 1024, "rows/columns", "GEMM output tiles are 8 to 256 wide")),
-    (r"interconnect\.domain_size", ValueRange(1, 65536, "GPUs", "NVL72 is 72; a CPU host's gloo domain 64")),
-    (r"compute\.peak_flops_per_s\..*", ValueRange(1e8, 1e17, "FLOP/s", "one CPU thread ~1e10; B300 fp8 5e15")),
-    (r"memory\.hbm_bw_bytes_per_s", ValueRange(1e8, 1e14, "bytes/s", "DDR channel ~1e10; B300 8e12")),
-    (r"memory\.hbm_capacity_bytes", ValueRange(1e8, 1e13, "bytes", "A100 40 GB; B300 288 GB")),
-    (r".*efficiency", ValueRange(0.0, 1.0, "", "achieved / peak", lo_open=True)),
-    (r"fused_kernel\.compute_overhead", ValueRange(0.0, 10.0, "", "relative GEMM slowdown inside the fused kernel")),
-    (r"fused_kernel\.exposed_fraction", ValueRange(0.0, 1.0, "", "a fraction")),
-    (r"fused_kernel\.inflight_scale", ValueRange(0.0, 64.0, "", "a CTA's requests in flight over one tile's", lo_open=True)),
-    (r"fused_kernel\.(fixed_s|ar_fence_s)", ValueRange(0.0, 0.01, "s", "a launch, fences and signals: ~1e-6..1e-5")),
-    (r"asynctp\.stream_concurrency", ValueRange(0.0, 1.0, "", "a fraction")),
-    (r"asynctp\.compute_slowdown", ValueRange(0.0, 10.0, "", "relative slowdown; a 2-core CPU measured 1.3")),
-    (r".*_bw_bytes_per_s", ValueRange(1e6, 1e14, "bytes/s", "gloo on a CPU ~4e8; NVLink 5 9e11")),
-    (r".*(latency_s|barrier_s)", ValueRange(0.0, 0.1, "s", "NVLink ~1e-6; gloo on a CPU ~3.5e-4")),
-    (r".*(launch_overhead_s|host_op_s)", ValueRange(0.0, 0.01, "s", "a kernel launch or torch call is ~1e-6..1e-5")),
-)
+def _value_ranges() -> tuple[tuple[str, ValueRange], ...]:
+    """The plausible ranges of every profile quantity (costmodel/value_ranges.toml, the reasons there): (dotted-key
+    regular expression, range), first match wins."""
+    d = tomllib.loads(resources.files("costmodel").joinpath("value_ranges.toml").read_text(encoding="utf-8"))
+    return tuple((e["key"], ValueRange(e["lo"], e["hi"], e["unit"], e["why"], e.get("lo_open", False)))
+                 for e in d["range"])
+
+
+VALUE_RANGES = _value_ranges()
 UNCERTAINTY_RANGE = ValueRange(0.0, 1.0, "", "a relative 1-sigma; a fit worse than 100 % says nothing")
 _RANGE_RES = tuple((re.compile(pat), r) for pat, r in VALUE_RANGES)
 
@@ -526,12 +512,7 @@ def check_params(values: Mapping[str, Any], where: str) -> None:
             raise TpcostError(f"{where}: {k}: {NO_DISPATCH_TABLE}")
         if hasattr(v, "shape"):  # Monte Carlo draws: clipped into the range where they are made
             continue
-        try:
-            fv = float(v)
-        except OverflowError:
-            raise TpcostError(f"{where}: {k} = {v} is beyond the range of a float") from None
-        if not math.isfinite(fv):
-            raise TpcostError(f"{where}: {k} = {v!r} must be finite")
+        fv = finite_float(v, f"{where}: {k}")
         r = value_range(k)
         if not r.contains(fv):
             raise TpcostError(f"{where}: {k} = {fv:g} is outside its plausible range {r.text()} ({r.why}; "
@@ -593,12 +574,7 @@ def _flatten(tree: Mapping[str, Any], path: str, leaves: dict, prov: dict, notes
             if k not in numeric:
                 raise TpcostError(f"{where}: [{path}.uncertainty_rel] names {k!r}, which is not a number of [{path}]")
         for k, v in numeric.items():
-            try:
-                fv = float(v)
-            except OverflowError:
-                raise TpcostError(f"{where}: {path}.{k} = {v} is beyond the range of a float") from None
-            if not math.isfinite(fv) or fv < 0:
-                raise TpcostError(f"{where}: {path}.{k} = {v} must be a finite number >= 0")
+            fv = finite_float(v, f"{where}: {path}.{k}", nonneg=True)
             u = unc.get(k)
             key = f"{path}.{k}" if path else k
             _check_key(key, fv, where)
@@ -708,12 +684,7 @@ def parse_set(items: list[str]) -> dict[str, float]:
             raise TpcostError(f"--set expects QUANTITY=VALUE, got {item!r}")
         if key.strip().startswith("vllm_dispatch."):
             raise TpcostError(f"--set {key.strip()}: {NO_DISPATCH_TABLE}")
-        try:
-            fv = float(val)
-        except ValueError:
-            raise TpcostError(f"--set {key}: {val!r} is not a number") from None
-        if not math.isfinite(fv):
-            raise TpcostError(f"--set {key}: value must be a finite number, got {val!r}")
+        fv = finite_float(val, f"--set {key}")
         if key.strip() in out:
             raise TpcostError(f"--set {key.strip()} given twice")
         out[key.strip()] = fv

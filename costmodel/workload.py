@@ -20,7 +20,7 @@ import re
 import numpy as np
 
 from .errors import TpcostError
-from .io import read_text
+from .io import finite_float, read_text
 
 METRIC = "vllm:iteration_tokens_total"
 SPREADS = ("uniform", "upper", "lower")
@@ -108,12 +108,7 @@ def parse_csv(text: str, where: str) -> Workload:
         n, c = r[0].strip(), r[1].strip()
         if not (n.isascii() and n.isdigit()) or int(n) < 1:
             raise TpcostError(f"{where}:{i}: num_tokens {n!r} is not a positive integer")
-        try:
-            cv = float(c)
-        except ValueError:
-            raise TpcostError(f"{where}:{i}: count {c!r} is not a number") from None
-        if not math.isfinite(cv) or cv < 0:
-            raise TpcostError(f"{where}:{i}: count must be finite and >= 0, got {c}")
+        cv = finite_float(c, f"{where}:{i}: count", nonneg=True)
         pts[int(n)] = pts.get(int(n), 0.0) + cv
     if not math.isfinite(sum(pts.values())):
         raise TpcostError(f"{where}: the counts sum to more than a float holds; scale them down (only their ratios "

@@ -60,6 +60,19 @@ def _same_text(a: str, b: str) -> bool:
     return num.sub("#", a) == num.sub("#", b)
 
 
+def _one_row_slower(path, tmp_path, column, pick):
+    """A copy of the CSV at `path` in which the first row `pick` selects is 30 % slower in `column`."""
+    rows = list(csv.DictReader(open(path, newline="", encoding="utf-8-sig")))
+    i = next(i for i, r in enumerate(rows) if pick(r))
+    rows[i][column] = str(float(rows[i][column]) * 1.3)
+    changed = tmp_path / path.name
+    with open(changed, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return changed
+
+
 def _fresh_components() -> dict:
     return json.loads(json.dumps(CMP.component_fits()))  # as the JSON holds it (tuples become lists)
 
@@ -71,15 +84,8 @@ def test_committed_component_fits_are_current():
 
 def test_a_changed_component_row_makes_the_staleness_check_fail(tmp_path, monkeypatch):
     """One MEGATRON_PR5596 all-gather time 30 % slower moves the H100 all-gather fit: the comparison reports it."""
-    rows = list(csv.DictReader(open(R.CSV, newline="", encoding="utf-8")))
-    i = next(i for i, r in enumerate(rows) if r["source_id"] == "MEGATRON_PR5596" and r["metric"] == "allgather_time")
-    rows[i]["baseline_value"] = str(float(rows[i]["baseline_value"]) * 1.3)
-    changed = tmp_path / "components.csv"
-    with open(changed, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    monkeypatch.setattr(R, "CSV", changed)
+    monkeypatch.setattr(R, "CSV", _one_row_slower(R.CSV, tmp_path, "baseline_value", lambda r: r["source_id"] ==
+                                                  "MEGATRON_PR5596" and r["metric"] == "allgather_time"))
     diff = _tree_differences(_fresh_components(), CR.load_components())
     assert any(d.startswith("h100_collectives.nccl_all_gather.tp8.") for d in diff)
 
@@ -95,15 +101,8 @@ def test_committed_family_fit_is_current():
 
 def test_a_changed_released_row_makes_the_staleness_check_fail(tmp_path, monkeypatch):
     """One KRAKEN_PR19 row 30 % slower on the fused arm moves the Hopper fit: the comparison above reports it."""
-    rows = list(csv.DictReader(open(R.FUSED_CSV, newline="", encoding="utf-8-sig")))
-    i = next(i for i, r in enumerate(rows) if r["source_id"] == "KRAKEN_PR19")
-    rows[i]["overlap_value"] = str(float(rows[i]["overlap_value"]) * 1.3)
-    changed = tmp_path / "fused_ops.csv"
-    with open(changed, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    monkeypatch.setattr(R, "FUSED_CSV", changed)
+    monkeypatch.setattr(R, "FUSED_CSV", _one_row_slower(R.FUSED_CSV, tmp_path, "overlap_value",
+                                                        lambda r: r["source_id"] == "KRAKEN_PR19"))
     trees = CR.load_family_trees()
     fresh = {"hopper": R.fit_family("hopper", trees["hopper"])}
     assert _differences(fresh, CR.load_family_fits(trees))
