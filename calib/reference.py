@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calib import fit as _fit
+from calib import fit as fitting
 from calib.fit import fit_least_squares, worst_unidentified  # the one fitting core and rule
 from calib.results import FAMILY_CMD, FAMILY_FIT, FAMILY_TREES, fit_to_json, load_family_trees, trees_digest
 from costmodel import formulas as F
@@ -45,7 +45,7 @@ def size_in_notes(text: str) -> float:
 
 def fit_alpha_beta(msg_bytes, t_s, factor):
     """calib.fit.fit_alpha_beta's (α s, busBW B/s, rms log error) of t = α + factor·S/busBW."""
-    _, res = _fit.fit_alpha_beta(msg_bytes, t_s, factor)
+    _, res = fitting.fit_alpha_beta(msg_bytes, t_s, factor)
     return res["values"]["latency_s"], res["values"]["bus_bw_bytes_per_s"], res["rms_log_residual"]
 
 

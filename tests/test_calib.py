@@ -6,6 +6,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -13,6 +14,7 @@ torch = pytest.importorskip("torch")
 from integration.cli import main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+MOE = str(ROOT / "tests" / "fixtures" / "moe-tiny" / "config.json")
 TINY = "cpu-tiny"  # built-in: costmodel/models/cpu-tiny.json
 
 
@@ -199,7 +201,6 @@ def test_vllm_sp_collectives_fit_from_recorded_samples():
     by their backend) become the same curves the profiles hold: the released CPU samples plus records of a custom
     Lamport reduce-scatter and IPC all-gather timed at a known latency and busBW (1 % deterministic ripple) give back
     collectives.custom_rs_lamport.tp2 and custom_ag_ipc.tp2 within 3 %, tier calibrated."""
-    import numpy as np
 
     from calib.calibrate import build_profile, prior_profile
     from costmodel import formulas as F
@@ -219,3 +220,22 @@ def test_vllm_sp_collectives_fit_from_recorded_samples():
         got_lat, got_bw = prof.collective(impl, 2)
         assert got_lat == pytest.approx(lat, rel=0.03) and got_bw == pytest.approx(bw, rel=0.03), impl
         assert prof.provenance[f"collectives.{impl}.tp2.bus_bw_bytes_per_s"].tier == "calibrated"
+
+
+def test_validate_refuses_moe_in_one_line(tmp_path, one_line_error):
+    one_line_error("validate", "--gpu", "h100-sxm", "--model", MOE, "--device", "cpu", "--nproc", "2",
+                   "--out", str(tmp_path / "v.csv"), needle="is MoE (8 experts, top-2); validate times a dense layer")
+
+
+def test_multimem_adapter_reads_vllm_or_falls_back():
+    from calib.distbench import multimem_world_sizes
+
+    class Fake:  # a communicator as vLLM's SymmMemCommunicator exposes it
+        _WORLD_SIZES_MULTIMEM = {"9.0": [2]}
+        device_capability = "9.0"
+
+    class Renamed:  # a release without the table: costmodel.vllm_tables' copy of vLLM's
+        device_capability = "9.0"
+
+    assert multimem_world_sizes(Fake()) == [2]
+    assert multimem_world_sizes(Renamed()) == [4, 6, 8]

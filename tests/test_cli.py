@@ -5,6 +5,7 @@ import json
 import pytest
 
 from integration.cli import main
+from pathlib import Path
 
 
 def run(capsys, *argv):
@@ -120,3 +121,45 @@ def test_bad_inputs_exit_2_one_line(tmp_path, capsys):
         assert rc == 2, argv
         assert err.count("\n") == 1 and err.startswith("tpcost: error:"), (argv, err)
         assert "Traceback" not in err
+
+
+def test_memory_error_is_one_line(monkeypatch, capsys, one_line_error):
+    import costmodel.analysis as an
+
+    def boom(*a, **k):
+        raise MemoryError
+
+    monkeypatch.setattr(an, "analyse", boom)  # our own code raising it: the CLI's handler is what is under test
+    one_line_error("whatif", "--no-band", needle="out of memory")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_flags_that_would_be_ignored_are_refused(tmp_path, one_line_error, capsys):
+    one_line_error("whatif", "--ops", "64", "--plot", str(tmp_path / "p.png"), needle="--plot belongs to the sweep")
+    one_line_error("whatif", "--ops", "64", "--workload", "/etc/hostname", needle="--workload belongs to the sweep")
+    one_line_error("op", "--tp", "4", "--op", "gemm_rs", "--n", "8192", "--k", "1024", "--set",
+                   "attention.efficiency=0.5", needle="--set attention.efficiency: no effect on gemm_rs")
+    one_line_error("op", "--gpu", "b200", "--tp", "4", "--op", "gemm_rs", "--impl", "kernel", "--n", "8192", "--k",
+                   "1024", "--set", "asynctp.barrier_s=1e-6", needle="--set asynctp.barrier_s: no effect")
+    assert main(["op", "--tp", "4", "--op", "gemm_rs", "--n", "8192", "--k", "1024", "--set",
+                 "asynctp.barrier_s=1e-6"]) == 0  # the torch op reads it
+    capsys.readouterr()
+    one_line_error("profiles", "--from", "b200", "--set", "compute.sm_count=100", "--out", str(tmp_path / "x.toml"),
+                   needle="only --new NAME reads it")
+    assert not (tmp_path / "x.toml").exists()
+    assert main(["profiles", "--keys", "b200", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["profile"] == "b200" and any(k["key"] == "gemm.max_efficiency" for k in d["keys"])
+
+
+def test_minor(one_line_error, tmp_path, capsys):
+    err = one_line_error("op", "--tp", "6", "--op", "gemm_rs", "--n", "8192", "--k", "1024", needle="--tp 6")
+    assert "--m" not in err
+    from costmodel.evaluate import op_csv_header
+
+    f = tmp_path / "ops.csv"
+    f.write_text(op_csv_header() + "\nh100-sxm,4.0,gemm_rs,bf16,4096,8192,3584,500,450,x\n")
+    assert main(["evaluate", str(f), "--json"]) == 0  # an integral float, as pandas writes it
+    assert json.loads(capsys.readouterr().out)["rows_scored"] == 1

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from integration.cli import main
+import shutil
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -90,3 +91,53 @@ def test_band_coverage_of_op_rows(tmp_path, capsys):
         assert r["band_lo"] <= r["s_predicted"] <= r["band_hi"]
     assert d["band_coverage"]["rows"] == 3 and d["band_coverage"]["covered"] <= 2 / 3
     assert main(["evaluate", str(f)]) == 0 and "band covers" not in capsys.readouterr().out
+
+
+def test_evaluate_with_every_row_skipped_is_an_error(tmp_path, capsys, one_line_error):
+    f = tmp_path / "ops.csv"
+    f.write_text("source,hardware,op,dtype,tp,m,n,k,baseline_us,overlap_us\n"
+                 "x,no-such-gpu,gemm_rs,bf16,4,4096,8192,2048,100,90\n"
+                 "x,no-such-gpu,gemm_rs,bf16,4,8192,8192,2048,200,180\n")
+    one_line_error("evaluate", str(f), "--json", needle="nothing to score: all 2 row(s) skipped (unknown GPU profile")
+    g = tmp_path / "partial.csv"  # a partial skip stays a report, exit 0
+    g.write_text(f.read_text() + "x,h100-sxm,gemm_rs,bf16,4,8192,8192,2048,200,180\n")
+    assert main(["evaluate", str(g), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["rows_scored"] == 1 and d["rows_skipped"] == 2
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_evaluate_resolves_paths_beside_the_csv(tmp_path, capsys, monkeypatch):
+    """An ops CSV naming its profile by a path relative to itself (as calibrate writes it) scores from any
+    working directory; the repo's committed CPU run too."""
+    d = tmp_path / "run"
+    d.mkdir()
+    shutil.copy(ROOT / "costmodel" / "profiles" / "h100-sxm.toml", d / "node.toml")
+    from costmodel.evaluate import op_csv_header
+
+    (d / "ops.csv").write_text(op_csv_header() + "\nnode.toml,8,gemm_rs,bf16,4096,8192,3584,500,450,x\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["evaluate", str(d / "ops.csv"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows_scored"] == 1
+    monkeypatch.chdir(ROOT)
+    assert main(["evaluate", "calib/data/cpu-gloo-w2/validate.csv", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows_skipped"] == 0
+
+
+def test_evaluate_labels_keep_their_distinguishing_tail(tmp_path, capsys):
+    from costmodel.evaluate import model_csv_header
+
+    deep = tmp_path / ("a-very-long-directory-name-" * 3)
+    deep.mkdir()
+    shutil.copy(ROOT / "costmodel" / "profiles" / "h100-sxm.toml", deep / "h100-node-profile.toml")
+    prof = str(deep / "h100-node-profile.toml")
+    rows = [f"{prof},4,llama-3.1-70b,bf16,{n},1000,900,forward,x" for n in (2048, 4096)]
+    f = tmp_path / "m.csv"
+    f.write_text(model_csv_header() + "\n" + "\n".join(rows) + "\n")
+    assert main(["evaluate", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "N=2048" in out and "N=4096" in out

@@ -13,6 +13,7 @@ from costmodel import ops
 from costmodel.analysis import decide_cutoff, expected_time_by_threshold_s, token_grid
 from costmodel.profile import dump_profile, profile_from_dict, profile_to_tree
 from costmodel.shapes import shape_from_config
+from costmodel import formulas as F
 
 H100 = load_profile("h100-sxm")
 L70 = load_model("llama-3.1-70b")
@@ -137,7 +138,7 @@ def test_analysis_cutoff_is_the_argmin_and_band_is_deterministic():
     a = analyse(H100, L70, RunConfig(4, "bf16"))
     b = analyse(H100, L70, RunConfig(4, "bf16"))
     assert a.cutoff_band_tokens == b.cutoff_band_tokens
-    # that the cutoff is the argmin is checked by brute force in tests/test_architecture.py
+    # that the cutoff is the argmin is checked by brute force in test_cutoff_is_the_argmin_by_brute_force below
     lo, hi = a.cutoff_band_tokens
     assert lo <= a.cutoff_tokens <= (hi if hi is not None else 1e9)
     dv = a.decision_value
@@ -320,3 +321,43 @@ def test_band_draws_of_a_key_do_not_depend_on_the_other_keys():
     assert not np.allclose(np.log(a[k1] / p.value(k1)), np.log(a[k2] / p.value(k2)))
     z = np.log(a[k2] / p.value(k2)).ravel() / p.provenance[k2].sigma_rel
     assert abs(z.mean()) < 0.25 and 0.8 < z.std() < 1.2
+
+
+def test_cutoff_is_the_argmin_by_brute_force():
+    """The cutoff against an independent brute force: for every threshold, sum the schedule each N would run."""
+    from costmodel import RunConfig, analyse, load_profile, predict
+    from costmodel.analysis import token_grid
+
+    prof, shape = load_profile("h100-sxm"), load_model("llama-3.1-70b")
+    a = analyse(prof, shape, RunConfig(4, "bf16"), band=False)
+    grid = token_grid(4, 8192)
+    pred = predict(prof, shape, 4, "bf16", grid)
+    off, on = pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp") * 1.02
+    costs = []
+    for i in range(grid.size + 1):  # threshold grid[i] (i = size: never)
+        costs.append(sum(float(off[j]) if j < i else float(on[j]) for j in range(grid.size)))
+    best = min(range(len(costs)), key=lambda i: (costs[i], -i))  # ties to the larger threshold
+    assert a.cutoff_tokens == (None if best == grid.size else int(grid[best]))
+
+
+QWEN3_LIKE = {"hidden_size": 4096, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
+              "num_hidden_layers": 94, "moe_intermediate_size": 1536, "num_experts": 128, "num_experts_per_tok": 8,
+              "vocab_size": 151936}  # Qwen3-235B-A22B's published shape
+
+
+def test_sp_padding_rows_route_as_one_token():
+    """At TP 8 SP pads 1 token to 8 rows; the 7 padding rows are identical zero rows, routed to one token's experts:
+    the experts touched are those of 2 tokens (E(1-(1-k/E)^2)), not 8; plain TP's are 1 token's."""
+    from costmodel.model import predict
+    from costmodel.shapes import shape_from_config
+
+    shape = shape_from_config(QWEN3_LIKE, "qwen3-235b-like")
+    prof = load_profile("h100-sxm")
+    pred = predict(prof, shape, 8, "bf16", [1.0])
+    E, k, H, inter = 128, 8, 4096, 1536 // 8
+    for sched, tokens in (("sp", 2), ("tp", 1)):
+        o = next(o for o in pred.schedules[sched].layer_ops if o.name == "moe_experts")
+        w = F.moe_expert_weight_bytes(tokens, k, E, H, inter, 2.0)
+        t_mem = w / (prof.memory.hbm_bw_bytes_per_s * prof.gemm.mem_efficiency) + 3 * prof.gemm.launch_overhead_s
+        assert float(o.t_s[0]) == pytest.approx(t_mem, rel=1e-9)
+    assert float(pred.speedup("sp")[0]) > 0.5  # was 0.394 with the padding routed as 7 more tokens

@@ -61,3 +61,35 @@ def test_malformed_or_foreign_logs_one_line(tmp_path, one_line_error, text, need
     one_line_error("calibrate", "--from-nccl-tests", str(f), "--from", "h100-sxm", "--out", str(tmp_path / "o.toml"),
                    needle=needle)
     assert not (tmp_path / "o.toml").exists()
+
+
+def _log(name):
+    return (FIX / name).read_text()
+
+
+def _calib(tmp_path, *texts, gpu="h100-sxm"):
+    files = []
+    for i, t in enumerate(texts):
+        f = tmp_path / f"log{i}.txt"
+        f.write_text(t)
+        files.append(str(f))
+    return ["calibrate", "--from-nccl-tests", *files, "--from", gpu, "--out", str(tmp_path / "out.toml")]
+
+
+def test_nccl_tests_failed_or_thin_or_foreign_logs(tmp_path, one_line_error):
+    good = _log("all_reduce_perf_new.txt")
+    rows = [ln for ln in good.splitlines() if ln.strip() and ln.split()[0].isdigit()]
+    wrong = good.replace(rows[3], rows[3][:rows[3].rindex("0")] + "7")  # the in-place #wrong of one size: 7
+    one_line_error(*_calib(tmp_path, wrong), needle="nccl-tests counted 7 wrong values")
+    failed = good.replace("# Out of bounds values : 0 OK", "# Out of bounds values : 3 FAILED")
+    one_line_error(*_calib(tmp_path, failed), needle="nccl-tests marked this run failed")
+    one_size = good.replace("\n".join(rows), "\n".join([rows[5]] * 6))
+    one_line_error(*_calib(tmp_path, one_size), needle="of 1 message size(s)")
+    one_line_error(*_calib(tmp_path, good, good), needle="give one log per collective and rank count")
+    fast = good
+    for r in rows:  # every time / 10: a busBW 10x the H100's link
+        t = r.split()[5]
+        fast = fast.replace(r, r.replace(t, f"{float(t) / 10:.2f}", 1))
+    one_line_error(*_calib(tmp_path, fast), needle="above 1.5x h100-sxm's link")
+    two_hosts = good.replace("Rank  2 Group  0 Pid  41023 on   gpu-node-07", "Rank  2 Group  0 Pid  41023 on   gpu-node-08")
+    one_line_error(*_calib(tmp_path, two_hosts), needle="run on 2 hosts, outside one NVLink domain")

@@ -10,6 +10,8 @@ from costmodel.model import predict
 from costmodel.profile import (Collective, HardwareProfile, Provenance, builtin_profile_names, load_profile,
                                profile_from_dict, profile_to_tree, recording, with_overrides)
 from costmodel.shapes import load_model
+from pathlib import Path
+from costmodel.profile import VALUE_RANGES, value_range
 
 L70 = load_model("llama-3.1-70b")
 
@@ -17,7 +19,7 @@ L70 = load_model("llama-3.1-70b")
 @pytest.mark.parametrize("name", builtin_profile_names())
 def test_every_number_has_provenance_and_the_types_hold(name):
     """One provenance per number and no number without one; the sections are the schema's classes. (The typed values
-    themselves are checked against the TOML text, parsed independently: tests/test_architecture.py.)"""
+    themselves are checked against the TOML text, parsed independently: test_typed_profile_equals_the_toml_text.)"""
     p = load_profile(name)
     assert set(p.values()) == set(p.provenance)
     assert all(isinstance(c, Collective) for per_tp in p.collectives.values() for c in per_tp.values())
@@ -89,3 +91,78 @@ def test_recording_sees_only_what_one_query_reads():
     assert "compute.peak_flops_per_s.fp8" not in reads  # a bf16 run
     assert all(k in p.leaves() for k in reads)  # every read is a field of the schema
     assert isinstance(p, HardwareProfile) and p.modified == ()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+SRC = (ROOT / "costmodel" / "profiles" / "h100-sxm.toml").read_text()
+
+
+UNC = "[asynctp._sync.uncertainty_rel]"
+
+
+def _unc_block(value: str) -> str:
+    """h100-sxm.toml with the barrier's fitted sigma replaced by `value` (a TOML value)."""
+    assert f"{UNC}\nbarrier_s = " in SRC
+    head, tail = SRC.split(UNC, 1)
+    rest = tail.split("\n", 2)[2]
+    return f"{head}{UNC}\nbarrier_s = {value}\n{rest}"
+
+
+@pytest.mark.parametrize("name,text,needle", [
+    ("unc-str", _unc_block('"abc"'), "uncertainty_rel of asynctp.barrier_s must be a number"),
+    ("unc-table", _unc_block("{ a = 1 }"), "must be a number"),
+    ("unc-nan", _unc_block("nan"), "outside [0, 1]"),
+    ("unc-neg", _unc_block("-0.1"), "outside [0, 1]"),
+    ("unc-huge", _unc_block("1e6"), "outside [0, 1]"),
+    ("unc-bigint", _unc_block("1" + "0" * 400), "beyond the range of a float"),
+    ("sm-bigint", SRC.replace("sm_count = 132", "sm_count = 1" + "0" * 400), "identity.sm_count = 1000"),
+    ("sm-1e308", SRC.replace("sm_count = 132", "sm_count = 1e308"),
+     "identity.sm_count = 1e+308 is outside its plausible range [1, 4096] SMs"),
+    ("barrier", SRC.replace("barrier_s = ", "barrier_s = 1e308 #", 1),
+     "asynctp.barrier_s = 1e+308 is outside its plausible range [0, 0.1] s"),
+])
+def test_profile_values_out_of_range_are_one_line(tmp_path, capsys, one_line_error, name, text, needle):
+    f = tmp_path / f"{name}.toml"
+    f.write_text(text)
+    err = one_line_error("whatif", "--gpu", str(f), "--json", needle=needle)
+    assert "beyond the range of a float" in err or "outside" in err or "must be a number" in err
+
+
+def test_every_builtin_and_the_cpu_calibration_lie_inside_the_ranges():
+    for name in builtin_profile_names():
+        load_profile(name)  # check_params on load: raises when a value leaves its range
+    cpu = load_profile(str(ROOT / "calib" / "data" / "cpu-gloo-w2" / "profile.toml"))
+    assert cpu.identity.sm_count == 1
+    assert max(p.uncertainty_rel or 0 for p in cpu.provenance.values()) > 0.47  # its widest sigmas are admitted
+    # every schema key has a range (value_range raises otherwise)
+    for name in builtin_profile_names():
+        for key in load_profile(name).values():
+            value_range(key)
+    assert len(VALUE_RANGES) >= 10
+
+
+def test_set_error_names_the_typed_key_and_the_si_value(one_line_error):
+    err = one_line_error("whatif", "--set", "interconnect.link_bw_bytes_per_s=900", needle="interconnect.link_bw")
+    assert "did you mean 900e9" in err and "copy_engine" not in err
+    one_line_error("whatif", "--set", "interconnect.latency_s=5", needle="did you mean 5e-6")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_typed_profile_equals_the_toml_text():
+    """Typed fields against the TOML file parsed independently (tomllib), not against the profile's own values()."""
+    import tomllib
+
+    from costmodel.profile import load_profile
+
+    t = tomllib.loads((ROOT / "costmodel" / "profiles" / "h100-sxm.toml").read_text())
+    p = load_profile("h100-sxm")
+    assert p.identity.sm_count == t["identity"]["sm_count"] == 132
+    assert p.memory.hbm_bw_bytes_per_s == t["memory"]["hbm_bw_bytes_per_s"] == 3.35e12
+    assert p.interconnect.link_bw_bytes_per_s == t["interconnect"]["link_bw_bytes_per_s"]
+    assert p.collectives["nccl_all_reduce"][4].bus_bw_bytes_per_s == \
+        t["collectives"]["nccl_all_reduce"]["tp4"]["bus_bw_bytes_per_s"]
+    assert p.asynctp.barrier_s == t["asynctp"]["_sync"]["barrier_s"]

@@ -215,3 +215,14 @@ def test_plugin_decides_sp_alone_when_asynctp_is_off(scenarios, capsys):
             assert got["enable_sp"] is True and got["sp_min_token_num"] == sp_alone, key
     assert "SP alone, AsyncTP user: fuse_gemm_comms = false" in log or "SP disabled (SP alone" in log
     assert "fuse_gemm_comms unset, which vLLM 0.31 resolves to false" in log
+
+
+@pytest.mark.parametrize("value,off,warns", [("1", True, False), ("true", True, False), ("YES", True, False),
+                                             ("false", False, False), ("0", False, False), ("off", False, False),
+                                             ("", False, False), ("maybe", False, True)])
+def test_tpcost_disable_reads_booleans(monkeypatch, value, off, warns):
+    from integration.plugin_cache import env_flag
+
+    monkeypatch.setenv("TPCOST_DISABLE", value)
+    got, problem = env_flag("TPCOST_DISABLE")
+    assert got is off and (problem is not None) is warns

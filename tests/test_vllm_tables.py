@@ -8,7 +8,9 @@ import pytest
 
 from costmodel import vllm_tables as T
 from costmodel.profile import load_profile
+from integration.cli import main
 
+ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "vllm_tables_read.json").read_text())
 VERSIONS = {"0.31.0": (0, 31), "0.32.0": (0, 32), "0.33.0": (0, 33)}
 
@@ -102,7 +104,6 @@ def test_no_builtin_profile_carries_dispatch_limits():
 
 
 def test_vllm_config_033_uses_033_tables_and_the_draft_rule(capsys):
-    from integration.cli import main
 
     assert main(["vllm-config", "--gpu", "h100-sxm", "--tp", "8", "--model", "llama-3.1-70b",
                  "--vllm-version", "0.33"]) == 0
@@ -163,7 +164,6 @@ def test_a_profile_toml_with_vllm_dispatch_is_refused(tmp_path, one_line_error):
 
 def test_vllm_set_takes_effect_in_collective_and_op(capsys):
     """--vllm-set reaches every command that takes it: collective's pick, op's unfused arm."""
-    from integration.cli import main
 
     def run(*argv):
         assert main(list(argv)) == 0
@@ -179,3 +179,12 @@ def test_vllm_set_takes_effect_in_collective_and_op(capsys):
     a, b = run(*op), run(*op, "--vllm-set", "custom_ar_max_bytes=0", "--vllm-set", "symm_mem_max_bytes=0")
     assert [r["t_unfused_s"] for r in a["rows"]] != [r["t_unfused_s"] for r in b["rows"]]
     assert [r["t_fused_s"] for r in a["rows"]] == [r["t_fused_s"] for r in b["rows"]]
+
+
+@pytest.mark.parametrize("v,needle", [("0.40", "supports vLLM 0.13 - 0.33"), ("", "expected MAJOR.MINOR"),
+                                      ("-0.31", "expected MAJOR.MINOR"), ("0.12", "supports vLLM 0.13 - 0.33")])
+def test_unsupported_vllm_versions(one_line_error, v, needle):
+    for cmd in (["whatif", "--no-band"], ["vllm-config", "--gpu", "h100-sxm"]):
+        one_line_error(*cmd, "--vllm-version", v, needle=needle)
+    text = (ROOT / "docs" / "vllm.md").read_text()
+    assert "Supported: vLLM 0.13 – 0.33" in text  # the docs say what the code refuses outside

@@ -10,6 +10,7 @@ from costmodel import load_model, load_profile, predict
 from costmodel.analysis import decide_cutoff, token_grid
 from costmodel.workload import grid_weights, read_workload
 from integration.cli import main
+import os
 
 
 def _scrape(tmp_path, observations):
@@ -109,3 +110,25 @@ def test_steps_above_the_budget_are_chunked(capsys, tmp_path):
     f.write_text("num_tokens,count\n64,100\n20000,10\n")
     assert main(["whatif", "--no-band", "--workload", str(f)]) == 0
     assert "each counted as the ceil(n/8192) chunked steps vLLM runs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("num_tokens,count\n²,3\n", "num_tokens '²' is not a positive integer"),
+    ("num_tokens,count\n64,1e308\n128,1e308\n", "sum to more than a float holds"),
+])
+def test_workload_counts_and_digits(tmp_path, one_line_error, text, needle):
+    f = tmp_path / "w.csv"
+    f.write_text(text)
+    for cmd in (["whatif", "--no-band"], ["vllm-config", "--gpu", "h100-sxm"],
+                ["op", "--tp", "4", "--op", "gemm_rs", "--n", "8192", "--k", "1024"]):
+        one_line_error(*cmd, "--workload", str(f), needle=needle)
+
+
+def test_workload_prometheus_overflow_and_devices(tmp_path, one_line_error):
+    f = tmp_path / "m.txt"
+    f.write_text("# HELP vllm:iteration_tokens_total x\n" +
+                 'vllm:iteration_tokens_total_bucket{le="8.0",engine="0"} 1e308\n' +
+                 'vllm:iteration_tokens_total_bucket{le="8.0",engine="1"} 1e308\n')
+    one_line_error("whatif", "--no-band", "--workload", str(f), needle="sum to more than a float holds")
+    if os.path.exists("/dev/zero"):
+        one_line_error("whatif", "--no-band", "--workload", "/dev/zero", needle="workload /dev/zero")
