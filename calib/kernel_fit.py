@@ -49,9 +49,25 @@ SOURCES = (VLLM_RS, VLLM_AR, FI_RS)
 KERNEL_OF = {VLLM_RS: "vllm", VLLM_AR: "vllm", FI_RS: "flashinfer"}
 PROFILE_OF = {VLLM_RS: "b200", VLLM_AR: "gb300-nvl72", FI_RS: "gb200-nvl72"}
 
+
+
+def nvls_link_efficiency(world: int = 8) -> float:
+    """The multimem efficiency NCCL's NVLS all-reduce reaches on an NVLink5 switch (MLENG_NET_SHARP, B200, 8 GiB at
+    `world` GPUs): busBW = 2(W−1)/(W+1)·η·link (ld_reduce + st move (1 + 1/W)·S each way; docs/model.md §6b), so
+    η = busBW·(W+1)/(2(W−1)·link). NCCL drives NVLS from a few channels (bounded by its requests in flight), so the
+    switch sustains at least this: the lower bound of the shared η."""
+    from calib.reference import rows
+
+    r = next(r for r in rows("MLENG_NET_SHARP", metric="allreduce_busbw", num_gpus=str(world))
+             if r["gpu"].startswith("B200"))
+    return float(r["overlap_value"]) * 1e9 * (world + 1) / (2 * (world - 1) * NVLINK5_BW)
+
+
+NVLINK5_BW = 900e9  # bytes/s per direction (https://www.nvidia.com/en-us/data-center/nvlink/)
+ETA_NVLS = nvls_link_efficiency()
 # term -> (prior, lo, hi, what it is); hardware terms are shared by every source, kernel terms by a kernel's sources
 HARDWARE_PRIOR = {
-    "link_efficiency": (0.75, 0.2, 1.0, "multimem traffic / unidirectional NVLink5 peak"),
+    "link_efficiency": (0.75, ETA_NVLS, 1.0, "multimem traffic / unidirectional NVLink5 peak (at least NCCL NVLS's)"),
     "multicast_latency_s": (2e-6, 3e-7, 1e-5, "one multimem.ld_reduce round trip through the switch"),
 }
 KERNEL_PRIOR = {
