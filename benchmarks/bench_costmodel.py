@@ -84,16 +84,6 @@ def main():
     band_sweep = median_time(lambda: cutoff_band(p, m, RunConfig(4, "bf16"), N), 1)
     no_band = median_time(lambda: analyse(p, m, RunConfig(4, "bf16"), band=False), 5)
     with_band = median_time(lambda: analyse(p, m, RunConfig(4, "bf16"), band=True), 3)
-    from costmodel import ops
-
-    kept = ops.Hw._padded_rows, ops.Hw._memoised  # the ablation: ops.Hw's padded-row table and memo switched off
-    ops.Hw._padded_rows = lambda self, m: None
-    ops.Hw._memoised = lambda self, key, arr, compute: compute()
-    try:
-        no_band_plain = median_time(lambda: analyse(p, m, RunConfig(4, "bf16"), band=False), 5)
-        with_band_plain = median_time(lambda: analyse(p, m, RunConfig(4, "bf16"), band=True), 3)
-    finally:
-        ops.Hw._padded_rows, ops.Hw._memoised = kept
     import tempfile
 
     from costmodel.evaluate import evaluate_files
@@ -121,8 +111,6 @@ def main():
         "band_200_draws_cutoff_grid_s": band[0],
         "band_200_draws_sweep_1_65536_s": band_sweep[0],
         "analyse_no_band_s": no_band[0],
-        "analyse_no_band_without_memo_s": no_band_plain[0],
-        "analyse_with_band_without_memo_s": with_band_plain[0],
         "analyse_with_band_s": with_band[0],
         "evaluate_100000_model_rows_s": eval_s,
     }

@@ -11,7 +11,7 @@ RING_LINK_RATIO = 0.816  # NCCL ring all-reduce busBW / per-direction link on H1
 
 # --------------------------------------------------------------------------- GEMM (docs §2)
 
-SPLIT_K_MIN_DEPTH = 512.0  # smallest K slice a split-K/stream-K kernel gives one CTA (elements)
+SPLIT_K_MIN_DEPTH = 512.0  # smallest K slice a stream-K kernel gives one SM (elements)
 
 
 def gemm_flops(m: Arr, n: Arr, k: Arr) -> Arr:
@@ -24,30 +24,24 @@ def gemm_bytes(m: Arr, n: Arr, k: Arr, in_bytes: Arr, w_bytes: Arr, out_bytes: A
     return m * (k * in_bytes + n * out_bytes) + k * n * w_bytes
 
 
-def gemm_tile_m(m: Arr, tile_m_max: Arr, tile_m_min: Arr=64.0) -> Arr:
-    """Row tile a Hopper-class kernel picks: next power of two ≥ m, clipped to [min(64, tile_m), tile_m] (rows)."""
-    p2 = np.exp2(np.ceil(np.log2(np.maximum(m, 1.0))))
-    return np.clip(p2, np.minimum(tile_m_min, tile_m_max), tile_m_max)
+# rows: whole rows. The finest a kernel pads is 8 (skinny GEMMs run swap-AB: rows as the MMA's N, which steps by 8),
+# and the library's choice among its tile shapes averages that padding out: measured curves show no steps
+GEMM_ROW_STEP = 1.0
+GEMM_COL_STEP = 64.0  # columns: the MMA's smallest M extent (64-row wgmma / tcgen05 tiles)
 
 
-def gemm_split_k(tiles: Arr, k: Arr, sm_count: Arr, min_k_per_split: Arr=SPLIT_K_MIN_DEPTH) -> Arr:
-    """Split-K factor a library picks when tiles < SMs: clip(floor(SMs/tiles), 1, k/512) (dimensionless)."""
-    return np.clip(np.floor(sm_count / np.maximum(tiles, 1.0)), 1.0, np.maximum(np.floor(k / min_k_per_split), 1.0))
-
-
-def t_gemm_tile_s(m: Arr, n: Arr, k: Arr, tm: Arr, tn: Arr, per_sm_flops_per_s: Arr, sm_count: Arr) -> Arr:
-    """One tile config, tile + wave quantised with split-K: ceil(tiles·s/SMs)·(2·tm·tn·k/s)/(per-SM rate) (s)."""
-    tiles = np.ceil(m / tm) * np.ceil(n / tn)
-    split = gemm_split_k(tiles, k, sm_count)
-    return np.ceil(tiles * split / sm_count) * (2.0 * tm * tn * k / split) / per_sm_flops_per_s
+def padded(x: Arr, step: Arr) -> Arr:
+    """x rounded up to a multiple of step: ⌈x/step⌉·step (same unit as x)."""
+    return np.ceil(x / step) * step
 
 
 def t_gemm_compute_s(m: Arr, n: Arr, k: Arr, peak_flops_per_s: Arr, max_efficiency: Arr, tile_m: Arr, tile_n: Arr, sm_count: Arr) -> Arr:
-    """Compute-bound GEMM time: the best of the tile configs (tm, tn) and (tm, tn/2) a heuristic picks (s)."""
-    tm = gemm_tile_m(m, tile_m)
-    per_sm = peak_flops_per_s * max_efficiency / sm_count
-    return np.minimum(t_gemm_tile_s(m, n, k, tm, tile_n, per_sm, sm_count),
-                      t_gemm_tile_s(m, n, k, tm, tile_n / 2, per_sm, sm_count))
+    """Compute-bound GEMM under a stream-K library kernel: the MMA work 2·⌈m⌉·⌈n⌉₆₄·k spread evenly over the SMs,
+    each SM doing at least one 512-deep K slice of one tile (min(⌈m⌉, tile_m) × min(⌈n⌉₆₄, tile_n)) (s)."""
+    mr, n64 = padded(m, GEMM_ROW_STEP), padded(n, GEMM_COL_STEP)
+    share = np.maximum(mr * (2.0 * n64 * k) / sm_count,
+                       2.0 * np.minimum(mr, tile_m) * np.minimum(n64, tile_n) * np.minimum(k, SPLIT_K_MIN_DEPTH))
+    return share / (peak_flops_per_s * max_efficiency / sm_count)
 
 
 def t_gemm_s(m: Arr, n: Arr, k: Arr, *, peak_flops_per_s: Arr, max_efficiency: Arr, mem_efficiency: Arr, hbm_bw_bytes_per_s: Arr,

@@ -225,7 +225,7 @@ class _Forward:
         self.shape, self.W, self.dtype, self.N, self.regime = shape, tp, dtype, N, regime
         self.spec = LayerSpec.build(shape, tp, dtype)
         self.Np = np.ceil(N / tp) * tp  # SP pads N up to a multiple of tp
-        self.hw = hw = ops.Hw(profile, dtype, float(self.Np.max()))
+        self.hw = hw = ops.Hw(profile, dtype)
         self.mode, self.act = hw.mode, hw.mode.act_bytes
         self.host_op = profile.asynctp.host_op_s
 

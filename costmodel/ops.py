@@ -73,10 +73,9 @@ class FusedOp:
 class Hw:
     """Profile values pulled out once (floats or draw arrays) for the formulas, for one dtype mode.
 
-    GEMM times are memoised per (row array, n, k) within one prediction, and for a sweep the compute
-    time is evaluated once per distinct padded row count (identical to F.t_gemm_s; tests/test_model.py)."""
+    GEMM times are F.t_gemm_s's (tests/test_model.py)."""
 
-    def __init__(self, p: HardwareProfile, dtype: str, rows_hint: float = 0.0):
+    def __init__(self, p: HardwareProfile, dtype: str):
         mode = dtype_mode(dtype)
         self.p = p
         self.mode = mode
@@ -92,10 +91,6 @@ class Hw:
                          hbm_bw_bytes_per_s=self.hbm_bw_bytes_per_s, tile_m=g.tile_m, tile_n=g.tile_n,
                          sm_count=p.identity.sm_count, launch_overhead_s=g.launch_overhead_s)
         self.gemm_in_bytes = mode.gemm_in_bytes
-        self._memo: dict = {}
-        self.rows_hint = rows_hint  # the largest row count this prediction will ask for (sizes the padded-row table)
-        self._reps = None  # distinct padded row counts, shared by every GEMM of this prediction
-        self._tables: dict = {}  # (n, k, fp8_ok) -> compute time over self._reps
 
     @property
     def attention_efficiency(self) -> Any:
@@ -110,15 +105,6 @@ class Hw:
                     copy_latency_s=a.copy_latency_s, compute_slowdown=a.compute_slowdown,
                     stream_concurrency=a.stream_concurrency, host_op_s=a.host_op_s,
                     link_bw_bytes_per_s=self.p.interconnect.link_bw_bytes_per_s)
-
-    def _memoised(self, key, arr, compute):
-        """compute() once per (array object, key) within one prediction; holding `arr` keeps its id unique."""
-        full = (id(arr),) + key
-        hit = self._memo.get(full)
-        if hit is None or hit[0] is not arr:
-            hit = (arr, compute())
-            self._memo[full] = hit
-        return hit[1]
 
     # ------------------------------------------------------------------ GEMM (docs §2)
     def _in_bytes(self, fp8_ok: bool) -> float:
@@ -135,56 +121,19 @@ class Hw:
         return F.gemm_bytes(m, n, k, b, b, self.act_bytes) / (self.hbm_bw_bytes_per_s * self.gemm["mem_efficiency"])
 
     def t_gemm_comp(self, m: Arr, n: int, k: int, *, fp8_ok: bool=True) -> Arr:
-        """Tile- and wave-quantised compute time of one GEMM, without launch (s); memoised."""
-        return self._memoised(("comp", n, k, fp8_ok), m, lambda: self._t_gemm_comp(m, n, k, fp8_ok))
-
-    def _t_gemm_comp(self, m, n, k, fp8_ok):
-        peak = self._peak_flops(fp8_ok)
+        """Compute time of one GEMM (F.t_gemm_compute_s), without launch (s)."""
         g = self.gemm
-        padded = self._padded_rows(m)
-        if padded is None:  # draws or short inputs: the reference formula, fully broadcast
-            return F.t_gemm_compute_s(m, n, k, peak, g["max_efficiency"], g["tile_m"], g["tile_n"], g["sm_count"])
-        table = self._tables.get((n, k, fp8_ok))
-        if table is None:
-            table = F.t_gemm_compute_s(self._reps, n, k, peak, g["max_efficiency"], g["tile_m"], g["tile_n"],
-                                       g["sm_count"])
-            self._tables[(n, k, fp8_ok)] = table
-        return table[..., padded]
+        return F.t_gemm_compute_s(m, n, k, self._peak_flops(fp8_ok), g["max_efficiency"], g["tile_m"], g["tile_n"],
+                                  g["sm_count"])
 
     def t_gemm(self, m: Arr, n: int, k: int, *, fp8_ok: bool=True) -> Arr:
-        """F.t_gemm_s with this profile's values: launch + max(compute, memory) (s); memoised."""
-        def compute():
-            t = np.maximum(self.t_gemm_comp(m, n, k, fp8_ok=fp8_ok), self.t_gemm_mem(m, n, k, fp8_ok=fp8_ok))
-            return np.where(np.asarray(m) > 0, self.gemm["launch_overhead_s"] + t, 0.0)
-        return self._memoised(("gemm", n, k, fp8_ok), m, compute)
-
-    def _padded_rows(self, m):
-        """Index of m into self._reps (m rounded up to its row tile), or None where the table does not apply."""
-        return self._memoised(("pad",), m, lambda: self._padded_rows_index(m))
-
-    def _padded_rows_index(self, m):
-        tile_m = self.gemm["tile_m"]
-        if not (np.ndim(m) == 1 and m.size > 64 and all(np.ndim(v) == 0 for v in (
-                tile_m, self.gemm["max_efficiency"], self.gemm["sm_count"], self.peak_flops_per_s, self.peak_act_flops_per_s))):
-            return None
-        tmin = float(min(64.0, tile_m))
-        n_small = int(round(np.log2(tile_m / tmin))) + 1  # tmin, 2·tmin, ..., tile_m
-        m_max = float(m.max())
-        if self._reps is None or self._reps[-1] < m_max:  # (re)build the shared table of distinct rows
-            r_max = max(1, int(np.ceil(max(m_max, self.rows_hint) / tile_m)))
-            self._reps = np.concatenate([tmin * np.exp2(np.arange(n_small)), np.arange(2, r_max + 1) * float(tile_m)])
-            self._tables.clear()
-            self._memo = {key: hit for key, hit in self._memo.items() if key[1] not in ("pad", "comp", "gemm")}
-        idx = np.ceil(m / tile_m)
-        idx += n_small - 2
-        idx = idx.astype(np.intp)
-        sel = np.flatnonzero(m <= tile_m)  # rows below one full tile: power-of-two tiles
-        idx[sel] = np.log2(F.gemm_tile_m(m[sel], tile_m) / tmin).astype(np.intp)
-        return idx
+        """F.t_gemm_s with this profile's values: launch + max(compute, memory) (s)."""
+        t = np.maximum(self.t_gemm_comp(m, n, k, fp8_ok=fp8_ok), self.t_gemm_mem(m, n, k, fp8_ok=fp8_ok))
+        return np.where(np.asarray(m) > 0, self.gemm["launch_overhead_s"] + t, 0.0)
 
     def rows(self, n_tok: Arr, divisor: Arr) -> Arr:
-        """n_tok / divisor, memoised so that chunk GEMMs of the same rows share the GEMM memo."""
-        return self._memoised(("rows", divisor), n_tok, lambda: n_tok / divisor)
+        """n_tok / divisor: the rows of one chunk (or of the half a two-stream pair shares)."""
+        return n_tok / divisor
 
     # ------------------------------------------------------------------ memory-bound kernels (§3)
     def t_mem(self, nbytes: Arr) -> Arr:

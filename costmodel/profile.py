@@ -66,7 +66,7 @@ class Identity:
     """[identity]: which part this is (docs/model.md §1)."""
 
     name: str  # the profile's name
-    sm_count: Num  # streaming multiprocessors / compute units (count): GEMM wave quantisation (§2)
+    sm_count: Num  # streaming multiprocessors / compute units (count): the GEMM work is spread over them (§2)
     display_name: str = ""
     vendor: str = ""  # nvidia | amd | cpu
     compute_capability: str = ""  # "major.minor" as torch reports it
@@ -107,7 +107,7 @@ class Kernels:
 
 @dataclasses.dataclass(frozen=True)
 class Gemm:
-    """[gemm]: the GEMM roofline with tile and wave quantisation (§2)."""
+    """[gemm]: the GEMM roofline under a stream-K library kernel (§2)."""
 
     tile_m: Num  # output tile rows (count)
     tile_n: Num  # output tile columns (count)

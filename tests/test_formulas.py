@@ -11,22 +11,23 @@ def test_gemm_flops_and_bytes():
     assert F.gemm_bytes(2, 3, 4, 2, 2, 2) == (8 + 12 + 6) * 2
 
 
-def test_tile_m_and_split_k():
-    assert F.gemm_tile_m(1, 128) == 64 and F.gemm_tile_m(100, 128) == 128 and F.gemm_tile_m(4096, 128) == 128
-    # 10 tiles on 132 SMs, K = 8192: floor(132/10) = 13 splits, capped at 8192/512 = 16 -> 13
-    assert F.gemm_split_k(10, 8192, 132) == 13
-    assert F.gemm_split_k(10, 1024, 132) == 2  # capped by K/512
-    assert F.gemm_split_k(500, 8192, 132) == 1
+def test_gemm_compute_stream_k_by_hand():
+    # m=256, n=256, k=1024 on 2 SMs: the work 2·256·256·1024 split evenly, 1 TFLOP/s in all
+    assert F.t_gemm_compute_s(256, 256, 1024, 1e12, 1.0, 128, 256, 2) == pytest.approx(2 * 256 * 256 * 1024 / 1e12)
+    # 385 rows stay 385 (padding averaged out over the library's tiles), n = 200 pads to 256 (the MMA's 64 columns)
+    assert F.t_gemm_compute_s(385, 200, 1024, 1e12, 1.0, 128, 256, 2) == pytest.approx(2 * 385 * 256 * 1024 / 1e12)
+    # 8 rows x 256 columns on 132 SMs: fewer units than SMs, so one SM's 512-deep slice of one 8 x 256 tile sets it
+    t = F.t_gemm_compute_s(8, 256, 8192, 1e12, 1.0, 128, 256, 132)
+    assert t == pytest.approx(2 * 8 * 256 * 512 / (1e12 / 132))
 
 
-def test_gemm_compute_wave_quantisation_by_hand():
-    # m=256, n=256, k=1024 on 2 SMs, tile 128x256 -> 2 tiles, 1 wave; (128x128) -> 4 tiles, 2 waves: same
-    per_sm = 1e12 * 1.0 / 2
-    t = F.t_gemm_compute_s(256, 256, 1024, 1e12, 1.0, 128, 256, 2)
-    assert t == pytest.approx(2 * 128 * 256 * 1024 / per_sm)
-    # 3 tiles of 128x256 on 2 SMs -> 2 waves; 128x128 -> 6 tiles -> 3 waves of half the work: 1.5 units
-    t3 = F.t_gemm_compute_s(384, 256, 1024, 1e12, 1.0, 128, 256, 2)
-    assert t3 == pytest.approx(3 * 2 * 128 * 128 * 1024 / per_sm)
+def test_gemm_has_no_step_above_the_mma_granularity():
+    """One more row costs one row's work: the time never jumps by more than 1/m (no wave or tile cliff)."""
+    import numpy as np
+
+    m = np.arange(512.0, 4097.0)
+    t = F.t_gemm_compute_s(m, 8192.0, 8192.0, 989e12, 0.8, 128, 256, 132)
+    assert np.all(np.diff(t) >= 0) and np.all(t[1:] / t[:-1] - 1 <= 1.0 / m[:-1] + 1e-12)
 
 
 def test_gemm_roofline_memory_bound_small_m():

@@ -182,7 +182,7 @@ def test_cli_root_imports_every_subcommand_without_torch_or_vllm():
 
 
 def test_gathered_gemm_path_equals_reference_formula():
-    """Hw.t_gemm evaluates compute time once per padded row count and gathers; it must equal F.t_gemm_s."""
+    """Hw.t_gemm composes F.t_gemm_s from its compute and memory parts; it must equal F.t_gemm_s."""
     from costmodel import formulas as F
 
     hw = ops.Hw(H100, "bf16")
@@ -231,7 +231,7 @@ def test_more_bandwidth_never_slows_anything(factor, tp):
 
 @pytest.mark.parametrize("tp,dtype", [(2, "bf16"), (4, "fp8"), (8, "fp8-dynamic")])
 def test_sweep_equals_pointwise(tp, dtype):
-    """A sweep (the padded-row table path) must equal point-by-point values, sorted or not."""
+    """A sweep must equal point-by-point values, sorted or not (no state kept across rows)."""
     sweep = np.arange(1, 3001, dtype=float)
     pick = np.array([0, 1, tp - 1, tp, 999, 1000, 2047, 2999])
     a, b = predict(H100, L70, tp, dtype, sweep), predict(H100, L70, tp, dtype, sweep[pick])

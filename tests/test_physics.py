@@ -122,3 +122,31 @@ def test_torch_pipelined_fused_ops_never_beat_their_sequential_arm_by_2x(prof):
                         for regime, fused in (("eager", pair.fused_eager_s), ("graphs", pair.fused_graph_s)):
                             s = pair.unfused_s / fused
                             assert np.all(s <= 2.0), (prof, name, tp, dtype, regime, op, n, k, float(s.max()))
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm", "h200-sxm"])
+def test_no_chunk_gemm_step_above_two_percent(gpu):
+    """The library's tile choice has no staircase (docs/model.md §2): for every built-in dense model × TP {2, 4, 8},
+    the W chunk GEMMs of each fused op grow by at most 2 % between adjacent multiples of tp from 1024 tokens on."""
+    from costmodel.layer import LayerSpec
+
+    hw = ops.Hw(load_profile(gpu), "bf16")
+    checked = 0
+    for name in builtin_model_names():
+        shape = load_model(name)
+        for tp in (2, 4, 8):
+            try:
+                layer = LayerSpec.build(shape, tp, "bf16")
+            except TpcostError:  # a TP the model cannot split
+                continue
+            for s in layer.slots:
+                n_tok = np.arange(1024.0, 16385.0, tp)
+                f = (ops.fused_ag_gemm(hw, n_tok, s.n, s.k, tp, hw.act_bytes, False) if s.fuses == "ag_gemm"
+                     else ops.fused_gemm_rs(hw, n_tok, s.n, s.k, tp, False) if s.fuses == "gemm_rs" else None)
+                if f is None:
+                    continue
+                c = np.asarray(f.t_chunks_s)
+                step = c[1:] / c[:-1] - 1.0
+                assert step.max() <= 0.02, (name, tp, s.name, n_tok[int(step.argmax())])
+                checked += 1
+    assert checked >= 40

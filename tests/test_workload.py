@@ -52,7 +52,8 @@ def test_metrics_scrape_decision_matches_hand_computation(tmp_path, capsys):
     off, on = pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp")
     cost = [np.sum(w[:i] * off[:i]) + 1.02 * np.sum(w[i:] * on[i:]) for i in range(grid.size)] + [np.sum(w * off)]
     cost = np.array(cost)
-    best = max(i for i in range(cost.size) if cost[i] == cost.min())  # ties go to the larger threshold
+    # ties go to the larger threshold; thresholds between two weighted points tie up to the rounding of np.sum
+    best = max(i for i in range(cost.size) if cost[i] <= cost.min() * (1 + 1e-12))
     expect = None if best == grid.size else int(grid[best])
     assert d["cutoff_tokens"] == expect
     assert set(d["cutoff_by_spread"]) == {"uniform", "upper", "lower"}

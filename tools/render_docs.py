@@ -93,9 +93,6 @@ def speed_table() -> str:
             ("`analyse()` on the config-time grid (2048 multiples of tp <= 8192), no band", d["analyse_no_band_s"], "ms"),
             ("`analyse()` on the config-time grid, with the band (200 draws) and the sensitivity table",
              d["analyse_with_band_s"], "ms"),
-            ("the same two without ops.Hw's padded-row table and memo (the ablation): no band",
-             d["analyse_no_band_without_memo_s"], "ms"),
-            ("... with the band and the sensitivity table", d["analyse_with_band_without_memo_s"], "ms"),
             ("`predict()` full sweep N = 1…65536 (reported, not targeted)", d["sweep_1_65536_no_band_s"], "ms"),
             ("`evaluate` on 100 000 model-level rows (grouped: one prediction per group)",
              d["evaluate_100000_model_rows_s"], "s")]
