@@ -82,13 +82,28 @@ class Schedule:
         return np.where(self.eager, np.maximum(self.t_gpu_forward_s, self.t_host_forward_s), self.t_gpu_forward_s)
 
 
+DEFAULT_CONTEXT_LEN = 1024  # tokens of KV cache a decode reads where the caller states none (docs/model.md §5)
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs (SchedulerConfig)
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeRegime:
     """How vLLM schedules a step: up to `max_num_seqs` of its tokens are decodes, each reading a KV cache of
     `context_len` tokens; the rest of the step is chunked prefill (docs/model.md §5)."""
 
-    context_len: int
-    max_num_seqs: int = 256  # vLLM's default max_num_seqs
+    context_len: float = DEFAULT_CONTEXT_LEN  # tokens of KV cache per decode (where context_grid is silent)
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    # a workload's contexts (costmodel.workload.decode_regime): per grid point (a padded step size) the count-weighted
+    # mean context of the steps that pad to it; a step of N tokens reads the context of the first point >= N
+    context_grid: tuple[float, ...] = ()
+    context_values: tuple[float, ...] = ()
+
+    def context_at(self, n: Any) -> Any:
+        """The KV context of a decode in a step of n tokens (tokens; broadcasts over n)."""
+        if not self.context_grid:
+            return self.context_len
+        grid, vals = np.asarray(self.context_grid), np.asarray(self.context_values)
+        return vals[np.minimum(np.searchsorted(grid, n, side="left"), grid.size - 1)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,8 +285,8 @@ class _Forward:
         t = np.maximum(t_c, t_m)
         parts = {"compute": t_c, "HBM": t_m, "latency": hw.launch_overhead_s}
         if decode is not None:  # paged KV reads at the attention kernel's efficiency of HBM (docs/model.md §5)
-            f_d = F.decode_attention_flops(seqs, decode.context_len, h_rank, d)
-            kv = F.kv_cache_read_bytes(seqs, decode.context_len, kv_rank, d, act)
+            f_d = F.decode_attention_flops(seqs, decode.context_at(n), h_rank, d)
+            kv = F.kv_cache_read_bytes(seqs, decode.context_at(n), kv_rank, d, act)
             eff = hw.attention_efficiency
             t_kv = np.maximum(f_d / (hw.peak_act_flops_per_s * eff), kv / (hw.hbm_bw_bytes_per_s * eff))
             t, flops, nbytes = t + t_kv, flops + f_d, nbytes + kv

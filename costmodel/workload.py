@@ -4,7 +4,8 @@ Two inputs:
 - a Prometheus text exposition scraped from vLLM's `/metrics`: the cumulative buckets of
   `vllm:iteration_tokens_total` (tokens per engine step, vllm/v1/metrics/loggers.py), summed over engines
   and every other label;
-- a CSV `num_tokens,count`.
+- a CSV `num_tokens,count`, optionally with a third column `context_len`: the KV context of those steps' decodes
+  (decode_regime; docs/model.md §5).
 
 The decision is taken on the multiples of tp (SP pads a step of N tokens to ⌈N/tp⌉·tp), so every count
 lands on the grid point of its padded size. A histogram bucket (lo, hi] is spread over the grid points
@@ -17,12 +18,15 @@ import dataclasses
 import math
 import re
 
+from typing import Any
+
 import numpy as np
 
 from .errors import TpcostError
 from .io import finite_float, read_text
 
 METRIC = "vllm:iteration_tokens_total"
+MAX_CONTEXT_LEN = 2**24  # 16 M tokens: beyond any context window served today
 SPREADS = ("uniform", "upper", "lower")
 _SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$')
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|$)')
@@ -35,6 +39,7 @@ class Workload:
     name: str
     buckets: tuple[tuple[float, float, float], ...] = ()
     points: tuple[tuple[int, float], ...] = ()
+    contexts: tuple[tuple[int, float, int], ...] = ()  # (num_tokens, count, context_len) rows of a CSV that has them
 
     @property
     def total(self) -> float:
@@ -99,23 +104,32 @@ def parse_csv(text: str, where: str) -> Workload:
     import csv
 
     rows = [r for r in csv.reader(text.splitlines()) if any(c.strip() for c in r)]
-    if not rows or [c.strip() for c in rows[0]] != ["num_tokens", "count"]:
-        raise TpcostError(f"{where}: expected a header 'num_tokens,count'")
+    header = [c.strip() for c in rows[0]] if rows else []
+    if header not in (["num_tokens", "count"], ["num_tokens", "count", "context_len"]):
+        raise TpcostError(f"{where}: expected a header 'num_tokens,count' or 'num_tokens,count,context_len'")
     pts: dict[int, float] = {}
+    ctx: list[tuple[int, float, int]] = []
     for i, r in enumerate(rows[1:], start=2):
-        if len(r) != 2:
-            raise TpcostError(f"{where}:{i}: expected 2 cells, got {len(r)}")
+        if len(r) != len(header):
+            raise TpcostError(f"{where}:{i}: expected {len(header)} cells, got {len(r)}")
         n, c = r[0].strip(), r[1].strip()
         if not (n.isascii() and n.isdigit()) or int(n) < 1:
             raise TpcostError(f"{where}:{i}: num_tokens {n!r} is not a positive integer")
         cv = finite_float(c, f"{where}:{i}: count", nonneg=True)
         pts[int(n)] = pts.get(int(n), 0.0) + cv
+        if len(header) == 3:
+            k = r[2].strip()
+            if not (k.isascii() and k.isdigit()) or not 1 <= int(k) <= MAX_CONTEXT_LEN:
+                raise TpcostError(f"{where}:{i}: context_len {k!r} is not an integer in [1, {MAX_CONTEXT_LEN}]")
+            ctx.append((int(n), cv, int(k)))
     if not math.isfinite(sum(pts.values())):
         raise TpcostError(f"{where}: the counts sum to more than a float holds; scale them down (only their ratios "
                           "matter)")
     if sum(pts.values()) <= 0:
         raise TpcostError(f"{where}: no steps counted")
-    return Workload(name=f"{where} (num_tokens,count, {sum(pts.values()):g} steps)", points=tuple(sorted(pts.items())))
+    cols = ",".join(header)
+    return Workload(name=f"{where} ({cols}, {sum(pts.values()):g} steps)", points=tuple(sorted(pts.items())),
+                    contexts=tuple(ctx))
 
 
 def read_workload(path: str) -> Workload:
@@ -189,3 +203,29 @@ def chunked_note(w: Workload, budget: int) -> str | None:
         return None
     return (f"{above:g} of {w.total:g} steps exceed max_num_batched_tokens {budget}: each counted as the ceil(n/{budget}) "
             "chunked steps vLLM runs")
+
+
+def decode_regime(w: Workload | None, grid: np.ndarray, max_num_seqs: int) -> Any:
+    """The decode regime a workload with a context_len column states (costmodel.model.DecodeRegime), or None where
+    it has none: on each point of the sorted grid the count-weighted mean context of the steps that count there
+    (grid_weights' mapping: the first point >= n, a step above the top as its chunks), the workload's mean context
+    at every other point. The KV read is linear in the context, so the mean gives each point's expected time."""
+    from .model import DecodeRegime
+
+    if w is None or not w.contexts:
+        return None
+    grid = np.asarray(grid, dtype=float)
+    top = grid.size - 1
+    num, den = np.zeros(grid.size), np.zeros(grid.size)
+    budget = float(grid[-1])
+    for n, c, k in w.contexts:
+        full, rest = divmod(float(n), budget) if n > budget else (0.0, float(n))
+        at_rest = min(top, int(np.searchsorted(grid, rest, side="left")))
+        for at, cnt in ((top, c * full), (at_rest, c if rest else 0.0)):
+            num[at] += cnt * k
+            den[at] += cnt
+    if den.sum() <= 0:
+        raise TpcostError(f"{w.name}: the rows with a context_len count no steps")
+    mean = float(num.sum() / den.sum())
+    vals = np.where(den > 0, num / np.where(den > 0, den, 1.0), mean)
+    return DecodeRegime(mean, max_num_seqs, tuple(float(g) for g in grid), tuple(float(v) for v in vals))

@@ -215,7 +215,7 @@ def _plan(inputs: dict) -> dict:
     from costmodel.profile import detect_profile
     from costmodel.shapes import shape_from_config
 
-    from costmodel.model import Regime, RunConfig
+    from costmodel.model import DecodeRegime, Regime, RunConfig
 
     from .recommend import UserChoices, recommend
 
@@ -223,7 +223,13 @@ def _plan(inputs: dict) -> dict:
     shape = shape_from_config(inputs["hf_text_config"], inputs["model"])
     workload = _workload_from_env()
     asynctp, choice = inputs.get("asynctp") or [None, "decided"]
-    regime = Regime(cudagraph_max_tokens=inputs.get("cudagraph_max_tokens"), vllm=tuple(inputs["vllm_version"]))
+    from costmodel.analysis import token_grid
+    from costmodel.workload import decode_regime
+
+    # tpcost's stated decode default, as whatif and vllm-config use it, or the workload's own contexts
+    decode = decode_regime(workload, token_grid(inputs["tp"], inputs["max_tokens"]), DecodeRegime().max_num_seqs)
+    regime = Regime(cudagraph_max_tokens=inputs.get("cudagraph_max_tokens"), vllm=tuple(inputs["vllm_version"]),
+                    decode=decode or DecodeRegime())
     user = UserChoices(inputs["fuse_allreduce_rms"], inputs["fi_allreduce_fusion_max_size_mb"], asynctp, choice)
     r = recommend(prof, shape, RunConfig(inputs["tp"], inputs["dtype"], regime, inputs["max_tokens"],
                                          workload=workload), user)

@@ -51,8 +51,10 @@ def _t64(capsys, *extra):
 def test_kv_read_grows_with_the_context(capsys):
     """64 decodes at context C read 64·C·2·max(1, kv/tp)·d·b per rank and layer, at the attention kernel's
     efficiency of HBM: the step grows by exactly that between C = 512 and 8192 (within 20 %), at least 5 ms."""
-    t0, t512, t8k = _t64(capsys), _t64(capsys, "--context-len", "512"), _t64(capsys, "--context-len", "8192")
+    t0, t512, t8k = _t64(capsys, "--context-len", "0"), _t64(capsys, "--context-len", "512"), \
+        _t64(capsys, "--context-len", "8192")
     assert t0 < t512 < t8k and t8k - t512 >= 5e-3
+    assert _t64(capsys) == pytest.approx(_t64(capsys, "--context-len", "1024"))  # the stated default
     prof, shape = load_profile("h100-sxm"), load_model("llama-3.1-70b")
     kv = F.kv_cache_read_bytes(64, 8192 - 512, shape.kv_heads_per_rank(4), shape.head_dim, 2.0) * shape.num_layers
     want = kv / (prof.memory.hbm_bw_bytes_per_s * prof.attention.efficiency)
@@ -63,8 +65,9 @@ def test_max_num_seqs_bounds_the_decodes(capsys, one_line_error):
     few = _t64(capsys, "--context-len", "8192", "--max-num-seqs", "16")
     many = _t64(capsys, "--context-len", "8192")
     assert few < many  # 16 decodes + 48 prefill tokens read a quarter of the KV
-    one_line_error("whatif", "--max-num-seqs", "16", needle="give --context-len too")
-    one_line_error("whatif", "--context-len", "0", needle="--context-len must be in")
+    one_line_error("whatif", "--context-len", "0", "--max-num-seqs", "16", needle="--context-len 0 has none")
+    one_line_error("whatif", "--context-len", "-1", needle="--context-len must be in")
+    assert _t64(capsys, "--max-num-seqs", "16") < _t64(capsys)  # at the default context too
     one_line_error("vllm-config", "--model", "tests/fixtures/kimi-k3.config.json", "--gpu", "b200", "--tp", "8",
                    "--context-len", "1024", needle="--context-len: no effect")
 

@@ -133,3 +133,48 @@ def test_workload_prometheus_overflow_and_devices(tmp_path, one_line_error):
     one_line_error("whatif", "--no-band", "--workload", str(f), needle="sum to more than a float holds")
     if os.path.exists("/dev/zero"):
         one_line_error("whatif", "--no-band", "--workload", "/dev/zero", needle="workload /dev/zero")
+
+
+def test_context_len_column_is_read_and_checked(tmp_path, one_line_error):
+    from costmodel.workload import read_workload
+
+    f = tmp_path / "ctx.csv"
+    f.write_text("num_tokens,count,context_len\n64,3,512\n64,1,2560\n4096,2,8192\n")
+    w = read_workload(str(f))
+    assert w.points == ((64, 4.0), (4096, 2.0)) and w.contexts == ((64, 3.0, 512), (64, 1.0, 2560), (4096, 2.0, 8192))
+    for text, needle in (("num_tokens,count,context_len\n64,1\n", "expected 3 cells, got 2"),
+                         ("num_tokens,count,context_len\n64,1,0\n", "context_len '0' is not an integer in [1,"),
+                         ("num_tokens,count,context_len\n64,1,1.5\n", "context_len '1.5' is not an integer"),
+                         ("num_tokens,count,ctx\n64,1,5\n", "expected a header 'num_tokens,count' or")):
+        f.write_text(text)
+        one_line_error("whatif", "--workload", str(f), needle=needle)
+
+
+def test_decode_regime_is_the_count_weighted_context_per_padded_step():
+    """By hand: 64 tokens at 3 x 512 and 1 x 2560 -> 1024 there; 4096 at 8192; elsewhere the workload's mean
+    (3·512 + 2560 + 2·8192) / 6 = 3413.3; a step pads to its grid point (63 -> 64, 4093 -> 4096)."""
+    from costmodel.analysis import token_grid
+    from costmodel.workload import Workload, decode_regime
+
+    w = Workload("w", points=((64, 4.0), (4096, 2.0)), contexts=((64, 3.0, 512), (64, 1.0, 2560), (4096, 2.0, 8192)))
+    d = decode_regime(w, token_grid(4, 8192), 256)
+    got = d.context_at(np.array([63.0, 64.0, 4093.0, 4096.0, 128.0, 9000.0]))
+    mean = (3 * 512 + 2560 + 2 * 8192) / 6
+    np.testing.assert_allclose(got, [1024, 1024, 8192, 8192, mean, mean])
+    assert decode_regime(Workload("w", points=((64, 1.0),)), token_grid(4, 8192), 256) is None
+
+
+def test_a_constant_context_column_equals_the_flag(tmp_path, capsys, one_line_error):
+    """Every row at context 4096: whatif decides exactly as with --context-len 4096 and the same counts."""
+    f2, f3 = tmp_path / "two.csv", tmp_path / "three.csv"
+    f2.write_text("num_tokens,count\n64,90\n2048,10\n")
+    f3.write_text("num_tokens,count,context_len\n64,90,4096\n2048,10,4096\n")
+    a = _whatif(capsys, "--workload", str(f3))
+    b = _whatif(capsys, "--workload", str(f2), "--context-len", "4096")
+    assert a["cutoff_tokens"] == b["cutoff_tokens"]
+    assert a["decision_value"]["saving_vs_never_s"] == pytest.approx(b["decision_value"]["saving_vs_never_s"], rel=1e-12)
+    c = _whatif(capsys, "--workload", str(f2))  # the default context (1024) reads less KV
+    assert c["decision_value"]["expected_forward_s"] < a["decision_value"]["expected_forward_s"]
+    one_line_error("whatif", "--workload", str(f3), "--context-len", "512", needle="context_len column states")
+    one_line_error("vllm-config", "--model", "tests/fixtures/kimi-k3.config.json", "--gpu", "b200", "--tp", "8",
+                   "--workload", str(f3), needle="context_len column has no effect")

@@ -6,6 +6,7 @@ import argparse
 import math
 
 from costmodel.errors import TpcostError
+from costmodel.model import DEFAULT_CONTEXT_LEN, DEFAULT_MAX_NUM_SEQS
 
 DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TP, DEFAULT_DTYPE = "h100-sxm", "llama-3.1-70b", 4, "bf16"
 MAX_TOKENS = 2**20  # vLLM's largest useful token budget is ~1e5; the arrays of 2^20 points take ~100 MB
@@ -84,12 +85,12 @@ def add_shape_args(p, gpu_help="built-in GPU profile name, a profile .toml path,
                    "(vllm:iteration_tokens_total) or a CSV num_tokens,count (default: uniform over the multiples of tp)")
     p.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE",
                    help="override one profile quantity, e.g. interconnect.link_bw_bytes_per_s=900e9")
-    p.add_argument("--context-len", type=bounded_int("--context-len", 1, MAX_SEQ_LEN, "16 M tokens of context"),
+    p.add_argument("--context-len", type=bounded_int("--context-len", 0, MAX_SEQ_LEN, "16 M tokens of context"),
                    metavar="C", help="decode steps at this context length: up to --max-num-seqs tokens of a step "
-                   "are decodes reading C tokens of KV cache each, the rest chunked prefill (default: every token "
-                   "prefill, no KV read; docs/model.md §5)")
+                   "are decodes reading C tokens of KV cache each, the rest chunked prefill; 0: every token "
+                   f"prefill, no KV read (default {DEFAULT_CONTEXT_LEN}; docs/model.md §5)")
     p.add_argument("--max-num-seqs", type=bounded_int("--max-num-seqs", 1, MAX_TOKENS, "sequences per step"),
-                   metavar="S", help="with --context-len: vLLM's max_num_seqs, the decodes a step holds (default 256)")
+                   metavar="S", help=f"vLLM's max_num_seqs, the decodes a step holds (default {DEFAULT_MAX_NUM_SEQS})")
     add_regime_args(p)
 
 
@@ -157,19 +158,20 @@ def vllm_arg(args, prof, tp: int | None):
     return vllm
 
 
-def regime_arg(args, vllm, fi_max_bytes=None):
-    """--seq-len, --cudagraph-max-tokens / --enforce-eager, --context-len / --max-num-seqs and the vLLM as a
-    costmodel.model.Regime."""
+def regime_arg(args, vllm, fi_max_bytes=None, workload=None):
+    """--seq-len, --cudagraph-max-tokens / --enforce-eager, --context-len / --max-num-seqs (or the workload's
+    context_len column) and the vLLM as a costmodel.model.Regime."""
     from costmodel.model import Regime
 
-    return Regime(getattr(args, "seq_len", 1024), cudagraph_arg(args), fi_max_bytes, vllm, decode_arg(args))
+    return Regime(getattr(args, "seq_len", 1024), cudagraph_arg(args), fi_max_bytes, vllm, decode_arg(args, workload))
 
 
 def run_config_arg(args, vllm, workload):
     """The query of whatif / vllm-config as a costmodel.model.RunConfig."""
     from costmodel.model import RunConfig
 
-    return RunConfig(args.tp, args.dtype, regime_arg(args, vllm), args.max_num_batched_tokens, args.margin, workload)
+    return RunConfig(args.tp, args.dtype, regime_arg(args, vllm, workload=workload), args.max_num_batched_tokens,
+                     args.margin, workload)
 
 
 def user_choices_arg(args):
@@ -182,16 +184,25 @@ def user_choices_arg(args):
                        draft_hidden_size=getattr(args, "draft_hidden_size", None))
 
 
-def decode_arg(args):
-    """--context-len / --max-num-seqs as costmodel.model.DecodeRegime (None: prefill only)."""
-    c, s = getattr(args, "context_len", None), getattr(args, "max_num_seqs", None)
-    if c is None:
-        if s is not None:
-            raise TpcostError("--max-num-seqs sizes the decodes of --context-len; give --context-len too")
-        return None
+def decode_arg(args, workload=None):
+    """--context-len / --max-num-seqs as costmodel.model.DecodeRegime (their defaults where not given; None for
+    --context-len 0: every token prefill); a workload with a context_len column states the contexts itself."""
     from costmodel.model import DecodeRegime
 
-    return DecodeRegime(c) if s is None else DecodeRegime(c, s)
+    c, s = getattr(args, "context_len", None), getattr(args, "max_num_seqs", None)
+    if workload is not None and workload.contexts:
+        if c is not None:
+            raise TpcostError(f"--context-len {c}: the workload's context_len column states the contexts; give one")
+        from costmodel.analysis import token_grid
+        from costmodel.workload import decode_regime
+
+        grid = token_grid(args.tp, args.max_num_batched_tokens)
+        return decode_regime(workload, grid, DEFAULT_MAX_NUM_SEQS if s is None else s)
+    if c == 0:
+        if s is not None:
+            raise TpcostError("--max-num-seqs sizes the decodes; --context-len 0 has none (every token prefill)")
+        return None
+    return DecodeRegime(DEFAULT_CONTEXT_LEN if c is None else c, DEFAULT_MAX_NUM_SEQS if s is None else s)
 
 
 def cudagraph_arg(args) -> int | None:

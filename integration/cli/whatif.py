@@ -150,7 +150,7 @@ def _print_ops(prof, shape, args) -> int:
     from costmodel.model import predict
 
     pred = predict(prof, shape, args.tp, args.dtype, [float(args.ops)],
-                   regime_arg(args, vllm_arg(args, prof, args.tp), fi_max_bytes_arg(args)))
+                   regime_arg(args, vllm_arg(args, prof, args.tp), fi_max_bytes_arg(args), load_workload_arg(args)))
     view = ops_view(pred)
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "gpu": prof.name, "model": shape.name, "tp": args.tp,
