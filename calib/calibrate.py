@@ -104,6 +104,14 @@ def build_profile(records, prior, prov: dict, world: int, gemm_dtype: str, name:
                 put(f"collectives.{name_}.tp{world}.{field}", f["value"], f["uncertainty_rel"],
                     src + f" ({prov.get('backend')} {impl})")
             residuals[f"collective_{impl}"] = res
+    # vLLM's fused GEMM+RS/AR kernel (gemm_rs_ar), where the run timed it against its unfused arm: its terms
+    from .kernel_fit import fit_records as fit_kernel
+
+    kparams, kres = fit_kernel(prior, records)
+    for key, v in kparams.items():
+        put(key, v["value"], v["uncertainty_rel"], src + " (vLLM gemm_rs_ar against its unfused arm)")
+    if kres:
+        residuals["fused_kernel"] = kres
     p2p = [r for r in records if r["kind"] == "p2p"]
     p2p_fits, res = fit_latency_bandwidth(p2p, 1.0, ("asynctp.copy_latency_s", "asynctp.copy_engine_bw_bytes_per_s"))
     if res:

@@ -47,6 +47,12 @@ OUT, COMMAND = KERNEL_FIT, KERNEL_CMD  # the committed result (calib/results.py)
 VLLM_RS, VLLM_AR, FI_RS = "VLLM_PR52079_KIMIK3_GEMMRS", "VLLM_PR53053_K3_GEMMAR_GB300", "FLASHINFER_GB200_GEMMRS_MATRIX"
 SOURCES = (VLLM_RS, VLLM_AR, FI_RS)
 KERNEL_OF = {VLLM_RS: "vllm", VLLM_AR: "vllm", FI_RS: "flashinfer"}
+CALIBRATION = "calibration"  # the source of a cluster owner's own timings of vLLM's kernel (tpcost calibrate)
+
+
+def kernel_of(sid: str) -> str:
+    """The kernel a source times: the released sources' own, vLLM's for a calibration run."""
+    return KERNEL_OF.get(sid, "vllm")
 PROFILE_OF = {VLLM_RS: "b200", VLLM_AR: "gb300-nvl72", FI_RS: "gb200-nvl72"}
 
 
@@ -137,16 +143,16 @@ def _bw_key(r: KernelRow) -> str:
 class _Problem:
     """The parameter vector (log values) of one fit: which terms are free, which fixed, and the row predictions."""
 
-    def __init__(self, rows: list[KernelRow], fixed: dict[str, float]):
+    def __init__(self, rows: list[KernelRow], fixed: dict[str, float], profiles: dict | None = None):
         self.rows = rows
         self.fixed = dict(fixed)
-        self.profiles = {sid: load_profile(PROFILE_OF[sid]) for sid in {r.source for r in rows}}
+        self.profiles = profiles or {sid: load_profile(PROFILE_OF[sid]) for sid in {r.source for r in rows}}
         terms: dict[str, tuple[float, float, float]] = {}
         for key, (v, lo, hi, _) in HARDWARE_PRIOR.items():
             terms[f"hw:{key}"] = (v, lo, hi)
-        for kern in sorted({KERNEL_OF[r.source] for r in rows}):
+        for kern in sorted({kernel_of(r.source) for r in rows}):
             for key in KERNEL_TERMS[kern]:
-                if key == "ar_fence_s" and not any(r.op == "gemm_ar" and KERNEL_OF[r.source] == kern for r in rows):
+                if key == "ar_fence_s" and not any(r.op == "gemm_ar" and kernel_of(r.source) == kern for r in rows):
                     continue
                 v, lo, hi, _ = KERNEL_PRIOR[key]
                 terms[f"{kern}:{key}"] = (v, lo, hi)
@@ -161,7 +167,7 @@ class _Problem:
         return {**{k: v[0] for k, v in self.terms.items()}, **self.fixed, **dict(zip(self.free, map(float, np.exp(x)))) }
 
     def kernel_profile(self, sid: str, vals: dict[str, float]) -> HardwareProfile:
-        kern = KERNEL_OF[sid]
+        kern = kernel_of(sid)
         kv = {f"fused_kernel.{key}": vals.get(f"{kern}:{key}", DESIGN[kern].get(key, KERNEL_PRIOR[key][0]))
               for key in KERNEL_PRIOR}
         kv.update({f"fused_kernel.{key}": vals[f"hw:{key}"] for key in HARDWARE_PRIOR})
@@ -191,20 +197,21 @@ class _Problem:
         for r, (seq, fused) in zip(self.rows, pred):
             if arms in ("both", "baseline"):
                 res.append(math.log(seq / r.baseline_s))
-            cell = (r.source, r.m, r.k, r.tp)
+            cell = (r.source, r.op, r.m, r.k, r.tp)
             if arms == "both" and cell not in seen:  # one fused value per cell (PR 52079 repeats it per protocol)
                 seen.add(cell)
                 res.append(math.log(fused / r.fused_s))
         return np.array(res)
 
 
-def _fit(rows: list[KernelRow], fixed: dict[str, float] | None = None, arms: str = "both") -> dict:
+def _fit(rows: list[KernelRow], fixed: dict[str, float] | None = None, arms: str = "both",
+         profiles: dict | None = None) -> dict:
     """Least squares over the free terms; the worst unidentified one (σ_rel > 1) is fixed at its prior and the rest
     refitted until every free term is identified."""
     fixed = dict(fixed or {})
     unidentified: list[str] = []
     while True:
-        prob = _Problem(rows, fixed)
+        prob = _Problem(rows, fixed, profiles)
         lo = np.log([prob.terms[k][1] for k in prob.free])
         hi = np.log([prob.terms[k][2] for k in prob.free])
         x0 = np.clip(np.log([prob.terms[k][0] for k in prob.free]), lo + 1e-6, hi - 1e-6)
@@ -240,7 +247,7 @@ def leave_one_out(rows: list[KernelRow], sid: str) -> dict:
     mine = [r for r in rows if r.source == sid]
     fit = _fit(others)
     shared = {k: v for k, v in fit["values"].items() if not any(k.startswith(s + ":") for s in SOURCES)}
-    kern = KERNEL_OF[sid]
+    kern = kernel_of(sid)
     prior_kept = [k for k in KERNEL_TERMS[kern] if f"{kern}:{k}" not in shared]
     own = _fit(mine, fixed={**shared, **{f"{kern}:{k}": KERNEL_PRIOR[k][0] for k in prior_kept}}, arms="baseline")
     return {**score(mine, own["problem"].predict(own["values"])), "kernel_terms_at_prior": prior_kept}
@@ -277,6 +284,29 @@ def run(path: Path = FUSED_CSV) -> dict:
             "pr52079_tp_readings": {**readings, "preferred": preferred}}
 
 
+def rows_from_records(records: list[dict]) -> list[KernelRow]:
+    """A calibration run's timings of vLLM's gemm_rs_ar (kind "fused_kernel": op, m, n, k per rank, world, the
+    kernel's fused_s and its unfused arm's baseline_s, the GEMM plus vLLM's dispatched collective) as KernelRows."""
+    return [KernelRow(CALIBRATION, i, r["op"], int(r["world"]), int(r["m"]), int(r["n"]), int(r["k"]),
+                      f"{r['op']}:{r.get('unfused_impl', 'vllm')}", float(r["baseline_s"]), float(r["fused_s"]))
+            for i, r in enumerate(records) if r.get("kind") == "fused_kernel"]
+
+
+def fit_records(prior: HardwareProfile, records: list[dict]) -> tuple[dict, dict]:
+    """The [fused_kernel] terms a calibration run's kernel timings identify, in the prior profile: ({key: {value,
+    uncertainty_rel}} of the identified ones, residuals). The unfused collective's busBW per op is the run's own
+    term; vLLM's design terms stay (DESIGN); a term the rows do not identify keeps the prior's value."""
+    rows = rows_from_records(records)
+    if len(rows) < 3:
+        return {}, {}
+    keys = [*(f"hw:{k}" for k in HARDWARE_PRIOR), *(f"vllm:{k}" for k in KERNEL_TERMS["vllm"])]
+    # both arms timed by tpcost the same way (calib/timing.py): no harness floor to fit, the offset is 0
+    fit = _fit(rows, fixed={f"{CALIBRATION}:offset_s": 0.0}, profiles={CALIBRATION: prior})
+    out = {f"fused_kernel.{k.split(':', 1)[1]}": {"value": fit["values"][k], "uncertainty_rel": sg}
+           for k, sg in fit["sigma_rel"].items() if k in keys and sg is not None and sg <= 1.0}
+    return out, {"rows": len(rows), "rms_log": fit["rms_log"], "unidentified": fit["unidentified"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=OUT, help="where the fit's JSON goes (default: %(default)s)")
@@ -293,3 +323,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

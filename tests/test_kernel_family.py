@@ -204,3 +204,34 @@ def test_op_answers_at_kimi_k3_sites(capsys, gpu, op):
                 # one crossing (no dispatch edge of vLLM's unfused all-reduce in between): losing below, winning above
                 assert all(r["speedup"] < 1.03 for r in rows if r["m"] < c)
                 assert all(r["speedup"] > 1.0 for r in rows if r["m"] >= c)
+
+
+def test_calibration_fits_the_kernel_terms_from_recorded_timings():
+    """Timings of vLLM's kernel made by the model itself at known terms (fixed 20 us, fence 10 us, eta 0.68) on a
+    B200 TP 8, GEMM-RS and GEMM-AR over M: calib.kernel_fit.fit_records recovers them, and calibrate folds them
+    into the profile as calibrated values."""
+    from calib.calibrate import build_profile
+    from calib.kernel_fit import fit_records
+    from costmodel import load_profile, ops
+    from costmodel import formulas as F
+
+    truth = {"fused_kernel.fixed_s": 20e-6, "fused_kernel.ar_fence_s": 10e-6, "fused_kernel.link_efficiency": 0.68}
+    prof = load_profile("b200")
+    hw = ops.Hw(prof.with_values(truth), "bf16")
+    recs = []
+    for op in ("gemm_rs", "gemm_ar"):
+        for m in (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768):
+            n, k, tp = 7168, 768, 8
+            lat, bw = prof.collective("nccl_all_reduce" if op == "gemm_ar" else "nccl_reduce_scatter", tp)
+            coll = (F.t_all_reduce_s if op == "gemm_ar" else F.t_reduce_scatter_s)(m * n * 2.0, lat, bw, tp)
+            fused = float(ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp), float(m)).fused_s[0])
+            recs.append({"kind": "fused_kernel", "op": op, "m": m, "n": n, "k": k, "world": tp, "fused_s": fused,
+                         "baseline_s": float(hw.t_gemm(float(m), n, k)) + float(coll)})
+    got, res = fit_records(prof, recs)
+    assert res["rows"] == 18
+    for key, want in truth.items():
+        assert got[key]["value"] == pytest.approx(want, rel=0.05), key
+    prov = {"host": "h", "device_name": "B200", "torch": "t", "date": "d", "backend": "nccl"}
+    out, _, residuals = build_profile(recs, prof, prov, 8, "bf16", "b200-calibrated")
+    assert out.value("fused_kernel.link_efficiency") == pytest.approx(0.68, rel=0.05)
+    assert out.provenance["fused_kernel.link_efficiency"].tier == "calibrated" and "fused_kernel" in residuals
