@@ -280,6 +280,26 @@ def logits_bytes(n_seqs: Arr, vocab: Arr) -> Arr:
     return n_seqs * vocab * 4.0
 
 
+MOE_ALIGN_BLOCK_M = 64  # rows per expert block of vLLM's fused_moe (moe_align_block_size pads each expert to it)
+
+
+def moe_topk_bytes(n: Arr, num_experts: Arr, top_k: Arr, act_bytes: Arr) -> Arr:
+    """Router top-k (vLLM's topk_softmax): read n·E logits, write n·k fp32 weights and int32 ids (bytes; §8)."""
+    return n * (num_experts * act_bytes + top_k * 8.0)
+
+
+def moe_align_bytes(n: Arr, top_k: Arr, num_experts: Arr, block_m: Arr = MOE_ALIGN_BLOCK_M) -> Arr:
+    """moe_align_block_size: read the n·k int32 ids, write them sorted and padded per expert block, plus the block
+    → expert map: 4·(n·k + n·k + E·(block−1)) + 4·(n·k + E·block)/block (bytes; §8)."""
+    sorted_ids = n * top_k + num_experts * (block_m - 1.0)
+    return 4.0 * (n * top_k + sorted_ids + sorted_ids / block_m)
+
+
+def moe_sum_bytes(n: Arr, top_k: Arr, hidden: Arr, act_bytes: Arr) -> Arr:
+    """moe_sum: read each token's k weighted expert outputs, write their sum: n·H·b·(k + 1) (bytes; §8)."""
+    return n * hidden * act_bytes * (top_k + 1.0)
+
+
 def moe_expert_weight_bytes(n: Arr, top_k: Arr, num_experts: Arr, hidden: Arr, inter_rank: Arr, w_bytes: Arr) -> Arr:
     """Expert weights a grouped MoE GEMM streams for n tokens: E(1−(1−k/E)^n) experts × 3·H·I·b (bytes; §8)."""
     return expected_experts_touched(n, top_k, num_experts) * (3 * hidden * inter_rank * w_bytes)

@@ -318,9 +318,21 @@ class _Forward:
 
     def after(self, slot, n) -> list[Op]:
         """What runs right after a slot's GEMM, in vLLM's order: attention after qkv, SiluMul after gate_up,
-        the grouped experts after the router."""
-        follow = {"qkv": self.attention, "gate_up": self.silu_mul, "router": self.moe_experts}.get(slot.name)
+        the routing kernels and the grouped experts after the router."""
+        if slot.name == "router":
+            return self.moe_block(n)
+        follow = {"qkv": self.attention, "gate_up": self.silu_mul}.get(slot.name)
         return [follow(n)] if follow else []
+
+    def moe_block(self, n) -> list[Op]:
+        """What follows the router GEMM in vLLM's fused MoE: top-k, the expert-block alignment, the grouped experts
+        and the sum of each token's k outputs; the three small kernels are memory-bound over every row (§8)."""
+        spec, act = self.spec, self.act
+        E, k, H = spec.num_experts, spec.experts_per_token, spec.hidden
+        return [self.mem("moe_topk", F.moe_topk_bytes(n, E, k, act), "moe_topk_bytes"),
+                self.mem("moe_align", F.moe_align_bytes(n, k, E), "moe_align_bytes"),
+                self.moe_experts(n),
+                self.mem("moe_sum", F.moe_sum_bytes(n, k, H, act), "moe_sum_bytes")]
 
     def compute_ops(self, n, slots) -> list[Op]:
         out = []

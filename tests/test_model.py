@@ -361,3 +361,23 @@ def test_sp_padding_rows_route_as_one_token():
         t_mem = w / (prof.memory.hbm_bw_bytes_per_s * prof.gemm.mem_efficiency) + 3 * prof.gemm.launch_overhead_s
         assert float(o.t_s[0]) == pytest.approx(t_mem, rel=1e-9)
     assert float(pred.speedup("sp")[0]) > 0.5  # was 0.394 with the padding routed as 7 more tokens
+
+
+def test_moe_routing_kernels_by_hand():
+    """After the router GEMM vLLM's fused MoE runs top-k, the block alignment, the experts and the sum: the three
+    small kernels move these bytes (hand-counted for Qwen3-235B's shape at 64 tokens, bf16) at the kernels' HBM rate."""
+    from costmodel.model import predict
+    from costmodel.shapes import shape_from_config
+
+    shape = shape_from_config(QWEN3_LIKE, "qwen3-235b-like")
+    prof = load_profile("h100-sxm")
+    ops_ = {o.name: o for o in predict(prof, shape, 8, "bf16", [64.0]).schedules["tp"].layer_ops}
+    n, E, k, H = 64, 128, 8, 4096
+    want = {"moe_topk": n * E * 2 + n * k * 8,  # logits in, fp32 weights + int32 ids out
+            "moe_align": 4 * (n * k + (n * k + E * 63) + (n * k + E * 63) / 64),  # ids in, sorted ids + block map out
+            "moe_sum": n * k * H * 2 + n * H * 2}  # k expert outputs in, their sum out
+    names = [o.name for o in predict(prof, shape, 8, "bf16", [64.0]).schedules["tp"].layer_ops]
+    assert names.index("moe_topk") < names.index("moe_align") < names.index("moe_experts") < names.index("moe_sum")
+    for name, b in want.items():
+        t = b / (prof.memory.hbm_bw_bytes_per_s * prof.kernels.mem_efficiency) + prof.kernels.launch_overhead_s
+        assert float(ops_[name].t_s[0]) == pytest.approx(t, rel=1e-9), name
