@@ -23,8 +23,9 @@ OP_COLUMNS = ("hardware", "tp", "op", "dtype", "m", "n", "k", "baseline_us", "ov
 MODEL_COLUMNS = ("hardware", "tp", "model", "dtype", "num_tokens", "baseline_us", "overlap_us", "scope", "source")
 OPTIONAL_MODEL_COLUMNS = ("baseline_schedule", "seq_len")  # tp (default) | sp; default 1024
 # impl: torch (default; torch's pipelined symm-mem ops) | kernel (the single-kernel GEMM+RS/AR, docs/model.md §6b);
-# baseline_impl: nccl (default; the GEMM then NCCL) | vllm (the GEMM then vLLM's dispatched collective)
-OPTIONAL_OP_COLUMNS = ("impl", "baseline_impl")
+# baseline_impl: nccl (default; the GEMM then NCCL) | vllm (the GEMM then vLLM's dispatched collective);
+# harness_us: a benchmark's own time on both arms (>= 0; a source's fitted offset, calib/reference.py FamilyFit)
+OPTIONAL_OP_COLUMNS = ("impl", "baseline_impl", "harness_us")
 OP_IMPLS, BASELINE_IMPLS = ("torch", "kernel"), ("nccl", "vllm")
 TIE_BAND = 0.02  # a measured speedup within 2 % of 1 is a tie: either verdict counts as right
 INT_LIMITS = {"tp": 4096, "m": 2**24, "n": 2**20, "k": 2**20, "num_tokens": 2**24, "seq_len": 2**24}
@@ -112,13 +113,13 @@ def _int_cell(path, line, col, text):
     return v
 
 
-def _time_cell(path, line, col, text):
+def _time_cell(path, line, col, text, zero_ok=False):
     try:
         v = float(text)
     except ValueError:
         raise TpcostError(f"{path}:{line}: {col} {text!r} is not a number") from None
-    if not math.isfinite(v) or v <= 0:
-        raise TpcostError(f"{path}:{line}: {col} must be a finite time > 0 us, got {text}")
+    if not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
+        raise TpcostError(f"{path}:{line}: {col} must be a finite time {'>=' if zero_ok else '>'} 0 us, got {text}")
     return v
 
 
@@ -158,6 +159,8 @@ def read_rows(path: str) -> tuple[str, list]:  # noqa: C901 (one pass of per-cel
         for c in ("baseline_us", "overlap_us"):
             if r[c] != "":
                 r[c] = _time_cell(path, line, c, r[c])
+        if r.get("harness_us", "") != "":
+            r["harness_us"] = _time_cell(path, line, "harness_us", r["harness_us"], zero_ok=True)
         for c in ("tp", "m", "n", "k", "num_tokens", "seq_len"):
             if r.get(c, "") != "":
                 r[c] = _int_cell(path, line, c, r[c])
@@ -222,8 +225,9 @@ def predict_op_row(prof: Any, row: Mapping[str, Any], eager: bool = True, vllm_v
     op, dtype, tp, m = row["op"], row["dtype"], row["tp"], row["m"]
     n, k = row.get("n") or None, row.get("k") or None
     impl, baseline_impl = row.get("impl") or "torch", row.get("baseline_impl") or "nccl"
+    h = float(row.get("harness_us") or 0.0) * 1e-6  # the benchmark's own time, on both arms
     if impl == "kernel":
-        s_k, hidden = _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_version)
+        s_k, hidden = _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_version, h)
         return (s_k if all_draws else float(s_k[0])), hidden
     if dtype not in OP_DTYPES:
         raise _Skip(f"dtype {dtype!r} is out of scope (modelled: {', '.join(OP_DTYPES)}; torch's NVFP4 native "
@@ -244,11 +248,11 @@ def predict_op_row(prof: Any, row: Mapping[str, Any], eager: bool = True, vllm_v
         raise _Skip("ag_gemm does not fuse with per-token (dynamic) fp8 in vLLM 0.31")
     p = ops.torch_pair(hw, op, float(m), n, k, tp)
     hidden = k if op == "ag_gemm" else n
-    s_all = np.ravel(p.unfused_s / (p.fused_eager_s if eager else p.fused_graph_s))
+    s_all = np.ravel((p.unfused_s + h) / ((p.fused_eager_s if eager else p.fused_graph_s) + h))
     return (s_all if all_draws else float(s_all[0])), hidden
 
 
-def _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_version):
+def _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_version, harness_s):
     if n is None or k is None:
         raise _Skip(f"missing {'n' if n is None else 'k'}")
     if op not in vllm_tables.KERNEL_OPS:
@@ -259,7 +263,7 @@ def _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_versio
     hw = ops.Hw(prof, "fp8" if dtype == "mxfp8" else "bf16")
     pair = ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp, dtype), float(m),
                            baseline="vllm" if baseline_impl == "vllm" else "nccl", vllm_version=vllm_version)
-    return np.ravel(pair.unfused_s / pair.fused_s), n
+    return np.ravel((pair.unfused_s + harness_s) / (pair.fused_s + harness_s)), n
 
 
 def _model_groups(rows, profiles, models, skipped, path):

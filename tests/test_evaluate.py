@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from integration.cli import main
@@ -66,6 +67,10 @@ def test_table_and_plot(tmp_path, capsys):
     ("hardware,tp,model,dtype,num_tokens,baseline_us,overlap_us,scope,source\nh100-sxm,8,llama-3.1-70b,bf16,1,0,1,layer,x\n", "> 0"),
     ("hardware,tp,model,dtype,num_tokens,baseline_us,overlap_us,scope,source\nh100-sxm,8,llama-3.1-70b,bf16,1,-3,1,layer,x\n", "> 0"),
     ("a,b\n1,2\n", "cannot tell the schema"),
+    ("hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,harness_us\nh100-sxm,4,gemm_rs,bf16,4096,8192,3584,"
+     "500,450,x,-1\n", "harness_us must be a finite time >= 0"),
+    ("hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,harness_us\nh100-sxm,4,gemm_rs,bf16,4096,8192,3584,"
+     "500,450,x,lots\n", "harness_us 'lots' is not a number"),
 ])
 def test_bad_csv_exit_2(tmp_path, one_line_error, text, needle):
     f = tmp_path / "bad.csv"
@@ -141,3 +146,16 @@ def test_evaluate_labels_keep_their_distinguishing_tail(tmp_path, capsys):
     assert main(["evaluate", str(f)]) == 0
     out = capsys.readouterr().out
     assert "N=2048" in out and "N=4096" in out
+
+
+def test_harness_time_is_added_to_both_arms():
+    """A row's harness_us (a benchmark's own floor on both arms) enters as (unfused + h) / (fused + h)."""
+    from costmodel import load_profile, ops
+    from costmodel.evaluate import predict_op_row
+
+    prof = load_profile("h100-sxm")
+    row = {"op": "gemm_rs", "dtype": "bf16", "tp": 4, "m": 4096, "n": 8192, "k": 3584}
+    p = ops.torch_pair(ops.Hw(prof, "bf16"), "gemm_rs", 4096.0, 8192, 3584, 4)
+    u, f = float(np.ravel(p.unfused_s)[0]), float(np.ravel(p.fused_eager_s)[0])
+    assert predict_op_row(prof, row)[0] == pytest.approx(u / f, rel=1e-12)
+    assert predict_op_row(prof, {**row, "harness_us": 100.0})[0] == pytest.approx((u + 1e-4) / (f + 1e-4), rel=1e-12)
