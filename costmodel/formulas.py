@@ -289,8 +289,8 @@ def moe_topk_bytes(n: Arr, num_experts: Arr, top_k: Arr, act_bytes: Arr) -> Arr:
 
 
 def moe_align_bytes(n: Arr, top_k: Arr, num_experts: Arr, block_m: Arr = MOE_ALIGN_BLOCK_M) -> Arr:
-    """moe_align_block_size: read the n·k int32 ids, write them sorted and padded per expert block, plus the block
-    → expert map: 4·(n·k + n·k + E·(block−1)) + 4·(n·k + E·block)/block (bytes; §8)."""
+    """moe_align_block_size: read the n·k int32 ids, write them sorted and padded per expert block (s = n·k +
+    E·(block−1) slots at most), plus the block → expert map: 4·(n·k + s + s/block) (bytes; §8)."""
     sorted_ids = n * top_k + num_experts * (block_m - 1.0)
     return 4.0 * (n * top_k + sorted_ids + sorted_ids / block_m)
 

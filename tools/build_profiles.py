@@ -3,9 +3,10 @@
     python tools/build_profiles.py            # rewrite the TOML files
     python tools/build_profiles.py --check    # exit 1 if a file differs (tests run this)
 
-Values come from datasheets (URL), from fits to data/reference/components.csv (calib/reference.py,
-source_id named), from this project's GPU runs
-(calib/data/, provenance named), or are assumed (derivation named). Tier per docs/model.md §7.
+Values come from datasheets (URL), from the committed fits to data/reference (calib/data/component_fits.json,
+family_fit.json, kernel_fit.json, read through calib/results.py; source_id named), from this project's GPU runs
+named with --gpu-check (calib/data/, provenance named), or are assumed (derivation named). Tier per docs/model.md
+§7. The builder fits nothing: the chain that refits is in docs/profiles.md.
 """
 
 from __future__ import annotations
