@@ -18,6 +18,9 @@ sys.path.insert(0, str(ROOT))
 
 def main():
     from costmodel import RunConfig, analyse, load_model, load_profile
+    from costmodel.model import DecodeRegime, Regime
+
+    OPERATOR = Regime(decode=DecodeRegime())  # as vllm-config and the plugin decide: decodes at the stated default
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -32,7 +35,7 @@ def main():
         tp, thr = int(r["num_gpus"]), int(r["M_or_tokens"])
         gpu = "h100-sxm" if r["gpu"].startswith("H100") else "b200"
         max_tokens = 8192 if 2 * thr <= 8192 else 32768  # room above vLLM's threshold for the cutoff to land
-        an = analyse(load_profile(gpu), load_model("llama-3.1-70b"), RunConfig(tp, "bf16", max_num_batched_tokens=max_tokens))
+        an = analyse(load_profile(gpu), load_model("llama-3.1-70b"), RunConfig(tp, "bf16", OPERATOR, max_tokens))
         cut = an.cutoff_tokens
         ratio = None if cut is None else cut / thr
         ok = ratio is not None and 0.5 <= ratio <= 2.0
@@ -43,7 +46,7 @@ def main():
               f"{(f'{ratio:.2f}' if ratio else '-'):>6s} {'yes' if ok else 'NO':>9s} {max_tokens:10d}")
     print("\nllama-3.1-8b (hidden 4096; vLLM: SP off below hidden 8192):")
     for tp in (2, 4, 8):
-        an = analyse(load_profile("h100-sxm"), load_model("llama-3.1-8b"), RunConfig(tp, "bf16"))
+        an = analyse(load_profile("h100-sxm"), load_model("llama-3.1-8b"), RunConfig(tp, "bf16", OPERATOR))
         rows.append({"gpu": "h100-sxm", "model": "llama-3.1-8b", "tp": tp, "vllm_threshold": None,
                      "cutoff_tokens": an.cutoff_tokens, "band": list(an.cutoff_band_tokens)})
         s8k = float(an.table.speedup_sp_asynctp[list(an.table.num_tokens).index(8192.0)])
@@ -154,7 +157,7 @@ FI_MODELS = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b")  # hidden 4096, 
 def fusion_ranges():
     """tpcost's fusion range (tokens, uniform workload, 2 % premium) beside vLLM's table, per GPU x TP x hidden."""
     from costmodel import load_model, load_profile
-    from costmodel.model import Regime, RunConfig
+    from costmodel.model import DecodeRegime, Regime, RunConfig
     from integration.recommend import decide_fusion
 
     out = []
@@ -165,7 +168,7 @@ def fusion_ranges():
             for tp in (2, 4, 8):
                 row = {"gpu": gpu, "hidden": shape.hidden, "tp": tp, "model": model}
                 for ver in ((0, 31), (0, 33)):  # each version's own tables (costmodel/vllm_tables.py)
-                    f = decide_fusion(prof, shape, RunConfig(tp, "bf16", Regime(vllm=ver)))
+                    f = decide_fusion(prof, shape, RunConfig(tp, "bf16", Regime(vllm=ver, decode=DecodeRegime())))
                     if f is None:
                         continue
                     tag = f"{ver[0]}.{ver[1]}".replace(".", "")
