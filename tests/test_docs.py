@@ -47,3 +47,22 @@ def test_a_changed_results_json_makes_the_check_fail(tmp_path, monkeypatch):
     (results / "accuracy.json").write_text(json.dumps(acc))
     stale = [p.name for p, (old, new) in rd.rendered().items() if old != new]
     assert stale == ["accuracy.md"]
+
+
+def test_the_band_coverage_whatif_states_is_the_measured_one(capsys):
+    """integration/band_coverage.json is what render_docs makes of benchmarks/results/accuracy.json, and whatif
+    states exactly it beside its band (human line and JSON)."""
+    import json
+
+    from integration.cli import main
+
+    rd = _render_docs()
+    assert rd.BAND_COVERAGE.read_text() == rd.band_coverage_json(), "stale: run python tools/render_docs.py"
+    want = json.loads(rd.BAND_COVERAGE.read_text())["sources"]
+    acc = json.loads((ROOT / "benchmarks" / "results" / "accuracy.json").read_text())["band_coverage"]
+    assert all(want[s] == acc[s] for s in want) and "META_AH_H100_ASYNCTP" not in want
+    assert main(["whatif", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["band_measured_coverage"] == want
+    assert main(["whatif"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "measured coverage" in ln)
+    assert all(f"{s} {c['covered']:.0%} of {c['rows']}" in line for s, c in want.items())

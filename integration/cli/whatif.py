@@ -46,6 +46,8 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
                   min_confidence=args.min_confidence)  # vllm-config's decision path: the same answer
     a = r.analysis
     out = analysis_json(a)
+    if out.get("cutoff_band_tokens") is not None:
+        out["band_measured_coverage"] = band_coverage()
     f = r.fusion
     out["fusion_range"] = None if f is None else {"tokens": f.tokens, "mb": f.mb, "why": f.why,
                                                   "vllm_default_tokens": f.vllm_default_tokens,
@@ -94,6 +96,10 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     cut = a.cutoff_tokens if a.cutoff_tokens is not None else "never (null)"
     print(f"\ncutoff (SP+AsyncTP; the threshold minimising the expected forward time over N <= "
           f"{args.max_num_batched_tokens}, {a.workload}, risk premium {args.margin:.0%}): {cut}{band_s}")
+    if band is not None:
+        cov = band_coverage()
+        print("  the band's measured coverage of released op rows: " + ", ".join(
+            f"{sid} {c['covered']:.0%} of {c['rows']}" for sid, c in cov.items()) + " (docs/accuracy.md)")
     if a.cutoff_by_spread:
         never = lambda x: "never" if x is None else str(x)  # noqa: E731
         print("  the same decision with each histogram bucket spread otherwise: " +
@@ -192,3 +198,12 @@ def register(sub) -> None:
     w.add_argument("--tokens", type=tokens_arg, nargs="+", metavar="N",
                    help="token counts for the table (default: powers of two to 65536, plus the cutoff)")
     w.set_defaults(func=cmd_whatif)
+
+
+def band_coverage() -> dict:
+    """source -> {rows, covered}: how often the band covered each released source's measured op speedups
+    (integration/band_coverage.json, rendered from benchmarks/results/accuracy.json by tools/render_docs.py)."""
+    import json
+    from importlib import resources
+
+    return json.loads(resources.files("integration").joinpath("band_coverage.json").read_text())["sources"]
