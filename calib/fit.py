@@ -34,9 +34,8 @@ IDENTIFIED_SIGMA_REL = 1.0  # a term whose fitted relative sigma exceeds this is
 
 def worst_unidentified(sigma_by_term: dict):
     """The term the data identify least (largest sigma_rel above IDENTIFIED_SIGMA_REL, NaN as inf, the first among
-    equals), or
-    None: the one rule of every fit in calib for a term the data cannot pin down (fix it at its prior, refit the
-    rest, ask again)."""
+    equals), or None: the one rule of every fit in calib for a term the data cannot pin down (fix it at its prior,
+    refit the rest, ask again)."""
     bad = {t: (sg if sg == sg else np.inf) for t, sg in sigma_by_term.items() if not sg <= IDENTIFIED_SIGMA_REL}
     return max(bad, key=lambda t: bad[t]) if bad else None
 
@@ -66,13 +65,11 @@ def fit_log_space(resid, x0, lo, hi, names):
             break
         free.remove(worst)
         if not free:
-            r, sd = None, np.zeros(0)
+            r, sd, at_bound = None, np.zeros(0), set()
             break
     x = x0_l.copy()
     if r is not None:
         x[free] = r.x
-    else:
-        at_bound = set()
     fun = resid(np.exp(x))
     out = {names[i]: {"value": float(np.exp(x[i])), "uncertainty_rel": float(e)} for i, e in zip(free, sd)
            if i not in at_bound}

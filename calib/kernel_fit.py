@@ -47,14 +47,14 @@ OUT, COMMAND = KERNEL_FIT, KERNEL_CMD  # the committed result (calib/results.py)
 VLLM_RS, VLLM_AR, FI_RS = "VLLM_PR52079_KIMIK3_GEMMRS", "VLLM_PR53053_K3_GEMMAR_GB300", "FLASHINFER_GB200_GEMMRS_MATRIX"
 SOURCES = (VLLM_RS, VLLM_AR, FI_RS)
 KERNEL_OF = {VLLM_RS: "vllm", VLLM_AR: "vllm", FI_RS: "flashinfer"}
+PROFILE_OF = {VLLM_RS: "b200", VLLM_AR: "gb300-nvl72", FI_RS: "gb200-nvl72"}
 CALIBRATION = "calibration"  # the source of a cluster owner's own timings of vLLM's kernel (tpcost calibrate)
+NVLINK5_BW = 900e9  # bytes/s per direction (https://www.nvidia.com/en-us/data-center/nvlink/)
 
 
 def kernel_of(sid: str) -> str:
     """The kernel a source times: the released sources' own, vLLM's for a calibration run."""
     return KERNEL_OF.get(sid, "vllm")
-PROFILE_OF = {VLLM_RS: "b200", VLLM_AR: "gb300-nvl72", FI_RS: "gb200-nvl72"}
-
 
 
 def nvls_link_efficiency(world: int = 8) -> float:
@@ -69,7 +69,6 @@ def nvls_link_efficiency(world: int = 8) -> float:
     return float(r["overlap_value"]) * 1e9 * (world + 1) / (2 * (world - 1) * NVLINK5_BW)
 
 
-NVLINK5_BW = 900e9  # bytes/s per direction (https://www.nvidia.com/en-us/data-center/nvlink/)
 ETA_NVLS = nvls_link_efficiency()
 # term -> (prior, lo, hi, what it is); hardware terms are shared by every source, kernel terms by a kernel's sources
 HARDWARE_PRIOR = {
@@ -303,7 +302,7 @@ def fit_records(prior: HardwareProfile, records: list[dict]) -> tuple[dict, dict
     # both arms timed by tpcost the same way (calib/timing.py): no harness floor to fit, the offset is 0
     fit = _fit(rows, fixed={f"{CALIBRATION}:offset_s": 0.0}, profiles={CALIBRATION: prior})
     out = {f"fused_kernel.{k.split(':', 1)[1]}": {"value": fit["values"][k], "uncertainty_rel": sg}
-           for k, sg in fit["sigma_rel"].items() if k in keys and sg is not None and sg <= 1.0}
+           for k, sg in fit["sigma_rel"].items() if k in keys and sg is not None}  # None: unidentified, prior kept
     return out, {"rows": len(rows), "rms_log": fit["rms_log"], "unidentified": fit["unidentified"]}
 
 
@@ -323,4 +322,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

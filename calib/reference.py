@@ -17,7 +17,8 @@ import numpy as np
 
 from calib import fit as fitting
 from calib.fit import fit_least_squares, worst_unidentified  # the one fitting core and rule
-from calib.results import FAMILY_CMD, FAMILY_FIT, FAMILY_TREES, fit_to_json, load_family_trees, trees_digest
+from calib.results import (FAMILY_CMD, FAMILY_FIT, FAMILY_TREES, fit_to_json, load_family_trees, profile_digits,
+                           trees_digest)
 from costmodel import formulas as F
 
 CSV = Path(__file__).resolve().parents[1] / "data" / "reference" / "components.csv"
@@ -601,10 +602,6 @@ B300_RS_LATENCY = "collectives.nccl_reduce_scatter.tp8.latency_s"
 B300_RS_SOURCE = "PT_ISSUE179770"
 
 
-def _round4(v: float) -> float:
-    return float(f"{v:.4g}")  # the profiles' 4 significant digits (what the built-in TOML holds)
-
-
 def b300_rs_latency_fit(b300_tree: dict) -> dict:
     """The B300's own NCCL reduce-scatter latency at 1-12 MiB: the sequential arm of PT_ISSUE179770 (scaled_mm + NCCL
     reduce-scatter) fitted with the rest of the B300 start tree fixed (its busBW stays the 16 GiB value)."""
@@ -618,7 +615,7 @@ def start_trees(raw: dict | None = None) -> tuple[dict, dict]:
 
     trees = copy.deepcopy(load_family_trees() if raw is None else raw)
     rs = b300_rs_latency_fit(trees["blackwell"]["b300"])
-    trees["blackwell"]["b300"]["collectives"]["nccl_reduce_scatter"]["tp8"]["latency_s"] = _round4(rs["value"])
+    trees["blackwell"]["b300"]["collectives"]["nccl_reduce_scatter"]["tp8"]["latency_s"] = profile_digits(rs["value"])
     return trees, rs
 
 

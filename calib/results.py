@@ -29,6 +29,11 @@ SHARED_KEY = "*"  # the GPU-side (shared) terms' key in the family JSON (None in
 REBUILD = "python tools/build_profiles.py"
 
 
+def profile_digits(v: float) -> float:
+    """v at the 4 significant digits the built-in profiles hold (tools/build_profiles.py writes them so)."""
+    return float(f"{v:.4g}")
+
+
 def _read(path: Path, cmd: str) -> dict:
     if not path.exists():
         raise TpcostError(f"{path} is missing: run {cmd}")

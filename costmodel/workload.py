@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-
 from typing import Any
 
 import numpy as np
@@ -168,15 +167,9 @@ def grid_weights(w: Workload, grid: np.ndarray, spread: str = "uniform") -> np.n
     def index(n):
         return int(min(top, np.searchsorted(grid, n, side="left")))
 
-    budget = float(grid[-1])
     for n, c in w.points:
-        if n > budget:  # vLLM runs it as ceil(n / budget) chunked steps: the full ones at the budget, then the rest
-            full, rest = divmod(n, budget)
-            out[top] += c * full
-            if rest:
-                out[index(rest)] += c
-        else:
-            out[index(n)] += c
+        for at, cnt in _steps_on_grid(n, c, grid):
+            out[at] += cnt
     for lo, hi, c in w.buckets:
         hi_eff = min(hi, grid[-1])
         lo_eff = min(lo, grid[-1] - 1)
@@ -194,6 +187,18 @@ def grid_weights(w: Workload, grid: np.ndarray, spread: str = "uniform") -> np.n
     if total <= 0:
         raise TpcostError(f"{w.name}: no steps within the grid")
     return out / total
+
+
+def _steps_on_grid(n: int, count: float, grid: np.ndarray) -> list[tuple[int, float]]:
+    """Where `count` steps of n tokens land on a sorted grid, (index, count) pairs: at the first point >= n; above
+    the grid's top (the budget) as the ceil(n / budget) chunked steps vLLM runs, floor(n / budget) at the top and
+    the rest where it lands."""
+    top, budget = grid.size - 1, float(grid[-1])
+    full, rest = divmod(float(n), budget) if n > budget else (0.0, float(n))
+    out = [(top, count * full)] if full else []
+    if rest:
+        out.append((min(top, int(np.searchsorted(grid, rest, side="left"))), count))
+    return out
 
 
 def chunked_note(w: Workload, budget: int) -> str | None:
@@ -215,13 +220,9 @@ def decode_regime(w: Workload | None, grid: np.ndarray, max_num_seqs: int) -> An
     if w is None or not w.contexts:
         return None
     grid = np.asarray(grid, dtype=float)
-    top = grid.size - 1
     num, den = np.zeros(grid.size), np.zeros(grid.size)
-    budget = float(grid[-1])
     for n, c, k in w.contexts:
-        full, rest = divmod(float(n), budget) if n > budget else (0.0, float(n))
-        at_rest = min(top, int(np.searchsorted(grid, rest, side="left")))
-        for at, cnt in ((top, c * full), (at_rest, c if rest else 0.0)):
+        for at, cnt in _steps_on_grid(n, c, grid):
             num[at] += cnt * k
             den[at] += cnt
     if den.sum() <= 0:

@@ -493,6 +493,9 @@ def kernel_model_config(profile, km, par, op: str | None, run: RunConfig | None 
     if run.tp != par.tp or run.dtype != "bf16":
         raise TpcostError(f"kernel_model_config: the run's tp {run.tp} / dtype {run.dtype} must be the parallel "
                           f"setup's tp {par.tp} and the kernel's bf16")
+    if run.workload is not None and run.workload.contexts:  # vllm-config and the plugin alike
+        raise TpcostError(f"{run.workload.name}: its context_len column has no effect for {km.name} (the kernel's "
+                          "call sites do not read the KV cache); drop the column")
     vllm_version = version_of(run.regime.vllm)
     if op is not None:
         if tuple(vllm_version) < FIRST_WITH_KERNEL:

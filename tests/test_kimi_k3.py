@@ -238,3 +238,17 @@ def test_plan_cache_rejects_foreign_env():
     assert plugin_cache._is_plan({**base, "env": [["VLLM_KIMI_K3_GEMM_AR", "0"]]})
     for bad in ([["LD_PRELOAD", "x"]], [["VLLM_KIMI_K3_GEMM_AR", "yes"]], "VLLM_KIMI_K3_GEMM_AR=1"):
         assert not plugin_cache._is_plan({**base, "env": copy.deepcopy(bad)})
+
+
+def test_a_workload_context_column_is_refused_for_the_kernel_decision(tmp_path):
+    """The one decision path of a kernel model (vllm-config and the plugin) refuses a context_len column: the
+    kernel's call sites read no KV cache, so the column would be accepted and ignored."""
+    from costmodel.errors import TpcostError
+    from costmodel.model import Regime, RunConfig
+    from integration.recommend import kernel_model_config
+
+    wl = tmp_path / "w.csv"
+    wl.write_text("num_tokens,count,context_len\n2048,10,4096\n")
+    run = RunConfig(8, "bf16", Regime(vllm=(0, 33)), workload=read_workload(str(wl)))
+    with pytest.raises(TpcostError, match="context_len column has no effect"):
+        kernel_model_config(load_profile("b200"), _kimi(), Parallel(8), "gemm_ar", run)

@@ -57,7 +57,7 @@ FA3 = "https://arxiv.org/abs/2407.08608 (FlashAttention-3: 500-660 TFLOP/s causa
 
 
 def _round(v):
-    return float(f"{v:.4g}") if isinstance(v, float) else v
+    return CR.profile_digits(v) if isinstance(v, float) else v
 
 
 def sec(source, tier, **vals):

@@ -144,9 +144,6 @@ def kernel_model_config(args, cfg, name, where, version, how) -> int:
     par = _kernel_parallel_args(args, km, name)
     prof, overrides = resolve_profile(args)
     workload = load_workload_arg(args)
-    if workload is not None and workload.contexts:
-        raise TpcostError(f"--workload {args.workload}: its context_len column has no effect for {name} (the "
-                          "kernel's call sites do not read the KV cache); drop the column")
     traced, reads = recording(prof)
     run = RunConfig(par.tp, "bf16", Regime(vllm=version), args.max_num_batched_tokens, args.margin, workload)
     user = user_choices_arg(args)
