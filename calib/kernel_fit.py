@@ -13,12 +13,15 @@ Sources (data/reference/fused_ops.csv, FUSED_OPS_SOURCES.md):
   second kernel of the family with its own kernel terms.
 
 Terms: shared where the hardware is shared (the NVLink5 multicast efficiency and round trip, one SM100 switch),
-per kernel (vLLM's: fixed cost, GEMM+AR fence, GEMM slowdown, exposure; FlashInfer's: its own three), per source (the
-harness offset on both arms, and the NCCL busBW of each forced protocol, from the source's own baseline arm). The
-GEMM and NCCL latency come from the built-in profiles. Log residuals of both arms, soft-L1, σ from the Jacobian; a
-term the data does not identify (σ_rel > 1) is fixed at its prior, the worst first, and the rest refitted.
-Leave-one-source-out: every shared and kernel term fitted without the source; the held-out source keeps only its own
-harness offset and NCCL busBW, fitted on its baseline arm alone.
+per kernel (vLLM's: fixed cost, GEMM+AR fence, GEMM slowdown, exposure; FlashInfer's: its own three), per harness (the
+offset on both arms: vLLM's two sources ran one benchmark of one kernel file, PR 52079's
+benchmarks/kernels/benchmark_gemm_rs*.py grown into PR 53053's benchmark_kimi_k3_gemm_rs_ar.py, so they share it),
+per source (the NCCL busBW of its baseline arm, and where the source forces NCCL's protocol, RING_LL or LDMC, that
+protocol's latency too: a forced protocol is not the profile's curve, which is NCCL's own choice). The GEMM, and NCCL's
+latency under its own choice, come from the built-in profiles. Log residuals of both arms, soft-L1, σ from the
+Jacobian; a term the data does not identify (σ_rel > 1) is fixed at its prior, the worst first, and the rest refitted.
+Leave-one-source-out: every shared, harness and kernel term fitted without the source; the held-out source keeps only
+its own terms (and a harness no other source shares), fitted on its baseline arm alone.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ OUT, COMMAND = KERNEL_FIT, KERNEL_CMD  # the committed result (calib/results.py)
 VLLM_RS, VLLM_AR, FI_RS = "VLLM_PR52079_KIMIK3_GEMMRS", "VLLM_PR53053_K3_GEMMAR_GB300", "FLASHINFER_GB200_GEMMRS_MATRIX"
 SOURCES = (VLLM_RS, VLLM_AR, FI_RS)
 KERNEL_OF = {VLLM_RS: "vllm", VLLM_AR: "vllm", FI_RS: "flashinfer"}
+HARNESS_OF = {VLLM_RS: "vllm-bench", VLLM_AR: "vllm-bench"}  # one benchmark script lineage (module docstring)
+FORCED_PROTOCOLS = ("RING_LL", "LDMC")  # NCCL_PROTO/ALGO forced by the source: its latency is the source's own
 PROFILE_OF = {VLLM_RS: "b200", VLLM_AR: "gb300-nvl72", FI_RS: "gb200-nvl72"}
 CALIBRATION = "calibration"  # the source of a cluster owner's own timings of vLLM's kernel (tpcost calibrate)
 NVLINK5_BW = 900e9  # bytes/s per direction (https://www.nvidia.com/en-us/data-center/nvlink/)
@@ -70,7 +75,11 @@ def nvls_link_efficiency(world: int = 8) -> float:
 
 
 ETA_NVLS = nvls_link_efficiency()
-# term -> (prior, lo, hi, what it is); hardware terms are shared by every source, kernel terms by a kernel's sources
+# term -> (prior, lo, hi, what it is); hardware terms are shared by every source, kernel terms by a kernel's sources.
+# The priors by mechanism (gemm_rs_ar.py): fixed ≈ the launch (2 µs) + the GEMM-done flag written to the peers and the
+# exit barrier's multimem.red + spin (a switch round trip λ ≈ 2 µs each) + the prologue (TMEM, mbarriers) ≈ 8 µs; the
+# GEMM+AR fence ≈ one more round trip, the system-scope release waiting for its multimem.st acks ≈ 3 µs. Under one
+# harness shared by both vLLM sources the data fix only harness + fixed (≈ 33 µs): the split is these priors'.
 HARDWARE_PRIOR = {
     "link_efficiency": (0.75, ETA_NVLS, 1.0, "multimem traffic / unidirectional NVLink5 peak (at least NCCL NVLS's)"),
     "multicast_latency_s": (2e-6, 3e-7, 1e-5, "one multimem.ld_reduce round trip through the switch"),
@@ -139,6 +148,16 @@ def _bw_key(r: KernelRow) -> str:
     return f"{r.source}:{r.protocol}:tp{r.tp}:busbw"
 
 
+def _lat_key(r: KernelRow) -> str | None:
+    """The baseline collective's own latency term, where the source forces NCCL's protocol (else the profile's)."""
+    return f"{r.source}:{r.protocol}:tp{r.tp}:latency_s" if r.protocol in FORCED_PROTOCOLS else None
+
+
+def _offset_key(sid: str) -> str:
+    """The harness offset a source's arms carry: its benchmark's, shared by the sources that ran it."""
+    return f"{HARNESS_OF.get(sid, sid)}:offset_s"
+
+
 class _Problem:
     """The parameter vector (log values) of one fit: which terms are free, which fixed, and the row predictions."""
 
@@ -156,9 +175,11 @@ class _Problem:
                 v, lo, hi, _ = KERNEL_PRIOR[key]
                 terms[f"{kern}:{key}"] = (v, lo, hi)
         for r in rows:
-            terms.setdefault(f"{r.source}:offset_s", OFFSET_PRIOR)
-            c = self.profiles[r.source].collective(_collective(r.op), r.tp)[1]
-            terms.setdefault(_bw_key(r), (float(c), 1e10, float(self.profiles[r.source].interconnect.link_bw_bytes_per_s)))
+            terms.setdefault(_offset_key(r.source), OFFSET_PRIOR)
+            lat, bw = map(float, self.profiles[r.source].collective(_collective(r.op), r.tp))
+            terms.setdefault(_bw_key(r), (bw, 1e10, float(self.profiles[r.source].interconnect.link_bw_bytes_per_s)))
+            if _lat_key(r):
+                terms.setdefault(_lat_key(r), (lat, 1e-7, 2e-4))
         self.terms = terms
         self.free = [k for k in terms if k not in self.fixed]
 
@@ -180,8 +201,8 @@ class _Problem:
         for r in self.rows:
             hw = ops.Hw(profs[r.source], "bf16")
             m = float(r.m)
-            off = vals[f"{r.source}:offset_s"]
-            lat = profs[r.source].collective(_collective(r.op), r.tp)[0]
+            off = vals[_offset_key(r.source)]
+            lat = vals[_lat_key(r)] if _lat_key(r) else profs[r.source].collective(_collective(r.op), r.tp)[0]
             msg = m * r.n * hw.act_bytes
             t_coll = (F.t_all_reduce_s if r.op == "gemm_ar" else F.t_reduce_scatter_s)(msg, lat, vals[_bw_key(r)], r.tp)
             seq = off + float(hw.t_gemm(m, r.n, r.k)) + float(t_coll)
@@ -211,6 +232,10 @@ def _fit(rows: list[KernelRow], fixed: dict[str, float] | None = None, arms: str
     unidentified: list[str] = []
     while True:
         prob = _Problem(rows, fixed, profiles)
+        if not prob.free:  # every term fixed or unidentified: the rows at the priors
+            x = np.zeros(0)
+            return {"values": prob.values(x), "sigma_rel": {k: None for k in fixed}, "unidentified": unidentified,
+                    "rms_log": float(np.sqrt(np.mean(prob.residuals(x, arms) ** 2))), "problem": prob}
         lo = np.log([prob.terms[k][1] for k in prob.free])
         hi = np.log([prob.terms[k][2] for k in prob.free])
         x0 = np.clip(np.log([prob.terms[k][0] for k in prob.free]), lo + 1e-6, hi - 1e-6)
@@ -241,7 +266,8 @@ def score(rows: list[KernelRow], pred: list[tuple[float, float]]) -> dict:
 
 
 def leave_one_out(rows: list[KernelRow], sid: str) -> dict:
-    """Every shared and kernel term fitted without `sid`; `sid` keeps its own offset and busBW from its baseline arm."""
+    """Every shared, harness and kernel term fitted without `sid`; `sid` keeps its own terms (offset where no other
+    source shares its harness, busBW, a forced protocol's latency), fitted on its baseline arm alone."""
     others = [r for r in rows if r.source != sid]
     mine = [r for r in rows if r.source == sid]
     fit = _fit(others)
@@ -270,7 +296,7 @@ def run(path: Path = FUSED_CSV) -> dict:
                                "link_efficiency": round(f["values"]["hw:link_efficiency"], 4)}
     if abs(readings["tp4"]["rms_log"] - readings["tp8"]["rms_log"]) < 1e-3:
         preferred = ("tp8: the fit cannot tell (the ld_reduce egress is m·n·b at any W and each forced protocol's "
-                     "busBW is the source's own term); Kimi-K3's call sites give K 768 only at TP 8 (6144/8)")
+                     "busBW and latency are the source's own terms); Kimi-K3's call sites give K 768 only at TP 8 (6144/8)")
     else:
         preferred = min(readings, key=lambda k: readings[k]["rms_log"])
     vals = {k: float(f"{v:.4g}") for k, v in fit["values"].items()}
@@ -300,7 +326,7 @@ def fit_records(prior: HardwareProfile, records: list[dict]) -> tuple[dict, dict
         return {}, {}
     keys = [*(f"hw:{k}" for k in HARDWARE_PRIOR), *(f"vllm:{k}" for k in KERNEL_TERMS["vllm"])]
     # both arms timed by tpcost the same way (calib/timing.py): no harness floor to fit, the offset is 0
-    fit = _fit(rows, fixed={f"{CALIBRATION}:offset_s": 0.0}, profiles={CALIBRATION: prior})
+    fit = _fit(rows, fixed={_offset_key(CALIBRATION): 0.0}, profiles={CALIBRATION: prior})
     out = {f"fused_kernel.{k.split(':', 1)[1]}": {"value": fit["values"][k], "uncertainty_rel": sg}
            for k, sg in fit["sigma_rel"].items() if k in keys and sg is not None}  # None: unidentified, prior kept
     return out, {"rows": len(rows), "rms_log": fit["rms_log"], "unidentified": fit["unidentified"]}

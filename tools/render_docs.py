@@ -133,11 +133,12 @@ def fits_table() -> str:
                      f"| {fit['rms_log']:.3f} | |")
     kf = d["kernel"]
     for key, val in kf["values"].items():
-        if not key.startswith(("hw:", "vllm:", "flashinfer:")):
+        if not key.startswith(("hw:", "vllm:", "flashinfer:", "vllm-bench:")):
             continue
         sg = kf["sigma_rel"].get(key)
         sg_s = "not identified: prior kept" if sg is None else f"{sg:.2f}"
-        who = {"hw": "GPU (NVLink5 multicast, shared)", "vllm": "vLLM's gemm_rs_ar", "flashinfer": "FlashInfer's CuTe"}
+        who = {"hw": "GPU (NVLink5 multicast, shared)", "vllm": "vLLM's gemm_rs_ar", "flashinfer": "FlashInfer's CuTe",
+               "vllm-bench": "vLLM's kernel benchmark (both arms of PR 52079 and PR 53053)"}
         lines.append(f"| single kernel | `{key.split(':', 1)[1]}` | {who[key.split(':')[0]]} | {val:.4g} | {sg_s} |")
     lines.append(f"| single kernel | rms log residual | {len(kf['sources'])} sources, {kf['n_rows']} rows "
                  f"| {kf['rms_log']:.3f} | |")
