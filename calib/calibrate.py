@@ -152,7 +152,7 @@ def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgete
 
     from . import launch
     from .distbench import (AsyncTPOps, bench_barrier, bench_collectives, bench_comm_interference, bench_fused_ops,
-                            bench_p2p, bench_vllm_all_reduce)
+                            bench_p2p, bench_vllm_all_reduce, bench_vllm_gemm_rs_ar, kernel_ms)
     from .gpu_check import provenance
     from .microbench import bench_chunked, bench_gemms, bench_interference, bench_memory, gemm_dtypes
     from .timing import Timer
@@ -184,6 +184,7 @@ def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgete
                                                                   dtypes[0])),
             ("collectives", lambda: bench_collectives(coll, plan["coll"], dev, world)),
             ("vllm_all_reduce", lambda: bench_vllm_all_reduce(coll, plan["coll"], dev, world)),
+            ("vllm_gemm_rs_ar", lambda: bench_vllm_gemm_rs_ar(coll, kernel_ms(world), dev, rank, world)),
             ("p2p", lambda: bench_p2p(coll, plan["coll"], dev, rank, world)),
             ("barrier", lambda: bench_barrier(coll, dev)),
             ("fused_ops", lambda: bench_fused_ops(coll, ops, fused_shapes, plan["fused_ms"], dev, rank, world, dtypes[0])),

@@ -324,3 +324,69 @@ def multimem_world_sizes(comm) -> list[int]:
     if not isinstance(table, dict):
         table = vllm_tables.table(None, "_WORLD_SIZES_MULTIMEM")[0]
     return list(table.get(getattr(comm, "device_capability", None), []))
+
+
+# ------------------------------------------------------------------ vLLM 0.33's single-kernel GEMM+RS / GEMM+AR (SM100)
+
+GEMM_RS_AR = "vllm.model_executor.kernels.linear.cute_dsl.gemm_rs_ar"  # vLLM >= 0.33 (present from 0.31)
+KIMI_K3_N = 7168  # Kimi-K3's hidden size: the N of every call site of the kernel (costmodel.vllm_tables)
+
+
+def kernel_ms(world: int, max_m: int = 32768) -> list[int]:
+    """The M the calibration times the kernel at: vLLM's gate (M >= 128) and below it, powers of two to max_m, each
+    rounded down to a multiple of the world size (vLLM pads to one)."""
+    ms, m = [], 16
+    while m <= max_m:
+        ms.append(max(world, m // world * world))
+        m *= 2
+    return sorted(set(ms))
+
+
+def bench_vllm_gemm_rs_ar(timer: Timer, ms, device, rank, world, n: int = KIMI_K3_N, ks=None):
+    """vLLM's gemm_rs_ar (GemmRsAr.apply, both modes) against the path it replaces: the GEMM, then the collective vLLM
+    dispatches (GEMM-AR: tensor_model_parallel_all_reduce; GEMM-RS: sp_reduce_scatter, model-level SP), per M;
+    records of kind "fused_kernel" (calib.kernel_fit.fit_records folds them into [fused_kernel]). K per rank: Kimi-K3's
+    call sites, 6144/W and 12288/W. Needs vLLM >= 0.33 on an SM100-family GPU with NVLink multicast; anything else is
+    one skipped record, never fatal. The kernel reads `linear.weight` (and `scheme` / `quant_method` for its dtype):
+    the bf16 weight is handed to it as such an object."""
+    import types
+
+    if not device.startswith("cuda"):
+        return
+    if torch.cuda.get_device_capability()[0] != 10:
+        yield {"kind": "skipped", "what": "vllm gemm_rs_ar", "why": "vLLM runs it on the SM100 family only"}
+        return
+    try:
+        import importlib
+
+        mod = importlib.import_module(GEMM_RS_AR)
+        from vllm.distributed import parallel_state as ps
+        from vllm.distributed import tensor_model_parallel_all_reduce
+        from vllm.models.common.ops.sequence_parallel import sp_reduce_scatter
+
+        if not ps.model_parallel_is_initialized():
+            ps.init_distributed_environment(world, rank, "env://", rank % torch.cuda.device_count(), "nccl")
+            ps.initialize_model_parallel(tensor_model_parallel_size=world)
+    except Exception as e:
+        yield {"kind": "skipped", "what": "vllm gemm_rs_ar", "why": f"{type(e).__name__}: {e}"[:200]}
+        return
+    dev = torch.device(device)
+    ks = ks or sorted({6144 // world, 12288 // world} - {0})
+    for op, all_reduce in (("gemm_rs", False), ("gemm_ar", True)):
+        try:
+            kern = mod.GemmRsAr(max_M=max(ms), N=n, all_reduce=all_reduce)
+        except Exception as e:
+            yield {"kind": "skipped", "what": f"vllm gemm_rs_ar {op}", "why": f"{type(e).__name__}: {e}"[:200]}
+            continue
+        collective = tensor_model_parallel_all_reduce if all_reduce else sp_reduce_scatter
+        for k in ks:
+            w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k ** 0.5
+            linear = types.SimpleNamespace(weight=w, quant_method=None)
+            for m in ms:
+                x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                t_fused = timer(lambda x=x, kern=kern, linear=linear: kern.apply(x, linear))
+                t_seq = timer(lambda x=x, w=w, coll=collective: coll(torch.nn.functional.linear(x, w)))
+                yield {"kind": "fused_kernel", "op": op, "world": world, "m": m, "n": n, "k": k,
+                       "unfused_impl": "vllm", "fused_s": t_fused.median_s, "baseline_s": t_seq.median_s,
+                       "fused": t_fused.as_dict(), "baseline": t_seq.as_dict()}
+        del kern  # its symmetric workspace (max M × N bf16) before the other mode's

@@ -259,3 +259,15 @@ def test_committed_kernel_fit_is_current():
     for key, v in fit["values"].items():
         assert committed["values"][key] == pytest.approx(v, rel=1e-3), key
     assert committed["unidentified"] == fit["unidentified"]
+
+
+@pytest.mark.parametrize("world", [2, 4, 6, 8])
+def test_calibration_times_the_kernel_at_ms_vllm_can_run(world):
+    """The M the calibration job times gemm_rs_ar at: multiples of the world size (vLLM pads to it), below and above
+    vLLM's gate (M >= 128), up to 32768; on a CPU device the phase records nothing."""
+    from calib.distbench import bench_vllm_gemm_rs_ar, kernel_ms
+
+    ms = kernel_ms(world)
+    assert all(m % world == 0 for m in ms) and ms == sorted(set(ms))
+    assert min(ms) < 128 <= max(ms) and 32768 - world < max(ms) <= 32768
+    assert list(bench_vllm_gemm_rs_ar(None, ms, "cpu", 0, world)) == []
