@@ -268,8 +268,9 @@ def fi_tp2_entries(latency_s: float, own: bool) -> dict:
 def b300_base():
     """B300 (Blackwell Ultra, HGX 8-GPU): the B200 profile's structure with B300's datasheet numbers. Its
     GEMM and collective fits stay B200's (same SM100 family and NVLink5) and say so; the start tree of the fit of
-    its own reduce-scatter latency (b300)."""
-    p = copy.deepcopy(b200())
+    its own reduce-scatter latency (b300). FlashInfer's TP 8 one-shot latency is the B200's measured one
+    (fi_oneshot_latency_b200: the same Lamport kernel on the same HGX NVLink5 switch), not the GB200 fit it replaced."""
+    p = fi_oneshot_latency_b200(b200())
     p["identity"].update(name="b300", display_name="NVIDIA B300 (HGX, 8 GPUs)", compute_capability="10.3",
                          device_name_patterns="B300", sm_count=160, source=NV_B300)
     p["compute"]["peak_flops_per_s"] = sec(NV_B300 + "; fp32 non-tensor assumed as B200", "datasheet",
@@ -708,8 +709,10 @@ def fi_oneshot_latency_b200(p):
 def custom_reduce_scatter(p):
     """vLLM's custom reduce-scatter backends (model-level SP; costmodel.vllm_tables.custom_rs_backend), from
     physics, tier assumed (no released row times them), at each TP the profile has a one-stage custom AR for:
-    - Lamport (multicast buffer present): a one-shot push of the (W-1)/W·S foreign slices, flag-free; latency as the
-      one-stage custom all-reduce's, busBW the ring's fraction of the link;
+    - Lamport (multicast buffer present): a one-shot push of the (W-1)/W·S foreign slices, flag-free; latency the
+      lower of the one-stage custom all-reduce's (the same push plus two barriers) and FlashInfer's Lamport one-shot
+      AR+RMSNorm's at that TP (the same Lamport push plus the norm): each does at least its work; busBW the ring's
+      fraction of the link;
     - multimem (SM100 at W 2/4/8): ld_reduce over the multicast address, each GPU ~S of egress and S/W of ingress,
       no better than a ring in bandwidth (its gain is latency): t = α + S/(η·link), η the fused kernel's multicast
       efficiency, i.e. busBW = (W-1)/W·η·link;
@@ -724,7 +727,10 @@ def custom_reduce_scatter(p):
     cc = p["identity"]["compute_capability"]
     for key, c in coll["custom_ar_1stage"].items():
         w = int(key.removeprefix("tp"))
-        lat = c["latency_s"]
+        lat, lat_src = c["latency_s"], f"custom_ar_1stage tp{w}'s ({c['source'][:60]}...)"
+        fi = coll.get("flashinfer_ar_rmsnorm", {}).get(key)
+        if multicast and fi is not None and fi["latency_s"] < lat:
+            lat, lat_src = fi["latency_s"], f"flashinfer_ar_rmsnorm tp{w}'s Lamport one-shot ({fi['source'][:60]}...)"
         one_shot = (("custom_rs_lamport" if multicast else "custom_rs_ipc",
                      f"one-shot {'Lamport push' if multicast else 'IPC read'} of the (W-1)/W foreign slices"),
                     ("custom_ag_lamport" if multicast else "custom_ag_ipc",
@@ -732,8 +738,8 @@ def custom_reduce_scatter(p):
                      "foreign shards"))
         for name, what in one_shot:
             coll.setdefault(name, {})[key] = sec(
-                f"assumed (physics, no released row): {what}; latency = custom_ar_1stage tp{w}'s "
-                f"({c['source'][:60]}...), busBW = {RING} x {link / 1e9:.0f} GB/s (the ring's link fraction)",
+                f"assumed (physics, no released row): {what}; latency = {lat_src}, busBW = {RING} x "
+                f"{link / 1e9:.0f} GB/s (the ring's link fraction)",
                 "assumed", latency_s=lat, bus_bw_bytes_per_s=RING * link)
         if multicast and cc in T.CUSTOM_RS_MULTIMEM_CAPABILITIES and w in T.CUSTOM_RS_MULTIMEM_WORLDS:
             eta = p["fused_kernel"]["_link_efficiency"]["link_efficiency"]
