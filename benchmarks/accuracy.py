@@ -19,8 +19,6 @@ Out-of-sample always: META_AH_H100_ASYNCTP (its fused arm is not the pipelined o
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import sys
 import tempfile
 from pathlib import Path
@@ -30,12 +28,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from costmodel.evaluate import OP_COLUMNS, evaluate_files, score, summarise  # noqa: E402
+from costmodel.evaluate import evaluate_files, score, summarise  # noqa: E402
 from costmodel.io import atomic_write_text, dumps_json  # noqa: E402
 from costmodel.profile import load_profile  # noqa: E402
 from costmodel.op_analysis import vllm_rule  # noqa: E402
+from calib import band as B  # noqa: E402
 from calib import reference as R  # noqa: E402
-from calib import results as CR  # noqa: E402
 
 CPU_SETS = ("calib/data/cpu-gloo-w2/validate.csv", "calib/data/cpu-gloo-w2/profile.ops.csv")
 OUT_OF_SAMPLE_OPS = ("META_AH_H100_ASYNCTP",)
@@ -175,39 +173,11 @@ def collective_impl_results() -> dict:
     return out
 
 
-def harness_offsets_s() -> dict:
-    """Each source's fitted benchmark overhead on both arms (the family fits' offset_s; FLASHINFER_GB200's ~0.11 ms
-    floor), source -> s: the harness term evaluate adds to both arms (harness_us), so that a score or a band
-    compares the op, not the benchmark's floor."""
-    out = {}
-    for fit in CR.load_family_fits().values():
-        for sid, per in fit["values"].items():
-            if sid is not None and "offset_s" in per:
-                out[sid] = per["offset_s"]
-    return out
-
-
-def published_ops_csv(path: Path, sources) -> None:
-    """The fused-op rows of `sources` in evaluate's op-level schema (times in us), with each source's fitted
-    harness time (harness_us, empty where none was fitted)."""
-    off = harness_offsets_s()
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(OP_COLUMNS + ("harness_us",))
-    for sid in sources:
-        for r in R.fused_op_rows(sid):
-            h = off.get(sid)
-            w.writerow([r["hardware"], r["tp"], r["op"], r["dtype"], r["m"], r["n"] or "", r["k"] or "",
-                        f"{r['baseline_s'] * 1e6:.3f}", f"{r['overlap_s'] * 1e6:.3f}", r["source"],
-                        "" if h is None else f"{h * 1e6:.3f}"])
-    atomic_write_text(path, buf.getvalue())
-
-
 def evaluated_sets() -> tuple[dict, list]:
     """META_AH (out-of-sample) and the CPU sets through `tpcost evaluate` with the built-in profiles."""
     with tempfile.TemporaryDirectory() as tmp:
         pub = Path(tmp) / "fused_ops.eval.csv"
-        published_ops_csv(pub, OUT_OF_SAMPLE_OPS)
+        B.published_ops_csv(pub, OUT_OF_SAMPLE_OPS)
         scored, skipped = evaluate_files([str(pub)] + [str(ROOT / f) for f in CPU_SETS])
     by: dict = {}
     for s in scored:
@@ -224,11 +194,12 @@ def evaluated_sets() -> tuple[dict, list]:
 def band_coverage() -> dict:
     """How often the cutoff band's machinery (the profile's Monte Carlo draws, 5-95 %) covers each op row's measured
     speedup, per source, through `tpcost evaluate --band` with the built-in profiles, each source's fitted harness
-    time on both arms (harness_offsets_s)."""
+    time on both arms (calib.band.harness_offsets_s); the model error asynctp.time_scale drawn at the profiles' σ.
+    The sources in the profiles' fits are in-sample here; calib/band.py scores them held out (band_calibration)."""
     sources = ["KRAKEN_PR19", "PT_ISSUE179770", "FLASHINFER_GB200_GEMMRS_MATRIX", "META_AH_H100_ASYNCTP"]
     with tempfile.TemporaryDirectory() as tmp:
         pub = Path(tmp) / "fused_ops.eval.csv"
-        published_ops_csv(pub, sources)
+        B.published_ops_csv(pub, sources)
         scored, _ = evaluate_files([str(pub)], band=True)
     out = {}
     for src in sources:
@@ -288,6 +259,12 @@ def main() -> int:
     print("\nband coverage (5-95 % of the predicted speedup over the profile's draws holds the measured one):")
     for src, c in cov.items():
         print(f"  {src:31s} {c['rows']:4d} rows  {_f(c['covered'], '6.1%')}")
+    cal = B.run()
+    print(f"\nband model error (calib/band.py, nested leave-one-source-out): σ_m {cal['sigma_m']:.3f}")
+    for src, c in cal["per_source"].items():
+        print(f"  {src:31s} {c['rows']:4d} rows  {c['sample']:27s} σ_m {c['sigma_m']:.3f}  coverage "
+              f"{_f(c['coverage'], '6.1%')} (parameters alone {_f(c['coverage_parameters_only'], '6.1%')})  "
+              f"median band width {_f(c['sharpness'], '.3f')}")
     excluded = R.excluded_fused_rows()
     for why in sorted({e["reason"] for e in excluded}):
         print(f"not scored: {sum(e['reason'] == why for e in excluded)} rows: {why}")
@@ -303,7 +280,7 @@ def main() -> int:
         print(f"  {c['source']:22s} {c['gpu']:12s} tp{c['tp']:<2d} {c['impl']:30s} {c['sample']:13s} {c['rows']:3d} rows "
               f"median {c['median_rel_time_error']:.3f} max {c['max_rel_time_error']:.3f}{at}")
     res = {"schema_version": 2, "families": fams, "kernel": kern, "evaluated": table, "skipped": skipped,
-           "excluded": excluded, "band_coverage": cov, "collectives": coll, "collective_impls": impls}
+           "excluded": excluded, "band_coverage": cov, "band_calibration": cal, "collectives": coll, "collective_impls": impls}
     if a.json:
         atomic_write_text(a.json, dumps_json(res, indent=2, default=str) + "\n")
     return 0

@@ -25,6 +25,8 @@ FAMILY_FIT = DATA / "family_fit.json"
 FAMILY_CMD = "python -m calib.reference"  # refits FAMILY_FIT from FAMILY_TREES
 KERNEL_FIT = DATA / "kernel_fit.json"
 KERNEL_CMD = "python -m calib.kernel_fit"
+BAND_FIT = DATA / "band_fit.json"
+BAND_CMD = "python -m calib.band"
 SHARED_KEY = "*"  # the GPU-side (shared) terms' key in the family JSON (None in a fit's dicts)
 REBUILD = "python tools/build_profiles.py"
 
@@ -51,6 +53,11 @@ def load_components() -> dict:
 def load_kernel_fit() -> dict:
     """The committed single-kernel joint fit (calib/kernel_fit.py)."""
     return _read(KERNEL_FIT, KERNEL_CMD)
+
+
+def load_band_fit() -> dict:
+    """The committed model error of the band (calib/band.py: nested leave-one-source-out)."""
+    return _read(BAND_FIT, BAND_CMD)
 
 
 def load_family_trees() -> dict:

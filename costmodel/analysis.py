@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import dataclasses
 from typing import Any
 
@@ -183,10 +185,12 @@ def decided_schedule(a: Analysis, asynctp: bool | None = None) -> tuple[str | No
     return sched, thr
 
 
-def perturbed(profile: HardwareProfile, key: str, z: Any) -> np.ndarray:
-    """The value of `key` moved by z standard deviations of its tier: x·e^(σ·z), clipped into the key's plausible
-    range (profile.VALUE_RANGES: efficiencies and fractions at 1, slowdowns at 10, ...); draws are never refused."""
-    x = profile.value(key) * np.exp(profile.provenance[key].sigma_rel * np.asarray(z, dtype=float))
+def perturbed(profile: HardwareProfile, key: str, z: Any, sigma_rel: float | None = None) -> np.ndarray:
+    """The value of `key` moved by z standard deviations of its tier (or `sigma_rel`): x·e^(σ·z), clipped into the
+    key's plausible range (profile.VALUE_RANGES: efficiencies and fractions at 1, slowdowns at 10, ...); draws are
+    never refused."""
+    sig = profile.provenance[key].sigma_rel if sigma_rel is None else sigma_rel
+    x = profile.value(key) * np.exp(sig * np.asarray(z, dtype=float))
     r = value_range(key)
     return np.clip(x, np.nextafter(r.lo, np.inf) if r.lo_open else r.lo, r.hi)
 
@@ -197,16 +201,18 @@ def perturbable_keys(profile: HardwareProfile) -> list[str]:
     return [k for k, v in sorted(profile.values().items()) if not k.startswith(UNPERTURBED_PREFIXES) and v != 0]
 
 
-def perturbed_values(profile: HardwareProfile, draws: int, seed: int) -> dict[str, np.ndarray]:
-    """Lognormal draws (median = profile value, σ by provenance tier) as (draws, 1) arrays. Each key draws from its
-    own stream, seeded by (seed, crc32 of the key): a key added to or removed from a profile leaves every other
-    key's draws, and so the band, unchanged."""
+def perturbed_values(profile: HardwareProfile, draws: int, seed: int,
+                     sigma_rel: Mapping[str, float] | None = None) -> dict[str, np.ndarray]:
+    """Lognormal draws (median = profile value, σ by provenance tier, or `sigma_rel`'s for the keys it names) as
+    (draws, 1) arrays. Each key draws from its own stream, seeded by (seed, crc32 of the key): a key added to or
+    removed from a profile leaves every other key's draws, and so the band, unchanged."""
     import zlib
 
     def z(key: str) -> np.ndarray:
         return np.random.default_rng([seed, zlib.crc32(key.encode())]).standard_normal(draws)
 
-    return {key: perturbed(profile, key, z(key))[:, None] for key in perturbable_keys(profile)}
+    over = sigma_rel or {}
+    return {key: perturbed(profile, key, z(key), over.get(key))[:, None] for key in perturbable_keys(profile)}
 
 
 def cutoff_band(profile: HardwareProfile, shape: ModelShape, run: RunConfig, grid: np.ndarray, weights: Any = None,

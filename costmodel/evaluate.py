@@ -301,10 +301,12 @@ def _model_groups(rows, profiles, models, skipped, path):
 
 
 def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
-                   vllm_version: VllmLike = None, band: bool = False) -> tuple[list[Scored], list[dict]]:
+                   vllm_version: VllmLike = None, band: bool = False,
+                   band_sigma: Mapping[str, float] | None = None) -> tuple[list[Scored], list[dict]]:
     """Score every row of `paths`. `cudagraph_max_tokens`: None keeps each set's own regime (op microbenchmarks
     eager; model rows vLLM's default capture size), else rows of more tokens run eagerly and the rest replay graphs
-    (0: everything eager)."""
+    (0: everything eager). `band`: each op row's 5-95 % band over the profile's draws, the keys `band_sigma` names
+    drawn at its σ instead of their own (calib/band.py: the model error it calibrates, 0 holding it)."""
     from .model import Regime, predict
     from .vllm_tables import vllm_sp_min_token_num
 
@@ -326,7 +328,7 @@ def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
         from .analysis import BAND_DRAWS, BAND_SEED, perturbed_values
 
         if prof.name not in drawn:
-            drawn[prof.name] = prof.with_values(perturbed_values(prof, BAND_DRAWS, BAND_SEED), None,
+            drawn[prof.name] = prof.with_values(perturbed_values(prof, BAND_DRAWS, BAND_SEED, band_sigma), None,
                                                 mark_modified=False)
         s_d, _ = predict_op_row(drawn[prof.name], r, eager, vllm_version, all_draws=True)
         return float(np.percentile(s_d, 5)), float(np.percentile(s_d, 95))

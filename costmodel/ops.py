@@ -103,7 +103,7 @@ class Hw:
         a = self.p.asynctp
         return dict(barrier_s=a.barrier_s, copy_engine_bw_bytes_per_s=a.copy_engine_bw_bytes_per_s,
                     copy_latency_s=a.copy_latency_s, compute_slowdown=a.compute_slowdown,
-                    stream_concurrency=a.stream_concurrency, host_op_s=a.host_op_s,
+                    stream_concurrency=a.stream_concurrency, host_op_s=a.host_op_s, time_scale=a.time_scale,
                     link_bw_bytes_per_s=self.p.interconnect.link_bw_bytes_per_s)
 
     # ------------------------------------------------------------------ GEMM (docs §2)
@@ -336,9 +336,10 @@ def fused_ag_gemm(hw: Hw, m: Arr, n: int, k: int, tp: int, a_bytes: float, eager
     t_whole = hw.t_gemm(m, n, k)
     g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p, t_whole)
     t_copy = hw.t_mem(m_c * (2.0 * k * a_bytes))  # local shard -> symmetric buffer (read + write)
-    t_gpu = F.t_ag_gemm_gpu_s(W, g, g_eff, t_whole, p, t_copy, a["barrier_s"])
-    t_host = F.host_ops_ag_gemm(W) * a["host_op_s"] if eager else 0.0
-    t_tail = g_eff + a["barrier_s"]  # the last chunk GEMM, the join and the closing barrier
+    ts = a["time_scale"]  # the model error (1 as modelled; its σ widens every band, calib/band.py)
+    t_gpu = ts * F.t_ag_gemm_gpu_s(W, g, g_eff, t_whole, p, t_copy, a["barrier_s"])
+    t_host = ts * F.host_ops_ag_gemm(W) * a["host_op_s"] if eager else 0.0
+    t_tail = ts * (g_eff + a["barrier_s"])  # the last chunk GEMM, the join and the closing barrier
     t = F.t_eager_s(t_gpu, t_host, t_tail) if eager else t_gpu
     return FusedOp(t, t_gpu, t_host, t_tail, W * g, W * g_c, W * g_eff, (W - 1) * p, 3.0 * a["barrier_s"],
                    t_copy + np.maximum(0.0, t_copy - g_eff))
@@ -353,9 +354,10 @@ def fused_gemm_rs(hw: Hw, m: Arr, n: int, k: int, tp: int, eager: bool) -> Fused
     t_whole = hw.t_gemm(m, n, k)
     g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p, t_whole)
     t_red = hw.t_mem(F.reduction_bytes(m, n, hw.act_bytes, W))
-    t_gpu = F.t_gemm_rs_gpu_s(W, g, g_eff, t_whole, p, t_red, a["barrier_s"])
-    t_host = F.host_ops_gemm_rs(W) * a["host_op_s"] if eager else 0.0
-    t_tail = g_eff + a["barrier_s"] + t_red  # the local chunk GEMM, the closing barrier, the reduction
+    ts = a["time_scale"]  # the model error (1 as modelled; its σ widens every band, calib/band.py)
+    t_gpu = ts * F.t_gemm_rs_gpu_s(W, g, g_eff, t_whole, p, t_red, a["barrier_s"])
+    t_host = ts * F.host_ops_gemm_rs(W) * a["host_op_s"] if eager else 0.0
+    t_tail = ts * (g_eff + a["barrier_s"] + t_red)  # the local chunk GEMM, the closing barrier, the reduction
     t = F.t_eager_s(t_gpu, t_host, t_tail) if eager else t_gpu
     return FusedOp(t, t_gpu, t_host, t_tail, W * g, W * g_c, W * g_eff, (W - 1) * p, 2.0 * W * a["barrier_s"], t_red)
 

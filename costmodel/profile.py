@@ -34,7 +34,7 @@ from .io import finite_float, read_text
 
 SCHEMA_VERSION = 1
 TIERS = ("assumed", "datasheet", "published-measurement", "calibrated")
-# Relative 1-sigma of a parameter by provenance tier, used by the cutoff band (docs/model.md §7).
+# Relative 1-sigma of a parameter by provenance tier, used by the cutoff band (docs/model.md §9).
 SIGMA_REL_BY_TIER = {"assumed": 0.30, "datasheet": 0.15, "published-measurement": 0.10, "calibrated": 0.05}
 # Tables whose values are shapes or counts: never perturbed.
 UNPERTURBED_PREFIXES = ("identity.", "gemm.tile_", "interconnect.domain_size")
@@ -153,6 +153,7 @@ class AsyncTP:
     compute_slowdown: Num  # relative GEMM slowdown σ while pulls run, in [0, 10]
     stream_concurrency: Num  # fraction κ of compute quantisation two streams recover, in [0, 1]
     host_op_s: Num  # one eager torch call (s)
+    time_scale: Num = 1.0  # measured / modelled time of a fused op: 1, its σ the model's out-of-sample error (§9)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +207,8 @@ REQUIRED_PARAMS = tuple(f"{path}.{name}" for path, cls in _TABLES.items()
 OPTIONAL_DEFAULTS = {
     "asynctp.host_op_s": (3e-6, "default (not in this profile): one eager torch call ~3 us on a server CPU, the "
                                 "built-in profiles' assumption (docs/model.md §6)"),
+    "asynctp.time_scale": (1.0, "default (not in this profile): the fused ops as modelled; the tier's σ stands for "
+                                "the model's error (the built-in profiles carry the calibrated one, calib/band.py)"),
 }
 REQUIRED_COLLECTIVES = ("nccl_all_gather", "nccl_reduce_scatter", "nccl_all_reduce")
 INTEGER_PARAMS = ("identity.sm_count", "gemm.tile_m", "gemm.tile_n", "interconnect.domain_size")

@@ -59,8 +59,10 @@ def test_the_band_coverage_whatif_states_is_the_measured_one(capsys):
     rd = _render_docs()
     assert rd.BAND_COVERAGE.read_text() == rd.band_coverage_json(), "stale: run python tools/render_docs.py"
     want = json.loads(rd.BAND_COVERAGE.read_text())["sources"]
-    acc = json.loads((ROOT / "benchmarks" / "results" / "accuracy.json").read_text())["band_coverage"]
-    assert all(want[s] == acc[s] for s in want) and "META_AH_H100_ASYNCTP" not in want
+    acc = json.loads((ROOT / "benchmarks" / "results" / "accuracy.json").read_text())["band_calibration"]
+    assert all(want[s] == {"rows": c["rows"], "covered": c["coverage"]} for s, c in acc["per_source"].items()
+               if s in want) and "META_AH_H100_ASYNCTP" not in want
+    assert set(want) == set(acc["calibration_sources"])
     assert main(["whatif", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["band_measured_coverage"] == want
     assert main(["whatif"]) == 0

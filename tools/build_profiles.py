@@ -672,6 +672,20 @@ HBM_CAPACITY = {
 }
 
 
+def with_model_error(p):
+    """asynctp.time_scale: 1 (the fused ops as modelled), its σ the model's out-of-sample error, set by nested
+    leave-one-source-out (calib/band.py, committed in calib/data/band_fit.json), so that every band carries it."""
+    band = CR.load_band_fit()
+    per = band["per_source"]
+    nested = ", ".join(f"{s} {per[s]['coverage']:.0%}" for s in band["calibration_sources"] if per[s]["coverage"] is not None)
+    p["asynctp"]["_time_scale"] = sec(
+        f"model error of torch's fused ops: the least lognormal sigma at which the 5-95 % band covers {band['target']:.0%} "
+        f"of the rows of {' + '.join(band['calibration_sources'])} (mean over the sources, each at its leave-one-source-"
+        f"out prediction; nested coverage {nested}; {CR.BAND_CMD})", "published-measurement", time_scale=1.0)
+    p["asynctp"]["_time_scale"]["uncertainty_rel"] = {"time_scale": _round(band["sigma_m"])}
+    return p
+
+
 def with_capacity(name, p):
     cap, src = HBM_CAPACITY[name]
     p["memory"]["_capacity"] = sec(src, "datasheet", hbm_capacity_bytes=cap)
@@ -801,7 +815,7 @@ def build_all(gpu_checks=None):
     profiles["gb300-nvl72"] = gb300(profiles["b300"])
     for name in ("h100-sxm", "h200-sxm", "h800"):
         profiles[name] = kernel_section(profiles[name], kern, "nvlink4")
-    return {name: with_capacity(name, custom_reduce_scatter(p)) for name, p in profiles.items()}
+    return {name: with_capacity(name, with_model_error(custom_reduce_scatter(p))) for name, p in profiles.items()}
 
 
 def round_tree(tree):

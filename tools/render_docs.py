@@ -84,6 +84,19 @@ def band_coverage_table() -> str:
     return "\n".join(lines)
 
 
+def band_calibration_table() -> str:
+    """benchmarks/results/accuracy.json: the band's model error by nested leave-one-source-out (calib/band.py)."""
+    d = _load("accuracy.json")["band_calibration"]
+    lines = [f"model error σ_m of `{d['key']}` over {', '.join(d['calibration_sources'])}: **{d['sigma_m']:.3f}** "
+             f"(coverage of them all at it {_n(d['coverage_all_calibrating'], '.1%')}, target {d['target']:.0%})", "",
+             "| source | op rows | scored | σ_m used | coverage | parameters alone | median band width (speedup) |",
+             "|---|---|---|---|---|---|---|"]
+    for src, c in d["per_source"].items():
+        lines.append(f"| {src} | {c['rows']} | {c['sample']} | {c['sigma_m']:.3f} | {_n(c['coverage'], '.1%')} | "
+                     f"{_n(c['coverage_parameters_only'], '.1%')} | {_n(c['sharpness'], '.3f')} |")
+    return "\n".join(lines)
+
+
 def speed_table() -> str:
     """benchmarks/results/costmodel_speed.json: the model's speed on this repository's CPU machine."""
     d = _load("costmodel_speed.json")
@@ -248,6 +261,7 @@ BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
                                                              "--gpu", "h100-sxm", "--vllm-version", "0.32"),
           ("profiles.md", "value-ranges"): value_ranges_table, ("accuracy.md", "accuracy"): accuracy_table,
           ("accuracy.md", "fits"): fits_table, ("accuracy.md", "band-coverage"): band_coverage_table,
+          ("accuracy.md", "band-calibration"): band_calibration_table,
           ("vllm-thresholds.md", "sp-cutoffs"): sp_cutoffs_table, ("speed.md", "costmodel-speed"): speed_table,
           ("speed.md", "plugin-overhead"): plugin_table,
           ("vllm-thresholds.md", "fusion-ranges"): fusion_ranges_table,
@@ -281,10 +295,13 @@ def band_coverage_json() -> str:
     """The measured coverage of the band per source (benchmarks/results/accuracy.json), as whatif reads it."""
     from costmodel.io import dumps_json
 
-    cov = {sid: c for sid, c in _load("accuracy.json")["band_coverage"].items() if sid not in OTHER_PATH and c["rows"]}
+    per = _load("accuracy.json")["band_calibration"]["per_source"]
+    cov = {sid: {"rows": c["rows"], "covered": c["coverage"]} for sid, c in per.items()
+           if sid not in OTHER_PATH and c["rows"]}
     return dumps_json({"what": "share of each released source's op rows whose measured speedup lies inside the 5-95 % "
-                       "band of the profile's Monte Carlo draws (tpcost evaluate --band, each source's fitted harness "
-                       "time on both arms); written by tools/render_docs.py from benchmarks/results/accuracy.json",
+                       "band (the profile's Monte Carlo draws with the model error asynctp.time_scale), the source held "
+                       "out: centred on its leave-one-source-out prediction, the model error set without it "
+                       "(calib/band.py); written by tools/render_docs.py from benchmarks/results/accuracy.json",
                        "excluded": list(OTHER_PATH), "sources": cov}, indent=1, sort_keys=True) + "\n"
 
 

@@ -1,0 +1,63 @@
+"""calib/band.py: the band's model error (asynctp.time_scale), set by nested leave-one-source-out."""
+
+import json
+
+import numpy as np
+import pytest
+
+from calib import band as B
+from costmodel import load_profile, ops
+
+
+def _rows(source, n, covered_from):
+    """n rows of `source` whose band holds the measured speedup from GRID index `covered_from` on."""
+    j = np.arange(B.GRID.size)
+    return [{"source": source, "line": i, "s_measured": 1.0,
+             "lo": np.where(j >= covered_from, 0.9, 1.05), "hi": np.full(B.GRID.size, 1.2)} for i in range(n)]
+
+
+def test_sigma_is_the_least_that_covers_the_mean_of_the_sources():
+    """Coverage is the mean over sources (a 72-row source does not outvote a 10-row one) and σ_m the least GRID
+    point reaching 90 %."""
+    rows = _rows("A", 72, 5) + _rows("B", 10, 30)
+    assert B.coverage(rows, float(B.GRID[4])) == 0.0
+    assert B.coverage(rows, float(B.GRID[5])) == pytest.approx(0.5)
+    assert B.sigma_for(rows) == pytest.approx(float(B.GRID[30]))
+    assert B.sharpness(rows, float(B.GRID[30])) == pytest.approx(0.3)
+    assert B.sigma_for(_rows("C", 3, B.GRID.size)) == float(B.GRID[-1])  # never covered: the grid's end
+
+
+def test_time_scale_scales_the_fused_op_and_nothing_else():
+    """asynctp.time_scale multiplies the fused op's time (GPU, host and tail alike), not its sequential arm."""
+    prof = load_profile("h100-sxm")
+    m = np.array([256.0, 4096.0])
+    base = ops.torch_pair(ops.Hw(prof, "bf16"), "gemm_rs", m, 8192, 3584, 8)
+    slow = ops.torch_pair(ops.Hw(prof.with_values({"asynctp.time_scale": 1.25}), "bf16"), "gemm_rs", m, 8192, 3584, 8)
+    assert np.allclose(slow.fused_eager_s, 1.25 * base.fused_eager_s)
+    assert np.allclose(slow.fused_graph_s, 1.25 * base.fused_graph_s)
+    assert np.array_equal(slow.unfused_s, base.unfused_s)
+
+
+def test_the_profiles_carry_the_committed_model_error_and_it_is_current():
+    """Every built-in profile's asynctp.time_scale is 1 with the committed σ_m, and calib/data/band_fit.json is what
+    python -m calib.band computes now; the model error widens the band."""
+    from calib.results import load_band_fit
+    from costmodel.profile import builtin_profile_names
+
+    committed = load_band_fit()
+    for name in builtin_profile_names():
+        p = load_profile(name)
+        assert p.value(B.KEY) == 1.0 and p.provenance[B.KEY].sigma_rel == pytest.approx(committed["sigma_m"]), name
+    res = json.loads(json.dumps(B.run()))
+    assert res["sigma_m"] == committed["sigma_m"]
+    for sid, e in res["per_source"].items():
+        assert e == pytest.approx(committed["per_source"][sid]), sid
+        if e["rows"]:
+            assert e["sharpness"] > 0
+    held = [e for s, e in res["per_source"].items() if s in B.CALIBRATION_SOURCES and e["rows"]]
+    assert all(e["coverage"] >= e["coverage_parameters_only"] for e in held)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "11"])
+def test_set_time_scale_outside_its_range_is_refused(one_line_error, value):
+    one_line_error("whatif", "--set", f"asynctp.time_scale={value}", needle="asynctp.time_scale")
