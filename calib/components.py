@@ -74,10 +74,15 @@ def b200_collectives() -> dict:
     lat2 = out["vllm_pr42324_tp2"]["allreduce_time_pynccl"]["latency_s"]
     out["nccl_rs_tp2"] = {"stock_4mib_us": stock["baseline_value"], "latency_s": lat2,
                           "bus_bw_bytes_per_s": float(F.bus_bw_factor("all_gather", 2)) * 4 * 2**20 / (t4 - lat2)}
-    tr = R.rows("TRTLLM_PR14534", metric="fused_ar_rmsnorm_time_oneshot")
-    out["trtllm_oneshot_tp4"] = _ab([float(r["M_or_tokens"]) * float(r["hidden_size"]) * 2 for r in tr],
-                                    [float(r["baseline_value"]) * 1e-6 for r in tr], R.ar_factor(4))
     out["sglang_fi_oneshot_us"] = next(iter(R.rows("SGLANG_PR7621")))["overlap_value"]
+    tr = R.rows("TRTLLM_PR14534", metric="fused_ar_rmsnorm_time_oneshot")
+    fit = _ab([float(r["M_or_tokens"]) * float(r["hidden_size"]) * 2 for r in tr],
+              [float(r["baseline_value"]) * 1e-6 for r in tr], R.ar_factor(4))
+    # its intercept is the kernel's latency plus the benchmark's own floor: flat ~38 us from 1 to 256 tokens, where
+    # NCCL's own small all-reduce on a GB200 NVL72 takes 8 us (NCCLTESTS_ISSUE333) and the kernel 8.7 us on a B200
+    # (SGLANG_PR7621): the harness is the intercept less the kernel's measured latency
+    fit["harness_s"] = fit["latency_s"] - float(out["sglang_fi_oneshot_us"]) * 1e-6
+    out["trtllm_oneshot_tp4"] = fit
     return out
 
 
