@@ -265,11 +265,12 @@ def main() -> int:
     for src, c in cov.items():
         print(f"  {src:31s} {c['rows']:4d} rows  {_f(c['covered'], '6.1%')}")
     cal = B.run()
-    print(f"\nband model error (calib/band.py, nested leave-one-source-out): σ_m {cal['sigma_m']:.3f}")
-    for src, c in cal["per_source"].items():
-        print(f"  {src:31s} {c['rows']:4d} rows  {c['sample']:27s} σ_m {c['sigma_m']:.3f}  coverage "
-              f"{_f(c['coverage'], '6.1%')} (parameters alone {_f(c['coverage_parameters_only'], '6.1%')})  "
-              f"median band width {_f(c['sharpness'], '.3f')}")
+    for part in (cal, cal["kernel"]):
+        print(f"\nband model error {part['key']} (calib/band.py, nested leave-one-source-out): σ_m {part['sigma_m']:.3f}")
+        for src, c in part["per_source"].items():
+            print(f"  {src:31s} {c['rows']:4d} rows  {c['sample']:27s} σ_m {c['sigma_m']:.3f}  coverage "
+                  f"{_f(c['coverage'], '6.1%')} (parameters alone {_f(c['coverage_parameters_only'], '6.1%')})  "
+                  f"median band width {_f(c['sharpness'], '.3f')}")
     excluded = R.excluded_fused_rows()
     for why in sorted({e["reason"] for e in excluded}):
         print(f"not scored: {sum(e['reason'] == why for e in excluded)} rows: {why}")

@@ -15,6 +15,8 @@ fused ops, 1 by construction, whose σ (lognormal, on the fused op's GPU time) i
   speedup), and the built-in profiles carry the σ_m of them all.
 The calibrating sources are those whose fused arm is the path the model times (CALIBRATION_SOURCES); META_AH's
 fused arm is partly another code path (docs/model.md §6), so it is scored at the profiles' σ_m, never calibrates it.
+The single kernel gets its own, `fused_kernel.time_scale`, the same way over calib/kernel_fit.py's three sources
+(their committed leave-one-source-out predictions; kernel_row_bands).
 """
 
 from __future__ import annotations
@@ -142,21 +144,52 @@ def sharpness(rows: list[dict], sigma_m: float) -> float:
     return float(np.median([r["hi"][j] - r["lo"][j] for r in rows]))
 
 
-def run() -> dict:
-    rows = row_bands()
-    calib = [r for r in rows if r["source"] in CALIBRATION_SOURCES]
+KERNEL_KEY = "fused_kernel.time_scale"
+
+
+def kernel_row_bands(grid=GRID) -> list[dict]:
+    """The single-kernel family's rows (calib/kernel_fit.py's committed leave-one-source-out predictions): at each
+    model error σ_m of `grid`, the band of the speedup seq / (h + τ·(fused − h)) for τ at its 5th and 95th
+    percentile (monotone in τ), h the source's harness time. The kernel terms' own σ's are not drawn here (the
+    profiles draw them besides): σ_m carries all of the held-out error."""
+    from .results import load_kernel_fit
+
+    out = []
+    for sid, res in load_kernel_fit()["leave_one_source_out"].items():
+        h = res["offset_s"]
+        for r in res["per_row"]:
+            fused = r["fused_predicted_s"]
+            seq = r["speedup_predicted"] * fused
+            t_hi, t_lo = np.exp(Z90 * grid), np.exp(-Z90 * grid)
+            out.append({"source": sid, "line": r["line"], "s_measured": r["speedup_measured"],
+                        "lo": seq / (h + t_hi * (fused - h)), "hi": seq / (h + t_lo * (fused - h))})
+    return out
+
+
+def calibrate(rows: list[dict], calibrating, scored_only=()) -> dict:
+    """σ_m of all the calibrating sources and, per source, its nested leave-one-source-out score (out-of-sample
+    at the σ_m of all for the scored-only ones)."""
+    calib = [r for r in rows if r["source"] in calibrating]
     sigma_all = sigma_for(calib)
     per = {}
-    for sid in CALIBRATION_SOURCES + SCORED_ONLY:
+    for sid in (*calibrating, *scored_only):
         mine = [r for r in rows if r["source"] == sid]
-        held = sid in CALIBRATION_SOURCES
+        held = sid in calibrating
         s_m = sigma_for([r for r in calib if r["source"] != sid]) if held else sigma_all
         per[sid] = {"rows": len(mine), "sample": "nested leave-one-source-out" if held else "out-of-sample",
                     "sigma_m": s_m, "coverage": coverage(mine, s_m), "sharpness": sharpness(mine, s_m) if mine else None,
                     "coverage_parameters_only": coverage(mine, 0.0) if mine else None}
+    return {"sigma_m": sigma_all, "coverage_all_calibrating": coverage(calib, sigma_all), "per_source": per}
+
+
+def run() -> dict:
+    from .kernel_fit import SOURCES as KERNEL_SOURCES
+
+    torch_ops = calibrate(row_bands(), CALIBRATION_SOURCES, SCORED_ONLY)
+    kernel = calibrate(kernel_row_bands(), KERNEL_SOURCES)
     return {"command": BAND_CMD, "key": KEY, "calibration_sources": list(CALIBRATION_SOURCES),
-            "scored_only": list(SCORED_ONLY), "target": TARGET, "sigma_m": sigma_all,
-            "coverage_all_calibrating": coverage(calib, sigma_all), "per_source": per}
+            "scored_only": list(SCORED_ONLY), "target": TARGET, **torch_ops,
+            "kernel": {"key": KERNEL_KEY, "calibration_sources": list(KERNEL_SOURCES), **kernel}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,11 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     res = run()
     atomic_write_text(args.out, dumps_json(res) + "\n")
-    print(f"model error σ_m (asynctp.time_scale) = {res['sigma_m']:.3f} over {', '.join(CALIBRATION_SOURCES)}")
-    for sid, e in res["per_source"].items():
-        cov = "n/a" if e["coverage"] is None else f"{e['coverage']:.1%}"
-        print(f"  {sid:31s} {e['rows']:3d} rows  {e['sample']:27s} σ_m {e['sigma_m']:.3f}  coverage {cov}"
-              f"  sharpness {e['sharpness'] or float('nan'):.3f}")
+    for part in (res, res["kernel"]):
+        print(f"model error σ_m ({part['key']}) = {part['sigma_m']:.3f} over {', '.join(part['calibration_sources'])}")
+        for sid, e in part["per_source"].items():
+            cov = "n/a" if e["coverage"] is None else f"{e['coverage']:.1%}"
+            print(f"  {sid:31s} {e['rows']:3d} rows  {e['sample']:27s} σ_m {e['sigma_m']:.3f}  coverage {cov}"
+                  f"  sharpness {e['sharpness'] or float('nan'):.3f}")
     return 0
 
 

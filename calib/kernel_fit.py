@@ -275,7 +275,8 @@ def leave_one_out(rows: list[KernelRow], sid: str) -> dict:
     kern = kernel_of(sid)
     prior_kept = [k for k in KERNEL_TERMS[kern] if f"{kern}:{k}" not in shared]
     own = _fit(mine, fixed={**shared, **{f"{kern}:{k}": KERNEL_PRIOR[k][0] for k in prior_kept}}, arms="baseline")
-    return {**score(mine, own["problem"].predict(own["values"])), "kernel_terms_at_prior": prior_kept}
+    return {**score(mine, own["problem"].predict(own["values"])), "kernel_terms_at_prior": prior_kept,
+            "offset_s": own["values"][_offset_key(sid)]}
 
 
 def run(path: Path = FUSED_CSV) -> dict:

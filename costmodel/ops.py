@@ -431,7 +431,7 @@ def kernel_shipped(profile: HardwareProfile) -> str | None:
 class KernelOp:
     """One single-kernel fused GEMM+RS / GEMM+AR call and the terms that explain it (s, bytes, counts; over rows)."""
 
-    t_s: Any  # the call: t_fixed_s + the wave pipeline (+ exposure) + t_copy_s
+    t_s: Any  # the call: (t_fixed_s + the wave pipeline (+ exposure) + t_copy_s) x the model error time_scale (1)
     t_gemm_s: Any  # the whole GEMM alone (§2)
     t_comm_s: Any  # the multimem traffic at the reached multicast bandwidth
     tiles: Any  # output tiles (128 × 128)
@@ -472,7 +472,7 @@ def fused_kernel(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int) -> KernelOp:
     fixed = fk.fixed_s + (fk.ar_fence_s if ar else 0.0)
     t = F.t_fused_kernel_s(t_whole, t_comm, waves, fixed, fk.compute_overhead, fk.exposed_fraction)
     t_copy = hw.t_mem(2.0 * m * n * hw.act_bytes) if ar else 0.0
-    return KernelOp(t + t_copy, t_whole, t_comm, tiles, ctas, waves, bw, egress, ingress, fixed, t_copy)
+    return KernelOp(fk.time_scale * (t + t_copy), t_whole, t_comm, tiles, ctas, waves, bw, egress, ingress, fixed, t_copy)
 
 
 class KernelPair(NamedTuple):

@@ -170,6 +170,7 @@ class FusedKernel:
     multicast_latency_s: Num  # λ: round trip of one multimem.ld_reduce through the switch (s)
     exposed_fraction: Num  # α: share of the wave overlap the design gives up (0 pipelined, 1 serial), in [0, 1]
     inflight_scale: Num  # bytes a CTA keeps in flight over one RS tile's ld_reduce (vLLM's design: 1)
+    time_scale: Num = 1.0  # measured / modelled time of the kernel: 1, its σ the model's out-of-sample error (§9)
 
 
 # fixed tables: dotted path -> dataclass; patterned ones: collectives.<impl>.tp<W>
@@ -209,6 +210,11 @@ OPTIONAL_DEFAULTS = {
                                 "built-in profiles' assumption (docs/model.md §6)"),
     "asynctp.time_scale": (1.0, "default (not in this profile): the fused ops as modelled; the tier's σ stands for "
                                 "the model's error (the built-in profiles carry the calibrated one, calib/band.py)"),
+}
+# The same for a quantity of an optional table: given where the table is present.
+OPTIONAL_TABLE_DEFAULTS = {
+    "fused_kernel.time_scale": (1.0, "default (not in this profile): the kernel as modelled; the tier's σ stands for "
+                                     "the model's error (the built-in profiles carry the calibrated one, calib/band.py)"),
 }
 REQUIRED_COLLECTIVES = ("nccl_all_gather", "nccl_reduce_scatter", "nccl_all_reduce")
 INTEGER_PARAMS = ("identity.sm_count", "gemm.tile_m", "gemm.tile_n", "interconnect.domain_size")
@@ -413,8 +419,9 @@ def _assemble(leaves: Mapping[str, Any], provenance: Mapping[str, Provenance], n
     optional = {}
     for sec, cls in _OPTIONAL_TABLES.items():
         have = [f for f in _field_kinds(cls) if f"{sec}.{f}" in leaves]
-        if have and len(have) != len(_field_kinds(cls)):
-            raise TpcostError(f"{origin}: [{sec}] needs all of {', '.join(_field_kinds(cls))} (or none)")
+        need = [f for f, (_, req) in _field_kinds(cls).items() if req]
+        if have and not all(f"{sec}.{f}" in leaves for f in need):
+            raise TpcostError(f"{origin}: [{sec}] needs all of {', '.join(need)} (or none)")
         optional[sec] = build(cls, sec) if have else None
     try:
         collectives = {impl: MappingProxyType({tp: build(Collective, f"collectives.{impl}.tp{tp}") for tp in sorted(tps)})
@@ -613,6 +620,10 @@ def profile_from_dict(tree: Mapping[str, Any], origin: str) -> HardwareProfile:
     _flatten(body, "", leaves, prov, notes, where)
     for key, (value, source) in OPTIONAL_DEFAULTS.items():
         if key not in leaves:  # profiles written before the quantity existed keep loading, and say so
+            leaves[key], prov[key] = value, Provenance(source, "assumed")
+    for key, (value, source) in OPTIONAL_TABLE_DEFAULTS.items():
+        table = key.rsplit(".", 1)[0] + "."
+        if key not in leaves and any(k.startswith(table) for k in leaves):
             leaves[key], prov[key] = value, Provenance(source, "assumed")
     missing = [k for k in REQUIRED_PARAMS if k not in leaves]
     if missing:

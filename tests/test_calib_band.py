@@ -61,3 +61,37 @@ def test_the_profiles_carry_the_committed_model_error_and_it_is_current():
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "11"])
 def test_set_time_scale_outside_its_range_is_refused(one_line_error, value):
     one_line_error("whatif", "--set", f"asynctp.time_scale={value}", needle="asynctp.time_scale")
+
+
+def test_kernel_time_scale_scales_the_kernel_and_the_profiles_carry_its_model_error():
+    """fused_kernel.time_scale multiplies the kernel's whole call (GEMM-AR's clone included), not the unfused arm;
+    the SM100 profiles carry the committed σ_m, Hopper's (no released row of the kernel there) the assumed tier's."""
+    from calib.results import load_band_fit
+
+    prof = load_profile("b200")
+    m = np.array([128.0, 4096.0])
+    g = ops.KernelGemm("gemm_ar", 7168, 1536, 8)
+    base = ops.kernel_pair(ops.Hw(prof, "bf16"), g, m)
+    slow = ops.kernel_pair(ops.Hw(prof.with_values({"fused_kernel.time_scale": 1.5}), "bf16"), g, m)
+    assert np.allclose(slow.kernel.t_s, 1.5 * base.kernel.t_s)
+    assert np.array_equal(slow.unfused_s, base.unfused_s)
+    want = load_band_fit()["kernel"]["sigma_m"]
+    for name in ("b200", "b300", "gb200-nvl72", "gb300-nvl72"):
+        assert load_profile(name).provenance["fused_kernel.time_scale"].sigma_rel == pytest.approx(want), name
+    assert load_profile("h100-sxm").provenance["fused_kernel.time_scale"].tier == "assumed"
+
+
+def test_a_fused_kernel_table_without_time_scale_loads_and_one_without_a_term_is_refused(tmp_path, one_line_error):
+    """A [fused_kernel] written before time_scale existed loads with it at 1 (tier assumed, said so); one missing a
+    required term is one line naming the terms."""
+    import re
+    from pathlib import Path
+
+    src = (Path(__file__).resolve().parent.parent / "costmodel" / "profiles" / "b200.toml").read_text()
+    old = re.sub(r"\[fused_kernel\._time_scale(\.uncertainty_rel)?\]\n(?:[^\[\n][^\n]*\n|\n)*", "", src)
+    assert "time_scale = 1.0" in src and "fused_kernel._time_scale" not in old
+    (tmp_path / "old.toml").write_text(old)
+    p = load_profile(str(tmp_path / "old.toml"))
+    assert p.value("fused_kernel.time_scale") == 1.0 and p.provenance["fused_kernel.time_scale"].tier == "assumed"
+    (tmp_path / "bad.toml").write_text(old.replace("ar_fence_s = ", "# ar_fence_s = ", 1))
+    one_line_error("whatif", "--gpu", str(tmp_path / "bad.toml"), needle="[fused_kernel] needs all of")

@@ -587,6 +587,18 @@ def kernel_section(p, kern, nvlink: str):
             t["uncertainty_rel"] = {leaf: _round(min(sg, 1.0))}
         out[f"_{leaf}"] = t
     out["_inflight_scale"] = sec(T.KERNEL_INFLIGHT_SOURCE, "datasheet", inflight_scale=1.0)
+    band = CR.load_band_fit()["kernel"]
+    per = band["per_source"]
+    what = (f"model error of the single kernel: the least lognormal sigma at which the 5-95 % band covers 90 % of the "
+            f"rows of {' + '.join(band['calibration_sources'])} (mean over the sources, each at its leave-one-source-"
+            f"out prediction; nested coverage " + ", ".join(f"{s} {per[s]['coverage']:.0%}" for s in per) +
+            f"; {CR.BAND_CMD})")
+    if nvlink == "nvlink4":
+        out["_time_scale"] = sec(f"assumed: no released row times a multimem kernel on Hopper; the SM100 {what} "
+                                 f"is {band['sigma_m']:.2f}, the tier's 0.30 stands", "assumed", time_scale=1.0)
+    else:
+        out["_time_scale"] = sec(what, "published-measurement", time_scale=1.0)
+        out["_time_scale"]["uncertainty_rel"] = {"time_scale": _round(band["sigma_m"])}
     p["fused_kernel"] = out
     return p
 

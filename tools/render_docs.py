@@ -87,14 +87,18 @@ def band_coverage_table() -> str:
 def band_calibration_table() -> str:
     """benchmarks/results/accuracy.json: the band's model error by nested leave-one-source-out (calib/band.py)."""
     d = _load("accuracy.json")["band_calibration"]
-    lines = [f"model error σ_m of `{d['key']}` over {', '.join(d['calibration_sources'])}: **{d['sigma_m']:.3f}** "
-             f"(coverage of them all at it {_n(d['coverage_all_calibrating'], '.1%')}, target {d['target']:.0%})", "",
-             "| source | op rows | scored | σ_m used | coverage | parameters alone | median band width (speedup) |",
-             "|---|---|---|---|---|---|---|"]
-    for src, c in d["per_source"].items():
-        lines.append(f"| {src} | {c['rows']} | {c['sample']} | {c['sigma_m']:.3f} | {_n(c['coverage'], '.1%')} | "
-                     f"{_n(c['coverage_parameters_only'], '.1%')} | {_n(c['sharpness'], '.3f')} |")
-    return "\n".join(lines)
+    lines = []
+    for part in (d, d["kernel"]):
+        lines += [f"model error σ_m of `{part['key']}` over {', '.join(part['calibration_sources'])}: "
+                  f"**{part['sigma_m']:.3f}** (coverage of them all at it {_n(part['coverage_all_calibrating'], '.1%')}, "
+                  f"target {d['target']:.0%})", "",
+                  "| source | op rows | scored | σ_m used | coverage | parameters alone | median band width (speedup) |",
+                  "|---|---|---|---|---|---|---|"]
+        for src, c in part["per_source"].items():
+            lines.append(f"| {src} | {c['rows']} | {c['sample']} | {c['sigma_m']:.3f} | {_n(c['coverage'], '.1%')} | "
+                         f"{_n(c['coverage_parameters_only'], '.1%')} | {_n(c['sharpness'], '.3f')} |")
+        lines.append("")
+    return "\n".join(lines[:-1])
 
 
 def speed_table() -> str:
