@@ -337,7 +337,9 @@ def fused_ag_gemm(hw: Hw, m: Arr, n: int, k: int, tp: int, a_bytes: float, eager
     g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p, t_whole)
     t_copy = hw.t_mem(m_c * (2.0 * k * a_bytes))  # local shard -> symmetric buffer (read + write)
     ts = a["time_scale"]  # the model error (1 as modelled; its σ widens every band, calib/band.py)
-    t_gpu = ts * F.t_ag_gemm_gpu_s(W, g, g_eff, t_whole, p, t_copy, a["barrier_s"])
+    # never below what overlap allows: the whole GEMM or the W-1 pulls, whichever is longer
+    t_gpu = np.maximum(ts * F.t_ag_gemm_gpu_s(W, g, g_eff, t_whole, p, t_copy, a["barrier_s"]),
+                       np.maximum(t_whole, (W - 1) * p))
     t_host = ts * F.host_ops_ag_gemm(W) * a["host_op_s"] if eager else 0.0
     t_tail = ts * (g_eff + a["barrier_s"])  # the last chunk GEMM, the join and the closing barrier
     t = F.t_eager_s(t_gpu, t_host, t_tail) if eager else t_gpu
@@ -355,7 +357,9 @@ def fused_gemm_rs(hw: Hw, m: Arr, n: int, k: int, tp: int, eager: bool) -> Fused
     g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p, t_whole)
     t_red = hw.t_mem(F.reduction_bytes(m, n, hw.act_bytes, W))
     ts = a["time_scale"]  # the model error (1 as modelled; its σ widens every band, calib/band.py)
-    t_gpu = ts * F.t_gemm_rs_gpu_s(W, g, g_eff, t_whole, p, t_red, a["barrier_s"])
+    # never below what overlap allows: the whole GEMM or the W-1 pulls, whichever is longer
+    t_gpu = np.maximum(ts * F.t_gemm_rs_gpu_s(W, g, g_eff, t_whole, p, t_red, a["barrier_s"]),
+                       np.maximum(t_whole, (W - 1) * p))
     t_host = ts * F.host_ops_gemm_rs(W) * a["host_op_s"] if eager else 0.0
     t_tail = ts * (g_eff + a["barrier_s"] + t_red)  # the local chunk GEMM, the closing barrier, the reduction
     t = F.t_eager_s(t_gpu, t_host, t_tail) if eager else t_gpu
@@ -472,7 +476,8 @@ def fused_kernel(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int) -> KernelOp:
     fixed = fk.fixed_s + (fk.ar_fence_s if ar else 0.0)
     t = F.t_fused_kernel_s(t_whole, t_comm, waves, fixed, fk.compute_overhead, fk.exposed_fraction)
     t_copy = hw.t_mem(2.0 * m * n * hw.act_bytes) if ar else 0.0
-    return KernelOp(fk.time_scale * (t + t_copy), t_whole, t_comm, tiles, ctas, waves, bw, egress, ingress, fixed, t_copy)
+    t_call = np.maximum(fk.time_scale * (t + t_copy), np.maximum(t_whole, t_comm))  # never below max(g, L)
+    return KernelOp(t_call, t_whole, t_comm, tiles, ctas, waves, bw, egress, ingress, fixed, t_copy)
 
 
 class KernelPair(NamedTuple):

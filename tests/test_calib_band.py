@@ -95,3 +95,13 @@ def test_a_fused_kernel_table_without_time_scale_loads_and_one_without_a_term_is
     assert p.value("fused_kernel.time_scale") == 1.0 and p.provenance["fused_kernel.time_scale"].tier == "assumed"
     (tmp_path / "bad.toml").write_text(old.replace("ar_fence_s = ", "# ar_fence_s = ", 1))
     one_line_error("whatif", "--gpu", str(tmp_path / "bad.toml"), needle="[fused_kernel] needs all of")
+
+
+@pytest.mark.parametrize("op", ["ag_gemm", "gemm_rs"])
+def test_a_fast_model_error_draw_stays_physical(op):
+    """At the range's lowest time_scale (0.1) torch's fused op still costs at least the whole GEMM."""
+    prof = load_profile("h100-sxm").with_values({"asynctp.time_scale": 0.1})
+    hw = ops.Hw(prof, "bf16")
+    m = np.array([64.0, 1024.0, 16384.0])
+    pair = ops.torch_pair(hw, op, m, 8192, 3584, 4)
+    assert np.all(pair.fused_graph_s >= hw.t_gemm(m, 8192, 3584)) and np.all(pair.fused_eager_s >= pair.fused_graph_s)
