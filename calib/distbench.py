@@ -243,9 +243,10 @@ def bench_fused_ops(timer: Timer, ops: AsyncTPOps, shapes, ms, device, rank, wor
 
 
 def bench_vllm_all_reduce(timer: Timer, sizes_bytes, device, world, hidden=8192):
-    """vLLM's CustomAllreduce and SymmMemCommunicator (as CudaCommunicator builds them: on a gloo CPU group),
-    each over the sizes its own `should_*` accepts, and CustomAllreduce's model-level-SP reduce-scatter and
-    all-gather (_vllm_sp_collectives); records name the kernel vLLM runs at that size.
+    """vLLM's FlashInferAllReduce (0.33 on), CustomAllreduce and SymmMemCommunicator (as CudaCommunicator builds
+    them: on a gloo CPU group), each over the sizes its own `should_*` accepts, and CustomAllreduce's
+    model-level-SP reduce-scatter and all-gather (_vllm_sp_collectives); records name the kernel vLLM runs at that
+    size (FlashInfer's by vLLM's one-shot limit, costmodel.vllm_tables).
     Needs a CUDA build of vLLM; anything that fails is recorded as skipped, never fatal."""
     if not device.startswith("cuda"):
         return
@@ -258,8 +259,15 @@ def bench_vllm_all_reduce(timer: Timer, sizes_bytes, device, world, hidden=8192)
     cpu_group = dist.new_group(backend="gloo")  # collective: every rank creates it
     dev = torch.device(device)
     comms = {}
-    for name, make in (("custom_ar", lambda: CustomAllreduce(group=cpu_group, device=dev)),
-                       ("symm_mem", lambda: SymmMemCommunicator(group=cpu_group, device=dev))):
+    makers = [("custom_ar", lambda: CustomAllreduce(group=cpu_group, device=dev)),
+              ("symm_mem", lambda: SymmMemCommunicator(group=cpu_group, device=dev))]
+    try:  # vLLM >= 0.33's standalone FlashInfer all-reduce (CudaCommunicator.fi_ar_comm), first in its dispatch
+        from vllm.distributed.device_communicators.flashinfer_all_reduce import FlashInferAllReduce
+
+        makers.insert(0, ("flashinfer", lambda: FlashInferAllReduce(group=cpu_group, device=dev)))
+    except Exception as e:
+        yield {"kind": "skipped", "what": "vllm flashinfer all-reduce", "why": f"{type(e).__name__}: {e}"[:200]}
+    for name, make in makers:
         try:
             c = make()
             if not c.disabled:
@@ -274,10 +282,17 @@ def bench_vllm_all_reduce(timer: Timer, sizes_bytes, device, world, hidden=8192)
         for name, c in comms.items():
             if name == "custom_ar":
                 yield from _vllm_sp_collectives(timer, c, x, world, dev)
-            ok = c.should_custom_ar(x) if name == "custom_ar" else c.should_use_symm_mem(x)
+            ok = {"custom_ar": lambda: c.should_custom_ar(x), "symm_mem": lambda: c.should_use_symm_mem(x),
+                  "flashinfer": lambda: c.should_use_fi_ar(x)}[name]()
             if not _all_agree(ok, dev):
                 continue
-            if name == "custom_ar":
+            if name == "flashinfer":  # its Lamport one-shot / two-shot kernel without the norm: the fused curve's
+                cap = "{}.{}".format(*torch.cuda.get_device_capability(dev))
+                one_max = vllm_tables.dispatch_limits(None, cap, world).get("fi_oneshot_max_bytes")
+                one = one_max is None or nbytes <= one_max
+                impl = "flashinfer_ar_rmsnorm" if one else "flashinfer_ar_rmsnorm_twoshot"
+                fn = lambda c=c: c.all_reduce(x)  # noqa: E731
+            elif name == "custom_ar":
                 one = nbytes < vllm_tables.custom_ar_1stage_max_bytes(world)
                 impl = "custom_ar_1stage" if one else "custom_ar_2stage"
                 fn = lambda c=c: c.custom_all_reduce(x)  # noqa: E731
