@@ -98,7 +98,7 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
           f"{args.max_num_batched_tokens}, {a.workload}, risk premium {args.margin:.0%}): {cut}{band_s}")
     if band is not None:
         cov = band_coverage()
-        print("  the band's measured coverage of released op rows: " + ", ".join(
+        print("  the band's measured coverage of released op rows, each source held out: " + ", ".join(
             f"{sid} {c['covered']:.0%} of {c['rows']}" for sid, c in cov.items()) + " (docs/accuracy.md)")
     if a.cutoff_by_spread:
         never = lambda x: "never" if x is None else str(x)  # noqa: E731
@@ -201,8 +201,9 @@ def register(sub) -> None:
 
 
 def band_coverage() -> dict:
-    """source -> {rows, covered}: how often the band covered each released source's measured op speedups
-    (integration/band_coverage.json, rendered from benchmarks/results/accuracy.json by tools/render_docs.py)."""
+    """source -> {rows, covered}: how often the band covered each released source's measured op speedups, the
+    source held out (calib/band.py; integration/band_coverage.json, rendered from benchmarks/results/accuracy.json
+    by tools/render_docs.py)."""
     import json
     from importlib import resources
 
