@@ -4,7 +4,7 @@
 
 The cutoff band draws every profile quantity from its σ; that covers what the parameters do not know, not what the
 model gets wrong. One more quantity carries that: `asynctp.time_scale`, the measured over modelled time of torch's
-fused ops, 1 by construction, whose σ (lognormal, on the fused op's GPU time) is set here:
+fused ops, 1 by construction, whose σ (lognormal, on the fused op's GPU, host and tail time) is set here:
 - each op row of a source gets its 5-95 % band as `tpcost evaluate --band` draws it (the built-in profiles, every
   quantity at its σ and time_scale at σ_m, each source's fitted harness time on both arms), moved to the source's
   leave-one-source-out prediction (the family fit without the source, its own host terms refitted on it: the
