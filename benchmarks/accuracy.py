@@ -166,16 +166,34 @@ def collective_impl_results() -> dict:
         prov = prof.provenance.get(f"collectives.{impl}.tp{entry}.bus_bw_bytes_per_s")
         src_of_curve = "" if prov is None else prov.source
         key = (r["source_id"], prof_name, w, impl)
-        g = groups.setdefault(key, {"errs": [], "entry_tp": entry,
+        g = groups.setdefault(key, {"errs": [], "entry_tp": entry, "points": [],
                                     "sample": "in-sample" if r["source_id"] in src_of_curve else "out-of-sample"})
         g["errs"].append(abs(t_pred / t_meas - 1.0))
+        g["points"].append((size, t_meas - harness.get(r["source_id"], 0.0)))
     out = {}
     for (sid, prof_name, w, impl), g in sorted(groups.items()):
         e = np.array(g["errs"])
         out[f"{sid}|{prof_name}|tp{w}|{impl}"] = {
             "source": sid, "gpu": prof_name, "tp": w, "impl": impl, "rows": int(e.size), "sample": g["sample"],
-            "entry_tp": g["entry_tp"], "median_rel_time_error": float(np.median(e)), "max_rel_time_error": float(e.max())}
+            "entry_tp": g["entry_tp"], "median_rel_time_error": float(np.median(e)), "max_rel_time_error": float(e.max()),
+            **_impl_loso(groups, sid, prof_name, w, impl, harness.get(sid, 0.0))}
     return out
+
+
+def _impl_loso(groups: dict, sid: str, gpu: str, w: int, impl: str, harness_s: float) -> dict:
+    """The source's rows against the α–β of the same implementation, GPU and TP fitted to the other released sources
+    alone (calib.fit's one α–β; NCCL's regimes have their own leave-one-source-out, collective_results): None where
+    no other source times it there, the usual case (most curves rest on one source)."""
+    if impl == "nccl_all_reduce":
+        return {"loso_median_rel_time_error": None, "loso_from": []}
+    other = [(s, g) for (s, p, tp, i), g in groups.items() if (p, tp, i) == (gpu, w, impl) and s != sid]
+    pts = [pt for _, g in other for pt in g["points"]]
+    if len({S for S, _ in pts}) < 2:
+        return {"loso_median_rel_time_error": None, "loso_from": []}
+    lat, bw, _ = R.fit_alpha_beta([S for S, _ in pts], [t for _, t in pts], R.ar_factor(w))
+    mine = groups[(sid, gpu, w, impl)]["points"]
+    err = [abs((lat + R.ar_factor(w) * S / bw + harness_s) / (t + harness_s) - 1.0) for S, t in mine]
+    return {"loso_median_rel_time_error": float(np.median(err)), "loso_from": sorted(s for s, _ in other)}
 
 
 def evaluated_sets() -> tuple[dict, list]:
@@ -284,7 +302,9 @@ def main() -> int:
     for c in impls.values():
         at = "" if c["entry_tp"] == c["tp"] else f" (curve at tp{c['entry_tp']})"
         print(f"  {c['source']:22s} {c['gpu']:12s} tp{c['tp']:<2d} {c['impl']:30s} {c['sample']:13s} {c['rows']:3d} rows "
-              f"median {c['median_rel_time_error']:.3f} max {c['max_rel_time_error']:.3f}{at}")
+              f"median {c['median_rel_time_error']:.3f} max {c['max_rel_time_error']:.3f}{at}" +
+              ("" if c["loso_median_rel_time_error"] is None else
+               f"; leave-one-source-out {c['loso_median_rel_time_error']:.3f} (from {', '.join(c['loso_from'])})"))
     res = {"schema_version": 2, "families": fams, "kernel": kern, "evaluated": table, "skipped": skipped,
            "excluded": excluded, "band_coverage": cov, "band_calibration": cal, "collectives": coll, "collective_impls": impls}
     if a.json:

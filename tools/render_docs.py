@@ -248,12 +248,14 @@ def collective_impls_table() -> str:
     """benchmarks/results/accuracy.json: each released all-reduce timing against the profile's curve for its
     implementation."""
     d = _load("accuracy.json")["collective_impls"]
-    lines = ["| source | GPU | TP | implementation | sample | rows | median / max \\|pred/meas − 1\\| of the time |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| source | GPU | TP | implementation | sample | rows | median / max \\|pred/meas − 1\\| of the time "
+             "| leave-one-source-out median (from) |", "|---|---|---|---|---|---|---|---|"]
     for c in d.values():
         tp = f"{c['tp']}" + ("" if c["entry_tp"] == c["tp"] else f" (curve at {c['entry_tp']})")
+        lo = ("n/a" if c["loso_median_rel_time_error"] is None else
+              f"{c['loso_median_rel_time_error']:.3f} ({', '.join(c['loso_from'])})")
         lines.append(f"| {c['source']} | {c['gpu']} | {tp} | {c['impl']} | {c['sample']} | {c['rows']} | "
-                     f"{c['median_rel_time_error']:.3f} / {c['max_rel_time_error']:.3f} |")
+                     f"{c['median_rel_time_error']:.3f} / {c['max_rel_time_error']:.3f} | {lo} |")
     return "\n".join(lines)
 
 
