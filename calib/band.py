@@ -189,7 +189,7 @@ def run() -> dict:
     kernel = calibrate(kernel_row_bands(), KERNEL_SOURCES)
     return {"command": BAND_CMD, "key": KEY, "calibration_sources": list(CALIBRATION_SOURCES),
             "scored_only": list(SCORED_ONLY), "target": TARGET, **torch_ops,
-            "kernel": {"key": KERNEL_KEY, "calibration_sources": list(KERNEL_SOURCES), **kernel}}
+            "kernel": {"key": KERNEL_KEY, "calibration_sources": list(KERNEL_SOURCES), "target": TARGET, **kernel}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -587,18 +587,8 @@ def kernel_section(p, kern, nvlink: str):
             t["uncertainty_rel"] = {leaf: _round(min(sg, 1.0))}
         out[f"_{leaf}"] = t
     out["_inflight_scale"] = sec(T.KERNEL_INFLIGHT_SOURCE, "datasheet", inflight_scale=1.0)
-    band = CR.load_band_fit()["kernel"]
-    per = band["per_source"]
-    what = (f"model error of the single kernel: the least lognormal sigma at which the 5-95 % band covers 90 % of the "
-            f"rows of {' + '.join(band['calibration_sources'])} (mean over the sources, each at its leave-one-source-"
-            f"out prediction; nested coverage " + ", ".join(f"{s} {per[s]['coverage']:.0%}" for s in per) +
-            f"; {CR.BAND_CMD})")
-    if nvlink == "nvlink4":
-        out["_time_scale"] = sec(f"assumed: no released row times a multimem kernel on Hopper; the SM100 {what} "
-                                 f"is {band['sigma_m']:.2f}, the tier's 0.30 stands", "assumed", time_scale=1.0)
-    else:
-        out["_time_scale"] = sec(what, "published-measurement", time_scale=1.0)
-        out["_time_scale"]["uncertainty_rel"] = {"time_scale": _round(band["sigma_m"])}
+    out["_time_scale"] = model_error_table(CR.load_band_fit()["kernel"], "the single kernel",
+                                           hopper=nvlink == "nvlink4")
     p["fused_kernel"] = out
     return p
 
@@ -688,17 +678,24 @@ HBM_CAPACITY = {
 }
 
 
-def with_model_error(p):
-    """asynctp.time_scale: 1 (the fused ops as modelled), its σ the model's out-of-sample error, set by nested
-    leave-one-source-out (calib/band.py, committed in calib/data/band_fit.json), so that every band carries it."""
-    band = CR.load_band_fit()
+def model_error_table(band: dict, what: str, hopper: bool = False) -> dict:
+    """A time_scale table: 1 (as modelled), its σ the model's out-of-sample error set by nested leave-one-source-out
+    (calib/band.py, committed in calib/data/band_fit.json), so that every band carries it; `hopper`: the single
+    kernel on NVLink4, where no released row times it, keeps the assumed tier."""
     per = band["per_source"]
     nested = ", ".join(f"{s} {per[s]['coverage']:.0%}" for s in band["calibration_sources"] if per[s]["coverage"] is not None)
-    p["asynctp"]["_time_scale"] = sec(
-        f"model error of torch's fused ops: the least lognormal sigma at which the 5-95 % band covers {band['target']:.0%} "
-        f"of the rows of {' + '.join(band['calibration_sources'])} (mean over the sources, each at its leave-one-source-"
-        f"out prediction; nested coverage {nested}; {CR.BAND_CMD})", "published-measurement", time_scale=1.0)
-    p["asynctp"]["_time_scale"]["uncertainty_rel"] = {"time_scale": _round(band["sigma_m"])}
+    src = (f"model error of {what}: the least lognormal sigma at which the 5-95 % band covers {band['target']:.0%} of the rows of "
+           f"{' + '.join(band['calibration_sources'])} (mean over the sources, each at its leave-one-source-out "
+           f"prediction; nested coverage {nested}; {CR.BAND_CMD})")
+    if hopper:
+        return sec(f"assumed: no released row times a multimem kernel on Hopper; the SM100 {src} is "
+                   f"{band['sigma_m']:.2f}, the tier's 0.30 stands", "assumed", time_scale=1.0)
+    return {**sec(src, "published-measurement", time_scale=1.0), "uncertainty_rel": {"time_scale": _round(band["sigma_m"])}}
+
+
+def with_model_error(p):
+    """asynctp.time_scale of torch's fused ops (model_error_table)."""
+    p["asynctp"]["_time_scale"] = model_error_table(CR.load_band_fit(), "torch's fused ops")
     return p
 
 
@@ -728,6 +725,7 @@ def fi_oneshot_latency() -> tuple[float, str]:
     the number as published in us)."""
     us = C["b200_collectives"]["sglang_fi_oneshot_us"]
     return float(us) * 1e-6, us
+
 
 def custom_reduce_scatter(p):
     """vLLM's custom reduce-scatter backends (model-level SP; costmodel.vllm_tables.custom_rs_backend), from
