@@ -327,6 +327,14 @@ def _chunk_gemms(hw: Hw, a: dict, m_c, n, k, W, t_pull_one_s, t_whole_s):
     return g, g_c, g_c * (1.0 + a["compute_slowdown"] * frac)
 
 
+def _with_model_error(a: dict, t_gpu: Arr, t_host: Arr, t_tail: Arr, floor: Arr) -> tuple[Arr, Arr, Arr]:
+    """(GPU, host, tail) time of a torch fused op × the model error asynctp.time_scale (1 as modelled; its σ widens
+    every band, calib/band.py), the GPU time never below `floor`, what overlap allows: the whole GEMM or the W−1
+    pulls, whichever is longer (s)."""
+    ts = a["time_scale"]
+    return np.maximum(ts * t_gpu, floor), ts * t_host, ts * t_tail
+
+
 def fused_ag_gemm(hw: Hw, m: Arr, n: int, k: int, tp: int, a_bytes: float, eager: bool) -> FusedOp:
     """torch fused_all_gather_matmul (_pipelined_all_gather_and_consume, return_A=True) on m gathered rows."""
     a = hw.asynctp
@@ -336,12 +344,11 @@ def fused_ag_gemm(hw: Hw, m: Arr, n: int, k: int, tp: int, a_bytes: float, eager
     t_whole = hw.t_gemm(m, n, k)
     g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p, t_whole)
     t_copy = hw.t_mem(m_c * (2.0 * k * a_bytes))  # local shard -> symmetric buffer (read + write)
-    ts = a["time_scale"]  # the model error (1 as modelled; its σ widens every band, calib/band.py)
-    # never below what overlap allows: the whole GEMM or the W-1 pulls, whichever is longer
-    t_gpu = np.maximum(ts * F.t_ag_gemm_gpu_s(W, g, g_eff, t_whole, p, t_copy, a["barrier_s"]),
-                       np.maximum(t_whole, (W - 1) * p))
-    t_host = ts * F.host_ops_ag_gemm(W) * a["host_op_s"] if eager else 0.0
-    t_tail = ts * (g_eff + a["barrier_s"])  # the last chunk GEMM, the join and the closing barrier
+    t_gpu, t_host, t_tail = _with_model_error(
+        a, F.t_ag_gemm_gpu_s(W, g, g_eff, t_whole, p, t_copy, a["barrier_s"]),
+        F.host_ops_ag_gemm(W) * a["host_op_s"] if eager else 0.0,
+        g_eff + a["barrier_s"],  # the tail: the last chunk GEMM, the join and the closing barrier
+        np.maximum(t_whole, (W - 1) * p))
     t = F.t_eager_s(t_gpu, t_host, t_tail) if eager else t_gpu
     return FusedOp(t, t_gpu, t_host, t_tail, W * g, W * g_c, W * g_eff, (W - 1) * p, 3.0 * a["barrier_s"],
                    t_copy + np.maximum(0.0, t_copy - g_eff))
@@ -356,12 +363,11 @@ def fused_gemm_rs(hw: Hw, m: Arr, n: int, k: int, tp: int, eager: bool) -> Fused
     t_whole = hw.t_gemm(m, n, k)
     g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p, t_whole)
     t_red = hw.t_mem(F.reduction_bytes(m, n, hw.act_bytes, W))
-    ts = a["time_scale"]  # the model error (1 as modelled; its σ widens every band, calib/band.py)
-    # never below what overlap allows: the whole GEMM or the W-1 pulls, whichever is longer
-    t_gpu = np.maximum(ts * F.t_gemm_rs_gpu_s(W, g, g_eff, t_whole, p, t_red, a["barrier_s"]),
-                       np.maximum(t_whole, (W - 1) * p))
-    t_host = ts * F.host_ops_gemm_rs(W) * a["host_op_s"] if eager else 0.0
-    t_tail = ts * (g_eff + a["barrier_s"] + t_red)  # the local chunk GEMM, the closing barrier, the reduction
+    t_gpu, t_host, t_tail = _with_model_error(
+        a, F.t_gemm_rs_gpu_s(W, g, g_eff, t_whole, p, t_red, a["barrier_s"]),
+        F.host_ops_gemm_rs(W) * a["host_op_s"] if eager else 0.0,
+        g_eff + a["barrier_s"] + t_red,  # the tail: the local chunk GEMM, the closing barrier, the reduction
+        np.maximum(t_whole, (W - 1) * p))
     t = F.t_eager_s(t_gpu, t_host, t_tail) if eager else t_gpu
     return FusedOp(t, t_gpu, t_host, t_tail, W * g, W * g_c, W * g_eff, (W - 1) * p, 2.0 * W * a["barrier_s"], t_red)
 

@@ -294,21 +294,20 @@ def rendered(docs: Path = ROOT / "docs") -> dict[Path, tuple[str, str]]:
 
 
 BAND_COVERAGE = ROOT / "integration" / "band_coverage.json"  # what whatif states beside its band (package data)
-OTHER_PATH = ("META_AH_H100_ASYNCTP",)  # its fused arm is not the modelled op (docs/model.md §6): no coverage claim
 
 
 def band_coverage_json() -> str:
     """The measured coverage of the band per source (benchmarks/results/accuracy.json), as whatif reads it."""
     from costmodel.io import dumps_json
 
-    per = _load("accuracy.json")["band_calibration"]["per_source"]
-    cov = {sid: {"rows": c["rows"], "covered": c["coverage"]} for sid, c in per.items()
-           if sid not in OTHER_PATH and c["rows"]}
+    band = _load("accuracy.json")["band_calibration"]  # the calibrating sources; the scored-only are another path
+    cov = {sid: {"rows": c["rows"], "covered": c["coverage"]} for sid, c in band["per_source"].items()
+           if sid in band["calibration_sources"] and c["rows"]}
     return dumps_json({"what": "share of each released source's op rows whose measured speedup lies inside the 5-95 % "
                        "band (the profile's Monte Carlo draws with the model error asynctp.time_scale), the source held "
                        "out: centred on its leave-one-source-out prediction, the model error set without it "
                        "(calib/band.py); written by tools/render_docs.py from benchmarks/results/accuracy.json",
-                       "excluded": list(OTHER_PATH), "sources": cov}, indent=1, sort_keys=True) + "\n"
+                       "excluded": band["scored_only"], "sources": cov}, indent=1, sort_keys=True) + "\n"
 
 
 def main(argv=None) -> int:
