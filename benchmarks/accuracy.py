@@ -123,13 +123,18 @@ IMPL_METRICS = {"allreduce_time_custom_allreduce_1stage": "custom_ar_1stage",
                 "allreduce_time_torch_symm_mem_multimem": "symm_mem_multimem",
                 "allreduce_time_torch_symm_mem_two_shot": "symm_mem_two_shot",
                 "fused_ar_rmsnorm_time_oneshot": "flashinfer_ar_rmsnorm",
-                "fused_ar_rmsnorm_time_twoshot": "flashinfer_ar_rmsnorm_twoshot"}
+                "fused_ar_rmsnorm_time_twoshot": "flashinfer_ar_rmsnorm_twoshot",
+                "allgather_time": "nccl_all_gather", "all_gather_latency_median": "nccl_all_gather",
+                "reducescatter_time": "nccl_reduce_scatter", "reduce_scatter_latency_median": "nccl_reduce_scatter"}
+NCCL_TIME = {"nccl_all_reduce": "t_nccl_all_reduce_s", "nccl_all_gather": "t_nccl_all_gather_s",
+             "nccl_reduce_scatter": "t_nccl_reduce_scatter_s"}  # NCCL as its tuner runs it: ops' regime envelope
 GPU_PROFILES = (("GB200", "gb200-nvl72"), ("B300", "b300"), ("B200", "b200"), ("H200", "h200-sxm"),
                 ("H100", "h100-sxm"), ("SM 9.0", "h100-sxm"))
 
 
 def collective_impl_results() -> dict:
-    """Every released all-reduce timing row of an implementation vLLM dispatches, against the built-in profile's
+    """Every released collective timing row of an implementation vLLM dispatches (the all-reduces; NCCL's all-gather
+    and reduce-scatter), against the built-in profile's
     curve for it at that GPU and TP (|predicted/measured - 1| of the time). A row is in-sample where the curve's
     provenance names the row's source (the curve was fitted to it), else out-of-sample (fitted to other sources,
     or assumed); `entry_tp` says when the profile holds the curve at another TP than the row's. A source whose
@@ -143,8 +148,8 @@ def collective_impl_results() -> dict:
     for r in R.rows():
         impl = IMPL_METRICS.get(r["metric"])
         prof_name = next((p for g, p in GPU_PROFILES if r["gpu"].startswith(g)), None)
-        if impl is None or prof_name is None or not r["baseline_value"]:
-            continue
+        if impl is None or prof_name is None or not r["baseline_value"] or "prototype" in r["workload"]:
+            continue  # (NCCL_PR2307's CTA-count prototype is no NCCL vLLM runs)
         w = int(r["num_gpus"]) if r["num_gpus"] else 8  # VLLM_PR42324's SM 9.0 rows: presumed 8, as their fit does
         prof = load_profile(prof_name)
         if not prof.has_collective(impl):
@@ -156,8 +161,8 @@ def collective_impl_results() -> dict:
             continue
         t_meas = float(r["baseline_value"]) * {"ms": 1e-3, "us": 1e-6}[r["unit"]]
         hw = ops.Hw(prof, "bf16")
-        if impl == "nccl_all_reduce":
-            t_pred = float(ops.t_nccl_all_reduce_s(hw, w, np.array([size]))[0])
+        if impl in NCCL_TIME:
+            t_pred = float(np.ravel(getattr(ops, NCCL_TIME[impl])(hw, w, np.array([size])))[0])
         else:
             lat, bw = prof.collective(impl, w)
             t_pred = float(F.t_all_reduce_s(size, lat, bw, w))
@@ -183,9 +188,9 @@ def collective_impl_results() -> dict:
 
 def _impl_loso(groups: dict, sid: str, gpu: str, w: int, impl: str, harness_s: float) -> dict:
     """The source's rows against the α–β of the same implementation, GPU and TP fitted to the other released sources
-    alone (calib.fit's one α–β; NCCL's regimes have their own leave-one-source-out, collective_results): None where
+    alone (calib.fit's one α–β; NCCL's all-reduce regimes have their own leave-one-source-out, collective_results): None where
     no other source times it there, the usual case (most curves rest on one source)."""
-    if impl == "nccl_all_reduce":
+    if impl in NCCL_TIME:  # regime curves, not one α–β
         return {"loso_median_rel_time_error": None, "loso_from": []}
     other = [(s, g) for (s, p, tp, i), g in groups.items() if (p, tp, i) == (gpu, w, impl) and s != sid]
     pts = [pt for _, g in other for pt in g["points"]]

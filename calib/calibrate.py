@@ -77,6 +77,7 @@ def build_profile(records, prior, prov: dict, world: int, gemm_dtype: str, name:
     """Fit everything the records constrain into a new profile made from the prior (HardwareProfile.with_values, as
     --set and the band do; each fitted value gets tier calibrated and its own σ); returns (profile, not_measured,
     residuals)."""
+    from costmodel.ops import NCCL_REGIMES
     from costmodel.profile import REQUIRED_PARAMS, Provenance
 
     from .fit import fit_collective, fit_latency_bandwidth, fit_single_device
@@ -96,6 +97,7 @@ def build_profile(records, prior, prov: dict, world: int, gemm_dtype: str, name:
     # vLLM's own implementations (calib.distbench: its custom AR, symm-mem, custom reduce-scatters and all-gathers):
     # the records that name their collective; NCCL's name it by their impl
     vllm_impls = sorted({r["impl"] for r in records if r["kind"] == "collective" and r.get("op")})
+    replaced: list[str] = []
     for impl, name_ in (("all_gather", "nccl_all_gather"), ("reduce_scatter", "nccl_reduce_scatter"),
                         ("all_reduce", "nccl_all_reduce"), *((i, i) for i in vllm_impls)):
         fits, res = fit_collective(records, impl, world)
@@ -104,6 +106,10 @@ def build_profile(records, prior, prov: dict, world: int, gemm_dtype: str, name:
                 put(f"collectives.{name_}.tp{world}.{field}", f["value"], f["uncertainty_rel"],
                     src + f" ({prov.get('backend')} {impl})")
             residuals[f"collective_{impl}"] = res
+            # the run's one curve is this machine's collective at this TP: the prior's NCCL regime curves beside it
+            # (another machine's, ops.NCCL_REGIMES) would undercut it at the sizes they win
+            replaced += [f"collectives.{name_}{r}.tp{world}" for r in NCCL_REGIMES
+                         if world in prior.collective_tps(name_ + r)]
     # vLLM's fused GEMM+RS/AR kernel (gemm_rs_ar), where the run timed it against its unfused arm: its terms
     from .kernel_fit import fit_records as fit_kernel
 
@@ -129,11 +135,15 @@ def build_profile(records, prior, prov: dict, world: int, gemm_dtype: str, name:
     not_measured = sorted(k for k in REQUIRED_PARAMS if k not in values and not k.startswith(("identity.", "interconnect.")))
     # collectives of the prior this run did not measure (vLLM's custom AR, symm-mem, FlashInfer, other TP sizes)
     not_measured += sorted(f"collectives.{impl}.tp{tp}" for impl, per_tp in prior.collectives.items() for tp in per_tp
-                           if f"collectives.{impl}.tp{tp}.bus_bw_bytes_per_s" not in values)
+                           if f"collectives.{impl}.tp{tp}.bus_bw_bytes_per_s" not in values
+                           and f"collectives.{impl}.tp{tp}" not in replaced)
     notes = {**{f"calibration.{k}": str(v) for k, v in prov.items()},
              "calibration.not_measured_kept_prior": ", ".join(not_measured) or "none",
              "calibration.residuals_json": json.dumps(residuals, separators=(",", ":"))[:4000]}
-    prof = prior.with_values(values, provs, mark_modified=False, new_keys_ok=True, name=name, notes=notes)
+    if replaced:
+        notes["calibration.regimes_replaced"] = ", ".join(replaced)
+    prof = prior.with_values(values, provs, mark_modified=False, new_keys_ok=True, name=name, notes=notes,
+                             drop=tuple(replaced))
     return prof, not_measured, residuals
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from calib import reference as R
+from calib.fit import fit_ring_regimes
 from calib.nccl_fit import SWEEPS, fit_regimes
 from calib.results import COMPONENT_CMD, COMPONENT_FITS
 from costmodel import formulas as F
@@ -51,7 +52,8 @@ def h200_collectives() -> dict:
 
 
 def b200_collectives() -> dict:
-    """8xB200 NCCL from MLENG_NET_README (1 KiB latency, half-peak payload, 16 GiB busBW), the TP 2 stock NCCL
+    """8xB200 NCCL from MLENG_NET_README (1 KiB latency, half-peak payload, 16 GiB busBW: one alpha-beta for the
+    all-reduce, NCCL's LL and Simple ring regimes for the all-gather and reduce-scatter), the TP 2 stock NCCL
     reduce-scatter (NCCL_PR2307), VLLM_PR42324's TP 2 all-reduces, TRTLLM_PR14534's one-shot AR+RMSNorm and the
     SGLANG_PR7621 B200 TP 8 decode-size kernel time."""
     readme = {r["metric"]: r for r in R.rows("MLENG_NET_README", gpu="B200")}
@@ -63,9 +65,15 @@ def b200_collectives() -> dict:
         half = R.size_in_notes(readme[bw_key]["notes"].replace("half-peak payload", "payload"))
         f = float(F.bus_bw_factor(impl.removeprefix("nccl_"), 8))
         S = [1024.0, half, 16 * 1024.0**3]
-        out["readme"][impl] = _ab(S, [lat, f * half / (peak_bw / 2), f * S[2] / peak_bw], f,
-                                  latency_us=readme[lat_key]["baseline_value"], busbw_gb_s=readme[bw_key]["baseline_value"],
-                                  half_peak_bytes=half)
+        t = [lat, f * half / (peak_bw / 2), f * S[2] / peak_bw]
+        meta = dict(latency_us=readme[lat_key]["baseline_value"], busbw_gb_s=readme[bw_key]["baseline_value"],
+                    half_peak_bytes=half)
+        if impl == "nccl_all_reduce":  # its TP 8 curves are the sweep's regimes (nccl_fit); this one stands for GB200
+            out["readme"][impl] = _ab(S, t, f, **meta)
+            continue
+        reg, res = fit_ring_regimes(S, t, f)  # ring all-gather / reduce-scatter: LL and Simple, three points
+        out["readme"][impl] = {**reg["large"], "rms_rel_err": res["rms_log_residual"], **meta}
+        out["readme"][impl + "_small"] = {**reg["small"], "rms_rel_err": res["rms_log_residual"], **meta}
     stock = next(r for r in R.rows("NCCL_PR2307") if "default vs tuned" in r["workload"])
     t4 = float(stock["baseline_value"]) * 1e-6
     out["vllm_pr42324_tp2"] = {metric: R.fit_vllm_bench("VLLM_PR42324", 2, metric, gpu_match="B200")

@@ -137,17 +137,25 @@ def h100_collectives():
                                          bus_bw_bytes_per_s=ring_bw[2] * 1e9,
                                          source="NCCL_ISSUE1455 TP2 ring busBW; latency = TP4 fit (no TP2 small-message data)",
                                          tier="published-measurement")
-    # AG / RS TP8 (Megatron), TP2/4 from ring busBW + TP8 latency scaled
+    # AG / RS TP8: NCCL's LL and Simple ring regimes (calib.fit.fit_ring_regimes) over Megatron's 2-128 MiB points and
+    # the ring's 16 GiB busBW (NCCLTESTS_ISSUE326: the all-gather's; a ring reduce-scatter moves the same bytes per
+    # step); TP2/4 one curve from the ring busBW with the LL regime's (small-message) latency
+    ring16 = float(rows("NCCLTESTS_ISSUE326")[0]["baseline_value"])
     for metric, impl in (("allgather_time", "nccl_all_gather"), ("reducescatter_time", "nccl_reduce_scatter")):
         rs = rows("MEGATRON_PR5596", metric=metric)
-        S = [size_in_notes(r["notes"]) for r in rs]
-        t = [float(r["baseline_value"]) * 1e-6 for r in rs]
-        a, bw, err = fit_alpha_beta(S, t, ag_factor(8))
-        put(impl, 8, dict(latency_s=a, bus_bw_bytes_per_s=bw, rms_rel_err=err, n=len(S)),
-            f"MEGATRON_PR5596 8xH100 NCCL {metric} 2-128 MiB")
+        S = [size_in_notes(r["notes"]) for r in rs] + [16 * 1024.0**3]
+        t = [float(r["baseline_value"]) * 1e-6 for r in rs] + [ag_factor(8) * 16 * 1024**3 / (ring16 * 1e9)]
+        reg, res = fitting.fit_ring_regimes(S, t, ag_factor(8))
+        src = (f"NCCL {{}} regime of the two-regime ring fit (LL at half the Simple busBW, calib.fit.fit_ring_regimes) "
+               f"to MEGATRON_PR5596 8xH100 NCCL {metric} 2-128 MiB + NCCLTESTS_ISSUE326 8xH100 ring busBW {ring16:.0f} "
+               f"GB/s at 16 GiB")
+        err = res["rms_log_residual"]
+        put(impl, 8, dict(reg["large"], rms_rel_err=err, n=len(S)), src.format("Simple"))
+        put(impl + "_small", 8, dict(reg["small"], rms_rel_err=err, n=len(S)), src.format("LL"))
+        a = reg["small"]["latency_s"]
         for w in (2, 4):
             out[impl][f"tp{w}"] = dict(latency_s=a, bus_bw_bytes_per_s=ring_bw[w] * 1e9,
-                                       source=f"latency = MEGATRON_PR5596 TP8 fit; busBW = NCCL_ISSUE1455 TP{w} ring busBW (a ring AR is RS+AG: same busBW)",
+                                       source=f"latency = the MEGATRON_PR5596 TP8 fit's LL regime; busBW = NCCL_ISSUE1455 TP{w} ring busBW (a ring AR is RS+AG: same busBW)",
                                        tier="published-measurement")
     # vLLM custom AR and torch symm-mem (TP4, TP6 measured)
     for impl, metric in (("custom_ar_1stage", "allreduce_time_custom_allreduce_1stage"),

@@ -8,6 +8,7 @@ import numpy as np
 Arr = float | np.ndarray  # a number, or a numpy array of them: every formula broadcasts over arrays
 KiB, MiB = 1024, 1024 * 1024  # binary byte units (the one home; vLLM's tables and messages are in them)
 RING_LINK_RATIO = 0.816  # NCCL ring all-reduce busBW / per-direction link on H100 (NCCL_ISSUE1455): a ring's link share
+LL_PAYLOAD_FRACTION = 0.5  # NCCL's LL protocol: each 8-byte store carries 4 bytes of data and a 4-byte flag
 
 # --------------------------------------------------------------------------- GEMM (docs §2)
 
@@ -98,6 +99,13 @@ def t_all_gather_s(msg_bytes: Arr, latency_s: Arr, bus_bw_bytes_per_s: Arr, worl
 def t_reduce_scatter_s(msg_bytes: Arr, latency_s: Arr, bus_bw_bytes_per_s: Arr, world: Arr) -> Arr:
     """Reduce-scatter of an S-byte (unreduced input) message: α + (W−1)/W · S/busBW (s; nccl-tests convention)."""
     return t_all_gather_s(msg_bytes, latency_s, bus_bw_bytes_per_s, world)
+
+
+def t_ring_regimes_s(msg_bytes: Arr, latencies_s: list, bus_bws_bytes_per_s: list, world: Arr) -> Arr:
+    """NCCL's tuner over a ring all-gather or reduce-scatter: min over its regimes p of α_p + (W−1)/W · S/busBW_p (s;
+    docs/model.md §4, calib.fit.fit_ring_regimes)."""
+    times = [t_all_gather_s(msg_bytes, a, b, world) for a, b in zip(latencies_s, bus_bws_bytes_per_s)]
+    return np.minimum.reduce(np.broadcast_arrays(*times))
 
 
 def expected_experts_touched(tokens: Arr, top_k: Arr, num_experts: Arr) -> Arr:

@@ -149,16 +149,26 @@ def collective_latency_s(hw: Hw, impl: str, tp: int) -> Arr:
     return hw.p.collective(impl, tp)[0]
 
 
+NCCL_REGIMES = ("_small", "_mid")  # regime curves beside an NCCL curve `impl` (calib/nccl_fit.py, calib.fit)
+
+
+def nccl_curves(hw: Hw, impl: str, tp: int) -> tuple[list, list]:
+    """(latencies s, busBWs B/s) of NCCL's regime curves for `impl` at this TP: its bandwidth curve `impl`, and
+    `impl_small` / `impl_mid` where the profile has them at exactly this TP (one curve where it has no others)."""
+    p = hw.p
+    curves = [p.collective(impl, tp)] + [p.collective(impl + r, tp) for r in NCCL_REGIMES
+                                         if tp in p.collective_tps(impl + r)]
+    return [c[0] for c in curves], [c[1] for c in curves]
+
+
 def t_nccl_all_gather_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
-    """NCCL all-gather of a msg_bytes (gathered) message at this TP (s)."""
-    lat, bw = hw.p.collective("nccl_all_gather", tp)
-    return F.t_all_gather_s(msg_bytes, lat, bw, tp)
+    """NCCL all-gather of a msg_bytes (gathered) message at this TP (s): the fastest of its regime curves."""
+    return F.t_ring_regimes_s(msg_bytes, *nccl_curves(hw, "nccl_all_gather", tp), tp)
 
 
 def t_nccl_reduce_scatter_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
-    """NCCL reduce-scatter of a msg_bytes (unreduced) message at this TP (s)."""
-    lat, bw = hw.p.collective("nccl_reduce_scatter", tp)
-    return F.t_reduce_scatter_s(msg_bytes, lat, bw, tp)
+    """NCCL reduce-scatter of a msg_bytes (unreduced) message at this TP (s): the fastest of its regime curves."""
+    return F.t_ring_regimes_s(msg_bytes, *nccl_curves(hw, "nccl_reduce_scatter", tp), tp)
 
 
 def reduce_scatter_dispatch(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: bool) -> tuple[Any, Any]:
@@ -204,16 +214,10 @@ def _sp_collective(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: bool, nccl: 
     return t, impls.astype(str)
 
 
-NCCL_AR_REGIMES = ("nccl_all_reduce_small", "nccl_all_reduce_mid")  # beside nccl_all_reduce (calib/nccl_fit.py)
-
-
 def t_nccl_all_reduce_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
     """NCCL all-reduce of a msg_bytes tensor at this TP (s): the fastest of the profile's regime curves at exactly
     this TP (formulas.t_all_reduce_regimes_s), or the one nccl_all_reduce curve where it has no others."""
-    p = hw.p
-    curves = [p.collective("nccl_all_reduce", tp)] + [p.collective(r, tp) for r in NCCL_AR_REGIMES
-                                                        if tp in p.collective_tps(r)]
-    return F.t_all_reduce_regimes_s(msg_bytes, [c[0] for c in curves], [c[1] for c in curves], tp)
+    return F.t_all_reduce_regimes_s(msg_bytes, *nccl_curves(hw, "nccl_all_reduce", tp), tp)
 
 
 class AllReduce(NamedTuple):

@@ -371,15 +371,17 @@ class HardwareProfile:
 
     def with_values(self, values: Mapping[str, Any], provenance: Provenance | Mapping[str, Provenance] | None = USER_SET,
                     *, mark_modified: bool = True, new_keys_ok: bool = False, name: str | None = None,
-                    notes: Mapping[str, str] | None = None) -> HardwareProfile:
+                    notes: Mapping[str, str] | None = None, drop: tuple[str, ...] = ()) -> HardwareProfile:
         """A new profile with some values replaced: the one way --set, the Monte Carlo band and calibration make one.
 
         `provenance`: of every new value (one Provenance), per key (a mapping), or None to keep each key's own (the
         band's draws). `mark_modified` records the keys as --set. `new_keys_ok` lets calibration add a schema key
         the profile lacks (a collective at a new TP size). Plain numbers are range-checked (check_params) every time;
-        draws are checked where they are made."""
-        leaves = dict(self._leaves)
-        prov = dict(self.provenance)
+        draws are checked where they are made. `drop`: tables (dotted prefixes) removed first, values and provenance
+        (calibration: NCCL regime curves the run's own curve replaces)."""
+        gone = tuple(d + "." for d in drop)
+        leaves = {k: v for k, v in self._leaves.items() if not k.startswith(gone)}
+        prov = {k: v for k, v in self.provenance.items() if not k.startswith(gone)}
         for k, v in values.items():
             if k not in prov:
                 if not new_keys_ok:

@@ -222,6 +222,36 @@ def test_vllm_sp_collectives_fit_from_recorded_samples():
         assert prof.provenance[f"collectives.{impl}.tp2.bus_bw_bytes_per_s"].tier == "calibrated"
 
 
+def test_a_measured_nccl_curve_replaces_the_priors_regimes_at_its_tp():
+    """A run that times NCCL's all-gather / reduce-scatter / all-reduce at world 8 on an H100 prior: its one curve is
+    that machine's collective, so the prior's regime curves at TP 8 (another machine's LL / LL128 fits) are gone from
+    the calibrated profile (they would undercut the measurement at small sizes), named in its notes and not listed as
+    kept; the curve the run measured is what ops runs at every size."""
+    from calib.calibrate import build_profile
+    from costmodel import formulas as F
+    from costmodel import ops
+    from costmodel.profile import load_profile
+
+    prior = load_profile("h100-sxm")
+    assert 8 in prior.collective_tps("nccl_all_gather_small") and 8 in prior.collective_tps("nccl_all_reduce_small")
+    lat, bw = 30e-6, 300e9
+    records = []
+    for op, t_of in (("all_gather", F.t_all_gather_s), ("reduce_scatter", F.t_reduce_scatter_s),
+                     ("all_reduce", F.t_all_reduce_s)):
+        for s in 4.0 ** np.arange(5, 14):
+            t = float(t_of(s, lat, bw, 8))
+            records.append({"kind": "collective", "impl": op, "world": 8, "msg_bytes": s, "median_s": t,
+                            "p10_s": t, "p90_s": t, "reps": 10, "rejected": 0})
+    prov = {"host": "test", "device_name": "H100", "torch": "x", "date": "2026-12-02", "backend": "nccl"}
+    prof, kept, _ = build_profile(records, prior, prov, 8, "bf16", "h100-own")
+    for impl in ("nccl_all_gather_small", "nccl_reduce_scatter_small", "nccl_all_reduce_small", "nccl_all_reduce_mid"):
+        assert 8 not in prof.collective_tps(impl) and f"collectives.{impl}.tp8" not in kept
+        assert f"collectives.{impl}.tp8" in prof.notes["calibration.regimes_replaced"]
+    hw = ops.Hw(prof, "bf16")
+    assert float(ops.t_nccl_all_gather_s(hw, 8, 1024.0)) == pytest.approx(float(F.t_all_gather_s(1024.0, lat, bw, 8)), rel=0.02)
+    assert float(ops.t_nccl_all_reduce_s(hw, 8, 1024.0)) == pytest.approx(float(F.t_all_reduce_s(1024.0, lat, bw, 8)), rel=0.02)
+
+
 def test_validate_refuses_moe_in_one_line(tmp_path, one_line_error):
     one_line_error("validate", "--gpu", "h100-sxm", "--model", MOE, "--device", "cpu", "--nproc", "2",
                    "--out", str(tmp_path / "v.csv"), needle="is MoE (8 experts, top-2); validate times a dense layer")

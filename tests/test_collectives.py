@@ -25,6 +25,46 @@ def test_regimes_are_the_lower_envelope():
     assert np.array_equal(F.t_all_reduce_regimes_s(S, lat[:1], bw[:1], 8), each[0])
 
 
+def test_ring_regimes_are_the_lower_envelope():
+    """An all-gather / reduce-scatter over its regimes: the min of its α + (W−1)/W·S/busBW curves; one curve is that
+    curve (a profile without regime entries predicts as before)."""
+    S = np.geomspace(1e3, 2e10, 200)
+    lat, bw = [9e-6, 41e-6], [183e9, 365e9]
+    t = F.t_ring_regimes_s(S, lat, bw, 8)
+    each = np.array([F.t_all_gather_s(S, a, b, 8) for a, b in zip(lat, bw)])
+    assert np.all(np.isclose(t, each.min(axis=0))) and np.all(np.isfinite(t)) and np.all(t > 0)
+    assert np.array_equal(F.t_ring_regimes_s(S, lat[:1], bw[:1], 8), each[0])
+
+
+def test_fit_ring_regimes_recovers_known_regimes():
+    """Times made from known LL and Simple regimes (LL at F.LL_PAYLOAD_FRACTION of the Simple busBW) come back, and
+    the LL regime carries that fraction of the busBW."""
+    from calib.fit import fit_ring_regimes
+
+    a_ll, a_s, bw = 10e-6, 45e-6, 380e9
+    S = np.array([1024.0, 2 * 2**20, 8 * 2**20, 32 * 2**20, 128 * 2**20, 16 * 2**30])
+    t = F.t_ring_regimes_s(S, [a_ll, a_s], [F.LL_PAYLOAD_FRACTION * bw, bw], 8)
+    reg, res = fit_ring_regimes(S, t, 7 / 8)
+    assert reg["small"]["latency_s"] == pytest.approx(a_ll, rel=1e-3)
+    assert reg["large"]["latency_s"] == pytest.approx(a_s, rel=1e-3)
+    assert reg["large"]["bus_bw_bytes_per_s"] == pytest.approx(bw, rel=1e-3)
+    assert reg["small"]["bus_bw_bytes_per_s"] == pytest.approx(F.LL_PAYLOAD_FRACTION * bw, rel=1e-3)
+    assert res["rms_log_residual"] < 1e-4
+
+
+@pytest.mark.parametrize("profile", ["h100-sxm", "h200-sxm", "b200", "gb200-nvl72", "h800", "l40s"])
+def test_nccl_rs_and_ag_run_their_ll_regime_at_small_messages(profile):
+    """The built-in ring all-gather and reduce-scatter at TP 8 have two regimes: below the crossover the LL curve
+    (lower latency, half the busBW), above it the Simple curve; the envelope is what ops runs."""
+    hw = ops.Hw(load_profile(profile), "bf16")
+    for impl, t_fn in (("nccl_all_gather", ops.t_nccl_all_gather_s), ("nccl_reduce_scatter", ops.t_nccl_reduce_scatter_s)):
+        lat, bw = ops.nccl_curves(hw, impl, 8)
+        assert len(lat) == 2 and lat[1] < lat[0] and bw[1] == pytest.approx(F.LL_PAYLOAD_FRACTION * bw[0], rel=1e-3)
+        assert float(t_fn(hw, 8, 1024.0)) == pytest.approx(float(F.t_all_gather_s(1024.0, lat[1], bw[1], 8)))
+        big = 16.0 * 2**30
+        assert float(t_fn(hw, 8, big)) == pytest.approx(float(F.t_all_gather_s(big, lat[0], bw[0], 8)))
+
+
 @pytest.mark.parametrize("gpu,source", [("h200", "MLENG_AR_8xH200_NCCL2277"), ("b200", "MLENG_AR_8xB200_P6")])
 def test_in_sample_busbw_within_15pct_from_1mib(gpu, source):
     fit = fit_regimes(SWEEPS[gpu])

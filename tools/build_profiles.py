@@ -148,10 +148,13 @@ def h200(h):
         f"MLENG_NET_README 8xH200 NCCL all-reduce median latency 8 B-1 MiB + MLENG_NET_SHARP 16 GiB ring busBW; fit rms rel err {err:.3f} (calib/reference.py)",
         "published-measurement", latency_s=a, bus_bw_bytes_per_s=bw)
     for impl, key in (("nccl_all_gather", "all_gather"), ("nccl_reduce_scatter", "reduce_scatter")):
-        e = p["collectives"][impl]["tp8"]
-        p["collectives"][impl]["tp8"] = sec(f"latency: {e['source'].split(';')[0]} (H100); busBW: MLENG_NET_SHARP 8xH200 {key} 16 GiB",
-                                            "published-measurement", latency_s=e["latency_s"],
-                                            bus_bw_bytes_per_s=h2[f"sharp_{key}_tp8_bus_bw_bytes_per_s"])
+        bw = h2[f"sharp_{key}_tp8_bus_bw_bytes_per_s"]
+        for name, share in ((impl, 1.0), (impl + "_small", F.LL_PAYLOAD_FRACTION)):  # Simple, and LL at its share
+            e = p["collectives"][name]["tp8"]
+            p["collectives"][name]["tp8"] = sec(
+                f"latency: {e['source'].split(';')[0]} (H100); busBW: {'' if share == 1 else f'{share} x '}"
+                f"MLENG_NET_SHARP 8xH200 {key} 16 GiB", "published-measurement", latency_s=e["latency_s"],
+                bus_bw_bytes_per_s=share * bw)
     for w in (4, 6):
         ring = h2[f"sharp_ring_tp{w}"]
         e = p["collectives"]["nccl_all_reduce"][f"tp{w}"]
@@ -183,11 +186,14 @@ def b200():
     h = h100()
     coll = scaled_collectives(h["collectives"], 2.0, "NVLink5 900 vs NVLink4 450 GB/s per direction")
     for impl, f in bc["readme"].items():
-        coll[impl]["tp8"] = sec(f"MLENG_NET_README 8xB200: alpha-beta fit to the 1 KiB median latency {f['latency_us']} us, "
-                                f"half of the 16 GiB busBW {f['busbw_gb_s']} GB/s at its half-peak payload "
-                                f"{f['half_peak_bytes'] / 2**20:.0f} MiB, and that busBW at 16 GiB; rms log err "
-                                f"{f['rms_rel_err']:.3f} (calib/reference.py)",
-                                "published-measurement", latency_s=f["latency_s"], bus_bw_bytes_per_s=f["bus_bw_bytes_per_s"])
+        how = ("alpha-beta fit" if impl == "nccl_all_reduce" else
+               f"NCCL {'LL' if impl.endswith('_small') else 'Simple'} regime of the two-regime ring fit (LL at half the "
+               "Simple busBW, calib.fit.fit_ring_regimes)")
+        coll.setdefault(impl, {})["tp8"] = sec(
+            f"MLENG_NET_README 8xB200: {how} to the 1 KiB median latency {f['latency_us']} us, half of the 16 GiB busBW "
+            f"{f['busbw_gb_s']} GB/s at its half-peak payload {f['half_peak_bytes'] / 2**20:.0f} MiB, and that busBW at "
+            f"16 GiB; rms log err {f['rms_rel_err']:.3f} (calib/components.py)",
+            "published-measurement", latency_s=f["latency_s"], bus_bw_bytes_per_s=f["bus_bw_bytes_per_s"])
     # TP2 reduce-scatter / all-gather: stock NCCL at 4 MiB (NCCL_PR2307 'default' 29.4 us) with the TP2 all-reduce
     # latency; the prototype's tuned 1-16 MiB rows are not the NCCL vLLM runs
     rs2 = bc["nccl_rs_tp2"]
@@ -291,6 +297,9 @@ def b300_base():
     for impl, e in fi_tp2_entries(p["collectives"]["flashinfer_ar_rmsnorm"]["tp2"]["latency_s"], own=True).items():
         p["collectives"][impl]["tp2"] = e  # the B300's own TP 2 rows
     p["collectives"] = b300_vllm_ar(p["collectives"])
+    # its reduce-scatter at 1-12 MiB is its own measurement (b300: PT_ISSUE179770's sequential arm), slower than
+    # the B200's LL regime there: one curve, no LL regime carried over
+    p["collectives"].pop("nccl_reduce_scatter_small", None)
     return p
 
 
@@ -385,6 +394,7 @@ def pre_hopper(g: OtherGpu) -> dict:
     ratio = link / 450e9
     coll = scaled_collectives({k: v for k, v in h["collectives"].items()
                                if k in ("nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter",
+                                        "nccl_all_gather_small", "nccl_reduce_scatter_small",  # both ring regimes
                                         "custom_ar_1stage", "custom_ar_2stage")}, ratio, coll_why)
     return {
         "schema_version": SCHEMA_VERSION,
