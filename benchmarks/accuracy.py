@@ -111,6 +111,11 @@ def family_results() -> dict:
             loso["gpu_terms_from"] = loso_fit["sources"]
             loso["gpu_terms"] = loso_fit["values"].get(None, {})
             fam["sources"][sid] = {"in_sample": ins, "leave_one_source_out": loso}
+        for sid in R.scored_only_sources(family):  # never in a fit: the family's GPU terms, its own host terms
+            loso = score_rows(R.source_rows(family, trees, sid, full, refit_own=True))
+            loso["gpu_terms_from"] = full["sources"]
+            loso["gpu_terms"] = full["values"].get(None, {})
+            fam["sources"][sid] = {"leave_one_source_out": loso}
         out[family] = fam
     return out
 
@@ -252,7 +257,8 @@ def main() -> int:
           f"{'vLLM acc':>8s} {'reg%':>6s} {'vLLM reg%':>9s} {'s<0.9 right':>11s}  decode meas/pred [s]")
     for family, fam in fams.items():
         for sid, res in fam["sources"].items():
-            for label, r in (("in", res["in_sample"]), ("LOSO", res["leave_one_source_out"])):
+            for label, r in ((lb, res[key]) for lb, key in (("in", "in_sample"), ("LOSO", "leave_one_source_out"))
+                             if key in res):  # a scored-only source has no in-sample line
                 v = r.get("vllm_rule", {})
                 dec = (f"{r['decode_measured_s']:.1f}/{r['decode_predicted_s']:.1f} "
                        f"(|rel err| {r['decode_rel_error']:.2f})") if "decode_measured_s" in r else ""

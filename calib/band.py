@@ -14,7 +14,8 @@ fused ops, 1 by construction, whose σ (lognormal, on the fused op's GPU, host a
 - nested: each source is scored at the σ_m of the others (coverage and sharpness, the median band width in
   speedup), and the built-in profiles carry the σ_m of them all.
 The calibrating sources are those whose fused arm is the path the model times (CALIBRATION_SOURCES); META_AH's
-fused arm is partly another code path (docs/model.md §6), so it is scored at the profiles' σ_m, never calibrates it.
+fused arm is partly another code path (docs/model.md §6), so it is scored at the profiles' σ_m (its rows under the
+reading of calib/reference.py, at its own leave-one-source-out prediction), never calibrates it.
 The single kernel gets its own, `fused_kernel.time_scale`, the same way over calib/kernel_fit.py's three sources
 (their committed leave-one-source-out predictions; kernel_row_bands).
 """
@@ -79,12 +80,17 @@ def published_ops_csv(path: Path, sources) -> list[dict]:
 
 def loso_shifts() -> dict:
     """(source, fused_ops.csv line) -> ln(leave-one-source-out speedup / in-sample speedup) of each calibrating
-    source's op rows (calib/reference.py: the family fit without the source, its own terms refitted on it)."""
+    source's op rows (calib/reference.py: the family fit without the source, its own terms refitted on it), and of
+    each scored-only source's rows the leave-one-source-out speedup itself (the family's GPU terms, its own host
+    terms refitted on it; row_bands divides by the built-in prediction)."""
     out = {}
     for family, trees in R.start_trees()[0].items():
+        full = R.fit_family(family, trees)
+        for sid in R.scored_only_sources(family):
+            for b in R.source_rows(family, trees, sid, full, refit_own=True):
+                out[(sid, b["row"]["line"])] = b["seq_predicted_s"] / b["fused_predicted_s"]
         if family not in FAMILY_OF.values():
             continue
-        full = R.fit_family(family, trees)
         for sid in (s for s, f in FAMILY_OF.items() if f == family):
             ins = R.source_rows(family, trees, sid, full)
             loso = R.source_rows(family, trees, sid, R.fit_family(family, trees, leave_out=sid), refit_own=True)
@@ -99,7 +105,7 @@ def loso_shifts() -> dict:
 def row_bands(grid=GRID) -> list[dict]:
     """Every scored op row of the calibrating and scored-only sources: its measured speedup and, at each model error
     σ_m of `grid`, its 5-95 % band as `tpcost evaluate --band` draws it (asynctp.time_scale at σ_m), moved by the
-    log shift to the source's leave-one-source-out prediction (calibrating sources only)."""
+    log shift to the source's leave-one-source-out prediction."""
     shifts = loso_shifts()
     with tempfile.TemporaryDirectory() as tmp:
         pub = Path(tmp) / "fused_ops.eval.csv"
@@ -110,7 +116,9 @@ def row_bands(grid=GRID) -> list[dict]:
         if x.band_lo is None:
             continue
         r = written[x.line - 2]
-        d = math.exp(shifts.get((x.source, r["line"]), 0.0)) if x.source in CALIBRATION_SOURCES else 1.0
+        shift = shifts.get((x.source, r["line"]))
+        d = (1.0 if shift is None else math.exp(shift) if x.source in CALIBRATION_SOURCES
+             else shift / x.s_predicted)  # a scored-only source: its own leave-one-source-out speedup
         out.append({"source": x.source, "line": r["line"], "s_measured": x.s_measured,
                     "lo": np.array([run[i].band_lo * d for run in runs]),
                     "hi": np.array([run[i].band_hi * d for run in runs])})
@@ -167,8 +175,8 @@ def kernel_row_bands(grid=GRID) -> list[dict]:
 
 
 def calibrate(rows: list[dict], calibrating, scored_only=()) -> dict:
-    """σ_m of all the calibrating sources and, per source, its nested leave-one-source-out score (out-of-sample
-    at the σ_m of all for the scored-only ones)."""
+    """σ_m of all the calibrating sources and, per source, its nested leave-one-source-out score (the scored-only
+    ones at their leave-one-source-out prediction and the σ_m of all, which they never set)."""
     calib = [r for r in rows if r["source"] in calibrating]
     sigma_all = sigma_for(calib)
     per = {}
@@ -176,7 +184,7 @@ def calibrate(rows: list[dict], calibrating, scored_only=()) -> dict:
         mine = [r for r in rows if r["source"] == sid]
         held = sid in calibrating
         s_m = sigma_for([r for r in calib if r["source"] != sid]) if held else sigma_all
-        per[sid] = {"rows": len(mine), "sample": "nested leave-one-source-out" if held else "out-of-sample",
+        per[sid] = {"rows": len(mine), "sample": "nested leave-one-source-out" if held else "leave-one-source-out, never calibrating",
                     "sigma_m": s_m, "coverage": coverage(mine, s_m), "sharpness": sharpness(mine, s_m) if mine else None,
                     "coverage_parameters_only": coverage(mine, 0.0) if mine else None}
     return {"sigma_m": sigma_all, "coverage_all_calibrating": coverage(calib, sigma_all), "per_source": per}

@@ -10,6 +10,7 @@ calib.reference` runs the joint fused-op fits per GPU family from the start tree
 from __future__ import annotations
 
 import csv
+import functools
 import re
 from pathlib import Path
 
@@ -303,9 +304,32 @@ def _row_semantics(r: dict) -> tuple[str, int | None, str]:
     if r["source_id"] == "META_AH_H100_ASYNCTP":
         if int(r["N"]) > int(r["K"]):  # K = hidden, N = intermediate: the converter's "FFN" block
             return "ffn_block", k, META_FFN_WHY
-        return impl, k, ("m = gathered (global) rows; k, n the per-rank GEMM's own sizes (its weight k·n·2 bytes "
-                         "over HBM is the m = 1 time; a per-rank K_shard reading would need 15 TB/s)")
+        n, w = int(r["N"]), int(r["num_gpus"])
+        t_fused = float(r["overlap_value"]) * {"ms": 1e-3, "us": 1e-6}[r["unit"]]
+        floor = pipelined_weight_floor_s(w, k, n, 2.0, _h100_hbm_bytes_per_s())
+        if t_fused < floor:  # W chunk GEMMs each stream the weight: the pipelined op cannot be this fast
+            return "native_path", k, (
+                f"META_AH_H100_ASYNCTP m={r['M_or_tokens']} k={k} n={n}: fused {t_fused * 1e6:.0f} us is below the "
+                f"pipelined op's {w} weight reads ({w} x {k * n * 2 / 1e6:.0f} MB at the datasheet "
+                f"{_h100_hbm_bytes_per_s() / 1e12:.2f} TB/s = {floor * 1e6:.0f} us): torch's native one-GEMM path, "
+                "not the op vLLM 0.31 runs")
+        return impl, k, ("m = gathered (global) rows, padded to a multiple of W where fewer (an all-gather over W "
+                         "ranks carries W equal shards, as vLLM's SP pads); k, n the per-rank GEMM's own sizes (its "
+                         "weight k·n·2 bytes over HBM is the m = 1 time; a per-rank K_shard reading would need 15 TB/s)")
     return impl, k, "as published"
+
+
+def pipelined_weight_floor_s(world: int, k: int, n: int, w_bytes: float, hbm_bytes_per_s: float) -> float:
+    """The least time of torch's pipelined AG+GEMM: its W chunk GEMMs each stream the k·n weight from HBM,
+    W·k·n·b / HBM (s; docs/model.md §6 "Reading the released sweeps")."""
+    return world * k * n * w_bytes / hbm_bytes_per_s
+
+
+@functools.lru_cache(maxsize=1)
+def _h100_hbm_bytes_per_s() -> float:
+    from costmodel.profile import load_profile
+
+    return float(load_profile("h100-sxm").memory.hbm_bw_bytes_per_s)  # the datasheet's (NVIDIA H100 SXM5)
 
 
 # docs/model.md §6 "Reading the released sweeps"
@@ -320,7 +344,7 @@ def excluded_fused_rows() -> list[dict]:
     with open(FUSED_CSV, newline="", encoding="utf-8-sig") as f:
         for line, r in enumerate(csv.DictReader(f), start=2):
             impl, _, why = _row_semantics(r)
-            if impl in ("ffn_block", "other_kernel"):
+            if impl in ("ffn_block", "other_kernel", "native_path"):
                 out.append({"source": r["source_id"], "line": line, "reason": why})
     return out
 
@@ -343,9 +367,12 @@ def fused_op_rows(source_id=None, impl: str | None = "torch"):
             gpu = next((v for key, v in FUSED_HARDWARE.items() if r["gpu"].startswith(key)), None)
             wl = r["workload"]
             op = "gemm_rs" if ("ReduceScatter" in wl or "reduce-scatter" in wl or wl.startswith("gemm_rs")) else "ag_gemm"
-            out.append(dict(hardware=gpu or r["gpu"], tp=int(r["num_gpus"]), op=op, impl=row_impl,
+            m, tp = int(r["M_or_tokens"]), int(r["num_gpus"])
+            if r["source_id"] == "META_AH_H100_ASYNCTP":  # fewer rows than ranks: padded to W (_row_semantics)
+                m = -(-m // tp) * tp
+            out.append(dict(hardware=gpu or r["gpu"], tp=tp, op=op, impl=row_impl,
                             dtype=FUSED_DTYPES.get(r["dtype"], r["dtype"]), dtype_as_published=r["dtype"],
-                            m=int(r["M_or_tokens"]), n=int(r["N"]) if r["N"] else None, k=k,
+                            m=m, m_as_published=int(r["M_or_tokens"]), n=int(r["N"]) if r["N"] else None, k=k,
                             baseline_s=float(r["baseline_value"]) * scale, overlap_s=float(r["overlap_value"]) * scale,
                             source=r["source_id"], line=line))
     return out
@@ -577,6 +604,15 @@ def family_sources(family: str) -> dict:
     raise ValueError(family)
 
 
+def scored_only_sources(family: str) -> dict:
+    """Released sources scored against a family's fit but never in it (their fused arm is partly another path),
+    with the per-source terms the leave-one-source-out rule refits on them (docs/model.md §6)."""
+    if family == "hopper":  # the pipelined rows under the reading of _row_semantics; own host and harness
+        return {"META_AH_H100_ASYNCTP": dict(profile="h100-sxm", rows=fused_op_rows("META_AH_H100_ASYNCTP"),
+                                             host=True, offset=True)}
+    return {}
+
+
 FAMILY_SHARED = {"hopper": ("asynctp.barrier_s",),
                  "blackwell": ("asynctp.barrier_s", "asynctp.copy_engine_bw_bytes_per_s", "asynctp.compute_slowdown")}
 
@@ -588,12 +624,13 @@ def fit_family(family: str, trees: dict, leave_out: str | None = None) -> dict:
 
 
 def source_rows(family: str, trees: dict, sid: str, fit: dict, refit_own: bool = False) -> list[dict]:
-    """Row predictions of source `sid` with the GPU-side terms of `fit`. `refit_own`: its per-source terms (host,
+    """Row predictions of source `sid` (a family's source, or one scored only) with the GPU-side terms of `fit`.
+    `refit_own`: its per-source terms (host,
     benchmark offset, its own collective curve) refitted on its own rows with those GPU-side terms fixed (the
     leave-one-source-out rule: a host is never carried from one source's machine to another)."""
     from costmodel.profile import profile_from_dict, profile_to_tree
 
-    src = family_sources(family)[sid]
+    src = {**family_sources(family), **scored_only_sources(family)}[sid]
     shared = fit["values"].get(None, {})
     vals = {None: shared, sid: fit["values"].get(sid, {})}
     own = FamilyFit(family, {sid: src}, (), trees)

@@ -8,6 +8,8 @@ import csv
 import json
 import math
 
+import numpy as np
+
 import pytest
 
 from calib import components as CMP
@@ -131,3 +133,29 @@ def test_the_json_round_trip_keeps_every_term():
     j = CR.fit_to_json(fit)
     assert j["sigma_rel"]["S"]["b"] is None and CR.SHARED_KEY in j["values"]
     assert CR.fit_from_json(j) == fit
+
+
+def test_meta_ah_reading_scores_only_the_pipelined_rows():
+    """META_AH_H100_ASYNCTP's row rule (docs/model.md §6): an AG+MM row is torch's pipelined op only where its
+    measured fused arm is at least the op's W weight reads (W·k·n·2 / HBM); the 22 rows below it are excluded with
+    their numbers, the 42 others scored, rows with fewer rows than ranks padded to W on both arms."""
+    assert R.pipelined_weight_floor_s(8, 28672, 8192, 2.0, 3.35e12) == pytest.approx(8 * 28672 * 8192 * 2 / 3.35e12)
+    scored = R.fused_op_rows("META_AH_H100_ASYNCTP")
+    native = [e for e in R.excluded_fused_rows() if e["source"] == "META_AH_H100_ASYNCTP" and "weight reads" in e["reason"]]
+    assert len(scored) == 42 and len(native) == 22
+    for r in scored:
+        assert r["overlap_s"] >= R.pipelined_weight_floor_s(r["tp"], r["k"], r["n"], 2.0, 3.35e12)
+        assert r["m"] % r["tp"] == 0 and r["m"] == max(r["m_as_published"], r["tp"])
+    assert all("below the pipelined op's 8 weight reads" in e["reason"] for e in native)
+    assert {(r["k"], r["n"]) for r in scored} == {(28672, 8192), (53248, 16384), (14336, 4096), (11008, 4096)}
+
+
+def test_meta_ah_is_scored_leave_one_source_out_and_never_fitted():
+    """META_AH is scored against the Hopper fit with its own host issue time and benchmark overhead refitted on it
+    (the leave-one-source-out rule of every source), and is in no family's fit."""
+    assert "META_AH_H100_ASYNCTP" not in R.family_sources("hopper")
+    trees = R.start_trees()[0]["hopper"]
+    full = R.fit_family("hopper", trees)
+    rows = R.source_rows("hopper", trees, "META_AH_H100_ASYNCTP", full, refit_own=True)
+    assert len(rows) == 42 and all(r["offset_s"] > 0 for r in rows)
+    assert all(np.isfinite(r["fused_predicted_s"]) and r["fused_predicted_s"] > 0 for r in rows)

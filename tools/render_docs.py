@@ -51,7 +51,9 @@ def accuracy_table() -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for fam, f in d["families"].items():
         for sid, res in f["sources"].items():
-            for label, r in (("in-sample", res["in_sample"]), ("leave-one-source-out", res["leave_one_source_out"])):
+            for label, r in ((lb, res[key]) for lb, key in (("in-sample", "in_sample"),
+                                                             ("leave-one-source-out", "leave_one_source_out"))
+                             if key in res):  # a scored-only source has no in-sample line
                 v = r.get("vllm_rule", {})
                 dec = (f"{r['decode_measured_s']:.1f} / {r['decode_predicted_s']:.1f}"
                        if "decode_measured_s" in r else "")
