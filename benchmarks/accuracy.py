@@ -28,6 +28,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from costmodel import formulas as F  # noqa: E402
+from costmodel import ops  # noqa: E402
 from costmodel.evaluate import evaluate_files, score, summarise  # noqa: E402
 from costmodel.io import atomic_write_text, dumps_json  # noqa: E402
 from costmodel.profile import load_profile  # noqa: E402
@@ -98,6 +100,12 @@ def kernel_results() -> dict:
     return res
 
 
+def _loso(family: str, trees: dict, sid: str, fit: dict) -> dict:
+    """The source's rows with the GPU-side terms of `fit` (a fit without it), its own host terms refitted on it."""
+    loso = score_rows(R.source_rows(family, trees, sid, fit, refit_own=True))
+    return {**loso, "gpu_terms_from": fit["sources"], "gpu_terms": fit["values"].get(None, {})}
+
+
 def family_results() -> dict:
     """In-sample and leave-one-source-out scores per family and source, with the fits' values."""
     out = {}
@@ -107,15 +115,9 @@ def family_results() -> dict:
         for sid in R.family_sources(family):
             ins = score_rows(R.source_rows(family, trees, sid, full))
             loso_fit = R.fit_family(family, trees, leave_out=sid)
-            loso = score_rows(R.source_rows(family, trees, sid, loso_fit, refit_own=True))
-            loso["gpu_terms_from"] = loso_fit["sources"]
-            loso["gpu_terms"] = loso_fit["values"].get(None, {})
-            fam["sources"][sid] = {"in_sample": ins, "leave_one_source_out": loso}
+            fam["sources"][sid] = {"in_sample": ins, "leave_one_source_out": _loso(family, trees, sid, loso_fit)}
         for sid in R.scored_only_sources(family):  # never in a fit: the family's GPU terms, its own host terms
-            loso = score_rows(R.source_rows(family, trees, sid, full, refit_own=True))
-            loso["gpu_terms_from"] = full["sources"]
-            loso["gpu_terms"] = full["values"].get(None, {})
-            fam["sources"][sid] = {"leave_one_source_out": loso}
+            fam["sources"][sid] = {"leave_one_source_out": _loso(family, trees, sid, full)}
         out[family] = fam
     return out
 
@@ -131,8 +133,8 @@ IMPL_METRICS = {"allreduce_time_custom_allreduce_1stage": "custom_ar_1stage",
                 "fused_ar_rmsnorm_time_twoshot": "flashinfer_ar_rmsnorm_twoshot",
                 "allgather_time": "nccl_all_gather", "all_gather_latency_median": "nccl_all_gather",
                 "reducescatter_time": "nccl_reduce_scatter", "reduce_scatter_latency_median": "nccl_reduce_scatter"}
-NCCL_TIME = {"nccl_all_reduce": "t_nccl_all_reduce_s", "nccl_all_gather": "t_nccl_all_gather_s",
-             "nccl_reduce_scatter": "t_nccl_reduce_scatter_s"}  # NCCL as its tuner runs it: ops' regime envelope
+NCCL_TIME = {"nccl_all_reduce": ops.t_nccl_all_reduce_s, "nccl_all_gather": ops.t_nccl_all_gather_s,
+             "nccl_reduce_scatter": ops.t_nccl_reduce_scatter_s}  # NCCL as its tuner runs it: ops' regime envelope
 GPU_PROFILES = (("GB200", "gb200-nvl72"), ("B300", "b300"), ("B200", "b200"), ("H200", "h200-sxm"),
                 ("H100", "h100-sxm"), ("SM 9.0", "h100-sxm"))
 
@@ -144,9 +146,6 @@ def collective_impl_results() -> dict:
     provenance names the row's source (the curve was fitted to it), else out-of-sample (fitted to other sources,
     or assumed); `entry_tp` says when the profile holds the curve at another TP than the row's. A source whose
     benchmark adds its own floor (TRTLLM_PR14534) has it added to the prediction."""
-    from costmodel import formulas as F
-    from costmodel import ops
-
     # a benchmark's own floor on the timed call, fitted beside the kernel's measured latency (calib/components.py)
     harness = {"TRTLLM_PR14534": CR.load_components()["b200_collectives"]["trtllm_oneshot_tp4"]["harness_s"]}
     groups: dict = {}
@@ -167,7 +166,7 @@ def collective_impl_results() -> dict:
         t_meas = float(r["baseline_value"]) * {"ms": 1e-3, "us": 1e-6}[r["unit"]]
         hw = ops.Hw(prof, "bf16")
         if impl in NCCL_TIME:
-            t_pred = float(np.ravel(getattr(ops, NCCL_TIME[impl])(hw, w, np.array([size])))[0])
+            t_pred = float(np.ravel(NCCL_TIME[impl](hw, w, np.array([size])))[0])
         else:
             lat, bw = prof.collective(impl, w)
             t_pred = float(F.t_all_reduce_s(size, lat, bw, w))

@@ -71,7 +71,7 @@ def b200_collectives() -> dict:
         if impl == "nccl_all_reduce":  # its TP 8 curves are the sweep's regimes (nccl_fit); this one stands for GB200
             out["readme"][impl] = _ab(S, t, f, **meta)
             continue
-        reg, res = fit_ring_regimes(S, t, f)  # ring all-gather / reduce-scatter: LL and Simple, three points
+        reg, res = fit_ring_regimes(S, t, 8)  # ring all-gather / reduce-scatter: LL and Simple, three points
         out["readme"][impl] = {**reg["large"], "rms_rel_err": res["rms_log_residual"], **meta}
         out["readme"][impl + "_small"] = {**reg["small"], "rms_rel_err": res["rms_log_residual"], **meta}
     stock = next(r for r in R.rows("NCCL_PR2307") if "default vs tuned" in r["workload"])

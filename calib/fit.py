@@ -162,17 +162,18 @@ def fit_alpha_beta(msg_bytes, t_s, factor, names=("latency_s", "bus_bw_bytes_per
     return fit_log_space(lambda x: np.log((x[0] + factor * S / x[1]) / t), x0, [1e-9, 1e3], [1.0, 1e14], list(names))
 
 
-def fit_ring_regimes(msg_bytes, t_s, factor):
-    """NCCL's ring all-gather / reduce-scatter as its tuner runs it, two regimes (formulas.t_ring_regimes_s): LL
-    (latency α_LL, busBW F.LL_PAYLOAD_FRACTION·β: half of every store is the flag) at small messages and Simple (α_S,
-    β) at large ones; α_LL, α_S and β fitted by fit_log_space on log time (soft-L1). Returns ({"small": {latency_s,
-    bus_bw_bytes_per_s}, "large": {...}}, residuals)."""
+def fit_ring_regimes(msg_bytes, t_s, world):
+    """NCCL's ring all-gather / reduce-scatter on `world` ranks as its tuner runs it, two regimes
+    (formulas.t_ring_regimes_s): LL (latency α_LL, busBW F.LL_PAYLOAD_FRACTION·β: half of every store is the flag) at
+    small messages and Simple (α_S, β) at large ones; α_LL, α_S and β fitted by fit_log_space on log time (soft-L1).
+    Returns ({"small": {latency_s, bus_bw_bytes_per_s}, "large": {...}}, residuals)."""
     S, t = np.asarray(msg_bytes, float), np.asarray(t_s, float)
 
     def model(x):
         a_ll, a_s, bw = x
-        return np.minimum(a_ll + factor * S / (F.LL_PAYLOAD_FRACTION * bw), a_s + factor * S / bw)
+        return F.t_ring_regimes_s(S, [a_ll, a_s], [F.LL_PAYLOAD_FRACTION * bw, bw], world)
 
+    factor = float(F.bus_bw_factor("all_gather", world))
     x0 = [max(float(t.min()) * 0.7, 1e-7), 3.0 * max(float(t.min()), 1e-7), float(np.max(factor * S / t))]
     _, res = fit_log_space(lambda x: np.log(model(x) / t), x0, [1e-9, 1e-9, 1e3], [1.0, 1.0, 1e14],
                            ["small.latency_s", "large.latency_s", "bus_bw_bytes_per_s"])

@@ -146,7 +146,7 @@ def h100_collectives():
         rs = rows("MEGATRON_PR5596", metric=metric)
         S = [size_in_notes(r["notes"]) for r in rs] + [16 * 1024.0**3]
         t = [float(r["baseline_value"]) * 1e-6 for r in rs] + [ag_factor(8) * 16 * 1024**3 / (ring16 * 1e9)]
-        reg, res = fitting.fit_ring_regimes(S, t, ag_factor(8))
+        reg, res = fitting.fit_ring_regimes(S, t, 8)
         src = (f"NCCL {{}} regime of the two-regime ring fit (LL at half the Simple busBW, calib.fit.fit_ring_regimes) "
                f"to MEGATRON_PR5596 8xH100 NCCL {metric} 2-128 MiB + NCCLTESTS_ISSUE326 8xH100 ring busBW {ring16:.0f} "
                f"GB/s at 16 GiB")

@@ -44,7 +44,7 @@ def test_fit_ring_regimes_recovers_known_regimes():
     a_ll, a_s, bw = 10e-6, 45e-6, 380e9
     S = np.array([1024.0, 2 * 2**20, 8 * 2**20, 32 * 2**20, 128 * 2**20, 16 * 2**30])
     t = F.t_ring_regimes_s(S, [a_ll, a_s], [F.LL_PAYLOAD_FRACTION * bw, bw], 8)
-    reg, res = fit_ring_regimes(S, t, 7 / 8)
+    reg, res = fit_ring_regimes(S, t, 8)
     assert reg["small"]["latency_s"] == pytest.approx(a_ll, rel=1e-3)
     assert reg["large"]["latency_s"] == pytest.approx(a_s, rel=1e-3)
     assert reg["large"]["bus_bw_bytes_per_s"] == pytest.approx(bw, rel=1e-3)
