@@ -90,13 +90,18 @@ def collective_results() -> dict:
 
 def kernel_results() -> dict:
     """The single-kernel family's joint fit (calib/kernel_fit.py) over vLLM's GEMM-RS (PR 52079), GEMM-AR
-    (PR 53053) and FlashInfer's CuTe GEMM+RS: in-sample and leave-one-source-out per source, the TP readings."""
+    (PR 53053) and FlashInfer's CuTe GEMM+RS: in-sample and leave-one-source-out per source, leave-one-world-size-out
+    where a source times several, the replicate noise, the TP readings."""
     from calib import kernel_fit as K
 
     res = K.run()
     for part in ("in_sample", "leave_one_source_out"):
         for sc in res[part].values():
             sc.pop("per_row", None)
+    for per in res["leave_one_world_size_out"].values():
+        for e in per.values():
+            for sc in (e["in_sample"], e["held_out"]):
+                sc.pop("per_row", None)
     return res
 
 

@@ -17,7 +17,8 @@ The calibrating sources are those whose fused arm is the path the model times (C
 fused arm is partly another code path (docs/model.md §6), so it is scored at the profiles' σ_m (its rows under the
 reading of calib/reference.py, at its own leave-one-source-out prediction), never calibrates it.
 The single kernel gets its own, `fused_kernel.time_scale`, the same way over calib/kernel_fit.py's three sources
-(their committed leave-one-source-out predictions; kernel_row_bands).
+(each at its leave-one-source-out prediction, with the draws of the terms that prediction does not know;
+kernel_row_bands).
 """
 
 from __future__ import annotations
@@ -155,22 +156,27 @@ def sharpness(rows: list[dict], sigma_m: float) -> float:
 KERNEL_KEY = "fused_kernel.time_scale"
 
 
-def kernel_row_bands(grid=GRID) -> list[dict]:
-    """The single-kernel family's rows (calib/kernel_fit.py's committed leave-one-source-out predictions): at each
-    model error σ_m of `grid`, the band of the speedup seq / (h + τ·(fused − h)) for τ at its 5th and 95th
-    percentile (monotone in τ), h the source's harness time. The kernel terms' own σ's are not drawn here (the
-    profiles draw them besides): σ_m carries all of the held-out error."""
-    from .results import load_kernel_fit
+KERNEL_DRAWS, KERNEL_SEED = 400, 0
 
-    out = []
-    for sid, res in load_kernel_fit()["leave_one_source_out"].items():
-        h = res["offset_s"]
-        for r in res["per_row"]:
-            fused = r["fused_predicted_s"]
-            seq = r["speedup_predicted"] * fused
-            t_hi, t_lo = np.exp(Z90 * grid), np.exp(-Z90 * grid)
-            out.append({"source": sid, "line": r["line"], "s_measured": r["speedup_measured"],
-                        "lo": seq / (h + t_hi * (fused - h)), "hi": seq / (h + t_lo * (fused - h))})
+
+def kernel_row_bands(grid=GRID, draws: int = KERNEL_DRAWS, seed: int = KERNEL_SEED) -> list[dict]:
+    """The single-kernel family's rows, each source at its leave-one-source-out prediction (calib/kernel_fit.py): at
+    each model error σ_m of `grid`, the 5-95 % band of the speedup seq / (h + τ·(fused − h)) over the prediction's
+    own draws (kernel_fit.held_out_draws: the switch and kernel terms it does not know, as a profile draws them) and
+    τ lognormal at σ_m, independent; h the source's harness time on both arms."""
+    from .kernel_fit import SOURCES, held_out_draws, read_rows
+
+    rows, out = read_rows(), []
+    z = np.random.default_rng(seed + 1).standard_normal(draws)
+    tau = np.exp(np.outer(grid, z))[:, :, None]  # grid × draws × 1
+    for sid in SOURCES:
+        d = held_out_draws(rows, sid, draws, seed)
+        h = d["offset_s"]
+        speedup = d["seq_s"][None] / (h + tau * (d["fused_s"][None] - h))  # grid × draws × rows
+        lo, hi = np.percentile(speedup, 5, axis=1), np.percentile(speedup, 95, axis=1)
+        for i, r in enumerate(d["rows"]):
+            out.append({"source": sid, "line": r.line, "s_measured": r.baseline_s / r.fused_s,
+                        "lo": lo[:, i], "hi": hi[:, i]})
     return out
 
 

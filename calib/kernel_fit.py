@@ -18,10 +18,14 @@ offset on both arms: vLLM's two sources ran one benchmark of one kernel file, PR
 benchmarks/kernels/benchmark_gemm_rs*.py grown into PR 53053's benchmark_kimi_k3_gemm_rs_ar.py, so they share it),
 per source (the NCCL busBW of its baseline arm, and where the source forces NCCL's protocol, RING_LL or LDMC, that
 protocol's latency too: a forced protocol is not the profile's curve, which is NCCL's own choice). The GEMM, and NCCL's
-latency under its own choice, come from the built-in profiles. Log residuals of both arms, soft-L1, σ from the
-Jacobian; a term the data does not identify (σ_rel > 1) is fixed at its prior, the worst first, and the rest refitted.
+latency under its own choice, come from the built-in profiles. Per row two residuals, as the replicate noise weighs
+them (speedup_weight): its log speedup and its arms' mean log time (one run's arms move together, so the speedup is
+known far better than either arm); soft-L1, σ from the Jacobian; a term the data does not identify (σ_rel > 1) is fixed at its prior, the worst first, and the rest refitted.
 Leave-one-source-out: every shared, harness and kernel term fitted without the source; the held-out source keeps only
-its own terms (and a harness no other source shares), fitted on its baseline arm alone.
+its own terms (and a harness no other source shares), fitted on its baseline arm alone. Leave-one-world-size-out, for
+a source that times several world sizes (FlashInfer's 2 and 4): the same with one world size of it held out, the
+transfer a prediction at a world size no row times relies on. Replicate noise: the cells a source times twice
+(FlashInfer's bf16 and fp16 rows of one shape) give the floor under the residuals.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import math
 import sys
 from pathlib import Path
@@ -211,16 +216,18 @@ class _Problem:
         return out
 
     def residuals(self, x: np.ndarray, arms: str = "both") -> np.ndarray:
+        """Per row, `arms` "both": its log-speedup residual × speedup_weight() and its arms' mean log residual (the
+        pair the replicate noise weighs); "baseline": the baseline arm's log residual alone."""
         pred = self.predict(self.values(x))
+        w = speedup_weight() if arms == "both" else 0.0
         res = []
-        seen = set()
         for r, (seq, fused) in zip(self.rows, pred):
-            if arms in ("both", "baseline"):
-                res.append(math.log(seq / r.baseline_s))
-            cell = (r.source, r.op, r.m, r.k, r.tp)
-            if arms == "both" and cell not in seen:  # one fused value per cell (PR 52079 repeats it per protocol)
-                seen.add(cell)
-                res.append(math.log(fused / r.fused_s))
+            rb = math.log(seq / r.baseline_s)
+            if arms == "baseline":
+                res.append(rb)
+                continue
+            rf = math.log(fused / r.fused_s)
+            res += [w * (rf - rb), 0.5 * (rf + rb)]
         return np.array(res)
 
 
@@ -265,9 +272,9 @@ def score(rows: list[KernelRow], pred: list[tuple[float, float]]) -> dict:
             "verdicts_outside_5pct": f"{right}/{len(decided)}", "per_row": per}
 
 
-def leave_one_out(rows: list[KernelRow], sid: str) -> dict:
-    """Every shared, harness and kernel term fitted without `sid`; `sid` keeps its own terms (offset where no other
-    source shares its harness, busBW, a forced protocol's latency), fitted on its baseline arm alone."""
+def _held_out(rows: list[KernelRow], sid: str) -> tuple[list[KernelRow], dict, dict, list[str]]:
+    """(`sid`'s rows, the fit without them, `sid`'s own-terms fit on its baseline arm, the kernel terms of `sid`'s
+    kernel that no other source fits and that keep their prior)."""
     others = [r for r in rows if r.source != sid]
     mine = [r for r in rows if r.source == sid]
     fit = _fit(others)
@@ -275,8 +282,100 @@ def leave_one_out(rows: list[KernelRow], sid: str) -> dict:
     kern = kernel_of(sid)
     prior_kept = [k for k in KERNEL_TERMS[kern] if f"{kern}:{k}" not in shared]
     own = _fit(mine, fixed={**shared, **{f"{kern}:{k}": KERNEL_PRIOR[k][0] for k in prior_kept}}, arms="baseline")
+    return mine, fit, own, prior_kept
+
+
+def leave_one_out(rows: list[KernelRow], sid: str) -> dict:
+    """Every shared, harness and kernel term fitted without `sid`; `sid` keeps its own terms (offset where no other
+    source shares its harness, busBW, a forced protocol's latency), fitted on its baseline arm alone."""
+    mine, _, own, prior_kept = _held_out(rows, sid)
     return {**score(mine, own["problem"].predict(own["values"])), "kernel_terms_at_prior": prior_kept,
             "offset_s": own["values"][_offset_key(sid)]}
+
+
+def held_out_draws(rows: list[KernelRow], sid: str, draws: int, seed: int) -> dict:
+    """Monte Carlo of `sid`'s leave-one-source-out prediction over what it does not know, as a profile's band draws
+    its quantities: each switch and kernel term it uses, lognormal at the σ_rel of the fit without `sid` (a term
+    that fit leaves unidentified, or one of `sid`'s kernel that no other source fits, at the assumed tier's σ about
+    its prior), except a kernel's exposure that neither its code (DESIGN) nor another source fixes: uniform on
+    [0, 1], wave-pipelined to serial. Design terms are not drawn. Bounds as the fit's. Returns the rows, the
+    draws' (sequential, fused) times (s, draws × rows) and the harness offset on both arms."""
+    from costmodel.profile import SIGMA_REL_BY_TIER
+
+    mine, fit, own, prior_kept = _held_out(rows, sid)
+    kern, rng = kernel_of(sid), np.random.default_rng(seed)
+    bounds = {**{f"hw:{k}": v for k, v in HARDWARE_PRIOR.items()}, **{f"{kern}:{k}": v for k, v in KERNEL_PRIOR.items()}}
+    keys = [k for k in bounds if k in own["values"]]
+    seq, fused = np.empty((draws, len(mine))), np.empty((draws, len(mine)))
+    for d in range(draws):
+        vals = dict(own["values"])
+        for key in keys:
+            prior, lo, hi, _ = bounds[key]
+            if key.split(":", 1)[1] in prior_kept:
+                x = (rng.uniform(0.0, 1.0) if key.endswith("exposed_fraction")
+                     else prior * math.exp(SIGMA_REL_BY_TIER["assumed"] * rng.standard_normal()))
+            else:
+                sg = fit["sigma_rel"].get(key)
+                x = vals[key] * math.exp((SIGMA_REL_BY_TIER["assumed"] if sg is None else sg) * rng.standard_normal())
+            vals[key] = min(max(x, lo), hi)
+        p = np.array(own["problem"].predict(vals))
+        seq[d], fused[d] = p[:, 0], p[:, 1]
+    return {"rows": mine, "seq_s": seq, "fused_s": fused, "offset_s": own["values"][_offset_key(sid)]}
+
+
+@functools.lru_cache(maxsize=1)
+def speedup_weight() -> float:
+    """σ_mean / σ_speedup, the weight of a row's log-speedup residual against its arms' mean log residual, from the
+    released cells timed twice (replicate_noise): one run's arms share a state (σ_c) beside their own noise (σ_e), so
+    σ_arm² = σ_c² + σ_e², σ_speedup² = 2σ_e², σ_mean² = σ_c² + σ_e²/2 = σ_arm² − σ_speedup²/4; the two residuals
+    are independent with these σ's, and weighing each by 1/σ is the maximum-likelihood fit (docs/model.md §6b)."""
+    e = replicate_noise(read_rows())[FI_RS]
+    arm2 = (e["baseline_rms_log"] ** 2 + e["fused_rms_log"] ** 2) / 2.0
+    sp2 = e["speedup_rms_log"] ** 2
+    return math.sqrt(arm2 - sp2 / 4.0) / math.sqrt(sp2)
+
+
+def leave_one_world_size_out(rows: list[KernelRow], sid: str, in_sample: list[tuple[float, float]]) -> dict:
+    """Transfer across world sizes, for a source that times several (the FlashInfer matrix: 2 and 4): for each world
+    size W, every term fitted without the source's rows at W (its other world sizes and the other sources); the rows
+    at W keep only their own terms (the baseline's NCCL busBW at W, a forced protocol's latency), fitted on their
+    baseline arm alone, and are scored beside their in-sample score (`in_sample`: the full fit's predictions)."""
+    out = {}
+    for tp in sorted({r.tp for r in rows if r.source == sid}):
+        held = [r.source == sid and r.tp == tp for r in rows]
+        test = [r for r, h in zip(rows, held) if h]
+        fit = _fit([r for r, h in zip(rows, held) if not h])
+        own = {_bw_key(r) for r in test} | {_lat_key(r) for r in test if _lat_key(r)}
+        mine = _fit(test, fixed={k: v for k, v in fit["values"].items() if k not in own}, arms="baseline")
+        out[f"tp{tp}"] = {"in_sample": score(test, [p for p, h in zip(in_sample, held) if h]),
+                          "held_out": score(test, mine["problem"].predict(mine["values"])),
+                          "trained_on_tp": sorted({r.tp for r, h in zip(rows, held) if not h and r.source == sid})}
+    return out
+
+
+def replicate_noise(rows: list[KernelRow]) -> dict:
+    """The noise of the cells a source times twice (the FlashInfer matrix's bf16 and fp16 rows of one shape: the same
+    tensor-core rate and bytes): per source, rms over the pairs of ln(a/b)/√2 of each arm's time and of the speedup,
+    and how many pairs outside ±5 % of 1 disagree on the verdict. The floor under a fit's residuals (dimensionless)."""
+    cells: dict = {}
+    for r in rows:
+        cells.setdefault((r.source, r.op, r.tp, r.m, r.n, r.k, r.protocol), []).append(r)
+    out: dict = {}
+    for (sid, *_), rs in cells.items():
+        if len(rs) == 2:
+            a, b = rs
+            sa, sb = a.baseline_s / a.fused_s, b.baseline_s / b.fused_s
+            e = out.setdefault(sid, {"baseline": [], "fused": [], "speedup": [], "decided": 0, "flips": 0})
+            e["baseline"].append(math.log(a.baseline_s / b.baseline_s))
+            e["fused"].append(math.log(a.fused_s / b.fused_s))
+            e["speedup"].append(math.log(sa / sb))
+            if abs(sa - 1.0) > 0.05 and abs(sb - 1.0) > 0.05:
+                e["decided"] += 1
+                e["flips"] += (sa > 1.0) != (sb > 1.0)
+    rms = lambda v: round(float(np.sqrt(np.mean(np.square(v)) / 2.0)), 4)  # noqa: E731
+    return {sid: {"pairs": len(e["speedup"]), "baseline_rms_log": rms(e["baseline"]), "fused_rms_log": rms(e["fused"]),
+                  "speedup_rms_log": rms(e["speedup"]), "verdict_flips": f"{e['flips']}/{e['decided']}"}
+            for sid, e in out.items()}
 
 
 def run(path: Path = FUSED_CSV) -> dict:
@@ -307,6 +406,9 @@ def run(path: Path = FUSED_CSV) -> dict:
             "sigma_rel": {k: (None if v is None else round(v, 4)) for k, v in fit["sigma_rel"].items()},
             "unidentified": fit["unidentified"], "design": sorted(design), "rms_log": round(fit["rms_log"], 4), "n_rows": len(rows),
             "in_sample": in_sample, "leave_one_source_out": loso,
+            "leave_one_world_size_out": {sid: leave_one_world_size_out(rows, sid, pred)
+                                         for sid in SOURCES if len({r.tp for r in rows if r.source == sid}) > 1},
+            "replicate_noise": replicate_noise(rows),
             "pr52079_tp_readings": {**readings, "preferred": preferred}}
 
 
@@ -343,6 +445,14 @@ def main(argv: list[str] | None = None) -> int:
         a, b = res["in_sample"][sid], res["leave_one_source_out"][sid]
         print(f"{sid:32s} {a['rows']:3d} rows  in-sample {a['median_abs_speedup_error']:.3f} ({a['verdicts_outside_5pct']})"
               f"  leave-one-out {b['median_abs_speedup_error']:.3f} ({b['verdicts_outside_5pct']})")
+    for sid, per in res["leave_one_world_size_out"].items():
+        for tp, e in per.items():
+            a, b = e["in_sample"], e["held_out"]
+            print(f"{sid:32s} {tp}: in-sample {a['median_abs_speedup_error']:.3f} ({a['verdicts_outside_5pct']})  "
+                  f"fitted without {tp} {b['median_abs_speedup_error']:.3f} ({b['verdicts_outside_5pct']})")
+    for sid, e in res["replicate_noise"].items():
+        print(f"{sid:32s} replicate noise over {e['pairs']} pairs: rms log baseline {e['baseline_rms_log']:.3f}, "
+              f"fused {e['fused_rms_log']:.3f}, speedup {e['speedup_rms_log']:.3f}; verdict flips {e['verdict_flips']}")
     print("PR 52079 readings:", res["pr52079_tp_readings"])
     return 0
 

@@ -576,7 +576,7 @@ def kernel_section(p, kern, nvlink: str):
     NVLS/peak ratio MLENG_NET_SHARP measures on H200 against B200 and marked assumed (vLLM ships the kernel on SM100
     only; costmodel.ops.kernel_shipped)."""
     over = (f"joint least-squares fit of the single-kernel family over {' + '.join(kern.get('sources', []))} "
-            f"({kern['n_rows']} rows, rms log {kern['rms_log']}; {K_CMD})")
+            f"({kern['n_rows']} rows, rms of the weighted log residuals {kern['rms_log']}; {K_CMD})")
     out = {}
     for leaf in ("fixed_s", "ar_fence_s", "compute_overhead", "exposed_fraction", "link_efficiency",
                  "multicast_latency_s"):

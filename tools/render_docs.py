@@ -68,6 +68,14 @@ def accuracy_table() -> str:
             k = kern[part][sid]
             lines.append(f"| single kernel | {sid} | {label} | {k['rows']} | {_n(k['median_abs_speedup_error'], '.3f')} "
                          f"| | {k['verdicts_outside_5pct']} outside ±5 % | | | | | |")
+        for tp, e in kern.get("leave_one_world_size_out", {}).get(sid, {}).items():
+            w, others = tp[2:], ", ".join(map(str, e["trained_on_tp"]))
+            for part, label in (("in_sample", f"in-sample, world size {w}"),
+                                ("held_out", f"world size {w} held out (fitted on {others})")):
+                k = e[part]
+                lines.append(f"| single kernel | {sid} | {label} | {k['rows']} "
+                             f"| {_n(k['median_abs_speedup_error'], '.3f')} | | {k['verdicts_outside_5pct']} outside ±5 % "
+                             "| | | | | |")
     for src, t in d["evaluated"].items():
         v = t["vllm_rule"]
         lines.append(f"| {'hopper' if src.startswith('META') else 'cpu'} | {src} | out-of-sample | {t['rows_scored']} "
@@ -159,7 +167,7 @@ def fits_table() -> str:
         who = {"hw": "GPU (NVLink5 multicast, shared)", "vllm": "vLLM's gemm_rs_ar", "flashinfer": "FlashInfer's CuTe",
                "vllm-bench": "vLLM's kernel benchmark (both arms of PR 52079 and PR 53053)"}
         lines.append(f"| single kernel | `{key.split(':', 1)[1]}` | {who[key.split(':')[0]]} | {val:.4g} | {sg_s} |")
-    lines.append(f"| single kernel | rms log residual | {len(kf['sources'])} sources, {kf['n_rows']} rows "
+    lines.append(f"| single kernel | rms weighted log residual (speedup × w, arms' mean) | {len(kf['sources'])} sources, {kf['n_rows']} rows "
                  f"| {kf['rms_log']:.3f} | |")
     return "\n".join(lines)
 
@@ -261,6 +269,17 @@ def collective_impls_table() -> str:
     return "\n".join(lines)
 
 
+def replicate_noise_table() -> str:
+    """benchmarks/results/accuracy.json: the noise of the single-kernel cells a source times twice."""
+    d = _load("accuracy.json")["kernel"]["replicate_noise"]
+    lines = ["| source | pairs | rms ln(a/b)/√2: baseline arm | fused arm | speedup | verdict flips within a pair |",
+             "|---|---|---|---|---|---|"]
+    for sid, e in d.items():
+        lines.append(f"| {sid} | {e['pairs']} | {e['baseline_rms_log']:.3f} | {e['fused_rms_log']:.3f} "
+                     f"| {e['speedup_rms_log']:.3f} | {e['verdict_flips']} |")
+    return "\n".join(lines)
+
+
 BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
           ("vllm-thresholds.md", "kernel-cutoffs"): kernel_cutoffs_table,
           ("vllm.md", "vllm-config-031"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",
@@ -274,7 +293,8 @@ BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
           ("speed.md", "plugin-overhead"): plugin_table,
           ("vllm-thresholds.md", "fusion-ranges"): fusion_ranges_table,
           ("accuracy.md", "collectives"): collectives_table,
-          ("accuracy.md", "collective-impls"): collective_impls_table}
+          ("accuracy.md", "collective-impls"): collective_impls_table,
+          ("accuracy.md", "replicate-noise"): replicate_noise_table}
 
 
 def render(text: str, name: str, body: str) -> str:
