@@ -123,6 +123,8 @@ def family_results() -> dict:
             fam["sources"][sid] = {"in_sample": ins, "leave_one_source_out": _loso(family, trees, sid, loso_fit)}
         for sid in R.scored_only_sources(family):  # never in a fit: the family's GPU terms, its own host terms
             fam["sources"][sid] = {"leave_one_source_out": _loso(family, trees, sid, full)}
+        if family == "hopper":  # does the decode difference follow from the other sources? (profile likelihood)
+            fam["decode_identifiability"] = R.decode_identifiability(trees)
         out[family] = fam
     return out
 

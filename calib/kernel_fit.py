@@ -20,7 +20,9 @@ per source (the NCCL busBW of its baseline arm, and where the source forces NCCL
 protocol's latency too: a forced protocol is not the profile's curve, which is NCCL's own choice). The GEMM, and NCCL's
 latency under its own choice, come from the built-in profiles. Per row two residuals, as the replicate noise weighs
 them (speedup_weight): its log speedup and its arms' mean log time (one run's arms move together, so the speedup is
-known far better than either arm); soft-L1, σ from the Jacobian; a term the data does not identify (σ_rel > 1) is fixed at its prior, the worst first, and the rest refitted.
+known far better than either arm); soft-L1, σ from the Jacobian; a term the data does not identify (σ_rel > 1) is
+fixed at its prior, the worst first, and the rest refitted. A calibration run's own timings (fit_records) are
+weighed the same way.
 Leave-one-source-out: every shared, harness and kernel term fitted without the source; the held-out source keeps only
 its own terms (and a harness no other source shares), fitted on its baseline arm alone. Leave-one-world-size-out, for
 a source that times several world sizes (FlashInfer's 2 and 4): the same with one world size of it held out, the

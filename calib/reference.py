@@ -623,6 +623,48 @@ def fit_family(family: str, trees: dict, leave_out: str | None = None) -> dict:
     return FamilyFit(family, srcs, FAMILY_SHARED[family], trees).fit()
 
 
+DECODE_TERM = "asynctp.barrier_s"  # what decides PR 28672's graph-mode decode difference (docs/accuracy.md)
+DECODE_GRID_S = tuple(1e-6 * 2.0 ** (i / 4) for i in range(21))  # 1 ... 32 us (an NVLink round trip and up), 4 an octave
+
+
+def decode_identifiability(trees: dict, grid_s=DECODE_GRID_S) -> dict:
+    """Whether the Hopper sources other than VLLM_PR28672 identify what decides its decode difference, the per-barrier
+    GPU cost: at each barrier on `grid_s`, the fit without PR 28672 with the barrier held there (KRAKEN_PR19's host
+    issue time refitted; unidentified: its prior), its rms log residual and the decode difference it predicts; the
+    unconstrained fit without PR 28672; and the likelihood-ratio interval (Σr² within one residual variance
+    s² = Σr²_min / (n − p) of the least) of the barrier and of the decode (s; docs/accuracy.md)."""
+    from costmodel.profile import profile_from_dict, profile_to_tree
+
+    srcs = {k: v for k, v in family_sources("hopper").items() if k != "VLLM_PR28672"}
+    problem = FamilyFit("hopper", srcs, FAMILY_SHARED["hopper"], trees)
+    n_terms = len(problem.names)  # before any is found unidentified: the terms the rows are asked to fix
+    free = problem.fit()
+    shared = tuple(k for k in FAMILY_SHARED["hopper"] if k != DECODE_TERM)
+
+    def at(b: float) -> dict:
+        fixed = {n: profile_to_tree(profile_from_dict(t, f"fit:{n}").with_values({DECODE_TERM: b}, None,
+                                                                                mark_modified=False))
+                 for n, t in trees.items()}
+        fit = FamilyFit("hopper", srcs, shared, fixed).fit()
+        gpu = {**fit["values"].get(None, {}), DECODE_TERM: b}
+        prof = profile_from_dict(fixed[PR28672_SETUP["profile"]], "fit").with_values(gpu, None, mark_modified=False)
+        return {"barrier_s": b, "host_op_s": fit["values"]["KRAKEN_PR19"]["asynctp.host_op_s"],
+                "host_identified": not fit["unidentified"], "rms_log": fit["rms_log"],
+                "sum_sq": fit["rms_log"] ** 2 * fit["n_residuals"], "decode_s": pr28672_predicted_decode_s(prof)}
+
+    points = [at(float(b)) for b in grid_s]
+    best = at(free["values"][None][DECODE_TERM])
+    s2 = best["sum_sq"] / max(1, free["n_residuals"] - n_terms)
+    inside = [p for p in [*points, best] if p["sum_sq"] - best["sum_sq"] <= s2]
+    return {"term": DECODE_TERM, "left_out": "VLLM_PR28672", "from": sorted(srcs), "points": points, "best": best,
+            "n_residuals": free["n_residuals"], "n_terms": n_terms, "residual_variance": s2,
+            "interval_barrier_s": [min(p["barrier_s"] for p in inside), max(p["barrier_s"] for p in inside)],
+            "interval_decode_s": [min(p["decode_s"] for p in inside), max(p["decode_s"] for p in inside)],
+            "interval_at_grid_end": {"low": any(p["barrier_s"] == grid_s[0] for p in inside),
+                                     "high": any(p["barrier_s"] == grid_s[-1] for p in inside)},
+            "measured_decode_s": pr28672_measured_decode_s()}
+
+
 def source_rows(family: str, trees: dict, sid: str, fit: dict, refit_own: bool = False) -> list[dict]:
     """Row predictions of source `sid` (a family's source, or one scored only) with the GPU-side terms of `fit`.
     `refit_own`: its per-source terms (host,

@@ -159,3 +159,21 @@ def test_meta_ah_is_scored_leave_one_source_out_and_never_fitted():
     rows = R.source_rows("hopper", trees, "META_AH_H100_ASYNCTP", full, refit_own=True)
     assert len(rows) == 42 and all(r["offset_s"] > 0 for r in rows)
     assert all(np.isfinite(r["fused_predicted_s"]) and r["fused_predicted_s"] > 0 for r in rows)
+
+
+def test_decode_identifiability_profiles_the_barrier_without_pr28672():
+    """The identifiability check of PR 28672's deciding term: at each barrier held on the grid the fit without
+    PR 28672 is refitted (KRAKEN_PR19 only), the decode difference grows with the barrier (2W barriers per fused
+    op, 64-token graph-replayed steps), the unconstrained fit is the least of them, and the interval is the
+    likelihood-ratio rule applied to those points."""
+    d = R.decode_identifiability(R.start_trees()[0]["hopper"])
+    assert d["from"] == ["KRAKEN_PR19"] and d["term"] == "asynctp.barrier_s"
+    pts = d["points"]
+    assert [p["barrier_s"] for p in pts] == pytest.approx(list(R.DECODE_GRID_S))
+    assert np.all(np.diff([p["decode_s"] for p in pts]) > 0)
+    assert all(d["best"]["sum_sq"] <= p["sum_sq"] + 1e-12 for p in pts)
+    inside = [p for p in [*pts, d["best"]] if p["sum_sq"] - d["best"]["sum_sq"] <= d["residual_variance"]]
+    assert d["interval_barrier_s"] == [min(p["barrier_s"] for p in inside), max(p["barrier_s"] for p in inside)]
+    assert d["interval_decode_s"][0] <= d["best"]["decode_s"] <= d["interval_decode_s"][1]
+    assert d["measured_decode_s"] == pytest.approx(R.pr28672_measured_decode_s())
+    assert all(p["host_identified"] or p["host_op_s"] == pytest.approx(3e-6) for p in pts)  # the prior where unidentified

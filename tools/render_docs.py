@@ -269,6 +269,29 @@ def collective_impls_table() -> str:
     return "\n".join(lines)
 
 
+def decode_identifiability_table() -> str:
+    """benchmarks/results/accuracy.json: the per-barrier cost against the Hopper fit without VLLM_PR28672."""
+    d = _load("accuracy.json")["families"]["hopper"]["decode_identifiability"]
+    lo, hi = d["interval_barrier_s"]
+    dlo, dhi = d["interval_decode_s"]
+    ends = d["interval_at_grid_end"]
+    low = " (the grid's lowest point: the rows allow less too)" if ends["low"] else ""
+    high = " (the grid's highest point: the rows allow more too)" if ends["high"] else ""
+    lines = [f"Fitted without {d['left_out']} (from {', '.join(d['from'])}, {d['n_residuals']} residuals, {d['n_terms']} "
+             f"terms): barrier {d['best']['barrier_s'] * 1e6:.2f} µs, decode {d['best']['decode_s']:.1f} s against "
+             f"{d['measured_decode_s']:.1f} s measured; likelihood-ratio interval (Σr² within s² = "
+             f"{d['residual_variance']:.4f} of the least) barrier {lo * 1e6:.2f}{low} – {hi * 1e6:.2f}{high} µs, "
+             f"decode {dlo:.1f} – {dhi:.1f} s.", "",
+             "| barrier held at [µs] | KRAKEN_PR19 host per torch call [µs] | rms log | decode predicted [s] | in the interval |",
+             "|---|---|---|---|---|"]
+    for p in d["points"]:
+        host = f"{p['host_op_s'] * 1e6:.2f}" + ("" if p["host_identified"] else " (prior: not identified)")
+        inside = p["sum_sq"] - d["best"]["sum_sq"] <= d["residual_variance"]
+        lines.append(f"| {p['barrier_s'] * 1e6:.2f} | {host} | {p['rms_log']:.4f} | {p['decode_s']:.1f} "
+                     f"| {'yes' if inside else 'no'} |")
+    return "\n".join(lines)
+
+
 def replicate_noise_table() -> str:
     """benchmarks/results/accuracy.json: the noise of the single-kernel cells a source times twice."""
     d = _load("accuracy.json")["kernel"]["replicate_noise"]
@@ -294,7 +317,8 @@ BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
           ("vllm-thresholds.md", "fusion-ranges"): fusion_ranges_table,
           ("accuracy.md", "collectives"): collectives_table,
           ("accuracy.md", "collective-impls"): collective_impls_table,
-          ("accuracy.md", "replicate-noise"): replicate_noise_table}
+          ("accuracy.md", "replicate-noise"): replicate_noise_table,
+          ("accuracy.md", "decode-identifiability"): decode_identifiability_table}
 
 
 def render(text: str, name: str, body: str) -> str:
