@@ -43,7 +43,6 @@ CALIBRATION_SOURCES = ("KRAKEN_PR19", "PT_ISSUE179770", "FLASHINFER_GB200_GEMMRS
 SCORED_ONLY = ("META_AH_H100_ASYNCTP",)  # out of sample, another path in part: scored, never calibrating
 FAMILY_OF = {"KRAKEN_PR19": "hopper", "PT_ISSUE179770": "blackwell", "FLASHINFER_GB200_GEMMRS_MATRIX": "blackwell"}
 TARGET = 0.90  # a 5-95 % band claims 90 %
-Z90 = 1.6449  # the normal's 95th percentile
 GRID = np.round(np.arange(0.0, 1.0 + 1e-9, 0.01), 2)
 KEY = "asynctp.time_scale"
 
