@@ -305,7 +305,8 @@ def main() -> int:
         print(f"\nband model error {part['key']} (calib/band.py, nested leave-one-source-out): σ_m {part['sigma_m']:.3f}")
         for src, c in part["per_source"].items():
             print(f"  {src:31s} {c['rows']:4d} rows  {c['sample']:27s} σ_m {c['sigma_m']:.3f}  coverage "
-                  f"{_f(c['coverage'], '6.1%')} (parameters alone {_f(c['coverage_parameters_only'], '6.1%')})  "
+                  f"{_f(c['coverage'], '6.1%')} (without the run noise {_f(c['coverage_without_run_noise'], '6.1%')}, "
+                  f"parameters and run noise alone {_f(c['coverage_parameters_only'], '6.1%')})  "
                   f"median band width {_f(c['sharpness'], '.3f')}")
     excluded = R.excluded_fused_rows()
     for why in sorted({e["reason"] for e in excluded}):

@@ -355,17 +355,26 @@ def leave_one_world_size_out(rows: list[KernelRow], sid: str, in_sample: list[tu
     return out
 
 
-def replicate_noise(rows: list[KernelRow]) -> dict:
-    """The noise of the cells a source times twice (the FlashInfer matrix's bf16 and fp16 rows of one shape: the same
-    tensor-core rate and bytes): per source, rms over the pairs of ln(a/b)/√2 of each arm's time and of the speedup,
-    and how many pairs outside ±5 % of 1 disagree on the verdict. The floor under a fit's residuals (dimensionless)."""
+def replicate_cells(rows: list[KernelRow]) -> dict[str, list[tuple[KernelRow, KernelRow]]]:
+    """Per source, its cells timed twice (one shape, op, world size and baseline protocol; the FlashInfer matrix's
+    bf16 and fp16 rows): the two rows of each."""
     cells: dict = {}
     for r in rows:
         cells.setdefault((r.source, r.op, r.tp, r.m, r.n, r.k, r.protocol), []).append(r)
     out: dict = {}
     for (sid, *_), rs in cells.items():
         if len(rs) == 2:
-            a, b = rs
+            out.setdefault(sid, []).append((rs[0], rs[1]))
+    return out
+
+
+def replicate_noise(rows: list[KernelRow]) -> dict:
+    """The noise of the cells a source times twice (the FlashInfer matrix's bf16 and fp16 rows of one shape: the same
+    tensor-core rate and bytes): per source, rms over the pairs of ln(a/b)/√2 of each arm's time and of the speedup,
+    and how many pairs outside ±5 % of 1 disagree on the verdict. The floor under a fit's residuals (dimensionless)."""
+    out: dict = {}
+    for sid, pairs in replicate_cells(rows).items():
+        for a, b in pairs:
             sa, sb = a.baseline_s / a.fused_s, b.baseline_s / b.fused_s
             e = out.setdefault(sid, {"baseline": [], "fused": [], "speedup": [], "decided": 0, "flips": 0})
             e["baseline"].append(math.log(a.baseline_s / b.baseline_s))

@@ -13,7 +13,8 @@ def _rows(source, n, covered_from):
     """n rows of `source` whose band holds the measured speedup from GRID index `covered_from` on."""
     j = np.arange(B.GRID.size)
     return [{"source": source, "line": i, "s_measured": 1.0,
-             "lo": np.where(j >= covered_from, 0.9, 1.05), "hi": np.full(B.GRID.size, 1.2)} for i in range(n)]
+             "lo": np.where(j >= covered_from, 0.9, 1.05), "hi": np.full(B.GRID.size, 1.2),
+             "lo_model": np.full(B.GRID.size, 0.95), "hi_model": np.full(B.GRID.size, 1.25)} for i in range(n)]
 
 
 def test_sigma_is_the_least_that_covers_the_mean_of_the_sources():
@@ -23,7 +24,8 @@ def test_sigma_is_the_least_that_covers_the_mean_of_the_sources():
     assert B.coverage(rows, float(B.GRID[4])) == 0.0
     assert B.coverage(rows, float(B.GRID[5])) == pytest.approx(0.5)
     assert B.sigma_for(rows) == pytest.approx(float(B.GRID[30]))
-    assert B.sharpness(rows, float(B.GRID[30])) == pytest.approx(0.3)
+    assert B.sharpness(rows, float(B.GRID[30])) == pytest.approx(0.3)  # the profile's band, not the scored one
+    assert B.coverage(rows, float(B.GRID[4]), "_model") == 1.0
     assert B.sigma_for(_rows("C", 3, B.GRID.size)) == float(B.GRID[-1])  # never covered: the grid's end
 
 
@@ -105,3 +107,53 @@ def test_a_fast_model_error_draw_stays_physical(op):
     m = np.array([64.0, 1024.0, 16384.0])
     pair = ops.torch_pair(hw, op, m, 8192, 3584, 4)
     assert np.all(pair.fused_graph_s >= hw.t_gemm(m, 8192, 3584)) and np.all(pair.fused_eager_s >= pair.fused_graph_s)
+
+
+def _pairs(rng, n, rel, jitter_s):
+    """n synthetic cells timed twice: speedup 1.1 at times t log-uniform 0.1-2 ms, each run's ln speedup off by
+    N(0, rel² + (jitter/t)²)."""
+    t = np.exp(rng.uniform(np.log(1e-4), np.log(2e-3), n))
+    sig = np.sqrt(rel ** 2 + (jitter_s / t) ** 2)
+    out = []
+    for ti, si in zip(t, sig):
+        a, b = np.exp(si * rng.standard_normal(2))
+        out.append(((1.1 * ti * a, ti), (1.1 * ti * b, ti)))
+    return out
+
+
+def test_run_noise_fit_recovers_a_relative_part_and_a_jitter():
+    """fit_run_noise by maximum likelihood: 3000 synthetic pairs at r 0.03, j 15 us come back within 15 %; the
+    two-term fit nests the constant one (its ln L at least as high); no pairs, no fit."""
+    fit = B.fit_run_noise(_pairs(np.random.default_rng(0), 3000, 0.03, 15e-6))
+    assert fit["pairs"] == 3000
+    assert fit["relative"] == pytest.approx(0.03, rel=0.15)
+    assert fit["jitter_s"] == pytest.approx(15e-6, rel=0.15)
+    assert fit["nll"] <= fit["nll_constant"]
+    flat = B.fit_run_noise(_pairs(np.random.default_rng(1), 3000, 0.05, 0.0))
+    assert flat["relative"] == pytest.approx(0.05, rel=0.1) and flat["jitter_s"] < 3e-6
+    assert B.fit_run_noise([]) is None
+
+
+def test_run_noise_sigma_and_widen_by_hand():
+    """σ_run = √(r² + (j/t)²) at t = √(baseline·fused), 0 without a fit; widen adds Z95·σ_run in quadrature to the
+    band's half-width in ln about √(lo·hi), and σ_run 0 leaves the band as it was."""
+    noise = {"relative": 0.03, "jitter_s": 20e-6}
+    assert float(B.run_noise_sigma(noise, 4e-4, 1e-4)) == pytest.approx(np.hypot(0.03, 20e-6 / 2e-4))
+    assert float(B.run_noise_sigma(None, 4e-4, 1e-4)) == 0.0
+    lo, hi = np.array([0.9]), np.array([1.2])
+    assert np.allclose(B.widen(lo, hi, 0.0), (lo, hi))
+    c, h = np.sqrt(0.9 * 1.2), np.log(1.2 / np.sqrt(0.9 * 1.2))
+    wl, wh = B.widen(lo, hi, 0.1)
+    assert (float(wl[0]), float(wh[0])) == pytest.approx((c * np.exp(-np.hypot(h, B.Z95 * 0.1)),
+                                                          c * np.exp(np.hypot(h, B.Z95 * 0.1))))
+
+
+def test_replicate_pairs_are_the_flashinfer_dtype_twins():
+    """The FlashInfer matrix times each torch-arm cell in bf16 and fp16 (36 pairs, one baseline per cell shared with
+    its kernel row); a source timing no cell twice has no run noise, the kernel's FlashInfer rows do."""
+    pairs = B.replicate_pairs("FLASHINFER_GB200_GEMMRS_MATRIX")
+    assert len(pairs) == 36 and all(a != b for a, b in pairs)
+    assert B.replicate_pairs("PT_ISSUE179770") == []
+    noise = B.run_noise()
+    assert set(noise) == {("FLASHINFER_GB200_GEMMRS_MATRIX", "torch"), ("FLASHINFER_GB200_GEMMRS_MATRIX", "kernel")}
+    assert all(f["pairs"] == 36 for f in noise.values())

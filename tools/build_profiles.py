@@ -696,7 +696,8 @@ def model_error_table(band: dict, what: str, hopper: bool = False) -> dict:
     nested = ", ".join(f"{s} {per[s]['coverage']:.0%}" for s in band["calibration_sources"] if per[s]["coverage"] is not None)
     src = (f"model error of {what}: the least lognormal sigma at which the 5-95 % band covers {band['target']:.0%} of the rows of "
            f"{' + '.join(band['calibration_sources'])} (mean over the sources, each at its leave-one-source-out "
-           f"prediction; nested coverage {nested}; {CR.BAND_CMD})")
+           f"prediction, one run's measured noise beside it where the source times a cell twice; nested coverage "
+           f"{nested}; {CR.BAND_CMD})")
     if hopper:
         return sec(f"assumed: no released row times a multimem kernel on Hopper; the SM100 {src} is "
                    f"{band['sigma_m']:.2f}, the tier's 0.30 stands", "assumed", time_scale=1.0)

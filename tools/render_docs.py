@@ -102,13 +102,21 @@ def band_calibration_table() -> str:
         lines += [f"model error σ_m of `{part['key']}` over {', '.join(part['calibration_sources'])}: "
                   f"**{part['sigma_m']:.3f}** (coverage of them all at it {_n(part['coverage_all_calibrating'], '.1%')}, "
                   f"target {d['target']:.0%})", "",
-                  "| source | op rows | scored | σ_m used | coverage | parameters alone | median band width (speedup) |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| source | op rows | scored | σ_m used | coverage | without the run noise | parameters alone (σ_m 0, run noise kept) | "
+                  "median run noise σ | median band width (speedup) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for src, c in part["per_source"].items():
             lines.append(f"| {src} | {c['rows']} | {c['sample']} | {c['sigma_m']:.3f} | {_n(c['coverage'], '.1%')} | "
-                         f"{_n(c['coverage_parameters_only'], '.1%')} | {_n(c['sharpness'], '.3f')} |")
+                         f"{_n(c['coverage_without_run_noise'], '.1%')} | {_n(c['coverage_parameters_only'], '.1%')} | "
+                         f"{_n(c['run_noise_sigma_median'], '.3f')} | {_n(c['sharpness'], '.3f')} |")
         lines.append("")
-    return "\n".join(lines[:-1])
+    lines += ["Run noise (`fit_run_noise`, maximum likelihood over a source's cells timed twice; σ of one run's ln speedup "
+              "at t = √(baseline·fused)):", "",
+              "| source | fused arm | pairs | σ² = r² + (j/t)²: r | j (µs) | ln L | constant σ | its ln L |",
+              "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {e['source']} | {e['fused_arm']} | {e['pairs']} | {e['relative']:.4f} | {e['jitter_s'] * 1e6:.1f} | "
+              f"{-e['nll']:.2f} | {e['sigma_constant']:.4f} | {-e['nll_constant']:.2f} |" for e in d["run_noise"]]
+    return "\n".join(lines)
 
 
 def speed_table() -> str:
@@ -351,8 +359,8 @@ def band_coverage_json() -> str:
            if sid in band["calibration_sources"] and c["rows"]}
     return dumps_json({"what": "share of each released source's op rows whose measured speedup lies inside the 5-95 % "
                        "band (the profile's Monte Carlo draws with the model error asynctp.time_scale), the source held "
-                       "out: centred on its leave-one-source-out prediction, the model error set without it "
-                       "(calib/band.py); written by tools/render_docs.py from benchmarks/results/accuracy.json",
+                       "out: centred on its leave-one-source-out prediction, the model error set without it, one "
+                       "run's measured noise beside it where the source times a cell twice (calib/band.py); written by tools/render_docs.py from benchmarks/results/accuracy.json",
                        "excluded": band["scored_only"], "sources": cov}, indent=1, sort_keys=True) + "\n"
 
 
