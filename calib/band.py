@@ -84,12 +84,13 @@ def published_ops_csv(path: Path, sources) -> list[dict]:
     return rows
 
 
-def replicate_pairs(sid: str, impl: str = "torch") -> list[tuple[tuple[float, float], tuple[float, float]]]:
+def replicate_pairs(sid: str) -> list[tuple[tuple[float, float], tuple[float, float]]]:
     """The op rows `sid` times twice, once per dtype, with torch's fused arm: ((baseline_s, fused_s) of one run,
     (baseline_s, fused_s) of the other) per cell. The FlashInfer matrix's bf16 and fp16 rows of one shape run the
-    same tensor-core rate and bytes, so a pair differs by its runs' noise alone (the kernel's: kernel_fit)."""
+    same tensor-core rate and bytes, so a pair differs by its runs' noise alone (the kernel's pairs:
+    kernel_fit.replicate_cells)."""
     cells: dict = {}
-    for r in R.fused_op_rows(sid, impl):
+    for r in R.fused_op_rows(sid, "torch"):
         cells.setdefault((r["tp"], r["op"], r["m_as_published"], r["n"], r["k"]), []).append(r)
     return [((a["baseline_s"], a["overlap_s"]), (b["baseline_s"], b["overlap_s"])) for a, b in
             (rs for rs in cells.values() if len(rs) == 2) if a["dtype_as_published"] != b["dtype_as_published"]]
@@ -135,7 +136,7 @@ def run_noise() -> dict:
     from .kernel_fit import SOURCES as KERNEL_SOURCES
     from .kernel_fit import read_rows, replicate_cells
 
-    pairs = {(sid, "torch"): replicate_pairs(sid, "torch") for sid in CALIBRATION_SOURCES + SCORED_ONLY}
+    pairs = {(sid, "torch"): replicate_pairs(sid) for sid in CALIBRATION_SOURCES + SCORED_ONLY}
     pairs.update({(sid, "kernel"): [((a.baseline_s, a.fused_s), (b.baseline_s, b.fused_s)) for a, b in ps]
                   for sid, ps in replicate_cells(read_rows()).items() if sid in KERNEL_SOURCES})
     return {key: fit for key, ps in pairs.items() if (fit := fit_run_noise(ps)) is not None}
