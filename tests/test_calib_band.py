@@ -58,6 +58,15 @@ def test_the_profiles_carry_the_committed_model_error_and_it_is_current():
             assert e["sharpness"] > 0
     held = [e for s, e in res["per_source"].items() if s in B.CALIBRATION_SOURCES and e["rows"]]
     assert all(e["coverage"] >= e["coverage_parameters_only"] for e in held)
+    assert all(e["coverage"] >= e["coverage_without_run_noise"] for e in held)  # widen only widens
+    assert res["kernel"]["sigma_m"] == committed["kernel"]["sigma_m"]
+    for sid, e in res["kernel"]["per_source"].items():
+        assert e == pytest.approx(committed["kernel"]["per_source"][sid]), sid
+    assert [(e["source"], e["fused_arm"]) for e in res["run_noise"]] == \
+        [(e["source"], e["fused_arm"]) for e in committed["run_noise"]]
+    for new, old in zip(res["run_noise"], committed["run_noise"]):
+        assert {k: v for k, v in new.items() if k not in ("source", "fused_arm")} == \
+            pytest.approx({k: v for k, v in old.items() if k not in ("source", "fused_arm")}, rel=1e-6, abs=1e-9)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "11"])
