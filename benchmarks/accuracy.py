@@ -248,6 +248,41 @@ def band_coverage() -> dict:
     return out
 
 
+WHATIF_DEFAULT = ["whatif", "--json"]  # the README's main job: the built-in default (h100-sxm, Llama-3.1-70B, TP 4)
+WHATIF_SIGMAS = (0.0, 0.05, 0.08, 0.09, 0.10, 0.13, 0.18)  # σ of asynctp.time_scale tried (the profiles' is one of them)
+
+
+def whatif_band_by_sigma(sigmas=WHATIF_SIGMAS) -> list[dict]:
+    """The default whatif's cutoff and 5-95 % band with asynctp.time_scale's σ set to each of `sigmas` (a copy of the
+    built-in profile, every other quantity as shipped), through `tpcost whatif --json`: what a narrower model error
+    buys in band width, beside calib/band.py's coverage at the same σ (band_calibration's coverage_by_sigma)."""
+    import contextlib
+    import io
+    import json
+
+    from costmodel.profile import Provenance, dump_profile, profile_to_tree
+    from integration.cli import main as tpcost
+
+    base = load_profile("h100-sxm")
+    prov = base.provenance[B.KEY]
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for sg in sigmas:
+            prof = base.with_values({B.KEY: 1.0}, Provenance(prov.source, prov.tier, float(sg)), mark_modified=False)
+            path = Path(tmp) / f"h100-sigma-{sg:.2f}.toml"
+            path.write_text(dump_profile(profile_to_tree(prof, "h100-sxm")))
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                rc = tpcost(["whatif", "--gpu", str(path), "--json"])
+            if rc != 0:
+                raise SystemExit(f"whatif at σ {sg}: exit {rc}")
+            w = json.loads(buf.getvalue())
+            lo, hi = w["cutoff_band_tokens"]
+            out.append({"sigma": float(sg), "cutoff_tokens": w["cutoff_tokens"], "band_lo_tokens": lo,
+                        "band_hi_tokens": hi, "hi_over_lo": None if lo is None or hi is None else hi / lo})
+    return out
+
+
 def _f(v, fmt):
     return "n/a" if v is None else format(v, fmt)
 
@@ -324,8 +359,14 @@ def main() -> int:
               f"median {c['median_rel_time_error']:.3f} max {c['max_rel_time_error']:.3f}{at}" +
               ("" if c["loso_median_rel_time_error"] is None else
                f"; leave-one-source-out {c['loso_median_rel_time_error']:.3f} (from {', '.join(c['loso_from'])})"))
+    trade = whatif_band_by_sigma()
+    print("\ndefault whatif's cutoff band against the model error σ of asynctp.time_scale:")
+    for t in trade:
+        print(f"  σ {t['sigma']:.2f}: cutoff {t['cutoff_tokens']}, band [{t['band_lo_tokens']}, "
+              f"{'never' if t['band_hi_tokens'] is None else t['band_hi_tokens']}]")
     res = {"schema_version": 2, "families": fams, "kernel": kern, "evaluated": table, "skipped": skipped,
-           "excluded": excluded, "band_coverage": cov, "band_calibration": cal, "collectives": coll, "collective_impls": impls}
+           "excluded": excluded, "band_coverage": cov, "band_calibration": cal, "whatif_band_by_sigma": trade,
+           "collectives": coll, "collective_impls": impls}
     if a.json:
         atomic_write_text(a.json, dumps_json(res, indent=2, default=str) + "\n")
     return 0

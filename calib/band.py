@@ -50,6 +50,7 @@ FAMILY_OF = {"KRAKEN_PR19": "hopper", "PT_ISSUE179770": "blackwell", "FLASHINFER
 TARGET = 0.90  # a 5-95 % band claims 90 %
 Z95 = 1.6448536269514722  # the standard normal's 95 % point: a lognormal's 5-95 % half-width in ln is Z95·σ
 GRID = np.round(np.arange(0.0, 1.0 + 1e-9, 0.01), 2)
+TRADE_OFF_SIGMAS = GRID[:31]  # each source's coverage (run noise kept) over σ_m 0-0.30: what a narrower band costs
 KEY = "asynctp.time_scale"
 
 
@@ -279,7 +280,10 @@ def calibrate(rows: list[dict], calibrating, scored_only=()) -> dict:
                     "coverage_parameters_only": coverage(mine, 0.0) if mine else None,
                     "coverage_without_run_noise": coverage(mine, s_m, "_model") if mine else None,
                     "run_noise_sigma_median": float(np.median([r["run_noise_sigma"] for r in mine])) if mine else None}
-    return {"sigma_m": sigma_all, "coverage_all_calibrating": coverage(calib, sigma_all), "per_source": per}
+    by_sigma = {sid: [coverage([r for r in rows if r["source"] == sid], float(g)) for g in TRADE_OFF_SIGMAS]
+                for sid in per if per[sid]["rows"]}
+    return {"sigma_m": sigma_all, "coverage_all_calibrating": coverage(calib, sigma_all), "per_source": per,
+            "trade_off_sigmas": [float(g) for g in TRADE_OFF_SIGMAS], "coverage_by_sigma": by_sigma}
 
 
 def run() -> dict:

@@ -59,6 +59,14 @@ def test_the_profiles_carry_the_committed_model_error_and_it_is_current():
     held = [e for s, e in res["per_source"].items() if s in B.CALIBRATION_SOURCES and e["rows"]]
     assert all(e["coverage"] >= e["coverage_parameters_only"] for e in held)
     assert all(e["coverage"] >= e["coverage_without_run_noise"] for e in held)  # widen only widens
+    for part, was in ((res, committed), (res["kernel"], committed["kernel"])):
+        assert part["trade_off_sigmas"] == was["trade_off_sigmas"]
+        for sid, cov in part["coverage_by_sigma"].items():
+            assert cov == pytest.approx(was["coverage_by_sigma"][sid]), sid
+            e = part["per_source"][sid]
+            assert cov[part["trade_off_sigmas"].index(e["sigma_m"])] == pytest.approx(e["coverage"]), sid
+    for sid, cov in res["coverage_by_sigma"].items():  # a torch op's band only widens with σ_m
+        assert all(a <= b for a, b in zip(cov, cov[1:])), sid
     assert res["kernel"]["sigma_m"] == committed["kernel"]["sigma_m"]
     for sid, e in res["kernel"]["per_source"].items():
         assert e == pytest.approx(committed["kernel"]["per_source"][sid]), sid
@@ -166,3 +174,23 @@ def test_replicate_pairs_are_the_flashinfer_dtype_twins():
     noise = B.run_noise()
     assert set(noise) == {("FLASHINFER_GB200_GEMMRS_MATRIX", "torch"), ("FLASHINFER_GB200_GEMMRS_MATRIX", "kernel")}
     assert all(f["pairs"] == 36 for f in noise.values())
+
+
+def test_the_band_trade_off_holds_the_shipped_whatif_band(capsys):
+    """benchmarks/results/accuracy.json's whatif_band_by_sigma: at the profiles' σ_m it is the band `tpcost whatif`
+    prints now (the copied profile changes nothing else), and the band only widens with σ (never = +inf)."""
+    from pathlib import Path
+
+    from integration.cli import main
+
+    acc = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "accuracy.json").read_text())
+    trade = acc["whatif_band_by_sigma"]
+    at = next(t for t in trade if t["sigma"] == pytest.approx(acc["band_calibration"]["sigma_m"]))
+    assert main(["whatif", "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)
+    assert w["cutoff_band_tokens"] == [at["band_lo_tokens"], at["band_hi_tokens"]]
+    assert w["cutoff_tokens"] == at["cutoff_tokens"]
+    inf = float("inf")
+    for a, b in zip(trade, trade[1:]):
+        assert a["sigma"] < b["sigma"] and b["band_lo_tokens"] <= a["band_lo_tokens"]
+        assert (b["band_hi_tokens"] or inf) >= (a["band_hi_tokens"] or inf)

@@ -119,6 +119,32 @@ def band_calibration_table() -> str:
     return "\n".join(lines)
 
 
+BAND_RATIO_BOUND = 2 * 5764 / 1780  # twice the default whatif's hi/lo at 6337905 (band 1780-5764): the bound set for it
+
+
+def band_trade_off_table() -> str:
+    """benchmarks/results/accuracy.json: the default whatif's band at each σ of asynctp.time_scale beside each
+    source's held-out coverage at that σ (calib/band.py's coverage_by_sigma, the run noise kept)."""
+    d = _load("accuracy.json")
+    cal = d["band_calibration"]
+    sig = cal["trade_off_sigmas"]
+    srcs = list(cal["coverage_by_sigma"])
+    lines = ["| σ of asynctp.time_scale | default whatif band (tokens) | hi/lo | within 2× the 6337905 ratio (≤ "
+             f"{BAND_RATIO_BOUND:.2f}) | " + " | ".join(f"{s} ({cal['per_source'][s]['rows']} rows)" for s in srcs)
+             + " | mean of the calibrating sources |", "|---" * (5 + len(srcs)) + "|"]
+    for t in d["whatif_band_by_sigma"]:
+        j = min(range(len(sig)), key=lambda i: abs(sig[i] - t["sigma"]))
+        covs = [cal["coverage_by_sigma"][s][j] for s in srcs]
+        mean = sum(c for s, c in zip(srcs, covs) if s in cal["calibration_sources"]) / len(cal["calibration_sources"])
+        hi = "never" if t["band_hi_tokens"] is None else t["band_hi_tokens"]
+        ratio = t["hi_over_lo"]
+        mark = " (the profiles')" if abs(t["sigma"] - cal["sigma_m"]) < 1e-9 else ""
+        lines.append(f"| {t['sigma']:.2f}{mark} | {t['band_lo_tokens']}–{hi} | {_n(ratio, '.2f')} | "
+                     f"{'yes' if ratio is not None and ratio <= BAND_RATIO_BOUND else 'no'} | "
+                     + " | ".join(_n(c, ".1%") for c in covs) + f" | {mean:.1%} |")
+    return "\n".join(lines)
+
+
 def speed_table() -> str:
     """benchmarks/results/costmodel_speed.json: the model's speed on this repository's CPU machine."""
     d = _load("costmodel_speed.json")
@@ -320,6 +346,7 @@ BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
           ("profiles.md", "value-ranges"): value_ranges_table, ("accuracy.md", "accuracy"): accuracy_table,
           ("accuracy.md", "fits"): fits_table, ("accuracy.md", "band-coverage"): band_coverage_table,
           ("accuracy.md", "band-calibration"): band_calibration_table,
+          ("accuracy.md", "band-trade-off"): band_trade_off_table,
           ("vllm-thresholds.md", "sp-cutoffs"): sp_cutoffs_table, ("speed.md", "costmodel-speed"): speed_table,
           ("speed.md", "plugin-overhead"): plugin_table,
           ("vllm-thresholds.md", "fusion-ranges"): fusion_ranges_table,
