@@ -248,7 +248,6 @@ def band_coverage() -> dict:
     return out
 
 
-WHATIF_DEFAULT = ["whatif", "--json"]  # the README's main job: the built-in default (h100-sxm, Llama-3.1-70B, TP 4)
 WHATIF_SIGMAS = (0.0, 0.05, 0.08, 0.09, 0.10, 0.13, 0.18)  # σ of asynctp.time_scale tried (the profiles' is one of them)
 
 
