@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import io
 import math
 import sys
@@ -131,9 +132,11 @@ def fit_run_noise(pairs) -> dict | None:
             "nll_constant": float(0.5 * np.sum(np.log(2 * math.pi * v0) + d ** 2 / v0))}
 
 
+@functools.lru_cache(maxsize=1)
 def run_noise() -> dict:
     """(source, fused arm "torch" | "kernel") -> fit_run_noise, for every calibrating, scored-only and kernel source
-    that times a cell twice."""
+    that times a cell twice (of the committed data: fitted once per process, row_bands, kernel_row_bands and run read
+    it; callers do not mutate it)."""
     from .kernel_fit import SOURCES as KERNEL_SOURCES
     from .kernel_fit import read_rows, replicate_cells
 
