@@ -91,7 +91,7 @@ def collective_results() -> dict:
 def kernel_results() -> dict:
     """The single-kernel family's joint fit (calib/kernel_fit.py) over vLLM's GEMM-RS (PR 52079), GEMM-AR
     (PR 53053) and FlashInfer's CuTe GEMM+RS: in-sample and leave-one-source-out per source, leave-one-world-size-out
-    where a source times several, the replicate noise, the TP readings."""
+    where a source times several, the replicate noise, the code-path noise, the TP readings."""
     from calib import kernel_fit as K
 
     res = K.run()
@@ -320,6 +320,9 @@ def main() -> int:
     print("  kernel fit (rms log {:.3f}): ".format(kern["rms_log"]) + ", ".join(
         f"{key} {val:.4g}" + (" (not identified: prior)" if key in kern["unidentified"] else "")
         for key, val in kern["values"].items() if key.startswith(("hw:", "vllm:", "flashinfer:"))))
+    for sid, e in kern["code_path_noise"].items():
+        print(f"  {sid}: {e['rows']} rows on {e['paths']} shared code path(s), σ ln(measured/predicted) "
+              f"{e['sigma_log']:.3f}; verdicts the source settles (|ln s| ≥ 1.645σ): {e['settled']} right")
     print("  PR 52079 TP readings:", ", ".join(f"{k}: rms log {v['rms_log']}" for k, v in
                                               kern["pr52079_tp_readings"].items() if k != "preferred"))
     table, skipped = evaluated_sets()

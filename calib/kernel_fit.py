@@ -27,7 +27,9 @@ Leave-one-source-out: every shared, harness and kernel term fitted without the s
 its own terms (and a harness no other source shares), fitted on its baseline arm alone. Leave-one-world-size-out, for
 a source that times several world sizes (FlashInfer's 2 and 4): the same with one world size of it held out, the
 transfer a prediction at a world size no row times relies on. Replicate noise: the cells a source times twice
-(FlashInfer's bf16 and fp16 rows of one shape) give the floor under the residuals.
+(FlashInfer's bf16 and fp16 rows of one shape) give the floor under the residuals. Code-path noise: a source's rows
+that run one grid of the kernel (PR 53053's M ≤ 128) scatter about the model by at most its run noise, which says
+which of its verdicts the source itself settles.
 """
 
 from __future__ import annotations
@@ -389,6 +391,43 @@ def replicate_noise(rows: list[KernelRow]) -> dict:
             for sid, e in out.items()}
 
 
+def code_path_noise(rows: list[KernelRow], pred: list[tuple[float, float]], min_rows: int = 4) -> dict:
+    """Per source, the scatter about the model of its rows that run one code path of the kernel (one grid: op, world
+    size, n, k, baseline protocol and ⌈m/BM⌉ M-tiles, BM vLLM's 128), over groups of ≥ `min_rows`: e =
+    ln(s_measured/s_predicted), σ = √(Σ_g Σ (e − ē_g)² / (n − G)) (dimensionless). The model tells such rows apart
+    by their bytes alone, so σ is the source's run noise plus what the model misses within a path: an upper bound on
+    the noise. Per decided row (outside ±5 % of 1), z = ln s_measured / σ; |z| ≥ 1.645 (one-sided 5 %) is a verdict
+    the source itself settles, and how many of those the model gets right."""
+    from costmodel.vllm_tables import KERNEL_TILE_M
+
+    out: dict = {}
+    for sid in dict.fromkeys(r.source for r in rows):
+        groups: dict = {}
+        for r, (seq, fused) in zip(rows, pred):
+            if r.source == sid:
+                key = (r.op, r.tp, r.n, r.k, r.protocol, -(-r.m // KERNEL_TILE_M))
+                groups.setdefault(key, []).append(math.log((r.baseline_s / r.fused_s) / (seq / fused)))
+        big = [np.array(e) for e in groups.values() if len(e) >= min_rows]
+        n = sum(len(e) for e in big)
+        if n - len(big) < 2:
+            out[sid] = {"rows": n, "paths": len(big), "sigma_log": None, "settled": None}
+            continue
+        sigma = math.sqrt(sum(float(np.sum((e - e.mean()) ** 2)) for e in big) / (n - len(big)))
+        settled, right = [], 0
+        for r, (seq, fused) in zip(rows, pred):
+            s = r.baseline_s / r.fused_s
+            if r.source == sid and abs(s - 1.0) > 0.05:
+                z = math.log(s) / sigma
+                if abs(z) >= 1.645:
+                    settled.append(r.m)
+                    right += (seq / fused > 1.0) == (s > 1.0)
+        out[sid] = {"rows": n, "paths": len(big), "sigma_log": round(sigma, 4), "settled_m": settled,
+                    "settled": f"{right}/{len(settled)}",
+                    "z_decided": {str(r.m): round(math.log(r.baseline_s / r.fused_s) / sigma, 2)
+                                  for r in rows if r.source == sid and abs(r.baseline_s / r.fused_s - 1.0) > 0.05}}
+    return out
+
+
 def run(path: Path = FUSED_CSV) -> dict:
     """The fit, its in-sample and leave-one-source-out scores, and PR 52079 under both TP readings (JSON-ready)."""
     rows = read_rows(path)
@@ -420,6 +459,7 @@ def run(path: Path = FUSED_CSV) -> dict:
             "leave_one_world_size_out": {sid: leave_one_world_size_out(rows, sid, pred)
                                          for sid in SOURCES if len({r.tp for r in rows if r.source == sid}) > 1},
             "replicate_noise": replicate_noise(rows),
+            "code_path_noise": {sid: e for sid, e in code_path_noise(rows, pred).items() if e["sigma_log"] is not None},
             "pr52079_tp_readings": {**readings, "preferred": preferred}}
 
 
@@ -464,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     for sid, e in res["replicate_noise"].items():
         print(f"{sid:32s} replicate noise over {e['pairs']} pairs: rms log baseline {e['baseline_rms_log']:.3f}, "
               f"fused {e['fused_rms_log']:.3f}, speedup {e['speedup_rms_log']:.3f}; verdict flips {e['verdict_flips']}")
+    for sid, e in res["code_path_noise"].items():
+        print(f"{sid:32s} code-path noise over {e['rows']} rows on {e['paths']} path(s): σ {e['sigma_log']:.3f}; "
+              f"verdicts settled at 1.645σ {e['settled']} (M {e['settled_m']})")
     print("PR 52079 readings:", res["pr52079_tp_readings"])
     return 0
 

@@ -257,15 +257,18 @@ def test_kernel_fit_terms_follow_the_harness_and_the_forced_protocols():
 
 def test_committed_kernel_fit_is_current():
     """calib/data/kernel_fit.json is what python -m calib.kernel_fit fits from data/reference now (the joint fit's
-    values within 1e-3, the same terms left unidentified)."""
+    values within 1e-3, the same terms left unidentified, the same code-path noise)."""
     from calib import kernel_fit as K
     from calib.results import load_kernel_fit
 
     committed = load_kernel_fit()
-    fit = K._fit(K.read_rows())
+    rows = K.read_rows()
+    fit = K._fit(rows)
     for key, v in fit["values"].items():
         assert committed["values"][key] == pytest.approx(v, rel=1e-3), key
     assert committed["unidentified"] == fit["unidentified"]
+    noise = K.code_path_noise(rows, fit["problem"].predict(fit["values"]))
+    assert committed["code_path_noise"] == {sid: e for sid, e in noise.items() if e["sigma_log"] is not None}
 
 
 def test_replicate_noise_by_hand():
@@ -284,6 +287,28 @@ def test_replicate_noise_by_hand():
     for key, v in (("baseline_rms_log", base), ("fused_rms_log", fused), ("speedup_rms_log", spd)):
         assert e[key] == pytest.approx(np.sqrt(np.mean(np.square(v)) / 2), abs=1e-4), key
     assert e["pairs"] == 2 and e["verdict_flips"] == "1/2"  # 1.111 vs 1.25 agree; 1.111 vs 0.9 do not
+
+
+def test_code_path_noise_by_hand():
+    """Rows of one grid (⌈m/128⌉ equal) scatter about the model: σ pooled about each path's mean by hand; a path
+    under 4 rows is not one; a decided row settles its verdict only at |ln s| ≥ 1.645σ, and is scored there."""
+    from calib import kernel_fit as K
+
+    def row(m, speedup):
+        return K.KernelRow("S", 2, "gemm_ar", 8, m, 7168, 1536, "LDMC", speedup * 50e-6, 50e-6)
+
+    meas = {16: 0.80, 32: 0.93, 64: 1.10, 96: 1.02, 128: 0.97, 256: 1.30, 384: 1.0}
+    rows = [row(m, s) for m, s in meas.items()]
+    pred = [(1.0 * 50e-6, 50e-6)] * len(rows)  # the model: speedup 1 everywhere
+    e = np.log([meas[m] for m in (16, 32, 64, 96, 128)])  # one path (1 M-tile); 256 and 384 are paths of 1 row
+    sigma = np.sqrt(np.sum((e - e.mean()) ** 2) / (len(e) - 1))
+    got = K.code_path_noise(rows, pred)["S"]
+    assert got["rows"] == 5 and got["paths"] == 1 and got["sigma_log"] == pytest.approx(sigma, abs=1e-4)
+    assert set(got["z_decided"]) == {"16", "32", "64", "256"}  # 1.02, 0.97 and 1.0 are inside ±5 %
+    settled = [m for m in (16, 32, 64, 256) if abs(np.log(meas[m])) >= 1.645 * sigma]
+    assert got["settled_m"] == settled and settled == [16, 256]
+    assert got["settled"] == "1/2"  # predicted 1.0 is "not faster": right at 0.80, wrong at 1.30
+    assert K.code_path_noise(rows[:3], pred[:3])["S"]["sigma_log"] is None  # 3 rows make no path of 4
 
 
 def test_a_held_out_world_size_never_enters_the_fit():

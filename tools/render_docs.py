@@ -337,6 +337,18 @@ def replicate_noise_table() -> str:
     return "\n".join(lines)
 
 
+def code_path_noise_table() -> str:
+    """benchmarks/results/accuracy.json: the scatter of a source's kernel rows that run one code path, and the verdicts
+    that scatter lets the source settle."""
+    d = _load("accuracy.json")["kernel"]["code_path_noise"]
+    lines = ["| source | rows on a shared path | paths | σ of ln(measured/predicted) | z = ln s / σ of each row "
+             "outside ±5 % | verdicts settled (abs(z) ≥ 1.645): model right |", "|---|---|---|---|---|---|"]
+    for sid, e in d.items():
+        z = ", ".join(f"M {m}: {v:+.2f}" for m, v in e["z_decided"].items())
+        lines.append(f"| {sid} | {e['rows']} | {e['paths']} | {e['sigma_log']:.3f} | {z} | {e['settled']} |")
+    return "\n".join(lines)
+
+
 BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
           ("vllm-thresholds.md", "kernel-cutoffs"): kernel_cutoffs_table,
           ("vllm.md", "vllm-config-031"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",
@@ -353,6 +365,7 @@ BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
           ("accuracy.md", "collectives"): collectives_table,
           ("accuracy.md", "collective-impls"): collective_impls_table,
           ("accuracy.md", "replicate-noise"): replicate_noise_table,
+          ("accuracy.md", "code-path-noise"): code_path_noise_table,
           ("accuracy.md", "decode-identifiability"): decode_identifiability_table}
 
 
