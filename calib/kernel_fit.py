@@ -394,37 +394,31 @@ def replicate_noise(rows: list[KernelRow]) -> dict:
 def code_path_noise(rows: list[KernelRow], pred: list[tuple[float, float]], min_rows: int = 4) -> dict:
     """Per source, the scatter about the model of its rows that run one code path of the kernel (one grid: op, world
     size, n, k, baseline protocol and ⌈m/BM⌉ M-tiles, BM vLLM's 128), over groups of ≥ `min_rows`: e =
-    ln(s_measured/s_predicted), σ = √(Σ_g Σ (e − ē_g)² / (n − G)) (dimensionless). The model tells such rows apart
-    by their bytes alone, so σ is the source's run noise plus what the model misses within a path: an upper bound on
-    the noise. Per decided row (outside ±5 % of 1), z = ln s_measured / σ; |z| ≥ 1.645 (one-sided 5 %) is a verdict
-    the source itself settles, and how many of those the model gets right."""
+    ln(s_measured/s_predicted), σ = √(Σ_g Σ (e − ē_g)² / (n − G)) (dimensionless; None under 2 degrees of freedom).
+    The model tells such rows apart by their bytes alone, so σ is the source's run noise plus what the model misses
+    within a path: an upper bound on the noise. Per decided row (outside ±5 % of 1), z = ln s_measured / σ and
+    whether the model's verdict is right; |z| ≥ 1.645 (one-sided 5 %) is a verdict the source itself settles."""
     from costmodel.vllm_tables import KERNEL_TILE_M
 
     out: dict = {}
     for sid in dict.fromkeys(r.source for r in rows):
+        mine = [(r, seq / fused) for r, (seq, fused) in zip(rows, pred) if r.source == sid]
         groups: dict = {}
-        for r, (seq, fused) in zip(rows, pred):
-            if r.source == sid:
-                key = (r.op, r.tp, r.n, r.k, r.protocol, -(-r.m // KERNEL_TILE_M))
-                groups.setdefault(key, []).append(math.log((r.baseline_s / r.fused_s) / (seq / fused)))
+        for r, s_pred in mine:
+            key = (r.op, r.tp, r.n, r.k, r.protocol, -(-r.m // KERNEL_TILE_M))
+            groups.setdefault(key, []).append(math.log(r.baseline_s / r.fused_s / s_pred))
         big = [np.array(e) for e in groups.values() if len(e) >= min_rows]
         n = sum(len(e) for e in big)
-        if n - len(big) < 2:
-            out[sid] = {"rows": n, "paths": len(big), "sigma_log": None, "settled": None}
-            continue
-        sigma = math.sqrt(sum(float(np.sum((e - e.mean()) ** 2)) for e in big) / (n - len(big)))
-        settled, right = [], 0
-        for r, (seq, fused) in zip(rows, pred):
-            s = r.baseline_s / r.fused_s
-            if r.source == sid and abs(s - 1.0) > 0.05:
-                z = math.log(s) / sigma
-                if abs(z) >= 1.645:
-                    settled.append(r.m)
-                    right += (seq / fused > 1.0) == (s > 1.0)
-        out[sid] = {"rows": n, "paths": len(big), "sigma_log": round(sigma, 4), "settled_m": settled,
-                    "settled": f"{right}/{len(settled)}",
-                    "z_decided": {str(r.m): round(math.log(r.baseline_s / r.fused_s) / sigma, 2)
-                                  for r in rows if r.source == sid and abs(r.baseline_s / r.fused_s - 1.0) > 0.05}}
+        sigma = (math.sqrt(sum(float(np.sum((e - e.mean()) ** 2)) for e in big) / (n - len(big)))
+                 if n - len(big) >= 2 else None)
+        decided = [] if sigma is None else [
+            {"line": r.line, "m": r.m, "z": round(math.log(r.baseline_s / r.fused_s) / sigma, 2),
+             "right": (s_pred > 1.0) == (r.baseline_s > r.fused_s)}
+            for r, s_pred in mine if abs(r.baseline_s / r.fused_s - 1.0) > 0.05]
+        settled = [d for d in decided if abs(d["z"]) >= 1.645]
+        out[sid] = {"rows": n, "paths": len(big), "sigma_log": None if sigma is None else round(sigma, 4),
+                    "decided": decided,
+                    "settled": None if sigma is None else f"{sum(d['right'] for d in settled)}/{len(settled)}"}
     return out
 
 
@@ -506,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
               f"fused {e['fused_rms_log']:.3f}, speedup {e['speedup_rms_log']:.3f}; verdict flips {e['verdict_flips']}")
     for sid, e in res["code_path_noise"].items():
         print(f"{sid:32s} code-path noise over {e['rows']} rows on {e['paths']} path(s): σ {e['sigma_log']:.3f}; "
-              f"verdicts settled at 1.645σ {e['settled']} (M {e['settled_m']})")
+              f"verdicts settled at 1.645σ {e['settled']}; z of each decided row: "
+              + ", ".join(f"M {d['m']} {d['z']:+.2f}" for d in e["decided"]))
     print("PR 52079 readings:", res["pr52079_tp_readings"])
     return 0
 

@@ -304,10 +304,12 @@ def test_code_path_noise_by_hand():
     sigma = np.sqrt(np.sum((e - e.mean()) ** 2) / (len(e) - 1))
     got = K.code_path_noise(rows, pred)["S"]
     assert got["rows"] == 5 and got["paths"] == 1 and got["sigma_log"] == pytest.approx(sigma, abs=1e-4)
-    assert set(got["z_decided"]) == {"16", "32", "64", "256"}  # 1.02, 0.97 and 1.0 are inside ±5 %
-    settled = [m for m in (16, 32, 64, 256) if abs(np.log(meas[m])) >= 1.645 * sigma]
-    assert got["settled_m"] == settled and settled == [16, 256]
-    assert got["settled"] == "1/2"  # predicted 1.0 is "not faster": right at 0.80, wrong at 1.30
+    assert [d["m"] for d in got["decided"]] == [16, 32, 64, 256]  # 1.02, 0.97 and 1.0 are inside ±5 %
+    for d in got["decided"]:
+        assert d["z"] == pytest.approx(np.log(meas[d["m"]]) / sigma, abs=0.01)
+        assert d["right"] == (meas[d["m"]] < 1.0)  # predicted 1.0 is "not faster"
+    assert [d["m"] for d in got["decided"] if abs(d["z"]) >= 1.645] == [16, 256]
+    assert got["settled"] == "1/2"  # right at 0.80, wrong at 1.30
     assert K.code_path_noise(rows[:3], pred[:3])["S"]["sigma_log"] is None  # 3 rows make no path of 4
 
 
