@@ -394,7 +394,7 @@ def replicate_noise(rows: list[KernelRow]) -> dict:
 def code_path_noise(rows: list[KernelRow], pred: list[tuple[float, float]], min_rows: int = 4) -> dict:
     """Per source, the scatter about the model of its rows that run one code path of the kernel (one grid: op, world
     size, n, k, baseline protocol and ⌈m/BM⌉ M-tiles, BM vLLM's 128), over groups of ≥ `min_rows`: e =
-    ln(s_measured/s_predicted), σ = √(Σ_g Σ (e − ē_g)² / (n − G)) (dimensionless; None under 2 degrees of freedom).
+    ln(s_measured/s_predicted), σ = √(Σ_g Σ (e − ē_g)² / (n − G)) (dimensionless; a source under 2 degrees of freedom is left out).
     The model tells such rows apart by their bytes alone, so σ is the source's run noise plus what the model misses
     within a path: an upper bound on the noise. Per decided row (outside ±5 % of 1), z = ln s_measured / σ and
     whether the model's verdict is right; |z| ≥ 1.645 (one-sided 5 %) is a verdict the source itself settles."""
@@ -409,16 +409,16 @@ def code_path_noise(rows: list[KernelRow], pred: list[tuple[float, float]], min_
             groups.setdefault(key, []).append(math.log(r.baseline_s / r.fused_s / s_pred))
         big = [np.array(e) for e in groups.values() if len(e) >= min_rows]
         n = sum(len(e) for e in big)
-        sigma = (math.sqrt(sum(float(np.sum((e - e.mean()) ** 2)) for e in big) / (n - len(big)))
-                 if n - len(big) >= 2 else None)
-        decided = [] if sigma is None else [
+        if n - len(big) < 2:
+            continue
+        sigma = math.sqrt(sum(float(np.sum((e - e.mean()) ** 2)) for e in big) / (n - len(big)))
+        decided = [
             {"line": r.line, "m": r.m, "z": round(math.log(r.baseline_s / r.fused_s) / sigma, 2),
              "right": (s_pred > 1.0) == (r.baseline_s > r.fused_s)}
             for r, s_pred in mine if abs(r.baseline_s / r.fused_s - 1.0) > 0.05]
         settled = [d for d in decided if abs(d["z"]) >= 1.645]
-        out[sid] = {"rows": n, "paths": len(big), "sigma_log": None if sigma is None else round(sigma, 4),
-                    "decided": decided,
-                    "settled": None if sigma is None else f"{sum(d['right'] for d in settled)}/{len(settled)}"}
+        out[sid] = {"rows": n, "paths": len(big), "sigma_log": round(sigma, 4), "decided": decided,
+                    "settled": f"{sum(d['right'] for d in settled)}/{len(settled)}"}
     return out
 
 
@@ -453,7 +453,7 @@ def run(path: Path = FUSED_CSV) -> dict:
             "leave_one_world_size_out": {sid: leave_one_world_size_out(rows, sid, pred)
                                          for sid in SOURCES if len({r.tp for r in rows if r.source == sid}) > 1},
             "replicate_noise": replicate_noise(rows),
-            "code_path_noise": {sid: e for sid, e in code_path_noise(rows, pred).items() if e["sigma_log"] is not None},
+            "code_path_noise": code_path_noise(rows, pred),
             "pr52079_tp_readings": {**readings, "preferred": preferred}}
 
 

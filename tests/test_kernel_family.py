@@ -268,7 +268,7 @@ def test_committed_kernel_fit_is_current():
         assert committed["values"][key] == pytest.approx(v, rel=1e-3), key
     assert committed["unidentified"] == fit["unidentified"]
     noise = K.code_path_noise(rows, fit["problem"].predict(fit["values"]))
-    assert committed["code_path_noise"] == {sid: e for sid, e in noise.items() if e["sigma_log"] is not None}
+    assert committed["code_path_noise"] == noise
 
 
 def test_replicate_noise_by_hand():
@@ -310,7 +310,7 @@ def test_code_path_noise_by_hand():
         assert d["right"] == (meas[d["m"]] < 1.0)  # predicted 1.0 is "not faster"
     assert [d["m"] for d in got["decided"] if abs(d["z"]) >= 1.645] == [16, 256]
     assert got["settled"] == "1/2"  # right at 0.80, wrong at 1.30
-    assert K.code_path_noise(rows[:3], pred[:3])["S"]["sigma_log"] is None  # 3 rows make no path of 4
+    assert K.code_path_noise(rows[:3], pred[:3]) == {}  # 3 rows make no path of 4: no σ, the source is left out
 
 
 def test_a_held_out_world_size_never_enters_the_fit():

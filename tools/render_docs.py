@@ -344,7 +344,7 @@ def code_path_noise_table() -> str:
     lines = ["| source | rows on a shared path | paths | σ of ln(measured/predicted) | z = ln s / σ of each row "
              "outside ±5 % | verdicts settled (abs(z) ≥ 1.645): model right |", "|---|---|---|---|---|---|"]
     for sid, e in d.items():
-        z = ", ".join(f"M {d['m']}: {d['z']:+.2f}" + ("" if d["right"] else " (model wrong)") for d in e["decided"])
+        z = ", ".join(f"M {r['m']}: {r['z']:+.2f}" + ("" if r["right"] else " (model wrong)") for r in e["decided"])
         lines.append(f"| {sid} | {e['rows']} | {e['paths']} | {e['sigma_log']:.3f} | {z} | {e['settled']} |")
     return "\n".join(lines)
 
