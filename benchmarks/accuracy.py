@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from costmodel import formulas as F  # noqa: E402
+from costmodel.vllm_tables import Vllm  # noqa: E402
 from costmodel import ops  # noqa: E402
 from costmodel.evaluate import evaluate_files, score, summarise  # noqa: E402
 from costmodel.io import atomic_write_text, dumps_json  # noqa: E402
@@ -52,7 +53,7 @@ def score_rows(rows: list[dict]) -> dict:
         for r in ops:
             row = r["row"]
             prof = load_profile(row["hardware"])
-            runs = vllm_rule(prof, row["op"], "torch", row["tp"], row["n"], row["k"])[2]
+            runs = vllm_rule(prof, row["op"], "torch", row["tp"], row["n"], row["k"], Vllm())[2]
             scored.append(score((row["source"], row["line"], row["hardware"], row["source"]), r["seq_measured_s"],
                                 r["fused_measured_s"], r["seq_predicted_s"] / r["fused_predicted_s"],
                                 bool(runs(float(row["m"])))))
@@ -218,7 +219,7 @@ def evaluated_sets() -> tuple[dict, list]:
     with tempfile.TemporaryDirectory() as tmp:
         pub = Path(tmp) / "fused_ops.eval.csv"
         B.published_ops_csv(pub, OUT_OF_SAMPLE_OPS)
-        scored, skipped = evaluate_files([str(pub)] + [str(ROOT / f) for f in CPU_SETS])
+        scored, skipped = evaluate_files([str(pub)] + [str(ROOT / f) for f in CPU_SETS], Vllm())
     by: dict = {}
     for s in scored:
         by.setdefault("cpu-gloo-w2" if s.source.startswith("tpcost ") else s.source, []).append(s)
@@ -240,7 +241,7 @@ def band_coverage() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         pub = Path(tmp) / "fused_ops.eval.csv"
         B.published_ops_csv(pub, sources)
-        scored, _ = evaluate_files([str(pub)], band=True)
+        scored, _ = evaluate_files([str(pub)], Vllm(), band=True)
     out = {}
     for src in sources:
         cov = [x.covered for x in scored if x.source == src and x.covered is not None]

@@ -87,6 +87,7 @@ def main():
     import tempfile
 
     from costmodel.evaluate import evaluate_files
+    from costmodel.vllm_tables import Vllm
 
     with tempfile.TemporaryDirectory() as tmp:
         rows = Path(tmp) / "rows.csv"
@@ -96,7 +97,7 @@ def main():
             lines.append(f"h100-sxm,4,llama-3.1-70b,bf16,{n},100,95,forward,synthetic")
         rows.write_text("\n".join(lines) + "\n")
         t = time.perf_counter()
-        scored, _ = evaluate_files([str(rows)])
+        scored, _ = evaluate_files([str(rows)], Vllm())
         eval_s = time.perf_counter() - t
         assert len(scored) == 100_000
     res = {

@@ -15,6 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from costmodel.vllm_tables import RELEASES, Vllm, current  # noqa: E402
+
 
 def main():
     from costmodel import RunConfig, analyse, load_model, load_profile
@@ -74,7 +76,8 @@ def kernel_matrix() -> list[dict]:
     import numpy as np
 
     from costmodel import load_profile, ops
-    from costmodel.vllm_tables import Parallel, read_kernel_model
+    from costmodel.shapes import read_kernel_model
+    from costmodel.vllm_tables import Parallel
     from costmodel.shapes import load_model_config
     from integration.recommend import kernel_model_config
 
@@ -96,10 +99,10 @@ def kernel_matrix() -> list[dict]:
                     kop = ops.fused_kernel(hw, op, m, s.n, s.k, tp)
                     fi = None if ks.fi_tokens is None else float(ks.fi_tokens * s.n * hw.act_bytes)
                     pair = ops.kernel_pair(hw, ops.KernelGemm(op, s.n, s.k, tp, norm_after=s.norm_after), m,
-                                           vllm_version=(0, 33), fi_max_bytes=fi)
+                                           vllm=Vllm(), fi_max_bytes=fi)
                     grid = np.arange(128.0, 8193.0, 128.0)  # where vLLM's rule runs the kernel, to the budget
                     over = ops.kernel_pair(hw, ops.KernelGemm(op, s.n, s.k, tp, norm_after=s.norm_after), grid,
-                                           vllm_version=(0, 33), fi_max_bytes=fi)
+                                           vllm=Vllm(), fi_max_bytes=fi)
                     out.append({"gpu": gpu, "tp": tp, "op": op, "site": s.name, "n": s.n, "k": s.k,
                                 "calls_per_forward": s.calls_per_forward, "vllm_rule_tokens": 128,
                                 "cutoff_tokens": sd.cutoff_tokens, "switch_env": ks.env, "switch_set_on": ks.set_on,
@@ -160,21 +163,22 @@ def fusion_ranges():
     from costmodel.model import DecodeRegime, Regime, RunConfig
     from integration.recommend import decide_fusion
 
+    releases = (RELEASES[min(RELEASES)].version, current().version)  # the oldest record's tables and the current's
     out = []
     for gpu in FI_GPUS:
         prof = load_profile(gpu)
         for model in FI_MODELS:
             shape = load_model(model)
             for tp in (2, 4, 8):
-                row = {"gpu": gpu, "hidden": shape.hidden, "tp": tp, "model": model}
-                for ver in ((0, 31), (0, 33)):  # each version's own tables (costmodel/vllm_tables.py)
-                    f = decide_fusion(prof, shape, RunConfig(tp, "bf16", Regime(vllm=ver, decode=DecodeRegime())))
+                row: dict = {"gpu": gpu, "hidden": shape.hidden, "tp": tp, "model": model, "releases": {}}
+                for ver in releases:  # each release's own tables (costmodel/vllm_tables.py)
+                    v = Vllm(ver)
+                    f = decide_fusion(prof, shape, RunConfig(tp, "bf16", Regime(vllm=v, decode=DecodeRegime())))
                     if f is None:
                         continue
-                    tag = f"{ver[0]}.{ver[1]}".replace(".", "")
-                    row.update({f"vllm_{tag}_tokens": f.vllm_default_tokens, f"tpcost_{tag}_tokens": f.tokens,
-                                f"saving_vs_vllm_{tag}_s_per_forward": f.value["vllm_default_s"] - f.value["expected_s"]})
-                if "vllm_031_tokens" in row:
+                    row["releases"][v.label] = {"vllm_tokens": f.vllm_default_tokens, "tpcost_tokens": f.tokens,
+                                                "saving_vs_vllm_s_per_forward": f.value["vllm_default_s"] - f.value["expected_s"]}
+                if row["releases"]:
                     out.append(row)
     return out
 
@@ -212,7 +216,7 @@ def fused_kernel_check():
             cases.append(("standard", float(r["baseline_value"]) * scale, "out-of-sample"))
         for impl, meas, sample in cases:
             if impl == "standard":  # vLLM's next all-reduce + the RMSNorm kernel
-                pred = float(ops.unfused_all_reduce_norm_s(hw, np.array([n]), int(h), tp)[0])
+                pred = float(ops.unfused_all_reduce_norm_s(hw, np.array([n]), int(h), tp, vllm=Vllm())[0])
             else:
                 if not prof.has_collective(impl):
                     continue
@@ -226,14 +230,16 @@ def fused_kernel_check():
 
 def main_fusion(json_path=None):
     fr = fusion_ranges()
-    print("\nFlashInfer fused all-reduce+RMSNorm range (tokens; vLLM >= 0.32 fi_allreduce_fusion_max_size_mb), "
-          "uniform workload to 8192 tokens, 2 % premium:")
-    print(f"  {'gpu':9s} {'hidden':>6s} {'tp':>3s} {'vLLM 0.31':>9s} {'tpcost':>7s} {'vLLM 0.33':>9s} {'tpcost':>7s} "
-          f"{'saves vs vLLM 0.33 [ms/fwd]':>28s}")
+    labels = list(fr[0]["releases"]) if fr else []
+    print("\nFlashInfer fused all-reduce+RMSNorm range (tokens; fi_allreduce_fusion_max_size_mb), uniform workload to "
+          "8192 tokens, 2 % premium, per release's tables:")
+    print(f"  {'gpu':9s} {'hidden':>6s} {'tp':>3s} " + " ".join(f"{'vLLM ' + v:>9s} {'tpcost':>7s} {'saves [ms/fwd]':>14s}"
+                                                        for v in labels))
     for r in fr:
-        print(f"  {r['gpu']:9s} {r['hidden']:6d} {r['tp']:3d} {r['vllm_031_tokens']:9d} {r['tpcost_031_tokens']:7d} "
-              f"{r.get('vllm_033_tokens', 0):9d} {r.get('tpcost_033_tokens', 0):7d} "
-              f"{r.get('saving_vs_vllm_033_s_per_forward', 0.0) * 1e3:28.3f}")
+        print(f"  {r['gpu']:9s} {r['hidden']:6d} {r['tp']:3d} " + " ".join(
+            f"{r['releases'][v]['vllm_tokens']:9d} {r['releases'][v]['tpcost_tokens']:7d} "
+            f"{r['releases'][v]['saving_vs_vllm_s_per_forward'] * 1e3:14.3f}" if v in r["releases"] else f"{'n/a':>32s}"
+            for v in labels))
     chk = fused_kernel_check()
     print("\nfused-kernel model against the published fused AR+RMSNorm timings:")
     print(f"  {'source':15s} {'kernel':30s} {'sample':14s} {'rows':>4s} {'median |rel err|':>17s} {'max':>6s}")

@@ -38,6 +38,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from costmodel.vllm_tables import Vllm
 
 from costmodel.evaluate import OP_COLUMNS, evaluate_files
 from costmodel.io import atomic_write_text, dumps_json
@@ -188,7 +189,7 @@ def row_bands(grid=GRID) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         pub = Path(tmp) / "fused_ops.eval.csv"
         written = published_ops_csv(pub, CALIBRATION_SOURCES + SCORED_ONLY)
-        runs = [evaluate_files([str(pub)], band=True, band_sigma={KEY: float(s)})[0] for s in grid]
+        runs = [evaluate_files([str(pub)], Vllm(), band=True, band_sigma={KEY: float(s)})[0] for s in grid]
     out = []
     for i, x in enumerate(runs[0]):
         if x.band_lo is None:

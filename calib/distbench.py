@@ -288,7 +288,7 @@ def bench_vllm_all_reduce(timer: Timer, sizes_bytes, device, world, hidden=8192)
                 continue
             if name == "flashinfer":  # its Lamport one-shot / two-shot kernel without the norm: the fused curve's
                 cap = "{}.{}".format(*torch.cuda.get_device_capability(dev))
-                one_max = vllm_tables.dispatch_limits(None, cap, world).get("fi_oneshot_max_bytes")
+                one_max = vllm_tables.dispatch_limits(vllm_tables.Vllm(), cap, world).get("fi_oneshot_max_bytes")
                 one = one_max is None or nbytes <= one_max
                 impl = "flashinfer_ar_rmsnorm" if one else "flashinfer_ar_rmsnorm_twoshot"
                 fn = lambda c=c: c.all_reduce(x)  # noqa: E731
@@ -337,7 +337,7 @@ def multimem_world_sizes(comm) -> list[int]:
     fallback when a vLLM release renames or drops it."""
     table = getattr(type(comm), "_WORLD_SIZES_MULTIMEM", None)
     if not isinstance(table, dict):
-        table = vllm_tables.table(None, "_WORLD_SIZES_MULTIMEM")[0]
+        table = vllm_tables.Vllm().table("_WORLD_SIZES_MULTIMEM")[0]
     return list(table.get(getattr(comm, "device_capability", None), []))
 
 

@@ -43,6 +43,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from costmodel.vllm_tables import Vllm
 
 from costmodel import formulas as F
 from costmodel import ops
@@ -215,7 +216,7 @@ class _Problem:
             msg = m * r.n * hw.act_bytes
             t_coll = (F.t_all_reduce_s if r.op == "gemm_ar" else F.t_reduce_scatter_s)(msg, lat, vals[_bw_key(r)], r.tp)
             seq = off + float(hw.t_gemm(m, r.n, r.k)) + float(t_coll)
-            fused = off + float(ops.kernel_pair(hw, ops.KernelGemm(r.op, r.n, r.k, r.tp), m).fused_s[0])
+            fused = off + float(ops.kernel_pair(hw, ops.KernelGemm(r.op, r.n, r.k, r.tp), m, vllm=Vllm()).fused_s[0])
             out.append((seq, fused))
         return out
 

@@ -82,9 +82,9 @@ def b300_vllm_ar_fits() -> dict:
     """B300 TP 6 curves of vLLM's own all-reduce implementations from VLLM_PR37756 (vLLM's
     benchmark_device_communicators), each over the messages vLLM can dispatch it at TP 6 on sm103: custom AR below
     its limit, torch symm-mem up to its own (costmodel.vllm_tables.dispatch_limits). impl -> fit."""
-    from costmodel.vllm_tables import OLDEST, dispatch_limits
+    from costmodel.vllm_tables import Vllm, dispatch_limits
 
-    lim = dispatch_limits(OLDEST, "10.3", 6)
+    lim = dispatch_limits(Vllm(), "10.3", 6)
     ca, sm = lim["custom_ar_max_bytes"] - 1, lim["symm_mem_max_bytes"]
     spec = {"custom_ar_1stage": ("allreduce_time_custom_allreduce_1stage", ca),
             "custom_ar_2stage": ("allreduce_time_custom_allreduce_2stage", ca),

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from . import vllm_tables
 from .errors import TpcostError
 from .model import BREAKDOWN_KEYS, SCHEDULES, Prediction, RunConfig, predict
 from .profile import UNPERTURBED_PREFIXES, HardwareProfile, value_range
@@ -165,8 +164,7 @@ def decided_schedule(a: Analysis, asynctp: bool | None = None) -> tuple[str | No
     (the user's choice, or vLLM's resolution of an unset fuse_gemm_comms); True: SP+AsyncTP. Each schedule's cost
     is its expected forward time at its own cutoff with the risk premium on the steps it runs (decision_value);
     plain TP wins ties, then SP alone."""
-    v = a.run.regime.vllm
-    if v is not None and vllm_tables.version_of(v) >= vllm_tables.FIRST_WITHOUT_SP:  # no SP, no AsyncTP passes
+    if not a.run.regime.vllm.sp_passes:  # a release without the SP and AsyncTP passes
         return None, None
     cands: list[tuple[float, int, str | None, int | None]] = []
     dv, sdv = a.decision_value or {}, a.sp_decision_value or {}

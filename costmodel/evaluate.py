@@ -17,7 +17,7 @@ from .io import read_text
 from .io import savefig_atomic
 from . import vllm_tables
 from .shapes import DTYPES
-from .vllm_tables import VllmLike
+from .vllm_tables import Vllm
 
 OP_COLUMNS = ("hardware", "tp", "op", "dtype", "m", "n", "k", "baseline_us", "overlap_us", "source")
 MODEL_COLUMNS = ("hardware", "tp", "model", "dtype", "num_tokens", "baseline_us", "overlap_us", "scope", "source")
@@ -214,20 +214,20 @@ def _profile(cache, name):
     return cache[name]
 
 
-def predict_op_row(prof: Any, row: Mapping[str, Any], eager: bool = True, vllm_version: VllmLike = None,
+def predict_op_row(prof: Any, row: Mapping[str, Any], vllm: Vllm, eager: bool = True,
                    all_draws: bool = False) -> tuple[Any, int]:
     """(predicted speedup of the fused op over its sequential arm, hidden size vLLM's rule sees) for one
     microbenchmark row (an op CSV's parsed row: op, dtype, tp, m, n, k, impl, baseline_impl); by default the fused
     op runs eagerly (a Python loop issued per call, as in the benchmarks), `eager=False` under CUDA-graph replay (no
     host issue time). impl "kernel": the single-kernel family; baseline_impl "vllm": the GEMM then vLLM's dispatched
-    collective of `vllm_version`. `all_draws`: the speedup of every Monte Carlo draw of a drawn profile (an array)
+    collective of `vllm`. `all_draws`: the speedup of every Monte Carlo draw of a drawn profile (an array)
     instead of one float."""
     op, dtype, tp, m = row["op"], row["dtype"], row["tp"], row["m"]
     n, k = row.get("n") or None, row.get("k") or None
     impl, baseline_impl = row.get("impl") or "torch", row.get("baseline_impl") or "nccl"
     h = float(row.get("harness_us") or 0.0) * 1e-6  # the benchmark's own time, on both arms
     if impl == "kernel":
-        s_k, hidden = _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_version, h)
+        s_k, hidden = _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm, h)
         return (s_k if all_draws else float(s_k[0])), hidden
     if dtype not in OP_DTYPES:
         raise _Skip(f"dtype {dtype!r} is out of scope (modelled: {', '.join(OP_DTYPES)}; torch's NVFP4 native "
@@ -252,7 +252,7 @@ def predict_op_row(prof: Any, row: Mapping[str, Any], eager: bool = True, vllm_v
     return (s_all if all_draws else float(s_all[0])), hidden
 
 
-def _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_version, harness_s):
+def _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm, harness_s):
     if n is None or k is None:
         raise _Skip(f"missing {'n' if n is None else 'k'}")
     if op not in vllm_tables.KERNEL_OPS:
@@ -262,7 +262,7 @@ def _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm_versio
         raise _Skip(why)
     hw = ops.Hw(prof, "fp8" if dtype == "mxfp8" else "bf16")
     pair = ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp, dtype), float(m),
-                           baseline="vllm" if baseline_impl == "vllm" else "nccl", vllm_version=vllm_version)
+                           baseline="vllm" if baseline_impl == "vllm" else "nccl", vllm=vllm)
     return np.ravel((pair.unfused_s + harness_s) / (pair.fused_s + harness_s)), n
 
 
@@ -300,8 +300,7 @@ def _model_groups(rows, profiles, models, skipped, path):
     return groups
 
 
-def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
-                   vllm_version: VllmLike = None, band: bool = False,
+def evaluate_files(paths: list[str], vllm: Vllm, cudagraph_max_tokens: int | None = None, band: bool = False,
                    band_sigma: Mapping[str, float] | None = None) -> tuple[list[Scored], list[dict]]:
     """Score every row of `paths`. `cudagraph_max_tokens`: None keeps each set's own regime (op microbenchmarks
     eager; model rows vLLM's default capture size), else rows of more tokens run eagerly and the rest replay graphs
@@ -330,7 +329,7 @@ def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
         if prof.name not in drawn:
             drawn[prof.name] = prof.with_values(perturbed_values(prof, BAND_DRAWS, BAND_SEED, band_sigma), None,
                                                 mark_modified=False)
-        s_d, _ = predict_op_row(drawn[prof.name], r, eager, vllm_version, all_draws=True)
+        s_d, _ = predict_op_row(drawn[prof.name], r, vllm, eager, all_draws=True)
         return float(np.percentile(s_d, 5)), float(np.percentile(s_d, 95))
 
     def add(path, line, r, label, prof, s_hat, hidden, tokens, bounds=(None, None)):
@@ -338,7 +337,7 @@ def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
         if "op" in r:  # an op row: vLLM's own rule for that op and implementation (its SP table, gemm_rs_ar's M >= 128)
             from .op_analysis import vllm_rule
 
-            runs = vllm_rule(prof, r["op"], r.get("impl") or "torch", r["tp"], r["n"], r["k"])[2]
+            runs = vllm_rule(prof, r["op"], r.get("impl") or "torch", r["tp"], r["n"], r["k"], vllm)[2]
             v_vllm = bool(runs(float(tokens)))
         else:
             v_vllm = vllm_verdict(prof, hidden, r["tp"], tokens)
@@ -354,7 +353,7 @@ def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
                     _need(r, "baseline_us", "overlap_us", "hardware", "tp", "m", "op", "dtype")
                     prof = _profile(profiles, _beside(r["hardware"], path))
                     eager = cudagraph_max_tokens is None or bool(vllm_tables.runs_eagerly(r["m"], cudagraph_max_tokens))
-                    s_hat, hidden = predict_op_row(prof, r, eager, vllm_version)
+                    s_hat, hidden = predict_op_row(prof, r, vllm, eager)
                 except _Skip as e:
                     skipped.append({"where": f"{path}:{line}", "reason": str(e)})
                     continue
@@ -365,7 +364,7 @@ def evaluate_files(paths: list[str], cudagraph_max_tokens: int | None = None,
         for (hwname, model, tp, dtype, scope, base_sched, seq_len), (prof, shape, members) in \
                 _model_groups(rows, profiles, models, skipped, path).items():
             n_tok = np.array([float(r["num_tokens"]) for _, r in members])
-            pred = predict(prof, shape, tp, dtype, n_tok, Regime(seq_len, cudagraph_max_tokens))
+            pred = predict(prof, shape, tp, dtype, n_tok, Regime(seq_len, cudagraph_max_tokens, vllm=vllm))
             attr = "t_layer_s" if scope == "layer" else "t_forward_s"
             with np.errstate(invalid="ignore"):
                 s_all = np.ravel(getattr(pred.schedules[base_sched], attr) / getattr(pred.schedules["sp_asynctp"], attr))

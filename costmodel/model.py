@@ -19,7 +19,7 @@ from .errors import TpcostError
 from .layer import LayerSpec
 from .profile import HardwareProfile
 from .shapes import ModelShape, check_dtype
-from .vllm_tables import VllmLike
+from .vllm_tables import Vllm
 
 SCHEDULES = ("tp", "sp", "sp_asynctp")
 # every term is "positive = SP+AsyncTP saves", in JSON and in text; they sum to t_tp − t_sp_asynctp
@@ -113,7 +113,7 @@ class Regime:
     seq_len: int = 1024  # prefill sequences of this many tokens (attention's quadratic term)
     cudagraph_max_tokens: int | None = None  # largest CUDA-graph capture (None: vLLM's default; 0: eager)
     fi_max_bytes: float | None = None  # FlashInfer fused AR+RMSNorm limit (None: vLLM's table; 0: the pass off)
-    vllm: VllmLike = None  # the vLLM version (and --vllm-set limits) whose dispatch runs (None: <= 0.31)
+    vllm: Vllm = dataclasses.field(default_factory=Vllm)  # the vLLM whose dispatch runs (and --vllm-set limits)
     decode: DecodeRegime | None = None  # decode steps at a context length (None: every token is prefill)
 
 
@@ -351,7 +351,7 @@ class _Forward:
         hw, spec, N, W, act, mode = self.hw, self.spec, self.N, self.W, self.act, self.mode
         msg = spec.reduce_msg_bytes(N)
         ar = ops.all_reduce_dispatch(hw, msg, W, True, fi_max_bytes=self.regime.fi_max_bytes,
-                                     vllm_version=self.regime.vllm)
+                                     vllm=self.regime.vllm)
         t_ar, fused_mask, impls, lat_ar = ar.t_s, ar.fused, ar.impls, ar.latency_s
         norm_bytes = np.where(fused_mask, 0.0, F.rms_norm_bytes(N, spec.hidden, act, mode.quant_bytes))
         t_norm_unfused = np.where(fused_mask, 0.0, hw.t_mem(norm_bytes))

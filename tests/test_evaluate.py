@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from costmodel.vllm_tables import Vllm
 import pytest
 
 from integration.cli import main
@@ -157,5 +158,5 @@ def test_harness_time_is_added_to_both_arms():
     row = {"op": "gemm_rs", "dtype": "bf16", "tp": 4, "m": 4096, "n": 8192, "k": 3584}
     p = ops.torch_pair(ops.Hw(prof, "bf16"), "gemm_rs", 4096.0, 8192, 3584, 4)
     u, f = float(np.ravel(p.unfused_s)[0]), float(np.ravel(p.fused_eager_s)[0])
-    assert predict_op_row(prof, row)[0] == pytest.approx(u / f, rel=1e-12)
-    assert predict_op_row(prof, {**row, "harness_us": 100.0})[0] == pytest.approx((u + 1e-4) / (f + 1e-4), rel=1e-12)
+    assert predict_op_row(prof, row, Vllm())[0] == pytest.approx(u / f, rel=1e-12)
+    assert predict_op_row(prof, {**row, "harness_us": 100.0}, Vllm())[0] == pytest.approx((u + 1e-4) / (f + 1e-4), rel=1e-12)

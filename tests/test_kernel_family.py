@@ -4,6 +4,7 @@ import dataclasses
 import json
 
 import numpy as np
+from costmodel.vllm_tables import Vllm
 import pytest
 
 from costmodel import formulas as F
@@ -231,7 +232,7 @@ def test_calibration_fits_the_kernel_terms_from_recorded_timings():
             n, k, tp = 7168, 768, 8
             lat, bw = prof.collective("nccl_all_reduce" if op == "gemm_ar" else "nccl_reduce_scatter", tp)
             coll = (F.t_all_reduce_s if op == "gemm_ar" else F.t_reduce_scatter_s)(m * n * 2.0, lat, bw, tp)
-            fused = float(ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp), float(m)).fused_s[0])
+            fused = float(ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp), float(m), vllm=Vllm()).fused_s[0])
             recs.append({"kind": "fused_kernel", "op": op, "m": m, "n": n, "k": k, "world": tp, "fused_s": fused,
                          "baseline_s": float(hw.t_gemm(float(m), n, k)) + float(coll)})
     got, res = fit_records(prof, recs)

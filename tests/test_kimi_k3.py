@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from costmodel import ops
-from costmodel.vllm_tables import Parallel, read_kernel_model
+from costmodel.shapes import read_kernel_model
+from costmodel.vllm_tables import Parallel
 from costmodel.profile import load_profile
 from costmodel.shapes import load_model_config
 from costmodel.workload import read_workload

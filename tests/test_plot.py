@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import numpy as np
+from costmodel.vllm_tables import Vllm
 import pytest
 
 from costmodel.shapes import load_model
@@ -55,7 +56,7 @@ def test_evaluation_series_content(tmp_path, capsys):
     f.write_text("hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source\n"
                  "h100-sxm,8,gemm_rs,bf16,512,4096,14336,133.653,613.784,x\n"
                  "h100-sxm,8,gemm_rs,bf16,65536,8192,28672,1000,500,x\n")
-    scored, _ = evaluate_files([str(f)])
+    scored, _ = evaluate_files([str(f)], Vllm())
     s = evaluation_series(scored)
     assert s["measured"] == pytest.approx([133.653 / 613.784, 2.0])
     assert s["predicted"][0] < 1.0  # KRAKEN_PR19's M = 512 row: a slowdown, predicted so

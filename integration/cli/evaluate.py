@@ -8,7 +8,7 @@ from costmodel.errors import TpcostError
 from costmodel.evaluate import evaluate_files, plot_evaluation, summarise
 from costmodel.io import JSON_SCHEMA_VERSION, check_output_path, dumps_json
 
-from .common import add_regime_args, cudagraph_arg, vllm_version_arg
+from .common import VERSION_HELP, add_regime_args, cudagraph_arg, vllm_version_arg
 
 
 LABEL_MAX = 110  # the row column's widest (a terminal); longer labels keep their tail
@@ -17,8 +17,8 @@ LABEL_MAX = 110  # the row column's widest (a terminal); longer labels keep thei
 def cmd_evaluate(args) -> int:
     if args.plot:
         check_output_path(args.plot, args.force, "--plot", protect=tuple(args.files))
-    scored, skipped = evaluate_files(args.files, cudagraph_max_tokens=cudagraph_arg(args),
-                                     vllm_version=vllm_version_arg(args), band=args.band)
+    vllm = vllm_version_arg(args)
+    scored, skipped = evaluate_files(args.files, vllm, cudagraph_max_tokens=cudagraph_arg(args), band=args.band)
     if not scored:  # scoring nothing is no result: say why every row was skipped
         reasons = sorted({sk["reason"] for sk in skipped})
         raise TpcostError(f"nothing to score: all {len(skipped)} row(s) skipped ("
@@ -29,8 +29,10 @@ def cmd_evaluate(args) -> int:
         plot_evaluation(scored, args.plot)
     if args.json:
         summ["rows"] = [{**dataclasses.asdict(s), "abs_error": s.abs_error, "tie": s.tie} for s in scored]
-        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, **summ}, indent=2))
+        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "vllm_version": vllm.label,
+                          "vllm_version_source": vllm.source, **summ}, indent=2))
         return 0
+    print(f"tpcost evaluate: {len(scored)} rows scored; {vllm.describe()}")
     width = min(max([len(s.label) for s in scored] + [3]), LABEL_MAX)
     print(f"{'row':{width}s} {'s meas':>7s} {'s pred':>7s} {'meas':>5s} {'pred':>5s} {'|err|':>6s} {'regret%':>8s} {'vLLM':>5s}")
     yn = lambda b: "on" if b else "off"  # noqa: E731
@@ -64,5 +66,6 @@ def register(sub):
     add_regime_args(p)
     p.add_argument("--band", action="store_true", help="also the 5-95 %% band of each op row's predicted speedup over "
                    "the profile's Monte Carlo draws, and how often it covers the measurement")
-    p.add_argument("--vllm-version", metavar="X.Y", help="whose dispatched collective a baseline_impl=vllm row uses")
+    p.add_argument("--vllm-version", metavar="X.Y", help="whose dispatched collective a baseline_impl=vllm row uses; "
+                   + VERSION_HELP)
     p.set_defaults(func=cmd_evaluate)

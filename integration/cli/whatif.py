@@ -38,9 +38,7 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
         return _print_ops(prof, shape, args)
     from integration.recommend import fusion_lines, recommend
 
-    from costmodel.vllm_tables import version_of
-
-    vllm = vllm_arg(args, prof, args.tp) or (0, 31)
+    vllm = vllm_arg(args, prof, args.tp)
     run = run_config_arg(args, vllm, load_workload_arg(args))
     r = recommend(prof, shape, run, user_choices_arg(args), band=not args.no_band, tokens=args.tokens,
                   min_confidence=args.min_confidence)  # vllm-config's decision path: the same answer
@@ -52,8 +50,8 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     out["fusion_range"] = None if f is None else {"tokens": f.tokens, "mb": f.mb, "why": f.why,
                                                   "vllm_default_tokens": f.vllm_default_tokens,
                                                   "confidence": f.confidence}
-    out["vllm_version"] = list(version_of(vllm))
-    if not r.has_sp:  # vLLM >= 0.32: no SP pass, so no SP threshold to show
+    out["vllm_version"], out["vllm_version_source"] = vllm.label, vllm.source
+    if not r.has_sp:  # a release without the SP pass: no SP threshold to show
         out.update(cutoff_tokens=None, sp_cutoff_tokens=None, cutoff_band_tokens=None, decided_schedule=None,
                    decided_threshold_tokens=None, sp_passes=False)
     if args.plot:
@@ -69,7 +67,8 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     n_derived = len(prof.modified) - len(given)
     mod = (f"  [MODIFIED by --set: {', '.join(given)}" + (f" (+{n_derived} quantities that ride on the link)"
            if n_derived else "") + "]") if prof.modified else ""
-    print(f"tpcost whatif: {shape.name} on {prof.name} x{args.tp}, {args.dtype}, seq_len {args.seq_len}{mod}")
+    print(f"tpcost whatif: {shape.name} on {prof.name} x{args.tp}, {args.dtype}, seq_len {args.seq_len}; "
+          f"{vllm.describe()}{mod}")
     print(f"{'N tokens':>9} {'t_tp [ms]':>10} {'t_sp [ms]':>10} {'t_sp+async [ms]':>16} {'speedup sp':>11} {'speedup sp+async':>17}")
     def cell(x, fmt):
         return "n/a" if x is None else fmt(x)
@@ -83,8 +82,9 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     for line in fusion_lines(f, prof.name, args.tp):
         print(line.removeprefix("tpcost: "))
     if not r.has_sp:
-        print(f"\nvLLM {r.vllm_version[0]}.{r.vllm_version[1]} has no SP/AsyncTP passes (removed in 0.32): no SP threshold to decide; "
-              "the SP columns are what vLLM 0.31 would run")
+        print(f"\nvLLM {vllm.label} has no SP/AsyncTP passes for this model ({vllm.release.sp_passes_cite}): no SP "
+              "threshold to decide, and what it decides instead is the FlashInfer fusion range above; the SP columns are "
+              "the schedules a release with the passes would run (--vllm-version " + sp_release_label() + ")")
         _notes_and_provenance(a, prof)
         return 0
     for sched, why in a.table.unavailable.items():
@@ -111,7 +111,7 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     vd = a.vllm_default_tokens
     why_off = ("SP off (vLLM turns SP off at tp 1)" if args.tp < 2 else
                "SP off (its table covers sm90/sm100 with hidden >= 8192 and XPU with hidden >= 4096)")
-    print("vLLM 0.31's own default here: " + (f"sp_min_token_num {vd}" if vd is not None else why_off))
+    print(f"vLLM {vllm.label}'s own default here: " + (f"sp_min_token_num {vd}" if vd is not None else why_off))
     if a.sensitivity:
         never = lambda x: "never" if x is None else str(x)  # noqa: E731
         print(f"\nwhat moves the cutoff (each input alone scaled by e^-s and e^+s, s = its tier's sigma; top {SENSITIVITY_SHOWN}):")
@@ -155,16 +155,18 @@ def _print_ops(prof, shape, args) -> int:
     from costmodel.analysis import ops_view
     from costmodel.model import predict
 
+    vllm = vllm_arg(args, prof, args.tp)
     pred = predict(prof, shape, args.tp, args.dtype, [float(args.ops)],
-                   regime_arg(args, vllm_arg(args, prof, args.tp), fi_max_bytes_arg(args), load_workload_arg(args)))
+                   regime_arg(args, vllm, fi_max_bytes_arg(args), load_workload_arg(args)))
     view = ops_view(pred)
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "gpu": prof.name, "model": shape.name, "tp": args.tp,
-                          "dtype": args.dtype, "num_tokens": args.ops, "notes": list(pred.notes),
+                          "dtype": args.dtype, "num_tokens": args.ops, "vllm_version": vllm.label,
+                          "vllm_version_source": vllm.source, "notes": list(pred.notes),
                           "t_forward_s": {s: float(pred.t_forward_s(s)[0]) for s in pred.schedules}, "ops": view},
                          indent=2))
         return 0
-    print(f"tpcost whatif --ops {args.ops}: {shape.name} on {prof.name} x{args.tp}, {args.dtype}")
+    print(f"tpcost whatif --ops {args.ops}: {shape.name} on {prof.name} x{args.tp}, {args.dtype}; {vllm.describe()}")
     for name, rows in view.items():
         t = float(pred.t_forward_s(name)[0])
         print(f"\n[{name}]  t_forward {t * 1e3:.3f} ms")
@@ -192,12 +194,18 @@ def register(sub) -> None:
     w.add_argument("--ops", type=tokens_arg, metavar="N",
                    help="instead of the sweep: every op of each schedule at N tokens with its time, achieved rate, bound "
                         "and formula")
-    add_vllm_args(w, "whose all-reduce dispatch tables the plain-TP arm uses (default 0.31, the last version with the "
-                     "SP passes; costmodel/vllm_tables.py); from 0.32 on there is no SP threshold to decide, only the "
-                     "fusion range")
+    add_vllm_args(w, "its dispatch tables time the all-reduces; a release without the SP passes decides only the fusion "
+                     "range")
     w.add_argument("--tokens", type=tokens_arg, nargs="+", metavar="N",
                    help="token counts for the table (default: powers of two to 65536, plus the cutoff)")
     w.set_defaults(func=cmd_whatif)
+
+
+def sp_release_label() -> str:
+    """The newest release with the compile-time SP passes (costmodel.vllm_tables.RELEASES)."""
+    from costmodel.vllm_tables import RELEASES
+
+    return max((r for r in RELEASES.values() if r.sp_passes), key=lambda r: r.version).label
 
 
 def band_coverage() -> dict:
