@@ -470,6 +470,7 @@ _VLLM_CFG = "vllm/config/vllm.py"
 _ENVS = "vllm/envs.py"
 _CUSTOM_AR = "vllm/distributed/device_communicators/custom_all_reduce.py"
 _MUSE_RS = "vllm/models/muse_spark/nvidia/ops/gemm_rs.py"
+_KIMI_K3 = "vllm/models/kimi_k3/nvidia/model.py"
 # PassConfig's fields tpcost emits: the FlashInfer fusion pair in every release; the SP / AsyncTP trio up to 0.31
 _FI_FIELDS = ("fuse_allreduce_rms", "fi_allreduce_fusion_max_size_mb")
 _SP_FIELDS = ("enable_sp", "fuse_gemm_comms", "sp_min_token_num")
@@ -517,6 +518,7 @@ class Release:
     muse_spark_gemm_rs: MuseSparkGemmRs | None = None
     fusion_sized_by_draft: bool = False  # the fused AR workspace is sized by the wider of target and draft
     shared_expert_all2all: tuple[str, ...] = ()  # all2all backends under which the shared experts shard under SP
+    shared_expert_cite: str = ""  # can_shard_sequence_parallel_shared_expert
     notes: tuple[str, ...] = ()  # what changed in this release that tpcost reads and does not model
 
     @property
@@ -525,7 +527,7 @@ class Release:
 
 
 _KERNEL_031 = KernelGate((0, 31), 128, f"{_GEMM_RS_AR}:982-985", f"{_GEMM_RS_AR}:1105-1152", f"{_GEMM_RS_AR}:939-973")
-_KERNEL_034 = KernelGate((0, 31), 128, f"{_GEMM_RS_AR}:987-990", f"{_GEMM_RS_AR}:1120-1167", f"{_GEMM_RS_AR}:944-978")
+_KERNEL_034 = KernelGate((0, 31), 128, f"{_GEMM_RS_AR}:987-990", f"{_GEMM_RS_AR}:1120-1169", f"{_GEMM_RS_AR}:944-978")
 _MUSE_033 = MuseSparkGemmRs(512, {4: 128, 8: 256}, "10.3", f"{_MUSE_RS}:44-75")
 _SP_REMOVED = "vllm 0.32.0: compilation/passes/fusion/sequence_parallelism.py and its PassConfig fields are gone"
 RELEASES: dict[tuple[int, int], Release] = {
@@ -544,6 +546,7 @@ RELEASES: dict[tuple[int, int], Release] = {
         f"{_COMPILATION}:114 class PassConfig", f"{_VLLM_CFG}:2658 _set_compile_ranges",
         f"{_VLLM_CFG}:2403 _set_cudagraph_sizes", _KERNEL_031,
         f"{_ENVS}: VLLM_KIMI_K3_GEMM_AR (1), VLLM_ENABLE_GEMM_RS (0)", _MUSE_033, True, ("deepep_v2",),
+        f"{_KIMI_K3}: can_shard_sequence_parallel_shared_expert",
         ("FI_MNNVL_ALLREDUCE_MAX_SIZE_MB gains sm100 TP 8 and raises sm103 TP 8 to 128 MB (multi-node NVLink, not "
          "modelled)",)),
     (0, 34): Release(
@@ -551,6 +554,7 @@ RELEASES: dict[tuple[int, int], Release] = {
         f"{_COMPILATION}:190 class PassConfig", f"{_VLLM_CFG}:2739 _set_compile_ranges",
         f"{_VLLM_CFG}:2327 _set_cudagraph_sizes", _KERNEL_034,
         f"{_ENVS}:223-224 VLLM_KIMI_K3_GEMM_AR (1), VLLM_ENABLE_GEMM_RS (0)", _MUSE_033, True, ("deepep_v2",),
+        f"{_KIMI_K3}:165-176 can_shard_sequence_parallel_shared_expert",
         (f"a cross-node group skips the IPC custom all-reduce ({_CUSTOM_AR}:479-481, 501: mnnvl_only); tpcost "
          "models one node, where nothing changes",
          f"gemm_rs_ar takes a pre-quantised MXFP8 activation without quantising it again ({_GEMM_RS_AR}:1008-1016)")),

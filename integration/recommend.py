@@ -29,6 +29,11 @@ def installed_vllm() -> tuple[str, str] | None:
     return None
 
 
+def installed_version() -> tuple[int, int] | None:
+    """The installed vLLM's (major, minor) by the one version rule, or None (none installed)."""
+    return resolve_vllm(None).version if installed_vllm() is not None else None
+
+
 def resolve_vllm(flag: str | None, limits: tuple = ()) -> Vllm:
     """The vLLM every command answers for (costmodel.vllm_tables.resolve): --vllm-version, else the installed
     distribution, else the current release."""

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from integration.cli import main
-from integration.recommend import installed_vllm_version
+from costmodel.vllm_tables import Vllm
+from integration.recommend import installed_version
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(ROOT / "tests" / "fixtures" / "llama-h8192-tiny")
-VERSION, _ = installed_vllm_version()
+VERSION = installed_version()
 pytestmark = pytest.mark.skipif(VERSION is None or VERSION < (0, 32), reason="needs vLLM >= 0.32 (the second test venv)")
 
 
@@ -54,7 +55,7 @@ def test_plugin_sets_the_fusion_range_and_ranges_split_there(scenarios, tp):
     from costmodel.model import Regime, RunConfig
     from integration.recommend import UserChoices
 
-    r = recommend(load_profile("h100-sxm"), load_model(MODEL), RunConfig(tp, "bf16", Regime(vllm=VERSION)),
+    r = recommend(load_profile("h100-sxm"), load_model(MODEL), RunConfig(tp, "bf16", Regime(vllm=Vllm(VERSION))),
                   UserChoices(fuse_allreduce_rms=True))
     assert r.fusion.tokens > 0
     assert got["fi_allreduce_fusion_max_size_mb"] == r.fusion.mb

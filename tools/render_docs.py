@@ -256,10 +256,34 @@ def transcript(*argv: str, keep=None) -> str:
     return "```\n$ tpcost " + " ".join(argv) + "\n" + "\n".join(lines) + "\n```"
 
 
+def _no_vllm_installed(fn):
+    """`fn` run as on a fresh machine: no vLLM distribution found, so the one version rule gives the current release
+    (the README's sample is what its install command prints, whatever this machine has)."""
+    import integration.recommend as rec
+
+    saved = rec.installed_vllm
+    rec.installed_vllm = lambda: None
+    try:
+        return fn()
+    finally:
+        rec.installed_vllm = saved
+
+
 def _whatif_sample() -> str:
     shown = ("1 ", "64 ", "512 ", "2048 ", "8192 ", "65536 ")
-    return transcript("whatif", "--no-band", keep=lambda i, ln: i < 2 or ln.lstrip().startswith(shown)
-                      or "<- cutoff" in ln or ln.startswith(("(times", "cutoff", "vLLM 0.31", "value of")))
+    return _no_vllm_installed(lambda: transcript(
+        "whatif", "--no-band", keep=lambda i, ln: i < 2 or ln.lstrip().startswith(shown) or "<- cutoff" in ln
+        or ln.startswith(("(times", "cutoff", "vLLM ", "value of", "FlashInfer", "  the schedules"))))
+
+
+def _whatif_sample_sp() -> str:
+    """The same what-if for the newest release with the SP passes (its SP+AsyncTP cutoff)."""
+    from integration.cli.whatif import sp_release_label
+
+    shown = ("1 ", "64 ", "512 ", "2048 ", "8192 ", "65536 ")
+    return transcript("whatif", "--no-band", "--vllm-version", sp_release_label(), keep=lambda i, ln: i < 2
+                      or ln.lstrip().startswith(shown) or "<- cutoff" in ln
+                      or ln.startswith(("(times", "cutoff", "vLLM ", "value of", "decided")))
 
 
 def kernel_cutoffs_table() -> str:
@@ -354,12 +378,14 @@ def code_path_noise_table() -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample,
+BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample, ("../README.md", "whatif-sample-sp"): _whatif_sample_sp,
           ("vllm-thresholds.md", "kernel-cutoffs"): kernel_cutoffs_table,
           ("vllm.md", "vllm-config-031"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",
                                                              "--gpu", "h100-sxm", "--vllm-version", "0.31"),
           ("vllm.md", "vllm-config-032"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",
                                                              "--gpu", "h100-sxm", "--vllm-version", "0.32"),
+          ("vllm.md", "vllm-config-034"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",
+                                                             "--gpu", "h100-sxm", "--vllm-version", "0.34"),
           ("profiles.md", "value-ranges"): value_ranges_table, ("accuracy.md", "accuracy"): accuracy_table,
           ("accuracy.md", "fits"): fits_table, ("accuracy.md", "band-coverage"): band_coverage_table,
           ("accuracy.md", "band-calibration"): band_calibration_table,

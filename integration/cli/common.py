@@ -264,7 +264,7 @@ def check_overrides_take_effect(prof, overrides, shape, args) -> None:
 
     grid = np.arange(args.tp, args.max_num_batched_tokens + args.tp, args.tp, dtype=float)
     traced, reads = recording(prof)
-    predict(traced, shape, args.tp, args.dtype, grid, regime_arg(args, None))
+    predict(traced, shape, args.tp, args.dtype, grid, regime_arg(args, vllm_version_arg(args)))
     rides_on_link = any(prof.provenance[k].source == DERIVED_FROM_LINK for k in reads if k in prof.provenance)
     for key in overrides:
         if key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s") and rides_on_link:

@@ -1,0 +1,185 @@
+"""Against the real vLLM 0.34.0 (the current release, a CUDA wheel; commit g62d4bc3c7): laid over the vLLM 0.32 test
+venv without its dependencies (README test command: `pip install --no-deps --target .vllm034 vllm==0.34.0`, then
+PYTHONPATH=.vllm034), its config classes import on this CPU machine with that venv's torch 2.13.0+cpu.
+
+Every file:line the 0.34 record cites (costmodel/vllm_tables.py RELEASES) is read back out of the wheel's files
+(name, value, line), so a drift fails here; the emitted PassConfig is built by 0.34's own classes on every built-in
+GPU; with the wheel importable, whatif, op, vllm-config and the plugin all resolve 0.34."""
+
+import dataclasses
+import io
+import json
+import re
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from costmodel import vllm_tables as T
+from integration.cli import main
+from integration.recommend import installed_version
+
+ROOT = Path(__file__).resolve().parents[1]
+VERSION = installed_version()
+pytestmark = pytest.mark.skipif(VERSION != (0, 34), reason="needs the vLLM 0.34.0 wheel on PYTHONPATH (README)")
+REC = T.RELEASES[(0, 34)]
+_CITE = re.compile(r"(vllm/[\w/]+\.py):(\d+)(?:-(\d+))?")
+
+
+def _site() -> Path:
+    import vllm
+
+    return Path(vllm.__file__).resolve().parents[1]
+
+
+def _lines(cite: str) -> str:
+    """The text of the lines `cite` ("vllm/x.py:12-14 ...") names, read from the importable wheel."""
+    m = _CITE.search(cite)
+    assert m, cite
+    lo = int(m.group(2))
+    hi = int(m.group(3) or lo)
+    text = (_site() / m.group(1)).read_text().splitlines()
+    return "\n".join(text[lo - 1:hi])
+
+
+def _cites(obj) -> list[str]:
+    """Every string of the record (recursively) that cites a file:line."""
+    if isinstance(obj, str):
+        return _CITE.findall(obj) and [obj] or []
+    if dataclasses.is_dataclass(obj):
+        return [c for f in dataclasses.fields(obj) for c in _cites(getattr(obj, f.name))]
+    if isinstance(obj, dict):
+        return [c for v in obj.values() for c in _cites(v)]
+    if isinstance(obj, (list, tuple)):
+        return [c for v in obj for c in _cites(v)]
+    return []
+
+
+def _needles() -> dict[str, list[str]]:
+    """cite -> what must stand on its lines (vLLM's name and value), built from the record's own values."""
+    k, ms = REC.kernel, REC.muse_spark_gemm_rs
+    out = {k.should_run: ["def should_run", f"return x.shape[0] >= {k.min_m}"],
+           k.maybe_init: ["def maybe_init_gemm_rs_ar(", "is_device_capability_family(100)"],
+           k.can_run: ["def can_run(", "return True"],
+           REC.pass_config_cite: ["class PassConfig"],
+           REC.mb_conversion: ["def _set_compile_ranges"],
+           REC.cudagraph_cite: [f"default_max_graph_size = {T.CUDAGRAPH_MAX_TOKENS_BLACKWELL} if "
+                                f"is_data_center_blackwell else {T.CUDAGRAPH_MAX_TOKENS_DEFAULT}"],
+           REC.switches_cite: [f"{s.env}: bool = {s.default_on}" for s in T.SWITCHES.values()],
+           ms.where: ["def should_run", f"{ms.min_m} <= x.shape[0]",
+                      f"{ms.align[4]} if self.kernel.world_size == 4 else {ms.align[8]}",
+                      f"is_device_capability({ms.capability.replace('.', '')})",
+                      f"tensor_parallel_size not in {tuple(sorted(ms.align))}", f"max_num_batched_tokens < {ms.min_m}"],
+           REC.shared_expert_cite: ["def can_shard_sequence_parallel_shared_expert", T.NATIVE_MEGA_MOE,
+                                    *(f'all2all_backend == "{b}"' for b in REC.shared_expert_all2all)],
+           REC.notes[0]: ["if self.mnnvl_only:"], REC.notes[1]: ["as_quantized_activation"]}
+    for name, (_, where) in REC.tables.items():
+        out[where] = [name]
+    return out
+
+
+def test_every_cited_line_of_the_034_record_is_in_the_wheel():
+    needles = _needles()
+    cites = _cites(REC)
+    assert set(cites) <= set(needles), set(cites) - set(needles)  # nothing the record cites goes unchecked
+    for cite in cites:
+        text = _lines(cite)
+        for needle in needles[cite]:
+            assert needle in text, (cite, needle, text)
+    # what 0.32 removed stays removed
+    assert not (_site() / "vllm/compilation/passes/fusion/sequence_parallelism.py").exists()
+
+
+def test_the_034_tables_are_the_wheel_s():
+    sys.path.insert(0, str(ROOT / "tools"))
+    from read_vllm_tables import read
+
+    got = read(str(_site()))
+    assert got["version"] == "0.34.0" and got["commit"] == "g62d4bc3c7"
+    from costmodel.vllm_tables import Vllm
+
+    for name, entry in got["tables"].items():
+        value, where = REC.tables[name]
+        assert where == f"{entry['file']}:{entry['line']}", name
+        assert _norm(value) == entry["value"], name
+    from vllm.distributed.device_communicators import all_reduce_utils as ar
+
+    v = Vllm((0, 34))
+    for name in ("CUSTOM_ALL_REDUCE_MAX_SIZES", "SYMM_MEM_ALL_REDUCE_MAX_SIZES", "FI_MNNVL_ALLREDUCE_MAX_SIZE_MB"):
+        assert getattr(ar, name) == v.table(name)[0], name
+
+
+def _norm(v):
+    """JSON's view of a table, as tools/read_vllm_tables.py writes it: string keys, lists for tuples."""
+    if isinstance(v, dict):
+        return {(json.dumps(list(k)) if isinstance(k, tuple) else str(k)): _norm(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    return v
+
+
+def _run(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = main(list(argv))
+    assert rc == 0, err.getvalue()
+    return out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("gpu", ["a100-sxm-80gb", "a800", "b200", "b300", "gb200-nvl72", "gb300-nvl72", "h100-sxm",
+                                 "h200-sxm", "h800", "l40s", "mi300x"])
+def test_vllm_config_034_on_every_builtin_gpu_is_accepted_by_034s_classes(gpu):
+    from vllm.config import CompilationConfig, PassConfig
+
+    for tp in (2, 4, 8):
+        out, err = _run("vllm-config", "--format", "json", "--gpu", gpu, "--model", "llama-3.1-70b", "--tp", str(tp),
+                        "--vllm-version", "0.34")
+        cc = json.loads(out)
+        assert "config for vLLM 0.34 (--vllm-version 0.34)" in err
+        assert set(cc["pass_config"]) <= set(REC.pass_config_fields) <= set(PassConfig.__dataclass_fields__)
+        built = CompilationConfig(**cc)
+        for k, v in cc["pass_config"].items():
+            assert getattr(built.pass_config, k) == v
+    assert "sp_min_token_num" not in PassConfig.__dataclass_fields__ and not REC.sp_passes
+
+
+def test_with_034_importable_every_command_and_the_plugin_resolve_034():
+    w = json.loads(_run("whatif", "--no-band", "--json", "--tokens", "1024")[0])
+    o = json.loads(_run("op", "--gpu", "b200", "--tp", "4", "--op", "gemm_ar", "--impl", "kernel", "--n", "7168",
+                        "--k", "1536", "--json")[0])
+    _, err = _run("vllm-config", "--gpu", "h100-sxm", "--tp", "4")
+    assert w["vllm_version"] == o["vllm_version"] == "0.34"
+    assert w["vllm_version_source"].startswith("installed distribution vllm 0.34.0")
+    assert "config for vLLM 0.34 (installed distribution vllm 0.34.0)" in err
+    assert w["cutoff_tokens"] is None and w["sp_passes"] is False
+    import vllm
+
+    from integration.vllm_plugin import _vllm_version
+
+    assert vllm.__version__ == "0.34.0" and _vllm_version(False) == [0, 34]
+
+
+def test_kernel_switch_contract_on_034(monkeypatch):
+    """The plugin's reading of 0.34's ParallelConfig / KernelConfig gives the mode the worker binds, and 0.34's envs
+    read the switches the plugin writes (unset: GEMM-AR on, GEMM-RS off)."""
+    import vllm.envs as envs
+    from vllm.config import KernelConfig, ParallelConfig
+
+    from costmodel.shapes import load_model_config, read_kernel_model
+    from costmodel.vllm_tables import Parallel
+    from integration.vllm_plugin import kernel_parallel
+
+    cfg, name, where = load_model_config(str(ROOT / "tests" / "fixtures" / "kimi-k3.config.json"))
+    km = read_kernel_model(cfg, name, where)
+    for pc, kc, mode in ((ParallelConfig(tensor_parallel_size=8), KernelConfig(), "gemm_ar"),
+                         (ParallelConfig(tensor_parallel_size=8, enable_expert_parallel=True, data_parallel_size=2),
+                          KernelConfig(), "gemm_rs"),
+                         (ParallelConfig(tensor_parallel_size=8, enable_expert_parallel=True),
+                          KernelConfig(moe_backend="deep_gemm_mega_moe"), "gemm_rs")):
+        assert km.mode(Parallel(**kernel_parallel(pc, kc))) == mode
+    for s in T.SWITCHES.values():
+        monkeypatch.delenv(s.env, raising=False)
+        assert getattr(envs, s.env) is s.default_on
+        monkeypatch.setenv(s.env, str(int(not s.default_on)))
+        assert getattr(envs, s.env) is (not s.default_on)
