@@ -188,11 +188,9 @@ def check_dtype(dtype: str) -> str:
 
 
 # ---------------------------------------------------------------- where vLLM's fused kernel runs: a model's call sites
-# Kimi-K3 / Kimi-Linear and DeepSeek-V4.1, read from their config.json: `models/kimi_k3/nvidia/model.py` (the worker
-# binds one mode, l. 176-198; `KimiMLP` l. 201-300: the dense layers' down_proj; `shard_sequence_parallel_mlp`
-# l. 142-159), `mla.py` l. 297-315, 632 and `kda.py` l. 878-890, 971 (o_proj in every layer, K = heads·v_head_dim),
-# `models/deepseek_v41/nvidia/model.py` l. 261-309, 357-362 (`wo_b`, K = o_groups·o_lora_rank). A call-site reader,
-# not a forward: whatif refuses these models (refuse_forward) and vllm-config --kernel-op answers their switch.
+# Kimi-K3 / Kimi-Linear and DeepSeek-V4.1, read from their config.json as vLLM's model code builds them (where in that
+# code: costmodel.vllm_tables.KERNEL_SITES_CITE). A call-site reader, not a forward: whatif refuses these models
+# (refuse_forward) and vllm-config --kernel-op answers their switch.
 KIMI_ARCHS = ("KimiK3ForConditionalGeneration", "KimiLinearForCausalLM")
 DEEPSEEK_ARCHS = ("DeepseekV41ForCausalLM",)
 

@@ -381,9 +381,7 @@ def should_run_rule(vllm: Vllm) -> tuple[str, int, Any]:
     M >= min_m, RS and AR alike): what Kimi-K3 and DeepSeek-V4.1 run it by."""
     k = vllm.kernel
     if k is None:
-        since = vllm.release.kernel.since if vllm.release.kernel is not None else None
-        raise TpcostError(f"{vllm.describe()} has no single-kernel fused GEMM+collective" + (
-            f" (gemm_rs_ar ships from vLLM {since[0]}.{since[1]} on)" if since else ""))
+        raise TpcostError(kernel_missing(vllm))
     lo = k.min_m
     return f"gemm_rs_ar should_run: M >= {lo} (vLLM {vllm.label} {k.should_run})", lo, lambda m: np.asarray(m) >= lo
 
@@ -434,6 +432,21 @@ class Parallel:
     moe_backend: str = "auto"
     all2all_backend: str = ""
     shard_sp_shared_expert: bool = False  # VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT=1
+
+
+# where the models that bind the kernel call it (costmodel.shapes.KernelModel reads these sites from config.json)
+KERNEL_SITES_CITE = (
+    "models/kimi_k3/nvidia/model.py: the worker binds one mode (l. 176-198); KimiMLP (l. 201-300: the dense layers' "
+    "down_proj); shard_sequence_parallel_mlp (l. 142-159); mla.py l. 297-315, 632 and kda.py l. 878-890, 971: o_proj "
+    "in every layer, K = heads·v_head_dim; models/deepseek_v41/nvidia/model.py l. 261-309, 357-362: wo_b, K = "
+    "o_groups·o_lora_rank")
+
+
+def kernel_missing(vllm: Vllm) -> str:
+    """Why `vllm` has no single-kernel fused GEMM+collective (for a version its record serves from before it)."""
+    since = vllm.release.kernel.since if vllm.release.kernel is not None else None
+    return f"{vllm.describe()} has no single-kernel fused GEMM+collective" + (
+        f" (gemm_rs_ar ships from vLLM {since[0]}.{since[1]} on)" if since else "")
 
 
 def model_level_sp(family: str, par: Parallel) -> bool:

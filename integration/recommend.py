@@ -494,7 +494,7 @@ def kernel_model_config(profile, km, par, op: str | None, run: RunConfig | None 
     line, where the switch has no effect. `run` (None: bf16 at par.tp, the current release) gives the budget,
     margin, workload and vLLM; its tp must be the parallel setup's."""
     from costmodel.errors import TpcostError
-    from costmodel.vllm_tables import SWITCHES
+    from costmodel.vllm_tables import SWITCHES, kernel_missing
 
     run = RunConfig(par.tp, "bf16", Regime()) if run is None else run
     if run.tp != par.tp or run.dtype != "bf16":
@@ -506,7 +506,7 @@ def kernel_model_config(profile, km, par, op: str | None, run: RunConfig | None 
     vllm = run.regime.vllm
     if op is not None:
         if vllm.kernel is None:
-            raise TpcostError(f"{SWITCHES[op].env}: {vllm.describe()} has no single-kernel fused GEMM+collective")
+            raise TpcostError(f"{SWITCHES[op].env}: {kernel_missing(vllm)}")
         why = km.switch_problem(op, par)
         if why:
             raise TpcostError(why)

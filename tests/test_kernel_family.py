@@ -110,12 +110,17 @@ def test_op_json_for_b200_tp4(capsys, op):
 
 
 def test_muse_spark_rule_on_b300(capsys):
-    assert main(["op", "--gpu", "b300", "--tp", "8", "--op", "gemm_rs", "--impl", "kernel", "--n", "8192", "--k",
-                 "1024", "--m", "640", "--json"]) == 0
-    d = json.loads(capsys.readouterr().out)
-    assert d["vllm_rule_tokens"] == 512
-    runs = {r["m"]: r["vllm_runs_kernel"] for r in d["rows"]}
-    assert runs[256] is False and runs[512] is True and runs[640] is False and runs[768] is True
+    """Muse Spark's own GEMM+RS gate ships from 0.33 (models/muse_spark): its rule there, gemm_rs_ar's before."""
+    argv = ["op", "--gpu", "b300", "--tp", "8", "--op", "gemm_rs", "--impl", "kernel", "--n", "8192", "--k", "1024",
+            "--m", "640", "--json"]
+    for ver in ("0.33", "0.34"):
+        assert main([*argv, "--vllm-version", ver]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["vllm_rule_tokens"] == 512 and "Muse Spark" in d["vllm_rule"]
+        runs = {r["m"]: r["vllm_runs_kernel"] for r in d["rows"]}
+        assert runs[256] is False and runs[512] is True and runs[640] is False and runs[768] is True
+    assert main([*argv, "--vllm-version", "0.31"]) == 0
+    assert json.loads(capsys.readouterr().out)["vllm_rule_tokens"] == 128
 
 
 def test_cutoff_follows_the_rule_and_the_workload(capsys, tmp_path):

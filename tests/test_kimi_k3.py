@@ -14,7 +14,7 @@ import pytest
 
 from costmodel import ops
 from costmodel.shapes import read_kernel_model
-from costmodel.vllm_tables import Parallel
+from costmodel.vllm_tables import Parallel, Vllm
 from costmodel.profile import load_profile
 from costmodel.shapes import load_model_config
 from costmodel.workload import read_workload
@@ -49,17 +49,17 @@ def test_call_sites_as_vllm_builds_them():
     assert (km.name, km.family, km.hidden, km.num_layers, km.num_moe_layers()) == ("kimi-k3", "kimi_k3", 7168, 93, 92)
     text = json.loads(Path(KIMI).read_text())["text_config"]
     n_kda = sum(KimiLinearConfig(**text).is_kda_layer(i) for i in range(93))  # vLLM's own layer rule
-    ar = {s.name: (s.n, s.k, s.calls_per_forward, s.weights, s.norm_after) for s in km.call_sites("gemm_ar", Parallel(8), (0, 33))}
+    ar = {s.name: (s.n, s.k, s.calls_per_forward, s.weights, s.norm_after) for s in km.call_sites("gemm_ar", Parallel(8), Vllm((0, 33)))}
     assert ar == {"o_proj (MLA)": (7168, 1536, 93 - n_kda, "bf16", True), "o_proj (KDA)": (7168, 1536, n_kda, "bf16", True),
                   "down_proj (dense MLP)": (7168, 4224, 1, "bf16", True)}
     sp = Parallel(4, enable_expert_parallel=True, data_parallel_size=2)
     assert km.mode(sp) == "gemm_rs" and km.mode(Parallel(4)) == "gemm_ar"
-    assert [s.name for s in km.call_sites("gemm_rs", sp, (0, 33))] == ["o_proj (MLA)", "o_proj (KDA)"]
+    assert [s.name for s in km.call_sites("gemm_rs", sp, Vllm((0, 33)))] == ["o_proj (MLA)", "o_proj (KDA)"]
     deepep = Parallel(4, enable_expert_parallel=True, data_parallel_size=2, all2all_backend="deepep_v2",
                       shard_sp_shared_expert=True)
-    rs33 = {s.name: s.k for s in km.call_sites("gemm_rs", deepep, (0, 33))}
+    rs33 = {s.name: s.k for s in km.call_sites("gemm_rs", deepep, Vllm((0, 33)))}
     assert rs33["shared_experts.down_proj"] == 6144 // 4 and rs33["down_proj (dense MLP)"] == 33792 // 4
-    assert "shared_experts.down_proj" not in {s.name for s in km.call_sites("gemm_rs", deepep, (0, 31))}
+    assert "shared_experts.down_proj" not in {s.name for s in km.call_sites("gemm_rs", deepep, Vllm((0, 31)))}
     for not_sp in (Parallel(8, enable_expert_parallel=True), Parallel(8, data_parallel_size=2),
                    Parallel(8, pipeline_parallel_size=2, enable_expert_parallel=True, moe_backend="deep_gemm_mega_moe")):
         assert km.mode(not_sp) == "gemm_ar"
@@ -96,7 +96,7 @@ def test_format_env_prints_the_switch_and_the_saving(capsys, tmp_path):
     assert decided[64] == "1"
     hw = ops.Hw(load_profile("b200"), "bf16")
     for m in (256, 8192):
-        wins = [ops.kernel_pair(hw, ops.KernelGemm("gemm_ar", 7168, k, 8, norm_after=True), [m], vllm_version=(0, 33),
+        wins = [ops.kernel_pair(hw, ops.KernelGemm("gemm_ar", 7168, k, 8, norm_after=True), [m], vllm=Vllm((0, 33)),
                                 fi_max_bytes=0.0) for k in (1536, 4224)]
         on = sum(float(p.fused_s[0]) * c for p, c in zip(wins, (93, 1)))
         off = sum(float(p.unfused_s[0]) * c for p, c in zip(wins, (93, 1)))
@@ -112,7 +112,7 @@ def test_switch_agrees_with_tpcost_op_per_site(capsys, tmp_path):
     from costmodel.model import Regime, RunConfig
     from integration.recommend import UserChoices, kernel_model_config
 
-    run = RunConfig(8, "bf16", Regime(vllm=(0, 33)), workload=read_workload(str(wl)))
+    run = RunConfig(8, "bf16", Regime(vllm=Vllm((0, 33))), workload=read_workload(str(wl)))
     d = kernel_model_config(load_profile("b200"), _kimi(), Parallel(8), "gemm_ar", run, UserChoices(fi_max_mb=1.0))
     assert d.fusion.tokens == 73
     for sd in d.switch.sites:
@@ -147,7 +147,7 @@ def test_gemm_rs_needs_the_parallel_setup(capsys, one_line_error):
     (["--tp", "3"], "not divisible by tp=3"),
     (["--tp", "8", "--set", "asynctp.host_op_s=5e-6"], "--set asynctp.host_op_s: no effect"),
     (["--tp", "8", "--gpu", "h100-sxm"], "not shipped by vLLM on this GPU"),
-    (["--tp", "8", "--vllm-version", "0.30"], "gemm_rs_ar ships from 0.31 on"),
+    (["--tp", "8", "--vllm-version", "0.30"], "gemm_rs_ar ships from vLLM 0.31 on"),
 ])
 def test_kernel_model_bad_input(one_line_error, argv, needle):
     one_line_error(*BASE, *argv, needle=needle)
@@ -250,6 +250,6 @@ def test_a_workload_context_column_is_refused_for_the_kernel_decision(tmp_path):
 
     wl = tmp_path / "w.csv"
     wl.write_text("num_tokens,count,context_len\n2048,10,4096\n")
-    run = RunConfig(8, "bf16", Regime(vllm=(0, 33)), workload=read_workload(str(wl)))
+    run = RunConfig(8, "bf16", Regime(vllm=Vllm((0, 33))), workload=read_workload(str(wl)))
     with pytest.raises(TpcostError, match="context_len column has no effect"):
         kernel_model_config(load_profile("b200"), _kimi(), Parallel(8), "gemm_ar", run)
