@@ -111,12 +111,16 @@ def bench_memory(timer: Timer, sizes_bytes, device, hidden=8192, worlds=(2, 4, 8
 
 def bench_interference(timer: Timer, shapes, m, device, dtype, reps=30):
     """GEMM alone vs the same GEMM timed (CUDA events on its own stream) while a device-to-device copy,
-    sized to outlast it, runs on another stream: the HBM contention a pull causes (not NVLink)."""
+    sized to outlast it, runs on another stream: the HBM contention a pull causes (not NVLink). The GEMM's stream
+    has the highest priority: an SM copy kernel launched first would otherwise hold every SM until its CTAs are all
+    dispatched and the GEMM would run after it (serialised; seen on an H200, calib/data/h200-sxm-gpu-check), where
+    a copy-engine pull takes no SM at all."""
     s0, s1 = _streams(device)
     if s1 is None:
         return
     from .timing import summary
 
+    hi = torch.cuda.Stream(priority=torch.cuda.Stream.priority_range()[1])  # (least, greatest): greatest first
     for (name, n, k) in shapes:
         g = make_gemm(m, n, k, dtype, device)
         alone = timer(g)
@@ -130,18 +134,20 @@ def bench_interference(timer: Timer, shapes, m, device, dtype, reps=30):
             timer.flush_buf.zero_()
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s1.wait_stream(s0)
+            hi.wait_stream(s0)
             with torch.cuda.stream(s1):
                 dst.copy_(src)
-            e0.record(s0)
-            g()
-            e1.record(s0)
+            with torch.cuda.stream(hi):
+                e0.record(hi)
+                g()
+                e1.record(hi)
             torch.cuda.synchronize()
             samples.append(e0.elapsed_time(e1) * 1e-3)
         both = summary(samples)
         src = dst = None  # free the copy buffers before the next shape allocates its own
         yield {"kind": "interference", "name": name, "m": m, "n": n, "k": k, "dtype": dtype,
                "t_gemm_alone_s": alone.median_s, "t_copy_alone_s": t_copy.median_s, "copy_bytes": copy_bytes,
-               **both.as_dict()}
+               "gemm_stream_priority": "highest", **both.as_dict()}
 
 
 def bench_host_issue(device, calls=200, repeats=15):

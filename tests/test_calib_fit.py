@@ -41,3 +41,39 @@ def test_worst_unidentified_takes_the_largest_sigma_and_counts_nan():
     assert fit.worst_unidentified({"a": 0.5, "b": 3.0, "c": 2.0}) == "b"
     assert fit.worst_unidentified({"a": 0.5, "b": float("nan"), "c": 2.0}) == "b"
     assert fit.worst_unidentified({"a": 0.5, "b": 1.0}) is None
+
+
+def _h200_samples(sub=""):
+    import json
+    from pathlib import Path
+
+    d = Path(__file__).resolve().parents[1] / "calib" / "data" / "h200-sxm-gpu-check" / sub
+    return [json.loads(line) for line in (d / "samples.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_a_serialised_interference_run_is_not_fitted():
+    """The H200 check's first run (calib/data/h200-sxm-gpu-check/run1-serialised: the copy kernel launched first held
+    every SM, so each GEMM ended after the copy alone would) yields no compute_slowdown; the committed run (the GEMM's
+    stream at the highest priority) overlaps in every row and yields a small one. A synthetic serialised row next to
+    an overlapped one is listed, not fitted."""
+    bad = fit.fit_interference(_h200_samples("run1-serialised"))
+    assert bad[0] == {} and bad[1]["points"] == 0 and len(bad[1]["serialised"]) == 8
+    good, res = fit.fit_interference(_h200_samples())
+    assert res["serialised"] == [] and res["points"] == 8
+    assert 0.0 <= good["asynctp.compute_slowdown"]["value"] < 0.25
+    rows = [{"kind": "interference", "name": "a", "t_gemm_alone_s": 1.0, "t_copy_alone_s": 3.0, "median_s": 1.2},
+            {"kind": "interference", "name": "b", "t_gemm_alone_s": 1.0, "t_copy_alone_s": 3.0, "median_s": 3.9}]
+    got, res = fit.fit_interference(rows)
+    assert res["serialised"] == ["b"] and got["asynctp.compute_slowdown"]["value"] == pytest.approx(0.2)
+
+
+def test_the_memory_fit_reads_the_copy_alone():
+    """kernels.* come from the one streaming kernel: an eager multi-kernel RMSNorm record, however slow, moves nothing;
+    on the committed H200 check the copy fits within 6 % everywhere and its efficiency is a plausible HBM fraction."""
+    prior = {"memory.hbm_bw_bytes_per_s": 4.8e12}
+    recs = _h200_samples()
+    p, res = fit.fit_memory(recs, prior)
+    slow = recs + [{"kind": "rms_norm", "bytes_moved": 1e6, "median_s": 1.0}]
+    assert fit.fit_memory(slow, prior)[0] == p
+    assert res["points"] == sum(r["kind"] == "copy" for r in recs) and res["max_abs_log_residual"] < 0.06
+    assert 0.7 < p["kernels.mem_efficiency"]["value"] < 0.95
