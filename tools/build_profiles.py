@@ -5,7 +5,8 @@
 
 Values come from datasheets (URL), from the committed fits to data/reference (calib/data/component_fits.json,
 family_fit.json, kernel_fit.json, read through calib/results.py; source_id named), from this project's GPU runs
-named with --gpu-check (calib/data/, provenance named), or are assumed (derivation named). Tier per docs/model.md
+committed as calib/data/<profile>-gpu-check (every committed one, or those --gpu-check names; provenance named), or
+are assumed (derivation named). Tier per docs/model.md
 §7. The builder fits nothing: the chain that refits is in docs/profiles.md.
 """
 
@@ -935,16 +936,26 @@ def gpu_check_args(dirs) -> dict:
     return out
 
 
+def committed_gpu_checks() -> list[Path]:
+    """Every calib/data/<built-in profile>-gpu-check folder whose fit.json git tracks: what the shipped profiles fold."""
+    import subprocess
+
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "calib/data/*-gpu-check/fit.json"], capture_output=True,
+                         text=True).stdout.split()
+    return sorted((ROOT / f).parent for f in out if (OUT / f"{Path(f).parent.name.removesuffix('-gpu-check')}.toml").exists())
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true",
                     help=f"exit 1 if a file's parsed values differ from the generator's (relative tolerance {CHECK_REL_TOL:g})")
     ap.add_argument("--gpu-check", action="append", default=[], metavar="DIR",
-                    help="fold a committed single-GPU calibration (calib/data/<profile>-gpu-check, with its fit.json) "
-                         "into that profile; nothing is folded that is not named here")
+                    help="fold only these committed single-GPU calibrations (calib/data/<profile>-gpu-check, with "
+                         "its fit.json) into their profiles (default: every committed one; an untracked result is "
+                         "never folded)")
     args = ap.parse_args(argv)
     try:
-        checks = gpu_check_args(args.gpu_check)
+        checks = gpu_check_args(args.gpu_check or committed_gpu_checks())
     except ValueError as e:
         print(f"build_profiles: error: {e}", file=sys.stderr)
         return 2
