@@ -382,24 +382,36 @@ class TorchPair:
 
     fused_eager_s: Any  # issued from Python per call: the benchmarks, and vLLM above its CUDA-graph size
     fused_graph_s: Any  # under CUDA-graph replay: no host issue time
-    unfused_s: Any  # the GEMM, then NCCL's collective
-    unfused_impl: str  # "nccl_all_gather" | "nccl_reduce_scatter"
+    unfused_s: Any  # the GEMM, then the collective
+    unfused_impl: str  # "nccl_all_gather" | "nccl_reduce_scatter", or the first of unfused_impls
+    unfused_impls: Any = None  # the collective's implementation per row (str array; model-level SP's dispatch)
 
 
-def torch_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int) -> TorchPair:
+TORCH_BASELINES = ("nccl", "vllm_sp")
+
+
+def torch_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, baseline: str = "nccl") -> TorchPair:
     """The one predictor of torch's fused all-gather+GEMM ("ag_gemm") or GEMM+reduce-scatter ("gemm_rs") against its
-    sequential arm (tpcost op, evaluate); `hw` carries the dtype mode (the all-gathered operand's bytes)."""
-    if op == "ag_gemm":
-        u = sequential_ag_gemm_s(hw, m, n, k, tp, hw.mode.ag_bytes)
-        f = fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=True)
-        impl = "nccl_all_gather"
-    elif op == "gemm_rs":
-        u = sequential_gemm_rs_s(hw, m, n, k, tp)
-        f = fused_gemm_rs(hw, m, n, k, tp, eager=True)
-        impl = "nccl_reduce_scatter"
-    else:
+    sequential arm (tpcost op, vllm-config, evaluate); `hw` carries the dtype mode (the all-gathered operand's bytes).
+    `baseline` "nccl": the collective is NCCL's (the benchmarks; vLLM <= 0.31's compile-pass SP); "vllm_sp": the one
+    model-level SP dispatches (sp_all_gather / sp_reduce_scatter: vLLM's custom backends where the profile times
+    them, else NCCL), the arm vLLM >= 0.34's sp_all_gather_matmul replaces."""
+    if baseline not in TORCH_BASELINES:
+        raise TpcostError(f"torch_pair: baseline {baseline!r} is not one of {', '.join(TORCH_BASELINES)}")
+    if op not in ("ag_gemm", "gemm_rs"):
         raise TpcostError(f"torch has no fused {op!r} (ag_gemm | gemm_rs)")
-    return TorchPair(f.t_s, f.t_gpu_s, u, impl)
+    ag = op == "ag_gemm"
+    f = (fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=True) if ag else
+         fused_gemm_rs(hw, m, n, k, tp, eager=True))
+    if baseline == "nccl":
+        u = sequential_ag_gemm_s(hw, m, n, k, tp, hw.mode.ag_bytes) if ag else sequential_gemm_rs_s(hw, m, n, k, tp)
+        impl = "nccl_all_gather" if ag else "nccl_reduce_scatter"
+        return TorchPair(f.t_s, f.t_gpu_s, u, impl, np.full(np.shape(m), impl))
+    rows = np.asarray(m, dtype=float)
+    coll, impls = (all_gather_dispatch(hw, rows * (k * hw.mode.ag_bytes), tp, True) if ag else
+                   reduce_scatter_dispatch(hw, rows * (n * hw.act_bytes), tp, True))
+    impls = np.asarray(impls)
+    return TorchPair(f.t_s, f.t_gpu_s, hw.t_gemm(m, n, k) + coll, str(impls.ravel()[0]), impls)
 
 
 def sequential_ag_gemm_s(hw: Hw, m: Arr, n: int, k: int, tp: int, a_bytes: float) -> Arr:

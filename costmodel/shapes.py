@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Mapping
 
+import fnmatch
 import re
 
 from .errors import TpcostError
 from .io import read_json
-from .vllm_tables import Parallel, Vllm, model_level_sp, model_level_sp_text, shared_expert_can_shard, SWITCHES
+from .vllm_tables import (MEGA_MOE_NVFP4, MUSE_SP_FLOOR_TPS, NATIVE_MEGA_MOE, SWITCHES, Parallel, Vllm, model_level_sp,
+                          model_level_sp_text, shared_expert_can_shard)
 
 DTYPES = ("bf16", "fp8", "fp8-dynamic", "fp32")  # the model's dtype modes (ops.DTYPE_MODES); fp32: CPU runs
 
@@ -193,6 +195,10 @@ def check_dtype(dtype: str) -> str:
 # (refuse_forward) and vllm-config --kernel-op answers their switch.
 KIMI_ARCHS = ("KimiK3ForConditionalGeneration", "KimiLinearForCausalLM")
 DEEPSEEK_ARCHS = ("DeepseekV41ForCausalLM",)
+MINIMAX_ARCHS = ("MiniMaxM3SparseForConditionalGeneration", "MiniMaxM3SparseForCausalLM")
+MINIMAX_TYPES = ("minimax_m3_vl", "minimax_m3")
+MUSE_ARCHS = ("MuseSparkForCausalLM", "MuseSparkForConditionalGeneration")
+MUSE_TYPES = ("muse_spark",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,11 +235,14 @@ class KernelModel:
         no GEMM-AR site: None)."""
         if self.model_level_sp(par):
             return "gemm_rs"
-        return "gemm_ar" if self.family == "kimi_k3" else None
+        return "gemm_ar" if self.family == "kimi_k3" else None  # DeepSeek-V4.1, MiniMax-M3: GEMM-RS only
 
     def switch_problem(self, op: str, par: Parallel) -> str | None:
         """Why `op`'s switch has no effect for this model and setup (None: it decides something)."""
         sw = SWITCHES[op].env
+        if self.family == "muse_spark":
+            return (f"{sw} has no effect: it switches gemm_rs_ar, which Muse Spark does not call; its own GEMM-RS "
+                    "and sp_all_gather_matmul have no switch, and vllm-config reports their gates without --kernel-op")
         if self.model_dtype != "bfloat16":
             return f"{sw} has no effect: the model dtype is {self.model_dtype}, and the kernel needs bfloat16"
         mode = self.mode(par)
@@ -248,13 +257,64 @@ class KernelModel:
     def _sp_text(self) -> str:
         return model_level_sp_text(self.family)
 
+    def nvfp4(self) -> bool:
+        """The checkpoint is ModelOpt NVFP4 (quantization_config quant_algo NVFP4: vLLM's ModelOptNvFp4Config)."""
+        q = self._cfg.get("quantization_config")
+        return isinstance(q, dict) and str(q.get("quant_algo") or "").upper() == "NVFP4"
+
+    def sp_floor_tokens(self, par: Parallel, vllm: Vllm) -> int:
+        """Muse Spark: the fewest tokens of a step that shards the stream, max(tp, threshold + 1), the threshold 128
+        (TP 4) / 256 (TP 8) with NVFP4 MegaMoE at DP = PP = 1, else 0 (is_sequence_parallel_active,
+        get_trtllm_token_threshold: `vllm`'s record)."""
+        floor = next((g for g in vllm.release.model_gates if g.op == "sp_floor"), None)
+        thr = 0
+        if (floor is not None and self.nvfp4() and par.moe_backend == NATIVE_MEGA_MOE and par.tp in MUSE_SP_FLOOR_TPS
+                and par.data_parallel_size == 1 and par.pipeline_parallel_size == 1):
+            thr = int(floor.value[par.tp])
+        return max(par.tp, thr + 1)
+
+    def vllm_refuses(self, par: Parallel) -> str | None:
+        """Why vLLM refuses this checkpoint in this setup at init (None: it builds): MiniMax-M3's MegaMoE, which
+        model-level SP needs, wants NVFP4 routed experts; Muse Spark's MegaMoE wants expert parallel."""
+        if self.family == "muse_spark" and par.moe_backend == NATIVE_MEGA_MOE and not par.enable_expert_parallel:
+            return ("vLLM refuses this: Muse Spark MegaMoE requires expert parallel (--enable-expert-parallel; "
+                    "NotImplementedError at init)")
+        if self.family != "minimax_m3" or par.moe_backend != NATIVE_MEGA_MOE:
+            return None
+        q = self._cfg.get("quantization_config")
+        algo = q.get("moe_quant_algo") if isinstance(q, dict) else None
+        if algo != "NVFP4":
+            return f"vLLM refuses this: {MEGA_MOE_NVFP4} (this checkpoint: moe_quant_algo {algo!r})"
+        if not par.enable_expert_parallel:
+            return f"vLLM refuses this: {MEGA_MOE_NVFP4} (--enable-expert-parallel is not given)"
+        return None
+
     def call_sites(self, op: str, par: Parallel, vllm: Vllm) -> list[CallSite]:
         """The sites where `op` replaces a GEMM + collective in one forward (the mode must be `op`'s)."""
         tp = par.tp
         c = self._cfg
         sites: list[tuple[str, str, int, int, int, bool]] = []  # (name, module path, n, k total, calls, norm)
         h = self.hidden
-        if self.family == "deepseek_v41":
+        if self.family == "muse_spark":
+            heads, kv = _pos(c, "num_attention_heads", self.name), _pos(c, "num_key_value_heads", self.name)
+            hd = _pos(c, "head_dim", self.name)
+            if op == "ag_gemm":  # the fused qkv(+o-gate) projection: N = (q + k + v [+ gate]) heads x head_dim, K = H
+                gate = c.get("use_attn_o_gate", True) is not False
+                weights, why = self._weights("model.layers.0.self_attn.qkv_proj")
+                if weights not in (None, "bf16"):
+                    weights, why = None, f"{weights} weights: sp_all_gather_matmul needs an unquantised bf16 weight"
+                return [CallSite("qkv_proj (fused q, k, v, o-gate)" if gate else "qkv_proj",
+                                 _split_n(((2 if gate else 1) * heads + 2 * kv) * hd, tp, self.name), h,
+                                 self.num_layers, weights, False, why)]
+            sites.append(("o_proj", "model.layers.0.self_attn.o_proj", h, heads * hd, self.num_layers, False))
+        elif self.family == "minimax_m3":  # under SP: o_proj in every layer, the dense layers' down_proj
+            k_tot = _pos(c, "num_attention_heads", self.name) * _pos(c, "head_dim", self.name)
+            sites.append(("o_proj", "model.layers.0.self_attn.o_proj", h, k_tot, self.num_layers, False))
+            dense = self.num_layers - self.num_moe_layers()
+            if dense:
+                sites.append(("down_proj (dense MLP)", "model.layers.0.mlp.down_proj", h,
+                              _pos(c, "dense_intermediate_size", self.name), dense, False))
+        elif self.family == "deepseek_v41":
             k_tot = _pos(c, "o_groups", self.name) * _pos(c, "o_lora_rank", self.name)
             sites.append(("wo_b", "model.layers.0.attn.wo_b", h, k_tot, self.num_layers, False))
         else:
@@ -298,8 +358,18 @@ class KernelModel:
         return 2 * self.num_layers
 
     def num_moe_layers(self) -> int:
-        """layer_idx >= first_k_dense_replace and layer_idx % moe_layer_freq == 0 (KimiDecoderLayer.is_moe_layer)."""
+        """layer_idx >= first_k_dense_replace and layer_idx % moe_layer_freq == 0 (KimiDecoderLayer.is_moe_layer);
+        MiniMax-M3: mlp_layer_types "sparse", or the old hub schema's moe_layer_freq list (1: MoE)."""
         c = self._cfg
+        if self.family == "minimax_m3":
+            kinds = c.get("mlp_layer_types")
+            per_layer = ([k == "sparse" for k in kinds] if isinstance(kinds, list) else
+                         [bool(x) for x in c.get("moe_layer_freq") or ()] if isinstance(c.get("moe_layer_freq"), list)
+                         else None)
+            if per_layer is None or len(per_layer) < self.num_layers:
+                raise TpcostError(f"{self.name}: config.json needs mlp_layer_types or a moe_layer_freq list of "
+                                  f"{self.num_layers} entries (MiniMax-M3's dense and MoE layers)")
+            return sum(per_layer[: self.num_layers])
         if not c.get("num_experts"):
             return 0
         first = int(c.get("first_k_dense_replace") or 0)
@@ -312,7 +382,8 @@ class KernelModel:
         q = self._cfg.get("quantization_config")
         if not isinstance(q, dict):
             return "bf16", None
-        ignore = [x for key in ("ignore", "ignored_layers", "modules_to_not_convert") for x in (q.get(key) or ())]
+        ignore = [x for key in ("ignore", "ignored_layers", "modules_to_not_convert", "exclude_modules")
+                  for x in (q.get(key) or ())]
         for pat in ignore:
             if not isinstance(pat, str):
                 continue
@@ -323,7 +394,8 @@ class KernelModel:
                 except re.error as e:
                     raise TpcostError(f"{self.name}: quantization_config ignore pattern {pat!r} is not a regular "
                                       f"expression ({e})") from None
-            elif module == pat or module.endswith("." + pat) or pat in module.split("."):
+            elif (module == pat or module.endswith("." + pat) or pat in module.split(".")
+                  or ("*" in pat and fnmatch.fnmatchcase(module, pat))):  # ModelOpt's exclude_modules: fnmatch
                 return "bf16", None
         fmt = " ".join(str(q.get(x) or "") for x in ("quant_method", "format", "quant_algo")).lower()
         if "mxfp8" in fmt:
@@ -339,8 +411,15 @@ def _pos(cfg: Mapping[str, Any], key: str, where: str) -> int:
     return v
 
 
+def _split_n(n_total: int, tp: int, where: str) -> int:
+    if n_total % tp:
+        raise TpcostError(f"{where}: the projection's N = {n_total} is not divisible by tp={tp}")
+    return n_total // tp
+
+
 def kernel_family(cfg: Mapping[str, Any]) -> str | None:
-    """'kimi_k3' or 'deepseek_v41' when vLLM binds gemm_rs_ar for this config's model, else None."""
+    """'kimi_k3', 'deepseek_v41', 'minimax_m3' or 'muse_spark' when vLLM's model code gates a fused GEMM+collective
+    for this config's model (gemm_rs_ar, Muse Spark's own GEMM-RS and sp_all_gather_matmul), else None."""
     if not isinstance(cfg, dict):
         return None
     t = cfg.get("text_config")
@@ -352,6 +431,10 @@ def kernel_family(cfg: Mapping[str, Any]) -> str | None:
         return "kimi_k3"
     if "deepseek_v41" in types or archs & set(DEEPSEEK_ARCHS):
         return "deepseek_v41"
+    if types & set(MINIMAX_TYPES) or archs & set(MINIMAX_ARCHS):
+        return "minimax_m3"
+    if types & set(MUSE_TYPES) or archs & set(MUSE_ARCHS):
+        return "muse_spark"
     return None
 
 
@@ -361,8 +444,9 @@ def read_kernel_model(cfg: Mapping[str, Any], name: str, where: str | None = Non
     where = where or name
     family = kernel_family(cfg)
     if family is None:
-        raise TpcostError(f"{where}: vLLM binds its fused GEMM+RS/AR kernel only in Kimi-K3 / Kimi-Linear "
-                          f"({', '.join(KIMI_ARCHS)}) and DeepSeek-V4.1 ({', '.join(DEEPSEEK_ARCHS)})")
+        raise TpcostError(f"{where}: vLLM gates a fused GEMM+collective in model code only in Kimi-K3 / Kimi-Linear "
+                          f"({', '.join(KIMI_ARCHS)}), DeepSeek-V4.1 ({', '.join(DEEPSEEK_ARCHS)}), MiniMax-M3 "
+                          f"({', '.join(MINIMAX_ARCHS)}) and Muse Spark ({', '.join(MUSE_ARCHS)})")
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
     inner = dict(text) if text is not None else dict(cfg)
     if text is not None and "quantization_config" not in inner and isinstance(cfg.get("quantization_config"), dict):
@@ -378,10 +462,14 @@ def read_kernel_model(cfg: Mapping[str, Any], name: str, where: str | None = Non
     return KernelModel(name, family, hidden, layers, dtype.replace("torch.", ""), inner)
 
 
+FORWARD_PARTS = {"kimi_k3": "MLA / KDA attention, latent MoE", "deepseek_v41": "MLA attention, latent MoE",
+                 "minimax_m3": "sparse attention, MegaMoE", "muse_spark": "hybrid attention, MegaMoE"}
+
+
 def refuse_forward(cfg: Mapping[str, Any], where: str) -> None:
     """Raise for a config whose forward tpcost does not model but whose fused-kernel switch it answers."""
     family = kernel_family(cfg)
     if family is not None:
-        raise TpcostError(f"{where}: {family}'s forward (MLA / KDA attention, latent MoE) is not modelled; tpcost "
+        raise TpcostError(f"{where}: {family}'s forward ({FORWARD_PARTS[family]}) is not modelled; tpcost "
                           f"answers its fused-kernel switch instead: tpcost vllm-config --model {where} --kernel-op "
                           f"{'gemm_ar' if family == 'kimi_k3' else 'gemm_rs'}")

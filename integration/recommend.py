@@ -378,7 +378,7 @@ class KernelSwitch:
     fi_tokens: int | None  # the FlashInfer AR+norm range the unfused arm was priced with (None: vLLM's table)
     steps_above_budget: float  # share of the workload's steps above max_num_batched_tokens (weighted as chunks)
     refused_sites: tuple = ()  # CallSites where can_run refuses the kernel: vLLM keeps the unfused path there
-    vllm_rule: str = ""  # vLLM's own dispatch of the kernel (costmodel.vllm_tables.kernel_rule), e.g. M >= 128
+    vllm_rule: str = ""  # vLLM's own dispatch of the kernel (costmodel.vllm_tables.gate_rule), e.g. M >= 128
 
     @property
     def saving_vs_vllm_default_s(self) -> float:
@@ -398,7 +398,8 @@ class KernelSwitch:
                 "vllm_rule": self.vllm_rule}
 
 
-def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None = None) -> KernelSwitch:
+def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None = None,
+                  family: str | None = None) -> KernelSwitch:
     """The switch of vLLM's fused GEMM+RS/AR kernel for this traffic: the expected time per forward with it on
     (the kernel at every site where vLLM's rule, M >= 128, runs it) against off, over every step of 1 ..
     max_num_batched_tokens tokens (costmodel.ops.kernel_pair per site). vLLM's default moves only when the other
@@ -407,7 +408,7 @@ def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None
     from costmodel.analysis import decide_cutoff
     from costmodel.workload import weights_on
     from costmodel.errors import TpcostError
-    from costmodel.vllm_tables import SWITCHES, should_run_rule
+    from costmodel.vllm_tables import SWITCHES, gate_rule
 
     tp, max_num_batched_tokens, margin, workload = run.tp, run.max_num_batched_tokens, run.margin, run.workload
     vllm = run.regime.vllm
@@ -418,7 +419,7 @@ def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None
         above = sum(c for n, c in workload.points if n > max_num_batched_tokens) + \
             sum(c for lo, _, c in workload.buckets if lo >= max_num_batched_tokens)
         share = float(above / workload.total) if workload.total else 0.0
-    rule, _, vllm_runs = should_run_rule(vllm)
+    rule, _, vllm_runs, _ = gate_rule(vllm, family or "", op)
     runs = vllm_runs(n_tok)
     decisions = []
     on = off = 0.0
@@ -444,6 +445,42 @@ def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None
     set_on = sw.default_on if move * (1.0 + margin) >= keep else not sw.default_on
     return KernelSwitch(sw.env, sw.default_on, set_on, on, off, margin, tuple(decisions), fi_tokens, share,
                         tuple(s for s in sites if s.weights is None), rule)
+
+
+def _gate_tokens(gate, x) -> str:
+    """A gate's threshold as shown: 'never' (a lower bound that is never reached), 'off' (an empty upper range)."""
+    if x is None:
+        return "never" if gate.runs_from == "min" else "off"
+    return "off" if gate.runs_from == "max" and x == 0 else str(x)
+
+
+def gate_lines(gates) -> list[str]:
+    """What vllm-config and the plugin say of each model gate (costmodel.gates.GateDecision): vLLM's constant, tpcost's
+    value with its band and the saving on the workload, whether it acts in this setup, and what vLLM exposes."""
+    out = []
+    for gd in gates:
+        g = gd.gate
+        unit = " per rank" if g.per_rank else ""
+        v = "-" if gd.vllm_tokens is None else gd.vllm_tokens
+        what = (f"vLLM shards the stream at N >= max(tp, {v} + 1)" if g.op == "sp_floor" else
+                f"vLLM fuses at N{unit} >= {v}" if g.runs_from == "min" else
+                f"vLLM fuses at N <= {v} below the SP floor (here N < {gd.sp_floor_tokens})")
+        head = f"tpcost: gate {g.key} ({g.constant}, {g.where}; measured on {g.measured_on}): {what}"
+        if gd.why_not_derived:
+            out.append(f"{head}; not derived: {gd.why_not_derived}")
+        else:
+            band = gd.band_tokens or (None, None)
+            sv = gd.saving_s
+            out.append(f"{head}; tpcost {_gate_tokens(g, gd.tpcost_tokens)}{unit} (band 5-95 % "
+                       f"[{_gate_tokens(g, band[0])}, {_gate_tokens(g, band[1])}]), "
+                       + ("" if sv is None else f"saving {sv * 1e3:.3f} ms per forward on the workload against vLLM's "
+                                                "constant; ")
+                       + "sites " + ", ".join(f"{s.name} x{s.calls_per_forward} (n {s.n}, k {s.k})" for s in gd.sites))
+        out.append(f"tpcost:   {'acts here' if gd.applies is None else 'does not act here: ' + gd.applies}; vLLM exposes "
+                   f"{g.exposed or 'nothing to set it (a module constant: reported, not patched)'}")
+        if gd.applies and gd.applies.startswith("vLLM refuses") and not gd.why_not_derived:
+            out.append("tpcost:   tpcost's value is for this model's call-site shapes on a checkpoint vLLM builds")
+    return out
 
 
 def kernel_switch_lines(ks: KernelSwitch) -> list[str]:
@@ -480,6 +517,7 @@ class KernelModelConfig:
     fusion: FusionRange | None  # None: not in vLLM's tables here, or model-level SP (no all-reduce to fuse)
     switch: KernelSwitch | None  # None: no --kernel-op asked
     mode: str | None  # the mode the worker binds (gemm_ar | gemm_rs | None)
+    gates: tuple = ()  # costmodel.gates.GateDecision: the release's hand cutoffs in this model's code
 
     def pass_config(self) -> dict:
         f = self.fusion
@@ -520,5 +558,8 @@ def kernel_model_config(profile, km, par, op: str | None, run: RunConfig | None 
     switch = None
     if op is not None:
         sites = km.call_sites(op, par, vllm)
-        switch = kernel_switch(profile, sites, op, run, fi_tokens=None if fusion is None else fusion.tokens)
-    return KernelModelConfig(fusion, switch, mode)
+        switch = kernel_switch(profile, sites, op, run, fi_tokens=None if fusion is None else fusion.tokens,
+                               family=km.family)
+    from costmodel.gates import model_gates
+
+    return KernelModelConfig(fusion, switch, mode, model_gates(profile, km, par, run))

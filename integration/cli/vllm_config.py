@@ -17,6 +17,10 @@ def register(sub) -> None:
     p.add_argument("--format", choices=("json", "args", "python", "env"), default="json",
                    help="json: the value alone; args: a vllm serve flag; python: a keyword argument (default json)")
     p.add_argument("--vllm-version", metavar="X.Y", help="the vLLM the config is for; " + VERSION_HELP)
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON report instead of the value: the compilation config, the kernel switch, the "
+                        "vLLM release and, for a model whose code gates a fused op (vLLM >= 0.34), every gate under "
+                        "model_gates")
     p.add_argument("--kernel-op", choices=("gemm_ar", "gemm_rs"),
                    help="for a model vLLM runs its fused GEMM+RS/AR kernel in (Kimi-K3, DeepSeek-V4.1; vLLM >= 0.31): "
                         "also decide the kernel's switch for this traffic (gemm_ar: VLLM_KIMI_K3_GEMM_AR, on by "
@@ -57,6 +61,8 @@ def cmd_vllm_config(args) -> int:
 
     if args.format == "env" and not args.kernel_op:
         raise TpcostError("--format env prints the fused kernel's switch (export VLLM_...=0|1); give --kernel-op too")
+    if args.json and args.format != "json":
+        raise TpcostError(f"--json prints a report; --format {args.format} prints the value: give one of them")
     vllm = vllm_version_arg(args)
     cfg, name, where = load_model_config(args.model)
     if kernel_family(cfg):
@@ -73,17 +79,25 @@ def cmd_vllm_config(args) -> int:
     workload = load_workload_arg(args)
     r = recommend(prof, shape, run_config_arg(args, vllm, workload), user_choices_arg(args),
                   min_confidence=args.min_confidence)
-    _emit(args, {"pass_config": r.pass_config()}, None)
+    _emit(args, {"pass_config": r.pass_config()}, None, vllm)
     print(f"tpcost: config for {vllm.describe()}", file=sys.stderr)
     for line in explain(r):
         print(line, file=sys.stderr)
     return 0
 
 
-def _emit(args, cc: dict, switch) -> None:
-    """The compilation config (and, with --format env, the kernel's switch) on stdout."""
+def _emit(args, cc: dict, switch, vllm=None, gates=None) -> None:
+    """The compilation config (and, with --format env, the kernel's switch) on stdout; with --json the report."""
     text = json.dumps(cc, separators=(",", ":"))
-    if args.format == "env":  # eval "$(tpcost vllm-config ... --format env)"
+    if args.json:
+        from costmodel.io import JSON_SCHEMA_VERSION
+
+        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "vllm_version": vllm.label,
+                          "vllm_version_source": vllm.source, "compilation_config": cc,
+                          "env": {} if switch is None else {switch.env: int(switch.set_on)},
+                          "kernel_switch": None if switch is None else switch.to_json(),
+                          "model_gates": None if gates is None else [g.to_json() for g in gates]}, indent=2))
+    elif args.format == "env":  # eval "$(tpcost vllm-config ... --format env)"
         print(f"export {switch.env}={int(switch.set_on)}")
         print(f"tpcost: --compilation-config '{text}'", file=sys.stderr)
     elif args.format == "json":
@@ -135,7 +149,9 @@ def kernel_model_config(args, cfg, name, where, vllm) -> int:
 
     from costmodel.model import Regime, RunConfig
 
-    from integration.recommend import fusion_lines, kernel_model_config as decide, kernel_switch_lines
+    from costmodel.shapes import FORWARD_PARTS
+    from costmodel.vllm_tables import RELEASES
+    from integration.recommend import fusion_lines, gate_lines, kernel_model_config as decide, kernel_switch_lines
 
     km = read_kernel_model(cfg, name, where)
     par = _kernel_parallel_args(args, km, name)
@@ -151,22 +167,35 @@ def kernel_model_config(args, cfg, name, where, vllm) -> int:
         if key not in reads and key not in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s"):
             raise TpcostError(f"--set {key}: no effect for {name} at tp={args.tp} (the fused kernel and the fusion "
                               "range do not read it)")
-    _emit(args, {"pass_config": d.pass_config()}, d.switch)
+    _emit(args, {"pass_config": d.pass_config()}, d.switch, vllm, d.gates)
     err = lambda line: print(line, file=sys.stderr)  # noqa: E731
     err(f"tpcost: config for {vllm.describe()}")
-    err(f"tpcost: {name} ({km.family}): tpcost reads its fused-kernel call sites from config.json; its forward (MLA / "
-        "KDA attention, latent MoE) is not modelled, so no SP threshold is decided and vLLM's own stands")
+    err(f"tpcost: {name} ({km.family}): tpcost reads its fused-op call sites from config.json; its forward "
+        f"({FORWARD_PARTS[km.family]}) is not modelled, so no SP threshold is decided and vLLM's own stands")
     if d.mode == "gemm_rs":
         err("tpcost: model-level SP: the all-reduces become reduce-scatter / all-gather; the FlashInfer all-reduce+"
             "RMSNorm range has nothing to fuse and is left to vLLM")
     else:
         for line in fusion_lines(d.fusion, prof.name, args.tp):
             err(line)
+    refused = km.vllm_refuses(par)
+    if refused:
+        err(f"tpcost: {refused}; what follows is for this model's call-site shapes on a checkpoint vLLM builds")
     if d.switch is not None:
         for line in kernel_switch_lines(d.switch):
             err(line)
-    else:
+    elif km.family != "muse_spark":
         err(f"tpcost: add --kernel-op {d.mode or 'gemm_rs'} to decide the fused kernel's switch for this traffic")
+    gl = gate_lines(d.gates)
+    if gl:
+        err(f"tpcost: vLLM {vllm.label}'s hand cutoffs in {km.family}'s code, each beside tpcost's value for this GPU, TP "
+            "and traffic (decided as every cutoff: the least expected time, premium included):")
+    elif any(r.gates_of(km.family) for r in RELEASES.values()):
+        err(f"tpcost: vLLM {vllm.label} has no hand cutoff in {km.family}'s code (its gates: "
+            + ", ".join(sorted({f"{g.key} from {r.label}" for r in RELEASES.values() for g in r.gates_of(km.family)}))
+            + ")")
+    for line in gl:
+        err(line)
     err(f"tpcost: profile {prof.name} ({prof.origin}), weakest provenance tier {prof.tier}"
         + (", MODIFIED by --set" if prof.modified else ""))
     return 0

@@ -1,0 +1,227 @@
+"""vLLM's hand cutoffs in model code (0.34 on: costmodel.vllm_tables.ModelGate) against tpcost's value for each.
+
+A gate is a token count at which a model's code switches between a fused GEMM+collective (or a fused collective)
+and the unfused path. For the call sites the gate covers (costmodel.shapes.KernelModel), both arms are priced over
+every step size N = 1 .. max_num_batched_tokens with the one predictor of each pair (costmodel.ops):
+
+- "gemm_rs": the single-kernel GEMM+RS (ops.kernel_pair) against the GEMM then model-level SP's reduce-scatter;
+- "ag_gemm": torch's fused_all_gather_matmul, issued eagerly (ops.torch_pair, baseline "vllm_sp"), against
+  sp_all_gather then the GEMM; under CUDA-graph capture (N <= the capture size) vLLM cannot run it;
+- "oneshot_ar": FlashInfer's one-shot all-reduce fused with the norms against vLLM's all-reduce then the norm.
+
+tpcost's value is the threshold minimising the expected time per forward on the workload, the fused side paying the
+risk premium (costmodel.analysis.decide_cutoff / decide_fusion_limit, the rule of every other decision), on the
+step sizes where the gate decides at all (at or above the SP floor for the SP gates, below it for the one-shot
+range); its band is the 5-95 % of that value over the profile's fixed-seed draws. A gate tpcost does not derive
+(Muse Spark's SP floor, the switch between two MoE kernels) is reported with vLLM's value only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from . import formulas as F
+from . import ops, vllm_tables
+from .analysis import BAND_DRAWS, BAND_SEED, decide_cutoff, decide_fusion_limit, perturbed_values
+from .model import RunConfig
+from .vllm_tables import ModelGate, Parallel
+from .workload import weights_on
+
+
+@dataclasses.dataclass(frozen=True)
+class GateDecision:
+    """One of vLLM's model gates at this GPU, TP and traffic, beside tpcost's value (tokens of a step; per rank where
+    the gate counts per rank)."""
+
+    gate: ModelGate
+    tp: int
+    vllm_tokens: int | None  # vLLM's constant at this TP (None: the gate has no value here)
+    tpcost_tokens: int | None  # tpcost's value; None: never (a "min" gate) or not derived; 0: off (a "max" gate)
+    band_tokens: tuple[int | None, int | None] | None  # 5 % and 95 % of tpcost's value over the draws
+    expected_at_vllm_s: float | None  # per forward on the workload, over the sites the gate covers
+    expected_at_tpcost_s: float | None
+    sites: tuple = ()  # costmodel.shapes.CallSite: what was priced
+    applies: str | None = None  # None: the gate acts in this setup; else why it does not (the value is for its shapes)
+    why_not_derived: str | None = None  # the gate is printed only
+    sp_floor_tokens: int = 1  # the fewest tokens of a step that shards the stream in this setup
+
+    @property
+    def saving_s(self) -> float | None:
+        if self.expected_at_vllm_s is None or self.expected_at_tpcost_s is None:
+            return None
+        return self.expected_at_vllm_s - self.expected_at_tpcost_s
+
+    def to_json(self) -> dict:
+        g = self.gate
+        return {"gate": g.key, "op": g.op, "constant": g.constant, "where": g.where, "used": g.used,
+                "measured_on": g.measured_on, "activates": g.activates, "exposed": g.exposed,
+                "runs_from": g.runs_from, "per_rank": g.per_rank, "tp": self.tp, "vllm_tokens": self.vllm_tokens,
+                "tpcost_tokens": self.tpcost_tokens,
+                "band_tokens": None if self.band_tokens is None else list(self.band_tokens),
+                "expected_at_vllm_s": self.expected_at_vllm_s, "expected_at_tpcost_s": self.expected_at_tpcost_s,
+                "saving_s": self.saving_s, "applies": self.applies is None, "why_not": self.applies,
+                "why_not_derived": self.why_not_derived, "sp_floor_tokens": self.sp_floor_tokens,
+                "sites": [{"site": s.name, "n": s.n, "k": s.k, "calls_per_forward": s.calls_per_forward}
+                          for s in self.sites]}
+
+
+def gate_value(gate: ModelGate, tp: int) -> int | None:
+    """vLLM's constant at this TP (a per-TP table, or one number)."""
+    v = gate.value
+    if isinstance(v, dict):
+        return None if tp not in v else int(v[tp])
+    return int(v)
+
+
+def _site_arms(profile, op: str, s, n: np.ndarray, run: RunConfig) -> tuple[Any, Any]:
+    """(fused, unfused) seconds of one call of site `s` at each step size `n`, by the op's one predictor pair."""
+    tp, vllm = run.tp, run.regime.vllm
+    if op == "gemm_rs":
+        hw = ops.Hw(profile, "fp8" if s.weights == "mxfp8" else "bf16")
+        kp = ops.kernel_pair(hw, ops.KernelGemm("gemm_rs", s.n, s.k, tp, s.weights or "bf16", False), n, vllm=vllm)
+        return kp.fused_s, kp.unfused_s
+    hw = ops.Hw(profile, "bf16")
+    if op == "ag_gemm":  # the gathered rows: every rank's shard is padded to ceil(N/tp)
+        tpair = ops.torch_pair(hw, "ag_gemm", tp * np.ceil(n / tp), s.n, s.k, tp, baseline="vllm_sp")
+        return tpair.fused_eager_s, tpair.unfused_s
+    lat, bw = profile.collective("flashinfer_ar_rmsnorm", tp)  # oneshot_ar: one all-reduce + boundary norm
+    return (F.t_all_reduce_s(n * (s.n * hw.act_bytes), lat, bw, tp),
+            ops.unfused_all_reduce_norm_s(hw, n, s.n, tp, vllm=vllm))
+
+
+def _arms(profile, gate: ModelGate, sites, n: np.ndarray, run: RunConfig, ctx: dict) -> tuple[Any, Any]:
+    """(fused, unfused) seconds per forward at each step size `n`, summed over `sites` (profile values may be draws
+    of shape (D, 1)); where the fused path cannot run (below the SP floor, a partial tile, graph capture) both arms
+    are the unfused one."""
+    f: Any = 0.0
+    u: Any = 0.0
+    for s in sites:
+        sf, su = _site_arms(profile, gate.op, s, n, run)
+        f, u = f + sf * s.calls_per_forward, u + su * s.calls_per_forward
+    f, u = np.broadcast_arrays(np.asarray(f, dtype=float), np.asarray(u, dtype=float))
+    return np.where(ctx["can_fuse"], f, u), u
+
+
+def _runs(gate: ModelGate, n: np.ndarray, threshold: int | None, tp: int, can_fuse: np.ndarray) -> np.ndarray:
+    """Where the fused path runs under a threshold (tokens; per rank for a per-rank gate; None: never)."""
+    if threshold is None:
+        return np.zeros(n.shape, dtype=bool)
+    size = np.ceil(n / tp) if gate.per_rank else n
+    on = size >= threshold if gate.runs_from == "min" else size <= threshold
+    return on & can_fuse
+
+
+def _decide(gate: ModelGate, n: np.ndarray, f, u, w, margin: float, tp: int) -> Any:
+    """tpcost's threshold (tokens, per rank for a per-rank gate) for arms of shape (n,) or (D, n)."""
+    if gate.runs_from == "max":
+        if np.ndim(f) == 1:
+            return decide_fusion_limit(n, f, u, margin, w)
+        return np.array([decide_fusion_limit(n, f[i], u[i], margin, w) for i in range(f.shape[0])], dtype=float)
+    c = decide_cutoff(n, u, f, margin, w)
+    if gate.per_rank:
+        return None if c is None else (np.ceil(np.asarray(c, dtype=float) / tp) if np.ndim(c) else int(np.ceil(c / tp)))
+    return c
+
+
+def decide_gate(profile, gate: ModelGate, sites, run: RunConfig, par: Parallel, sp_floor: int,
+                applies: str | None = None) -> GateDecision:
+    """vLLM's gate against tpcost's value over `sites` on run's traffic (sp_floor: the fewest tokens of a step that
+    shards the stream)."""
+    tp = run.tp
+    vllm_tok = gate_value(gate, tp)
+    priced = tuple(s for s in sites if s.weights is not None)
+    if not gate.derived:
+        return GateDecision(gate, tp, vllm_tok, None, None, None, None, priced, applies,
+                            "vLLM's switch between two MoE kernels, which tpcost does not model", sp_floor)
+    if not priced:
+        why = "; ".join(f"{s.name}: {s.refused}" for s in sites) or "no call site"
+        return GateDecision(gate, tp, vllm_tok, None, None, None, None, (), applies or f"vLLM runs it nowhere ({why})",
+                            "no call site the fused path takes", sp_floor)
+    if gate.op == "oneshot_ar" and not profile.has_collective("flashinfer_ar_rmsnorm"):
+        return GateDecision(gate, tp, vllm_tok, None, None, None, None, priced, applies,
+                            f"{profile.name} has no FlashInfer one-shot all-reduce curve", sp_floor)
+    n = np.arange(1, run.max_num_batched_tokens + 1, dtype=float)
+    w = weights_on(run.workload, n)
+    if gate.runs_from == "max":  # the one-shot range acts below the SP floor only
+        can_fuse = n < sp_floor
+    else:
+        can_fuse = n >= sp_floor
+        if gate.op == "ag_gemm":  # can_sp_all_gather_matmul: not while a CUDA graph is being captured
+            cap = (vllm_tables.cudagraph_max_tokens_default(profile.identity.compute_capability)
+                   if run.regime.cudagraph_max_tokens is None else run.regime.cudagraph_max_tokens)
+            can_fuse &= vllm_tables.runs_eagerly(n, cap)
+        align = vllm_tables.gate_alignment(gate, tp)
+        if align:
+            can_fuse &= n % align == 0
+    ctx = {"can_fuse": can_fuse}
+    f, u = _arms(profile, gate, priced, n, run, ctx)
+    cut = _decide(gate, n, f, u, w, run.margin, tp)
+
+    def expected(threshold):
+        return float(np.sum(w * np.where(_runs(gate, n, threshold, tp, can_fuse), f, u)))
+
+    drawn = profile.with_values(perturbed_values(profile, BAND_DRAWS, BAND_SEED), None, mark_modified=False)
+    fd, ud = _arms(drawn, gate, priced, n, run, ctx)
+    c = np.atleast_1d(_decide(gate, n, fd, ud, w, run.margin, tp)).astype(float)
+    lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
+    band = tuple(None if not np.isfinite(x) else int(x) for x in (lo, hi))
+    cut_i = None if cut is None or not np.isfinite(cut) else int(cut)
+    return GateDecision(gate, tp, vllm_tok, cut_i, band,  # type: ignore[arg-type]
+                        None if vllm_tok is None else expected(vllm_tok), expected(cut_i), priced, applies, None,
+                        sp_floor)
+
+
+def _why_not(profile, gate: ModelGate, km, par: Parallel, run: RunConfig) -> str | None:
+    """Why the gate does not act for this model, setup and GPU (None: it does), read from the code's conditions."""
+    tp = run.tp
+    vllm = run.regime.vllm
+    if gate.op in ("gemm_rs", "ag_gemm", "oneshot_ar", "sp_floor") and not km.model_level_sp(par):
+        return (f"model-level SP is off in this setup (it needs {vllm_tables.model_level_sp_text(km.family)}), so "
+                "the stream is never sharded and the gate is not reached")
+    refused = km.vllm_refuses(par)
+    if refused:
+        return refused
+    cap = profile.identity.compute_capability
+    if gate.op == "gemm_rs" and km.family == "muse_spark":
+        return vllm_tables.muse_gemm_rs_blocker(vllm, cap, tp, run.max_num_batched_tokens)
+    elif gate.op == "gemm_rs":
+        why = ops.kernel_available(profile, tp, "bf16", km.hidden) or ops.kernel_shipped(profile)
+        if why:
+            return why
+        lo = gate_value(gate, tp)
+        if lo is not None and run.max_num_batched_tokens < lo:
+            return f"max_num_batched_tokens {run.max_num_batched_tokens} < {lo}: vLLM refuses the kernel at init"
+    elif gate.op == "ag_gemm":
+        why = ops.fused_ops_available(profile, tp)
+        if why:
+            return why
+    elif gate.op == "sp_floor":
+        if not (km.nvfp4() and tp in vllm_tables.MUSE_SP_FLOOR_TPS and par.data_parallel_size == 1
+                and par.pipeline_parallel_size == 1):
+            return (f"the threshold is 0 here (it needs an NVFP4 checkpoint, TP 4/8, DP = PP = 1): SP from "
+                    f"max(tp, 1) = {tp} tokens")
+    return None
+
+
+def _gate_sites(km, gate: ModelGate, par: Parallel, vllm) -> list:
+    """The call sites a gate covers: the reduce-scatter sites for GEMM-RS, o_proj for the one-shot all-reduce,
+    the fused qkv projection for the all-gather + GEMM."""
+    if gate.op == "ag_gemm":
+        return km.call_sites("ag_gemm", par, vllm)
+    sites = km.call_sites("gemm_rs", par, vllm)
+    return [s for s in sites if s.name == "o_proj"] if gate.op == "oneshot_ar" else sites
+
+
+def model_gates(profile, km, par: Parallel, run: RunConfig) -> tuple[GateDecision, ...]:
+    """Every model gate of run's vLLM release that a model of km's family reaches, decided on run's traffic (the
+    ones that do not act in this setup too, for the call-site shapes, with the reason)."""
+    vllm = run.regime.vllm
+    out = []
+    for gate in vllm.release.gates_of(km.family):
+        sites = [] if gate.op == "sp_floor" else _gate_sites(km, gate, par, vllm)
+        out.append(decide_gate(profile, gate, sites, run, par, km.sp_floor_tokens(par, vllm),
+                               _why_not(profile, gate, km, par, run)))
+    return tuple(out)
