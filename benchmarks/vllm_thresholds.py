@@ -55,11 +55,18 @@ def main():
         print(f"  tp {tp}: cutoff {an.cutoff_tokens}, band {list(an.cutoff_band_tokens)}, speedup at 8192 tokens {s8k:.3f}")
     fusion = main_fusion()
     kernel = main_kernel()
+    gates = main_gates()
+    agc = all_gather_check()
+    print("\nall-gather arms against the released all-gather rows (out of sample):")
+    for c in agc:
+        print(f"  {c['source']:26s} {c['size_bytes'] / 2**20:8.2f} MiB  NCCL {c['nccl_measured']:7.1f} vs "
+              f"{c['nccl_predicted']:7.1f} {c['unit']};  {c['other']}: {c['other_measured']:.1f} vs {c['other_predicted']:.1f}")
     if a.json:
         from costmodel.io import atomic_write_text, dumps_json
 
         atomic_write_text(a.json, dumps_json({"schema_version": 2, "sp_cutoffs": rows, **fusion,
-                                              "kernel_cutoffs": kernel}, indent=2) + "\n")
+                                              "kernel_cutoffs": kernel, "model_gates": gates,
+                                              "all_gather_check": agc}, indent=2) + "\n")
 
 
 # vLLM's fused GEMM+RS/AR kernel at Kimi-K3's call sites, read from its config.json (costmodel/vllm_tables.py):
@@ -148,6 +155,148 @@ def main_kernel():
               f"{str(r['cutoff_tokens']) if r['cutoff_tokens'] is not None else 'never':>7s} "
               f"{int(r['switch_set_on']):>7d} {t['waves']:9d} {t['multicast_gb_per_s']:11.0f} {t['unfused_impl']:>18s} "
               f"{r['switch_saving_vs_vllm_s_per_forward'] * 1e3:14.3f}")
+    return out
+
+
+# ------------------------------------------------------------------ vLLM 0.34's hand cutoffs in model code
+MINIMAX_CONFIG = ROOT / "data/reference/models/minimax-m3.config.json"
+MUSE_CONFIG = ROOT / "tests/fixtures/muse-spark.config.json"
+SM90_GPUS = ("h100-sxm", "h200-sxm")
+
+
+def _gate_terms(prof, gate_op: str, site, m: float, tp: int, vllm) -> dict:
+    """The named terms behind one site's two arms at M rows: the kernel's waves, multicast bandwidth and bound, or
+    torch's pulls, chunk GEMMs (the weight re-read per chunk), host issue time; the unfused collective vLLM
+    dispatches; the speedup."""
+    import numpy as np
+
+    from costmodel import ops
+
+    hw = ops.Hw(prof, "bf16")
+    mm = np.array([m])
+    if gate_op == "gemm_rs":
+        kop = ops.fused_kernel(hw, "gemm_rs", mm, site.n, site.k, tp)
+        pair = ops.kernel_pair(hw, ops.KernelGemm("gemm_rs", site.n, site.k, tp), mm, vllm=vllm)
+        return {"m": int(m), "waves": int(kop.waves[0]), "multicast_gb_per_s": round(float(kop.multicast_bw_bytes_per_s[0]) / 1e9, 1),
+                "bound": str(kop.bound[0]), "fixed_us": round(float(np.ravel(kop.t_fixed_s)[0]) * 1e6, 2),
+                "unfused_impl": str(pair.unfused_impls[0]),
+                "speedup": round(float(pair.unfused_s[0] / pair.fused_s[0]), 3)}
+    f = ops.fused_ag_gemm(hw, mm, site.n, site.k, tp, hw.mode.ag_bytes, eager=True)
+    pair = ops.torch_pair(hw, "ag_gemm", mm, site.n, site.k, tp, baseline="vllm_sp")
+    whole = float(hw.t_gemm(mm, site.n, site.k)[0])
+    return {"m": int(m), "t_gemm_whole_us": round(whole * 1e6, 1),
+            "t_chunk_gemms_us": round(float(np.ravel(f.t_chunks_s)[0]) * 1e6, 1),
+            "t_pulls_us": round(float(np.ravel(f.t_pulls_s)[0]) * 1e6, 1),
+            "t_host_us": round(float(np.ravel(f.t_host_s)[0]) * 1e6, 1),
+            "t_unfused_collective_us": round((float(np.ravel(pair.unfused_s)[0]) - whole) * 1e6, 1),
+            "unfused_impl": str(pair.unfused_impls[0]),
+            "speedup": round(float(pair.unfused_s[0] / pair.fused_eager_s[0]), 3)}
+
+
+def gates_matrix() -> list[dict]:
+    """vLLM 0.34's model gates beside tpcost's value (costmodel.gates, vllm-config's decision path) on every SM100
+    profile at TP 2, 4, 8 under model-level SP (MegaMoE + expert parallel), uniform traffic to 8192 tokens, with the
+    named terms at vLLM's constant; torch's AG+matmul also on SM90 as `tpcost op` values (analyse_op)."""
+    from costmodel import load_profile
+    from costmodel.gates import model_gates
+    from costmodel.model import Regime, RunConfig
+    from costmodel.op_analysis import OpQuery, analyse_op
+    from costmodel.shapes import load_model_config, read_kernel_model
+    from costmodel.vllm_tables import Parallel
+
+    rel = RELEASES[max(v for v, r in RELEASES.items() if r.model_gates)]
+    vllm = Vllm(rel.version)
+    out = []
+    for path in (MINIMAX_CONFIG, MUSE_CONFIG):
+        cfg, name, where = load_model_config(str(path))
+        km = read_kernel_model(cfg, name, where)
+        for gpu in KERNEL_GPUS:
+            prof = load_profile(gpu)
+            for tp in (2, 4, 8):
+                par = Parallel(tp, enable_expert_parallel=True, moe_backend="deep_gemm_mega_moe")
+                run = RunConfig(tp, "bf16", Regime(vllm=vllm), 8192)
+                for gd in model_gates(prof, km, par, run):
+                    g = gd.gate
+                    if g.op == "sp_floor":
+                        continue
+                    row = {"gpu": gpu, "tp": tp, "model": name, **gd.to_json()}
+                    m_at = None if gd.vllm_tokens is None else gd.vllm_tokens * (tp if g.per_rank else 1)
+                    if g.op in ("gemm_rs", "ag_gemm") and gd.sites and m_at is not None:
+                        row["terms_at_vllm"] = {s.name: _gate_terms(prof, g.op, s, float(m_at), tp, vllm)
+                                                for s in gd.sites}
+                    out.append(row)
+    cfg, name, where = load_model_config(str(MUSE_CONFIG))
+    km = read_kernel_model(cfg, name, where)
+    for gpu in SM90_GPUS:
+        prof = load_profile(gpu)
+        for tp in (2, 4, 8):
+            site = km.call_sites("ag_gemm", Parallel(tp), vllm)[0]
+            a = analyse_op(prof, OpQuery("ag_gemm", "torch", site.n, site.k), RunConfig(tp, "bf16", Regime(vllm=vllm)))
+            out.append({"gpu": gpu, "tp": tp, "model": name, "gate": "common.ag_gemm", "op": "ag_gemm", "as": "op",
+                        "site": site.name, "n": site.n, "k": site.k, "vllm_tokens": a.vllm_rule_tokens // tp,
+                        "tpcost_tokens": a.cutoff_per_rank, "tpcost_total_tokens": a.cutoff_tokens,
+                        "band_tokens": None if a.cutoff_band is None else [None if b is None else -(-b // tp)
+                                                                            for b in a.cutoff_band],
+                        "band_total_tokens": None if a.cutoff_band is None else list(a.cutoff_band),
+                        "saving_s": a.decision_value.get("saving_vs_vllm_default_s"),
+                        "terms_at_vllm": {site.name: _gate_terms(prof, "ag_gemm", site, float(a.vllm_rule_tokens), tp,
+                                                                 vllm)}})
+    return out
+
+
+def all_gather_check() -> list[dict]:
+    """The all-gather arms the AG+matmul gate is priced with, against the released all-gather rows (out of sample:
+    no fit reads them). PYTORCH_PR182850_AG_H100: 8 x H100 busBW at 1, 4 and 16 MiB (the rows' order, nccl-tests'
+    convention of the gathered size assumed: the source leaves it to the PR) for NCCL and for the copy-engine
+    multicast all-gather, priced here as torch's W-1 serial copy-engine pulls of one shard each (the pull term of
+    fused_all_gather_matmul); SGLANG_PR37255_B300_K3_AG: 8 x B300, hidden 7168 bf16, T tokens in all (per-rank or
+    total is not stated; total assumed), NCCL and the best custom all-gather against NCCL's curve and vLLM's
+    model-level dispatch (the Lamport all-gather where it takes the shard)."""
+    import numpy as np
+
+    from costmodel import formulas as F
+    from costmodel import load_profile, ops
+
+    with open(ROOT / "data/reference/components.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["source_id"] in ("PYTORCH_PR182850_AG_H100", "SGLANG_PR37255_B300_K3_AG")]
+    out = []
+    mib = iter((1, 4, 16))
+    for r in rows:
+        base, over = float(r["baseline_value"]), float(r["overlap_value"])
+        if r["source_id"] == "PYTORCH_PR182850_AG_H100":
+            hw = ops.Hw(load_profile("h100-sxm"), "bf16")
+            size = next(mib) * 2**20
+            fac = float(F.bus_bw_factor("all_gather", 8))
+            t_nccl = float(np.ravel(ops.t_nccl_all_gather_s(hw, 8, np.array([size])))[0])
+            a = hw.asynctp
+            t_pull = float(np.ravel(F.t_pull_s(size / 8, a["copy_engine_bw_bytes_per_s"], a["link_bw_bytes_per_s"],
+                                               a["copy_latency_s"]))[0])
+            out.append({"source": r["source_id"], "gpu": "h100-sxm", "size_bytes": size, "unit": "GB/s busBW",
+                        "nccl_measured": base, "nccl_predicted": round(fac * size / t_nccl / 1e9, 1),
+                        "other": "copy-engine multicast vs torch's 7 serial copy-engine pulls", "other_measured": over,
+                        "other_predicted": round(fac * size / (7 * t_pull) / 1e9, 1)})
+        else:
+            hw = ops.Hw(load_profile("b300"), "bf16")
+            size = float(r["M_or_tokens"]) * float(r["hidden_size"]) * 2
+            t_nccl = float(np.ravel(ops.t_nccl_all_gather_s(hw, 8, np.array([size])))[0])
+            t_sp, impl = ops.all_gather_dispatch(hw, np.array([size]), 8, True)
+            out.append({"source": r["source_id"], "gpu": "b300", "tokens": int(r["M_or_tokens"]), "size_bytes": size,
+                        "unit": "us", "nccl_measured": base, "nccl_predicted": round(t_nccl * 1e6, 1),
+                        "other": f"best custom all-gather vs vLLM's model-level dispatch ({impl[0]})",
+                        "other_measured": over, "other_predicted": round(float(np.ravel(t_sp)[0]) * 1e6, 1)})
+    return out
+
+
+def main_gates():
+    print("\nvLLM 0.34's hand cutoffs in model code (MegaMoE + expert parallel, uniform to 8192 tokens, 2 % premium):")
+    print(f"  {'gpu':12s} {'tp':>3s} {'gate':22s} {'vLLM':>6s} {'tpcost':>7s} {'band':>14s} {'saves [ms/fwd]':>14s}  acts")
+    out = gates_matrix()
+    for r in out:
+        tok = "never" if r["tpcost_tokens"] is None else str(r["tpcost_tokens"])
+        band = r.get("band_tokens")
+        sv = r.get("saving_s")
+        print(f"  {r['gpu']:12s} {r['tp']:3d} {r['gate']:22s} {str(r['vllm_tokens']):>6s} {tok:>7s} {str(band):>14s} "
+              f"{'-' if sv is None else f'{sv * 1e3:.3f}':>14s}  {r.get('applies', 'op value')}")
     return out
 
 

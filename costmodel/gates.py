@@ -92,7 +92,7 @@ def _site_arms(profile, op: str, s, n: np.ndarray, run: RunConfig) -> tuple[Any,
             ops.unfused_all_reduce_norm_s(hw, n, s.n, tp, vllm=vllm))
 
 
-def _arms(profile, gate: ModelGate, sites, n: np.ndarray, run: RunConfig, ctx: dict) -> tuple[Any, Any]:
+def gate_arms(profile, gate: ModelGate, sites, n: np.ndarray, run: RunConfig, ctx: dict) -> tuple[Any, Any]:
     """(fused, unfused) seconds per forward at each step size `n`, summed over `sites` (profile values may be draws
     of shape (D, 1)); where the fused path cannot run (below the SP floor, a partial tile, graph capture) both arms
     are the unfused one."""
@@ -156,16 +156,24 @@ def decide_gate(profile, gate: ModelGate, sites, run: RunConfig, par: Parallel, 
         align = vllm_tables.gate_alignment(gate, tp)
         if align:
             can_fuse &= n % align == 0
-    ctx = {"can_fuse": can_fuse}
-    f, u = _arms(profile, gate, priced, n, run, ctx)
-    cut = _decide(gate, n, f, u, w, run.margin, tp)
+    if not can_fuse.any():
+        return GateDecision(gate, tp, vllm_tok, None, None, None, None, priced, applies or
+                            "no step size of this budget and regime takes the fused path", None, sp_floor)
+    # only the step sizes where the fused path can run decide: elsewhere both settings run the unfused path (and no
+    # premium is paid), whatever the threshold
+    nf, wf = n[can_fuse], w[can_fuse]
+    ctx = {"can_fuse": np.ones(nf.shape, dtype=bool)}
+    f, u = gate_arms(profile, gate, priced, nf, run, ctx)
+    cut = _decide(gate, nf, f, u, wf, run.margin, tp)
+    base = float(np.sum(w[~can_fuse] * gate_arms(profile, gate, priced, n[~can_fuse], run,
+                                             {"can_fuse": np.zeros(int((~can_fuse).sum()), dtype=bool)})[1]))
 
     def expected(threshold):
-        return float(np.sum(w * np.where(_runs(gate, n, threshold, tp, can_fuse), f, u)))
+        return base + float(np.sum(wf * np.where(_runs(gate, nf, threshold, tp, ctx["can_fuse"]), f, u)))
 
     drawn = profile.with_values(perturbed_values(profile, BAND_DRAWS, BAND_SEED), None, mark_modified=False)
-    fd, ud = _arms(drawn, gate, priced, n, run, ctx)
-    c = np.atleast_1d(_decide(gate, n, fd, ud, w, run.margin, tp)).astype(float)
+    fd, ud = gate_arms(drawn, gate, priced, nf, run, ctx)
+    c = np.atleast_1d(_decide(gate, nf, fd, ud, wf, run.margin, tp)).astype(float)
     lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
     band = tuple(None if not np.isfinite(x) else int(x) for x in (lo, hi))
     cut_i = None if cut is None or not np.isfinite(cut) else int(cut)

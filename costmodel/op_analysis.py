@@ -51,6 +51,7 @@ class OpSpec:
     dtype: str
     cudagraph_max_tokens: int  # torch's pipelined ops pay host issue time above it
     vllm: Vllm = dataclasses.field(default_factory=Vllm)
+    baseline: str = "nccl"  # torch's ops: "nccl", or "vllm_sp" (model-level SP's collective; issued eagerly)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +91,13 @@ class OpAnalysis:
             return "never"
         return "always" if self.cutoff_tokens <= int(self.m[0]) else "cutoff"
 
+    @property
+    def cutoff_per_rank(self) -> int | None:
+        """The cutoff in rows per rank, ceil(c/tp), where vLLM's gate counts per rank (None: not such a gate)."""
+        if self.spec.baseline != "vllm_sp" or self.cutoff_tokens is None:
+            return None
+        return -(-self.cutoff_tokens // self.spec.tp)
+
     def to_json(self) -> dict:
         rows = [{"m": int(m), "t_fused_s": float(f), "t_unfused_s": float(u), "speedup": float(u / f),
                  "vllm_runs_kernel": bool(v), "unfused_impl": str(i)}
@@ -98,6 +106,7 @@ class OpAnalysis:
         sp = self.spec
         return {"gpu": self.gpu, "op": sp.op, "impl": sp.impl, "tp": sp.tp, "n": sp.n, "k": sp.k,
                 "dtype": sp.dtype, "calls_per_forward": self.calls_per_forward, "cutoff_tokens": self.cutoff_tokens,
+                "cutoff_tokens_per_rank": self.cutoff_per_rank, "baseline": sp.baseline,
                 "answer": self.answer, "vllm_version": sp.vllm.label, "vllm_version_source": sp.vllm.source,
                 "vllm_rule": self.vllm_rule, "vllm_rule_tokens": self.vllm_rule_tokens,
                 "decision_value": self.decision_value, "unfused_impl": self.unfused_impl,
@@ -136,13 +145,14 @@ def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: 
     """(description, threshold tokens or None, runs(m) -> bool array) of vLLM's own rule for this op."""
     if impl == "kernel":
         return vllm_tables.kernel_rule(vllm, op, profile.identity.compute_capability, tp)
-    from .vllm_tables import vllm_sp_min_token_num
+    return torch_rule(profile, op, tp, n, k, vllm)[:3]
 
+
+def torch_rule(profile: HardwareProfile, op: str, tp: int, n: int, k: int, vllm: Vllm) -> tuple:
+    """vLLM's use of torch's op on these shapes (costmodel.vllm_tables.torch_op_rule; hidden = the gathered K or the
+    scattered N)."""
     hidden = n if op == "gemm_rs" else k
-    thr = vllm_sp_min_token_num(profile.identity.vendor, profile.identity.compute_capability, hidden, tp)
-    if thr is None:
-        return "vLLM 0.31's SP table: off here", None, lambda m: np.zeros(np.shape(m), dtype=bool)
-    return f"vLLM 0.31's sp_min_token_num {thr}", thr, lambda m: m >= thr
+    return vllm_tables.torch_op_rule(vllm, op, profile.identity.vendor, profile.identity.compute_capability, hidden, tp)
 
 
 def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, calls_per_forward: int = 1,
@@ -170,7 +180,8 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
                           f"{M_STEP}, which {tp} does not divide; use a tp that divides {M_STEP}")
     cap = (vllm_tables.cudagraph_max_tokens_default(profile.identity.compute_capability)
            if cudagraph_max_tokens is None else cudagraph_max_tokens)
-    spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm)
+    baseline = "nccl" if impl == "kernel" else torch_rule(profile, op, tp, n, k, vllm)[3]
+    spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm, baseline)
     f_all, u_all, unfused_impl, unfused_per_m = op_arms(profile, spec, m_all)
     notes = []
     if impl == "kernel" and dtype == "mxfp8":
@@ -182,6 +193,11 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
         notes.append("unfused arm: the GEMM, then the reduce-scatter model-level SP runs (vLLM's custom backends: "
                      "Lamport up to 16 MiB, multimem to 64 MiB on SM100, else NCCL; their curves are physics, tier "
                      "assumed: no released row times them)")
+    elif baseline == "vllm_sp":
+        notes.append("model-level SP (vLLM >= 0.34's sp_all_gather_matmul): issued eagerly at every M (vLLM cannot "
+                     "run it while a CUDA graph is captured, so it runs only above the capture size or with "
+                     "--enforce-eager); unfused arm: sp_all_gather (vLLM's custom all-gather where the profile times "
+                     "it, else NCCL), then the GEMM; vLLM's constant counts rows per rank, ceil(M/tp)")
     elif op == "gemm_rs":
         notes.append("unfused arm: the GEMM, then NCCL reduce-scatter (vLLM <= 0.31's compile-pass SP calls the "
                      "generic reduce_scatter, which goes to NCCL)")
@@ -206,7 +222,9 @@ def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> tuple[Any,
         pair = ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp, spec.dtype), m, vllm=spec.vllm)
         name = "vLLM's model-level-SP reduce-scatter" if op == "gemm_rs" else "vLLM's dispatched all-reduce"
         return pair.fused_s, pair.unfused_s, name, pair.unfused_impls
-    p = ops.torch_pair(hw, op, m, n, k, tp)
+    p = ops.torch_pair(hw, op, m, n, k, tp, baseline=spec.baseline)
+    if spec.baseline == "vllm_sp":
+        return p.fused_eager_s, p.unfused_s, "vLLM's sp_all_gather", p.unfused_impls
     name = "NCCL all-gather" if op == "ag_gemm" else "NCCL reduce-scatter"
     fused = np.where(vllm_tables.runs_eagerly(m, spec.cudagraph_max_tokens), p.fused_eager_s, p.fused_graph_s)
     return fused, p.unfused_s, name, np.full(np.shape(m), p.unfused_impl)

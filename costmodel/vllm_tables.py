@@ -393,6 +393,26 @@ def kernel_rule(vllm: Vllm, op: str, compute_capability: str, tp: int) -> tuple[
     return rule
 
 
+def torch_op_rule(vllm: Vllm, op: str, vendor: str, capability: str, hidden: int, tp: int) -> tuple:
+    """(description, threshold tokens or None, runs(m) -> bool array, the unfused arm's baseline, per-rank gate or
+    None) of `vllm`'s own use of torch's pipelined op on raw shapes (tpcost op): the SP passes' sp_min_token_num
+    table where the release has them (NCCL arm); else a model-level gate of common code (0.34's
+    sp_all_gather_matmul: ceil(M/tp) >= its constant, eager steps only, against sp_all_gather); else none."""
+    rel = vllm.release
+    never = lambda m: np.zeros(np.shape(m), dtype=bool)  # noqa: E731
+    if rel.sp_passes:
+        thr = vllm_sp_min_token_num(vendor, capability, hidden, tp)
+        if thr is None:
+            return f"vLLM {vllm.label}'s SP table: off here", None, never, "nccl", None
+        return f"vLLM {vllm.label}'s sp_min_token_num {thr}", thr, lambda m: np.asarray(m) >= thr, "nccl", None
+    g = next((g for g in rel.model_gates if g.family == "common" and g.op == op), None)
+    if g is None:
+        return f"vLLM {vllm.label} runs no torch fused {op} ({rel.sp_passes_cite})", None, never, "nccl", None
+    lo = int(g.value)
+    return (f"{g.constant} = {lo}: {lo} rows per rank, M >= {lo * tp} at tp {tp}, eager steps only (vLLM "
+            f"{vllm.label} {g.where})", lo * tp, lambda m: np.ceil(np.asarray(m) / tp) >= lo, "vllm_sp", g)
+
+
 CAN_RUN_FP8 = ("vLLM's gemm_rs_ar takes bf16 or MXFP8 weights only (can_run, gemm_rs_ar.py l. 939-973); for "
                "per-tensor fp8 the switch has no effect")
 
@@ -618,7 +638,7 @@ _GATES_034 = (
               "maybe_init_gemm_rs_ar; at o_proj and the dense layers' down_proj, N >= the constant per step",
               exposed="VLLM_ENABLE_GEMM_RS (the switch; the constant itself is not exposed)"),
     ModelGate("common.ag_gemm", "common", "ag_gemm", "_FUSED_AG_MATMUL_MIN_TOKENS_PER_RANK", 1024,
-              f"{_SEQ_PAR}:45-47", f"{_SEQ_PAR}:60-68", "B300 TP4, K 8192",
+              f"{_SEQ_PAR}:46-48", f"{_SEQ_PAR}:60-68", "B300 TP4, K 8192",
               "model-level SP's sp_all_gather_matmul (torch's symm-mem fused_all_gather_matmul): bf16 input and "
               "weight, an unquantised bias-free 2-D weight, no CUDA-graph capture (eager only); Muse Spark's fused "
               f"qkv+gate projection is its one caller ({_MUSE}:1266-1272); unfused arm sp_all_gather, then the GEMM",

@@ -126,7 +126,8 @@ PLAN_ENV = ("VLLM_KIMI_K3_GEMM_AR", "VLLM_ENABLE_GEMM_RS")  # costmodel.vllm_tab
 
 
 def _is_plan(plan) -> bool:
-    """A plan sets only the pass-config fields the plugin decides, to values of their type, and says strings."""
+    """A plan sets only the pass-config fields the plugin decides, to values of their type, and says strings (its
+    log lines, the model gates' included)."""
     if not isinstance(plan, dict) or not isinstance(plan.get("set"), list) or not isinstance(plan.get("said"), list):
         return False
     for entry in plan["set"]:
@@ -139,8 +140,9 @@ def _is_plan(plan) -> bool:
     if not isinstance(env, list) or not all(isinstance(e, (list, tuple)) and len(e) == 2 and e[0] in PLAN_ENV
                                             and e[1] in ("0", "1") for e in env):
         return False
-    return all(isinstance(x, str) for x in plan["said"]) and all(
-        isinstance(plan.get(k), str) for k in ("profile_name", "profile_tier"))
+    gates = plan.get("gates", [])
+    return all(isinstance(x, str) for x in plan["said"]) and isinstance(gates, list) and all(
+        isinstance(x, str) for x in gates) and all(isinstance(plan.get(k), str) for k in ("profile_name", "profile_tier"))
 
 
 def store(d: Path | None, key: str, plan: dict) -> bool:

@@ -447,7 +447,7 @@ def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None
                         tuple(s for s in sites if s.weights is None), rule)
 
 
-def _gate_tokens(gate, x) -> str:
+def gate_tokens(gate, x) -> str:
     """A gate's threshold as shown: 'never' (a lower bound that is never reached), 'off' (an empty upper range)."""
     if x is None:
         return "never" if gate.runs_from == "min" else "off"
@@ -471,8 +471,8 @@ def gate_lines(gates) -> list[str]:
         else:
             band = gd.band_tokens or (None, None)
             sv = gd.saving_s
-            out.append(f"{head}; tpcost {_gate_tokens(g, gd.tpcost_tokens)}{unit} (band 5-95 % "
-                       f"[{_gate_tokens(g, band[0])}, {_gate_tokens(g, band[1])}]), "
+            out.append(f"{head}; tpcost {gate_tokens(g, gd.tpcost_tokens)}{unit} (band 5-95 % "
+                       f"[{gate_tokens(g, band[0])}, {gate_tokens(g, band[1])}]), "
                        + ("" if sv is None else f"saving {sv * 1e3:.3f} ms per forward on the workload against vLLM's "
                                                 "constant; ")
                        + "sites " + ", ".join(f"{s.name} x{s.calls_per_forward} (n {s.n}, k {s.k})" for s in gd.sites))

@@ -309,7 +309,9 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
     if op is not None and user_env is not None and _SET_HERE.get(SWITCHES[op].env) == user_env:
         user_env = None  # this process's own earlier decision, not the user's
     want_fi = pc.fuse_allreduce_rms is not False and pc.fi_allreduce_fusion_max_size_mb is None
-    if not want_fi and (op is None or user_env is not None):
+    version = _vllm_version(has_sp)
+    gated = bool(_vllm_of({"vllm_version": version}).release.gates_of(km.family))
+    if not want_fi and (op is None or user_env is not None) and not gated:
         if user_env is not None:
             logger.info("tpcost: %s=%s set by the user; kept", SWITCHES[op].env, user_env)
         return
@@ -317,7 +319,7 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
               "max_tokens": int(cfg.scheduler_config.max_num_batched_tokens or 8192), "want_fi": want_fi,
               "fuse_allreduce_rms": pc.fuse_allreduce_rms,
               "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb,
-              "vllm_version": _vllm_version(has_sp)}
+              "vllm_version": version}
     plan, hit = _cached_plan(inputs, _kernel_plan)
     for attr, value in plan["set"]:
         setattr(pc, attr, value)
@@ -329,6 +331,8 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
     if plan["said"]:
         logger.info("tpcost: %s; profile %s, provenance tier %s%s", "; ".join(plan["said"]), plan["profile_name"],
                     plan["profile_tier"], " (cached decision)" if hit else "")
+    for line in plan.get("gates", []):  # one line per hand cutoff in the model's code: reported, never patched
+        logger.info("%s", line)
 
 
 def _kernel_plan(inputs: dict) -> dict:
@@ -363,4 +367,25 @@ def _kernel_plan(inputs: dict) -> dict:
         said.append(f"{ks.env}={int(ks.set_on)} (vLLM's default {int(ks.vllm_default_on)}; expected "
                     f"{ks.expected_on_s * 1e3:.3f} ms per forward with the kernel, {ks.expected_off_s * 1e3:.3f} ms "
                     f"without; mode {d.mode}, {len(ks.sites)} call sites)")
-    return {"set": sets, "env": env, "said": said, "profile_name": prof.name, "profile_tier": prof.tier}
+    return {"set": sets, "env": env, "said": said, "profile_name": prof.name, "profile_tier": prof.tier,
+            "gates": plugin_gate_lines(d.gates)}
+
+
+def plugin_gate_lines(gates) -> list[str]:
+    """One log line per model gate (costmodel.gates.GateDecision): vLLM's value, tpcost's, the saving on this traffic,
+    and that the plugin leaves it (a module constant in the spawned workers: not patched)."""
+    from .recommend import gate_tokens
+
+    out = []
+    for gd in gates:
+        g = gd.gate
+        unit = " per rank" if g.per_rank else ""
+        if gd.why_not_derived:
+            mine = f"tpcost's: not derived ({gd.why_not_derived})"
+        else:
+            mine = (f"tpcost's {gate_tokens(g, gd.tpcost_tokens)}{unit}"
+                    + ("" if gd.saving_s is None else f", saving {gd.saving_s * 1e3:.3f} ms per forward on this traffic"))
+        out.append(f"tpcost: {g.key}: vLLM's {g.constant} = {'-' if gd.vllm_tokens is None else gd.vllm_tokens}{unit}, "
+                   f"{mine}; {'acts here' if gd.applies is None else 'not reached here: ' + gd.applies}; left as vLLM "
+                   "has it (a module constant in the workers; tpcost sets only what vLLM exposes)")
+    return out

@@ -76,7 +76,58 @@ def _needles() -> dict[str, list[str]]:
            REC.notes[0]: ["if self.mnnvl_only:"], REC.notes[1]: ["as_quantized_activation"]}
     for name, (_, where) in REC.tables.items():
         out[where] = [name]
+    for g in REC.model_gates:  # each gate's strings: checked cite by cite in test_every_model_gate_cite_is_in_the_wheel
+        for text in (g.where, g.used, g.activates):
+            out.setdefault(text, [])
     return out
+
+
+# what stands on the lines each model gate cites (every cite of every string, keyed by file:lines), built from the
+# gates' own values where they carry one
+def _gate_needles() -> dict[str, list[str]]:
+    gates = {g.key: g for g in REC.model_gates}
+    mm, ag = gates["minimax_m3.gemm_rs"], gates["common.ag_gemm"]
+    ms, one, floor = gates["muse_spark.gemm_rs"], gates["muse_spark.oneshot_ar"], gates["muse_spark.sp_floor"]
+    m, mu, mg = ("vllm/models/minimax_m3/nvidia/model.py", "vllm/models/muse_spark/nvidia/model.py",
+                 "vllm/models/muse_spark/nvidia/mega_moe.py")
+    return {mm.where: [f"{mm.constant} = {mm.value}"],
+            f"{m}:240-261": ["def _maybe_init_gemm_rs", f"max_num_batched_tokens < {mm.constant}"],
+            f"{m}:276-285": ["def _row_parallel_reduce_scatter", f"num_tokens >= {mm.constant}"],
+            f"{m}:224-237": ["def _use_sequence_parallel", "enable_expert_parallel", "tensor_parallel_size > 1"],
+            f"{m}:201-221": ["def _use_mega_moe", '"NVFP4"', "raise NotImplementedError"],
+            ag.where: [f"{ag.constant} = {ag.value}"],
+            ag.used: ["def can_sp_all_gather_matmul", ag.constant, "torch.bfloat16", "is_current_stream_capturing"],
+            f"{mu}:1266-1272": ["def can_fuse_sp_gather", "UnquantizedLinearMethod", "can_sp_all_gather_matmul"],
+            ms.where: ["def should_run", f"{ms.value} <= x.shape[0]", f"{ms.align[4]} if self.kernel.world_size == 4 else "
+                       f"{ms.align[8]}"],
+            ms.used: ["self.gemm_rs.should_run", "sp_active"],
+            f"{mu}:392-401": ["def is_sequence_parallel_enabled", "deep_gemm_mega_moe", "enable_expert_parallel"],
+            one.where: [f"{one.constant} = {one.value}"],
+            one.used: ["def _fuses_attn_all_reduce", f"num_tokens <= {one.constant}"],
+            f"{mu}:1806-1821": ["def _configure_attn_all_reduce", "maybe_create_all_reduce_dual_norm"],
+            floor.where: [f"_TRTLLM_TOKEN_THRESHOLD_TEP4 = {floor.value[4]}",
+                          f"_TRTLLM_TOKEN_THRESHOLD_TEP8 = {floor.value[8]}"],
+            f"{mu}:527": ["threshold + 1"], f"{mu}:1535": ["get_trtllm_token_threshold(vllm_config) + 1"],
+            f"{mu}:1730": ["get_trtllm_token_threshold(vllm_config) + 1"],
+            f"{mg}:65-79": ["def get_trtllm_token_threshold", "ModelOptNvFp4Config", "tensor_parallel_size in (4, 8)"]}
+
+
+def test_every_model_gate_cite_is_in_the_wheel():
+    """Every file:line in every string of every 0.34 model gate (where it is set, where it gates, what activates it)
+    holds vLLM's name and value there."""
+    needles = _gate_needles()
+    seen = set()
+    for g in REC.model_gates:
+        for text in (g.where, g.used, g.activates):
+            for m in re.finditer(r"(vllm/[\w/]+\.py):(\d+(?:-\d+)?(?:, \d+(?:-\d+)?)*)", text):
+                for part in m.group(2).split(", "):
+                    key = f"{m.group(1)}:{part}"
+                    assert key in needles, (g.key, key)
+                    seen.add(key)
+                    body = _lines(key)
+                    for needle in needles[key]:
+                        assert needle in body, (g.key, key, needle, body)
+    assert seen == set(needles)
 
 
 def test_every_cited_line_of_the_034_record_is_in_the_wheel():
@@ -183,3 +234,30 @@ def test_kernel_switch_contract_on_034(monkeypatch):
         assert getattr(envs, s.env) is s.default_on
         monkeypatch.setenv(s.env, str(int(not s.default_on)))
         assert getattr(envs, s.env) is (not s.default_on)
+
+
+def test_the_plugin_sets_its_switch_and_logs_each_gate_with_034s_classes(monkeypatch, tmp_path):
+    """0.34's ParallelConfig / KernelConfig read by the plugin, MiniMax-M3 under MegaMoE: the plan sets the switch it
+    owns (VLLM_ENABLE_GEMM_RS, which 0.34's envs then read) and logs the gate's constant beside tpcost's value; the
+    constant itself is not touched."""
+    import vllm.envs as envs
+    from vllm.config import KernelConfig, ParallelConfig
+
+    from costmodel.shapes import load_model_config
+    from integration.vllm_plugin import _kernel_plan, kernel_parallel
+
+    monkeypatch.setenv("TPCOST_PROFILE", "gb300-nvl72")
+    monkeypatch.setenv("TPCOST_CACHE_DIR", str(tmp_path))
+    cfg, name, _ = load_model_config(str(ROOT / "data" / "reference" / "models" / "minimax-m3.config.json"))
+    par = kernel_parallel(ParallelConfig(tensor_parallel_size=4, enable_expert_parallel=True),
+                          KernelConfig(moe_backend="deep_gemm_mega_moe"))
+    plan = _kernel_plan({"kernel_model": cfg, "model": name, "parallel": par, "op": "gemm_rs", "max_tokens": 8192,
+                         "want_fi": True, "fuse_allreduce_rms": None, "fi_allreduce_fusion_max_size_mb": None,
+                         "vllm_version": [0, 34]})
+    (env, value), = plan["env"]
+    assert env == "VLLM_ENABLE_GEMM_RS" and value in ("0", "1")
+    monkeypatch.setenv(env, value)
+    assert getattr(envs, env) is (value == "1")
+    (line,) = plan["gates"]
+    assert "minimax_m3.gemm_rs" in line and "_GEMM_RS_MIN_TOKENS = 1024" in line and "tpcost's" in line
+    assert "left as vLLM has it" in line and not plan["set"]  # the constant is reported, never patched

@@ -305,6 +305,52 @@ def kernel_cutoffs_table() -> str:
     return "\n".join(lines)
 
 
+def model_gates_table() -> str:
+    """benchmarks/results/vllm_thresholds.json: vLLM 0.34's hand cutoffs in model code beside tpcost's values."""
+    d = _load("vllm_thresholds.json")
+    lines = ["| GPU | TP | gate | call sites (n, k per rank) × / fwd | vLLM | tpcost | band 5-95 % | saves vs vLLM "
+             "[ms/fwd] | acts in this setup | terms at vLLM's constant |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def tok(x, g):
+        return ("never" if g.get("runs_from", "min") == "min" else "off") if x is None else (
+            "off" if g.get("runs_from") == "max" and x == 0 else str(x))
+
+    def terms(t):
+        if "waves" in t:
+            return (f"M {t['m']}: {t['waves']} wave(s) · {t['multicast_gb_per_s']:.0f} GB/s multicast · {t['bound']}"
+                    f" · fixed {t['fixed_us']:.1f} µs · unfused {t['unfused_impl']} · speedup {t['speedup']:.3f}")
+        return (f"M {t['m']}: GEMM {t['t_gemm_whole_us']:.0f} µs whole, chunks {t['t_chunk_gemms_us']:.0f} µs · pulls "
+                f"{t['t_pulls_us']:.0f} µs · host {t['t_host_us']:.0f} µs · unfused {t['unfused_impl']} "
+                f"{t['t_unfused_collective_us']:.0f} µs · speedup "
+                f"{t['speedup']:.3f}")
+
+    for r in d["model_gates"]:
+        unit = "/rank" if r["gate"] == "common.ag_gemm" else ""
+        sites = ("; ".join(f"{s['site']} ({s['n']}, {s['k']}) ×{s['calls_per_forward']}" for s in r["sites"])
+                 if "sites" in r else f"{r['site']} ({r['n']}, {r['k']}) (`tpcost op`)")
+        band = r.get("band_tokens")
+        bs = "-" if band is None else f"[{tok(band[0], r)}, {tok(band[1], r)}]"
+        sv = r.get("saving_s")
+        acts = "op value" if r.get("as") == "op" else ("yes" if r["applies"] else f"no: {r['why_not']}")
+        t = "; ".join(f"{k}: {terms(v)}" for k, v in (r.get("terms_at_vllm") or {}).items()) or "-"
+        lines.append(f"| {r['gpu']} | {r['tp']} | {r['gate']} | {sites} | {r['vllm_tokens']}{unit} | "
+                     f"{tok(r['tpcost_tokens'], r)}{unit} | {bs} | {'-' if sv is None else f'{sv * 1e3:.3f}'} | {acts} "
+                     f"| {t} |")
+    return "\n".join(lines)
+
+
+def all_gather_check_table() -> str:
+    """benchmarks/results/vllm_thresholds.json: the all-gather arms against the released all-gather rows."""
+    d = _load("vllm_thresholds.json")["all_gather_check"]
+    lines = ["| source | GPU | size | NCCL measured / predicted | the other path | measured / predicted |",
+             "|---|---|---|---|---|---|"]
+    for c in d:
+        size = f"{c['size_bytes'] / 2**20:.2f} MiB" + (f" ({c['tokens']} tokens)" if "tokens" in c else "")
+        lines.append(f"| {c['source']} | {c['gpu']} | {size} | {c['nccl_measured']:.1f} / {c['nccl_predicted']:.1f} "
+                     f"{c['unit']} | {c['other']} | {c['other_measured']:.1f} / {c['other_predicted']:.1f} {c['unit']} |")
+    return "\n".join(lines)
+
+
 def collectives_table() -> str:
     """benchmarks/results/accuracy.json: the NCCL all-reduce regime fit per released sweep."""
     d = _load("accuracy.json")["collectives"]
@@ -380,6 +426,8 @@ def code_path_noise_table() -> str:
 
 BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample, ("../README.md", "whatif-sample-sp"): _whatif_sample_sp,
           ("vllm-thresholds.md", "kernel-cutoffs"): kernel_cutoffs_table,
+          ("vllm-thresholds.md", "model-gates-034"): model_gates_table,
+          ("vllm-thresholds.md", "all-gather-check"): all_gather_check_table,
           ("vllm.md", "vllm-config-031"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",
                                                              "--gpu", "h100-sxm", "--vllm-version", "0.31"),
           ("vllm.md", "vllm-config-032"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",

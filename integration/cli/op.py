@@ -52,7 +52,8 @@ def cmd_op(args) -> int:
                                       + " .. ".join("never" if b is None else str(b) for b in band) + ")")
     print(f"\ncutoff (fused when M >= c; the c minimising the expected time over M <= {args.max_num_batched_tokens}, "
           f"risk premium {args.margin:.0%}): {a.cutoff_tokens if a.cutoff_tokens is not None else never} "
-          f"[{a.answer}]{band_s}")
+          f"[{a.answer}]{band_s}" + ("" if a.cutoff_per_rank is None else
+                                    f"; per rank (vLLM's unit here): ceil(c/{args.tp}) = {a.cutoff_per_rank} rows"))
     print(f"vLLM's own rule: {a.vllm_rule}")
     wins = a.wins_m_ranges()
     print("the fused op is faster at M in " + (", ".join(f"[{lo}, {hi}]" for lo, hi in wins) if wins else "no row"))
