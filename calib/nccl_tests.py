@@ -13,7 +13,10 @@ Which collective a log holds is read from the table itself: `redop` none is an a
 count·elem = size is an all-reduce and count·elem·ranks = size a reduce-scatter. Each log's latency and bus
 bandwidth are fitted (calib.fit.fit_latency_bandwidth, the nccl-tests busBW convention, out-of-place times)
 into `collectives.nccl_<op>.tp<ranks>` of the `--from` profile, tier `calibrated`, with provenance from the
-header; every other value keeps its prior, and the profile says which.
+header; every other value keeps its prior, and the profile says which. The log's own collective replaces the
+prior's at its rank count: the prior's NCCL regime curves of that collective and TP (costmodel.ops.NCCL_REGIMES,
+another machine's) are dropped, never left to undercut the measurement. A log must name the GPU `--from` describes
+(its device_name_patterns), unless `--allow-other-gpu` says it is intended; the source then says "measured on".
 """
 
 from __future__ import annotations
@@ -132,6 +135,14 @@ def run(args) -> int:
     check_output_path(out, args.force, "--out", protect=(args.source, *args.from_nccl_tests))
     base = load_profile(args.source)
     logs = [parse_nccl_tests(read_text(f, "nccl-tests log"), str(f)) for f in args.from_nccl_tests]
+    pats = [x for x in base.identity.device_name_patterns.split("|") if x]
+    for log in logs:
+        other = log["gpu"] != "unknown" and pats and not any(x in log["gpu"] for x in pats)
+        log["measured_on"] = f"; measured on {log['gpu']}, not {base.name}'s GPU (--allow-other-gpu)" if other else ""
+        if other and not getattr(args, "allow_other_gpu", False):
+            raise TpcostError(f"{log['file']}: measured on {log['gpu']}, but --from {base.name} is a "
+                              f"{base.identity.display_name or base.name}; give that GPU's profile, or --allow-other-gpu "
+                              "if a profile of another GPU is intended")
     seen: dict[tuple, str] = {}
     for log in logs:
         key = (log["op"], log["ranks"])
@@ -161,7 +172,7 @@ def run(args) -> int:
                               "reaches ~1.1x): a log of other hardware, or the wrong --from")
         source = (f"calibrated: nccl-tests {Path(log['file']).name} ({log['gpu']}, {log['ranks']} ranks on "
                   f"{log['hosts']} host(s), NCCL {log['nccl'] or 'version not printed'}); alpha-beta fit, "
-                  f"rms log residual {res.get('rms_log_residual', 0):.3f} over {len(recs)} sizes")
+                  f"rms log residual {res.get('rms_log_residual', 0):.3f} over {len(recs)} sizes{log['measured_on']}")
         table = f"collectives.nccl_{log['op']}.tp{log['ranks']}"
         values[f"{table}.bus_bw_bytes_per_s"] = bw["value"]
         provs[f"{table}.bus_bw_bytes_per_s"] = Provenance(source, "calibrated", min(float(bw["uncertainty_rel"]), 1.0))
@@ -173,11 +184,18 @@ def run(args) -> int:
             provs[f"{table}.latency_s"] = Provenance(source + "; latency kept from the prior (not pinned down)",
                                                      "calibrated")
         fitted.append((table, values[f"{table}.latency_s"], bw))
-    kept = sorted({k.rsplit(".", 1)[0] for k in base.provenance} - {t for t, _, _ in fitted})
+    from costmodel.ops import NCCL_REGIMES
+
+    # the measured curve is this machine's collective at this TP: the prior's regime curves of it go
+    replaced = [f"collectives.nccl_{log['op']}{r}.tp{log['ranks']}" for log in logs for r in NCCL_REGIMES
+                if log["ranks"] in base.collective_tps(f"nccl_{log['op']}{r}")]
+    kept = sorted({k.rsplit(".", 1)[0] for k in base.provenance} - {t for t, _, _ in fitted} - set(replaced))
     notes = {"calibration.from_nccl_tests": ", ".join(Path(f).name for f in args.from_nccl_tests),
              "calibration.prior_profile": base.name, "calibration.not_measured_kept_prior": ", ".join(kept)}
+    if replaced:
+        notes["calibration.regimes_replaced"] = ", ".join(replaced)
     prof = base.with_values(values, provs, mark_modified=False, new_keys_ok=True,
-                            name=args.name or f"{base.name}-nccl-tests", notes=notes)
+                            name=args.name or f"{base.name}-nccl-tests", notes=notes, drop=tuple(replaced))
     tree = profile_to_tree(prof)
     profile_from_dict(tree, str(out))  # what is written loads back
     atomic_write_text(out, f"# Written by tpcost calibrate --from-nccl-tests (prior: {base.name}).\n" + dump_profile(tree))
@@ -185,6 +203,8 @@ def run(args) -> int:
     for key, lat_s, bw in fitted:
         print(f"  {key}: latency {lat_s * 1e6:.2f} us, busBW {bw['value'] / 1e9:.1f} GB/s "
               f"(±{100 * bw['uncertainty_rel']:.1f}%)")
+    if replaced:
+        print(f"  the prior's regime curves of the measured collectives dropped (another machine's): {', '.join(replaced)}")
     print(f"  every other value keeps its prior from {base.name} ({len(kept)} tables); use it with "
           f"`tpcost whatif --gpu {out}`")
     return 0

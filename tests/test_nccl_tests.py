@@ -93,3 +93,72 @@ def test_nccl_tests_failed_or_thin_or_foreign_logs(tmp_path, one_line_error):
     one_line_error(*_calib(tmp_path, fast), needle="above 1.5x h100-sxm's link")
     two_hosts = good.replace("Rank  2 Group  0 Pid  41023 on   gpu-node-07", "Rank  2 Group  0 Pid  41023 on   gpu-node-08")
     one_line_error(*_calib(tmp_path, two_hosts), needle="run on 2 hosts, outside one NVLink domain")
+
+
+def synthetic_log(op: str, gpu: str = "NVIDIA H100 80GB HBM3", ranks: int = 8, lat_s: float = 20e-6,
+                  busbw: float = 100e9, sizes=tuple(2**p for p in range(20, 29))) -> str:
+    """An nccl-tests log (root layout) of `op` on `ranks` GPUs of one host whose every size takes exactly
+    lat_s + factor(op)·S/busbw (the nccl-tests busBW convention; S the size column)."""
+    from costmodel import formulas as F
+
+    fac = float(F.bus_bw_factor(op, ranks))
+    out = [f"# nThread 1 nGpus {ranks} minBytes {sizes[0]} maxBytes {sizes[-1]} step: 2(factor) warmup iters: 5 "
+           "iters: 20 agg iters: 1 validation: 1 graph: 0", "#"]
+    out += [f"#  Rank  {r} Group  0 Pid  {1000 + r} on      node1 device  {r} [0x{r:02x}] {gpu}" for r in range(ranks)]
+    out += ["#", "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw "
+            "  busbw #wrong"]
+    for s in sizes:
+        t = lat_s + fac * s / busbw
+        count = s // 2 if op == "all_reduce" else s // 2 // ranks
+        redop = "none" if op == "all_gather" else "sum"
+        cell = f"{t * 1e6:8.2f} {s / t / 1e9:7.2f} {fac * s / t / 1e9:7.2f}      0"
+        out.append(f"{s:>12d} {count:>12d}  bfloat16 {redop:>7s}      -1  {cell}  {cell}")
+    return "\n".join(out + ["# Out of bounds values : 0 OK", ""])
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_a_measured_collective_replaces_the_prior_at_every_logged_size(tmp_path, capsys, op):
+    """Issue 47: after calibrate --from-nccl-tests on a synthetic 8-GPU log (20 us, 100 GB/s busBW), `collective`
+    predicts NCCL within 5 % at every logged size from 1 MiB to 256 MiB: the prior's faster regime curves of the same
+    collective at that TP (another machine's) are dropped, not left to win the minimum."""
+    from costmodel import formulas as F
+
+    assert main(_calib(tmp_path, synthetic_log(op))) == 0
+    said = capsys.readouterr().out
+    prior = load_profile("h100-sxm")
+    if any(8 in prior.collective_tps(f"nccl_{op}{r}") for r in ("_small", "_mid")):
+        assert "regime curves of the measured collectives dropped" in said
+    assert main(["collective", "--gpu", str(tmp_path / "out.toml"), "--tp", "8", "--op", op, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    fac = float(F.bus_bw_factor(op, 8))
+    got = {int(r["size_bytes"]): r["t_nccl_s"] for r in rows}
+    checked = 0
+    for s in (2**p for p in range(20, 29)):
+        if s in got:
+            assert got[s] == pytest.approx(20e-6 + fac * s / 100e9, rel=0.05), s
+            checked += 1
+    assert checked >= 5
+
+
+def test_whatif_moves_with_a_measured_all_reduce(tmp_path, capsys):
+    """t_tp at 16384 tokens follows the log's slower all-reduce (the prior's curves would hide it)."""
+    assert main(_calib(tmp_path, synthetic_log("all_reduce"))) == 0
+    capsys.readouterr()
+    argv = ["whatif", "--tp", "8", "--tokens", "16384", "--max-num-batched-tokens", "16384", "--no-band", "--json",
+            "--vllm-version", "0.31"]
+    assert main([*argv, "--gpu", "h100-sxm"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--gpu", str(tmp_path / "out.toml")]) == 0
+    after = json.loads(capsys.readouterr().out)
+    t0, t1 = before["rows"][0]["t_tp_s"], after["rows"][0]["t_tp_s"]
+    assert t1 > t0 * 1.5  # 2 x 80 all-reduces of 16384 x 8192 x 2 B at 100 GB/s busBW: ~0.8 s more
+
+
+def test_a_log_of_another_gpu_is_refused_unless_intended(tmp_path, capsys, one_line_error):
+    one_line_error(*_calib(tmp_path, synthetic_log("all_gather"), gpu="b200"), needle="measured on NVIDIA H100")
+    assert not (tmp_path / "out.toml").exists()
+    assert main([*_calib(tmp_path, synthetic_log("all_gather"), gpu="b200"), "--allow-other-gpu"]) == 0
+    capsys.readouterr()
+    p = load_profile(str(tmp_path / "out.toml"))
+    assert "measured on NVIDIA H100 80GB HBM3" in p.provenance["collectives.nccl_all_gather.tp8.bus_bw_bytes_per_s"].source
+    one_line_error("calibrate", "--allow-other-gpu", "--out", str(tmp_path / "x.toml"), needle="--allow-other-gpu")

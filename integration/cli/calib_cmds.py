@@ -20,6 +20,9 @@ def register(sub):
                    help="instead of running benchmarks: fit nccl-tests logs (all_reduce_perf, all_gather_perf, "
                         "reduce_scatter_perf output) into --from's collectives (no torch needed)")
     c.add_argument("--from", dest="source", metavar="PROFILE", help="with --from-nccl-tests: the profile to start from")
+    c.add_argument("--allow-other-gpu", action="store_true",
+                   help="with --from-nccl-tests: take a log whose GPU is not --from's as intended (the profile then "
+                        "records 'measured on' that GPU); without it such a log is refused")
     _common(c)
     c.set_defaults(func=_calibrate)
     v = sub.add_parser("validate", help="run one layer in the three schedules and compare with the model")
@@ -44,6 +47,11 @@ def _need_torch():
 
 
 def _calibrate(args):
+    if args.allow_other_gpu and not args.from_nccl_tests:
+        from costmodel.errors import TpcostError
+
+        raise TpcostError("--allow-other-gpu: only --from-nccl-tests reads another GPU's log; a benchmark run measures "
+                          "the GPU it runs on")
     if args.from_nccl_tests:
         from calib.nccl_tests import run as from_logs
 
