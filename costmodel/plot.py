@@ -59,3 +59,28 @@ def plot_whatif(a: Any, path: str) -> None:
         savefig_atomic(fig, path, dpi=110)
     finally:
         plt.close(fig)
+
+
+def plot_collective_log(rows: list[dict], title: str, path: str) -> None:
+    """Measured and predicted busBW over message size (log axes): NCCL's predicted curve against the log's NCCL run,
+    vLLM's dispatched implementation beside it, and the sizes where vLLM's dispatch changes implementation marked."""
+    plt = pyplot()
+    size = np.array([r["size_bytes"] for r in rows], dtype=float)
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    ax.loglog(size, [r["busbw_measured_bytes_per_s"] / 1e9 for r in rows], "o-", label="measured (the log: NCCL)")
+    ax.loglog(size, [r["busbw_nccl_bytes_per_s"] / 1e9 for r in rows], "s--", label="predicted NCCL")
+    ax.loglog(size, [r["busbw_vllm_bytes_per_s"] / 1e9 for r in rows], ":", color="gray", label="predicted, vLLM's pick")
+    for i in range(1, len(rows)):
+        if rows[i]["vllm_impl"] != rows[i - 1]["vllm_impl"]:
+            ax.axvline(size[i], color="C2", lw=0.8, ls="-.")
+            ax.text(size[i], ax.get_ylim()[0], f" {rows[i]['vllm_impl']}", rotation=90, fontsize=7, va="bottom")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busBW (GB/s, nccl-tests' convention)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    try:
+        savefig_atomic(fig, path, dpi=110)
+    finally:
+        plt.close(fig)

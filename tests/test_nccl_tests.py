@@ -162,3 +162,28 @@ def test_a_log_of_another_gpu_is_refused_unless_intended(tmp_path, capsys, one_l
     p = load_profile(str(tmp_path / "out.toml"))
     assert "measured on NVIDIA H100 80GB HBM3" in p.provenance["collectives.nccl_all_gather.tp8.bus_bw_bytes_per_s"].source
     one_line_error("calibrate", "--allow-other-gpu", "--out", str(tmp_path / "x.toml"), needle="--allow-other-gpu")
+
+
+def test_collective_log_gives_the_verdict_first_and_draws_it(tmp_path, capsys, one_line_error):
+    """Issue 47 item 3: one verdict line (median and worst |pred/meas - 1|) before a table with a unit in every
+    column; --json carries it; --plot draws measured against predicted busBW (a PNG), only with --log, never over a
+    file without --force."""
+    log = tmp_path / "ar.log"
+    log.write_text(synthetic_log("all_reduce", lat_s=30e-6, busbw=200e9))
+    assert main(["collective", "--gpu", "h100-sxm", "--log", str(log)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("verdict: the profile's NCCL all_reduce is off the log by a median")
+    assert "size [B]" in lines[2] and "measured [us]" in lines[2] and "(us)" not in lines[2]
+    assert main(["collective", "--gpu", "h100-sxm", "--log", str(log), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    errs = [abs(r["nccl_pred_over_measured"] - 1) for r in d["rows"]]
+    assert d["verdict"]["worst_abs_rel_error"] == pytest.approx(max(errs))
+    assert d["verdict"]["median_abs_rel_error"] == pytest.approx(sorted(errs)[len(errs) // 2])
+    png = tmp_path / "c.png"
+    assert main(["collective", "--gpu", "h100-sxm", "--log", str(log), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    one_line_error("collective", "--gpu", "h100-sxm", "--log", str(log), "--plot", str(png), needle="--force")
+    one_line_error("collective", "--gpu", "h100-sxm", "--tp", "8", "--op", "all_reduce", "--plot", str(png),
+                   needle="give --log FILE too")
+    one_line_error("collective", "--gpu", "h100-sxm", "--tp", "8", "--op", "all_reduce", "--force",
+                   needle="give --plot too")

@@ -38,29 +38,48 @@ def _rows(prof, op: str, tp: int, sizes, model_level_sp: bool, version) -> list[
             for s, i, tv, tn in zip(S, impl, np.broadcast_to(t_vllm, S.shape), np.broadcast_to(t_nccl, S.shape))]
 
 
-def cmd_collective(args) -> int:
-    from costmodel.analysis import provenance_line
-
-    prof, _ = resolve_profile(args)  # collective has no --set
-    measured = None
-    if args.log:
-        from calib.nccl_tests import parse_nccl_tests
-        from costmodel.io import read_text
-
-        log = parse_nccl_tests(read_text(args.log, "nccl-tests log"), args.log)
-        for flag, given, got in (("--op", args.op, log["op"]), ("--tp", args.tp, log["ranks"])):
-            if given is not None and given != got:
-                raise TpcostError(f"{flag} {given}: the log {args.log} is {log['op']} on {log['ranks']} ranks")
-        if args.sizes:
-            raise TpcostError("--sizes: with --log the sizes are the log's")
-        op, tp = log["op"], log["ranks"]
-        measured = dict(log["rows"])
-        sizes = sorted(measured)
-    else:
+def _what(args) -> tuple[str, int, list, dict | None]:
+    """(op, tp, sizes, measured size -> time or None): the log's, or the flags'."""
+    if not args.log:
         if args.op is None or args.tp is None:
             raise TpcostError("collective needs --op and --tp (or --log FILE, an nccl-tests log, for both)")
-        op, tp = args.op, args.tp
-        sizes = [float(s) for s in args.sizes] if args.sizes else DEFAULT_SIZES
+        return args.op, args.tp, [float(s) for s in args.sizes] if args.sizes else DEFAULT_SIZES, None
+    from calib.nccl_tests import parse_nccl_tests
+    from costmodel.io import read_text
+
+    log = parse_nccl_tests(read_text(args.log, "nccl-tests log"), args.log)
+    for flag, given, got in (("--op", args.op, log["op"]), ("--tp", args.tp, log["ranks"])):
+        if given is not None and given != got:
+            raise TpcostError(f"{flag} {given}: the log {args.log} is {log['op']} on {log['ranks']} ranks")
+    if args.sizes:
+        raise TpcostError("--sizes: with --log the sizes are the log's")
+    measured = dict(log["rows"])
+    return log["op"], log["ranks"], sorted(measured), measured
+
+
+def _verdict(rows: list[dict]) -> dict:
+    """The median and worst |NCCL pred/meas - 1| over the logged sizes."""
+    import numpy as np
+
+    err = np.abs(np.array([r["nccl_pred_over_measured"] for r in rows]) - 1.0)
+    return {"median_abs_rel_error": float(np.median(err)), "worst_abs_rel_error": float(err.max()),
+            "worst_size_bytes": int(rows[int(np.argmax(err))]["size_bytes"]), "sizes": len(rows)}
+
+
+def cmd_collective(args) -> int:
+    from pathlib import Path
+
+    from costmodel.analysis import provenance_line
+    from costmodel.io import check_output_path
+
+    if args.plot:
+        if not args.log:
+            raise TpcostError("--plot: draws the profile against a measured log; give --log FILE too")
+        check_output_path(args.plot, args.force, "--plot", protect=(args.log,))
+    elif args.force:
+        raise TpcostError("--force: replaces an existing --plot file; give --plot too")
+    prof, _ = resolve_profile(args)  # collective has no --set
+    op, tp, sizes, measured = _what(args)
     if args.model_level_sp and op == "all_reduce":
         raise TpcostError("--model-level-sp: vLLM's model-level-SP backends are its reduce-scatter and all-gather; "
                           "the all-reduce dispatches the same way with or without it")
@@ -78,23 +97,36 @@ def cmd_collective(args) -> int:
             t = measured[float(r["size_bytes"])]
             r.update(t_measured_s=t, busbw_measured_bytes_per_s=factor * r["size_bytes"] / t,
                      nccl_pred_over_measured=r["t_nccl_s"] / t)
+    verdict = None if measured is None else _verdict(rows)
+    if args.plot:
+        from costmodel.plot import plot_collective_log
+
+        plot_collective_log(rows, f"{op} on {prof.name} x{tp} against {Path(args.log).name}", args.plot)
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "gpu": prof.name, "op": op, "tp": tp,
                           "vllm_version": version.label, "vllm_version_source": version.source,
-                          "model_level_sp": bool(args.model_level_sp), "log": args.log, "rows": rows}, indent=2))
+                          "model_level_sp": bool(args.model_level_sp), "log": args.log, "verdict": verdict,
+                          "rows": rows}, indent=2))
         return 0
     print(f"tpcost collective: {op} on {prof.name} x{tp}" + (" (model-level SP)" if args.model_level_sp else "")
           + (f", against {args.log}" if args.log else "") + f"; {version.describe()}")
-    head = f"{'size (B)':>12s} {'vLLM runs':>20s} {'time (us)':>10s} {'algbw':>8s} {'busbw':>8s} {'NCCL (us)':>10s} {'busbw':>8s}"
+    if verdict is not None:
+        print(f"verdict: the profile's NCCL {op} is off the log by a median {verdict['median_abs_rel_error']:.1%} "
+              f"(|pred/meas - 1| over {verdict['sizes']} sizes), worst {verdict['worst_abs_rel_error']:.1%} at "
+              f"{verdict['worst_size_bytes']} B" + ("; calibrate from it: tpcost calibrate --from-nccl-tests "
+                                                    f"{args.log} --from {prof.name} --out FILE.toml"
+                                                    if verdict["worst_abs_rel_error"] > 0.10 else ""))
+    head = (f"{'size [B]':>12s} {'vLLM runs':>20s} {'vLLM [us]':>10s} {'algbw [GB/s]':>12s} {'busbw [GB/s]':>12s} "
+            f"{'NCCL [us]':>10s} {'NCCL busbw':>10s}")
     if measured is not None:
-        head += f" {'measured (us)':>13s} {'busbw':>8s} {'NCCL pred/meas':>14s}"
-    print(head + "   (GB/s)")
+        head += f" {'measured [us]':>13s} {'meas. busbw':>11s} {'NCCL pred/meas':>14s}"
+    print(head)
     for r in rows:
         line = (f"{r['size_bytes']:12d} {r['vllm_impl']:>20s} {r['t_vllm_s'] * 1e6:10.2f} "
-                f"{r['algbw_vllm_bytes_per_s'] / 1e9:8.1f} {r['busbw_vllm_bytes_per_s'] / 1e9:8.1f} "
-                f"{r['t_nccl_s'] * 1e6:10.2f} {r['busbw_nccl_bytes_per_s'] / 1e9:8.1f}")
+                f"{r['algbw_vllm_bytes_per_s'] / 1e9:12.1f} {r['busbw_vllm_bytes_per_s'] / 1e9:12.1f} "
+                f"{r['t_nccl_s'] * 1e6:10.2f} {r['busbw_nccl_bytes_per_s'] / 1e9:10.1f}")
         if measured is not None:
-            line += (f" {r['t_measured_s'] * 1e6:13.2f} {r['busbw_measured_bytes_per_s'] / 1e9:8.1f} "
+            line += (f" {r['t_measured_s'] * 1e6:13.2f} {r['busbw_measured_bytes_per_s'] / 1e9:11.1f} "
                      f"{r['nccl_pred_over_measured']:14.3f}")
         print(line)
     print("(busbw: nccl-tests' convention; 'vLLM runs' is what its dispatch picks at that size"
@@ -112,6 +144,9 @@ def register(sub) -> None:
     c.add_argument("--tp", type=bounded_int("--tp", 1, 4096, "ranks"), help="ranks (default: the log's)")
     c.add_argument("--sizes", type=bounded_int("--sizes", 1, 2**40, "message bytes up to 1 TiB"), nargs="+",
                    metavar="BYTES", help="message sizes in bytes (default 1 KiB .. 16 GiB, x4)")
+    c.add_argument("--plot", metavar="FILE.png", help="with --log: draw measured and predicted busBW over size, vLLM's "
+                                                      "dispatch edges marked")
+    c.add_argument("--force", action="store_true", help="replace an existing --plot file")
     c.add_argument("--log", metavar="FILE", help="an nccl-tests log (all_reduce_perf, reduce_scatter_perf, "
                                                  "all_gather_perf): predicted beside measured at its sizes")
     c.add_argument("--model-level-sp", action="store_true",
