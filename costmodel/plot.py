@@ -20,6 +20,17 @@ def pyplot() -> Any:
     return plt
 
 
+def _finish(plt: Any, fig: Any, ax: Any, path: str) -> None:
+    """Legend, grid, layout; the figure written atomically and closed."""
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    try:
+        savefig_atomic(fig, path, dpi=110)
+    finally:
+        plt.close(fig)
+
+
 def whatif_series(a: Any) -> dict:
     """What plot_whatif draws: N (a geometric grid of multiples of tp to 65536), both speedup curves (NaN where a
     schedule cannot run), the cutoff and its band, the token budget and the 1 + margin line."""
@@ -52,13 +63,7 @@ def plot_whatif(a: Any, path: str) -> None:
     ax.set_ylabel("speedup vs plain TP (t_tp / t)")
     mod = " (modified)" if a.profile.modified else ""
     ax.set_title(f"{a.shape.name} on {a.profile.name}{mod} x{a.run.tp}, {a.run.dtype}")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    try:
-        savefig_atomic(fig, path, dpi=110)
-    finally:
-        plt.close(fig)
+    _finish(plt, fig, ax, path)
 
 
 def plot_collective_log(rows: list[dict], title: str, path: str) -> None:
@@ -77,10 +82,4 @@ def plot_collective_log(rows: list[dict], title: str, path: str) -> None:
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("busBW (GB/s, nccl-tests' convention)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    try:
-        savefig_atomic(fig, path, dpi=110)
-    finally:
-        plt.close(fig)
+    _finish(plt, fig, ax, path)
