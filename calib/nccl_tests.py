@@ -31,6 +31,8 @@ ELEM_BYTES = {"int8": 1, "uint8": 1, "char": 1, "half": 2, "float16": 2, "bfloat
               "fp8_e4m3": 1, "fp8_e5m2": 1, "f8e4m3": 1, "f8e5m2": 1}
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s+(.+?)\s*$")
 _HEADER = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)")
+_GRAPH = re.compile(r"\bgraph:\s*(\d+)")
+BUSBW_DEGRADED = 0.5  # a fitted busBW below half the prior's: NVLS off or links degraded (the other priors stay)
 _VERSION = re.compile(r"NCCL version\s+([\d.]+)")
 
 
@@ -40,7 +42,7 @@ BUSBW_OVER_LINK_MAX = 1.5  # NVLS all-reduce measures up to ~1.07x the per-direc
 
 def parse_nccl_tests(text: str, where: str) -> dict:  # noqa: C901 (one pass over the log; a branch per line kind)
     """{op, ranks, hosts, gpu, nccl, rows: [(size_bytes, time_s)]} of one nccl-tests log; one-line errors."""
-    header = None
+    header, graph = None, None
     ranks, hosts, gpus = set(), set(), set()
     rows, nccl = [], None
     layout = None
@@ -51,6 +53,8 @@ def parse_nccl_tests(text: str, where: str) -> dict:  # noqa: C901 (one pass ove
         m = _HEADER.match(line)
         if m:
             header = tuple(int(x) for x in m.groups())
+            g = _GRAPH.search(line)
+            graph = None if g is None else int(g.group(1)) > 0
             continue
         m = _RANK.match(line)
         if m:
@@ -117,7 +121,32 @@ def parse_nccl_tests(text: str, where: str) -> dict:  # noqa: C901 (one pass ove
     if len(ops) != 1:
         raise TpcostError(f"{where}: rows of several collectives ({', '.join(sorted(ops))}) in one log")
     return {"op": ops.pop(), "ranks": world, "hosts": len(hosts), "gpu": sorted(gpus)[0] if gpus else "unknown",
-            "nccl": nccl, "rows": [(float(r[0]), r[4]) for r in rows], "file": where}
+            "nccl": nccl, "rows": [(float(r[0]), r[4]) for r in rows], "file": where, "graph": graph}
+
+
+def check_logs(base, logs: list[dict], allow_other_gpu: bool) -> None:
+    """The logs describe the machine `base` claims: its GPU (unless allow_other_gpu; the log then records 'measured
+    on'), one log per collective and rank count, ranks inside one NVLink domain."""
+    pats = [x for x in base.identity.device_name_patterns.split("|") if x]
+    for log in logs:
+        other = log["gpu"] != "unknown" and pats and not any(x in log["gpu"] for x in pats)
+        log["measured_on"] = f"; measured on {log['gpu']}, not {base.name}'s GPU (--allow-other-gpu)" if other else ""
+        if other and not allow_other_gpu:
+            raise TpcostError(f"{log['file']}: measured on {log['gpu']}, but --from {base.name} is a "
+                              f"{base.identity.display_name or base.name}; give that GPU's profile, or --allow-other-gpu "
+                              "if a profile of another GPU is intended")
+    seen: dict[tuple, str] = {}
+    for log in logs:
+        key = (log["op"], log["ranks"])
+        if key in seen:
+            raise TpcostError(f"{log['file']} and {seen[key]} are both nccl_{log['op']} on {log['ranks']} ranks: give "
+                              "one log per collective and rank count (the profile holds one entry each)")
+        seen[key] = log["file"]
+        domain = int(base.interconnect.domain_size)
+        if log["hosts"] > 1 and (log["ranks"] > domain or domain <= 8):
+            raise TpcostError(f"{log['file']}: its {log['ranks']} ranks run on {log['hosts']} hosts, outside one NVLink "
+                              f"domain of {base.name} ({domain} GPUs): tpcost's tp entries are collectives inside one "
+                              "domain")
 
 
 def run(args) -> int:
@@ -135,29 +164,11 @@ def run(args) -> int:
     check_output_path(out, args.force, "--out", protect=(args.source, *args.from_nccl_tests))
     base = load_profile(args.source)
     logs = [parse_nccl_tests(read_text(f, "nccl-tests log"), str(f)) for f in args.from_nccl_tests]
-    pats = [x for x in base.identity.device_name_patterns.split("|") if x]
-    for log in logs:
-        other = log["gpu"] != "unknown" and pats and not any(x in log["gpu"] for x in pats)
-        log["measured_on"] = f"; measured on {log['gpu']}, not {base.name}'s GPU (--allow-other-gpu)" if other else ""
-        if other and not getattr(args, "allow_other_gpu", False):
-            raise TpcostError(f"{log['file']}: measured on {log['gpu']}, but --from {base.name} is a "
-                              f"{base.identity.display_name or base.name}; give that GPU's profile, or --allow-other-gpu "
-                              "if a profile of another GPU is intended")
-    seen: dict[tuple, str] = {}
-    for log in logs:
-        key = (log["op"], log["ranks"])
-        if key in seen:
-            raise TpcostError(f"{log['file']} and {seen[key]} are both nccl_{log['op']} on {log['ranks']} ranks: give "
-                              "one log per collective and rank count (the profile holds one entry each)")
-        seen[key] = log["file"]
-        domain = int(base.interconnect.domain_size)
-        if log["hosts"] > 1 and (log["ranks"] > domain or domain <= 8):
-            raise TpcostError(f"{log['file']}: its {log['ranks']} ranks run on {log['hosts']} hosts, outside one NVLink "
-                              f"domain of {base.name} ({domain} GPUs): tpcost's tp entries are collectives inside one "
-                              "domain")
+    check_logs(base, logs, bool(getattr(args, "allow_other_gpu", False)))
     values: dict[str, float] = {}
     provs: dict[str, Provenance] = {}
     fitted = []
+    warnings: list[str] = []
     for log in logs:
         factor = float(F.bus_bw_factor(log["op"], log["ranks"]))
         recs = [{"msg_bytes": s, "median_s": t} for s, t in log["rows"]]
@@ -170,8 +181,10 @@ def run(args) -> int:
             raise TpcostError(f"{log['file']}: fitted busBW {bw['value'] / 1e9:.0f} GB/s is above {BUSBW_OVER_LINK_MAX:g}x "
                               f"{base.name}'s link ({link / 1e9:.0f} GB/s per direction; NVLS in-switch reduction "
                               "reaches ~1.1x): a log of other hardware, or the wrong --from")
+        regime = {True: "timed under CUDA graphs (graph: 1)", False: "timed eagerly (graph: 0): its latency holds one "
+                  "launch per call, which vLLM's graph replay does not pay", None: "graph mode not printed"}[log["graph"]]
         source = (f"calibrated: nccl-tests {Path(log['file']).name} ({log['gpu']}, {log['ranks']} ranks on "
-                  f"{log['hosts']} host(s), NCCL {log['nccl'] or 'version not printed'}); alpha-beta fit, "
+                  f"{log['hosts']} host(s), NCCL {log['nccl'] or 'version not printed'}, {regime}); alpha-beta fit, "
                   f"rms log residual {res.get('rms_log_residual', 0):.3f} over {len(recs)} sizes{log['measured_on']}")
         table = f"collectives.nccl_{log['op']}.tp{log['ranks']}"
         values[f"{table}.bus_bw_bytes_per_s"] = bw["value"]
@@ -184,6 +197,12 @@ def run(args) -> int:
             provs[f"{table}.latency_s"] = Provenance(source + "; latency kept from the prior (not pinned down)",
                                                      "calibrated")
         fitted.append((table, values[f"{table}.latency_s"], bw))
+        prior_bw = float(base.collective(f"nccl_{log['op']}", log["ranks"])[1]) if log["ranks"] in \
+            base.collective_tps(f"nccl_{log['op']}") else None
+        if prior_bw and bw["value"] < BUSBW_DEGRADED * prior_bw:
+            warnings.append(f"  warning: {log['file']}: busBW {bw['value'] / 1e9:.0f} GB/s is below half the prior's "
+                            f"{prior_bw / 1e9:.0f} GB/s (NVLS off, or degraded links?): vLLM's custom all-reduce, "
+                            "symm-mem and FlashInfer curves on the same links keep their (uncalibrated) priors")
     from costmodel.ops import NCCL_REGIMES
 
     # the measured curve is this machine's collective at this TP: the prior's regime curves of it go
@@ -203,6 +222,8 @@ def run(args) -> int:
     for key, lat_s, bw in fitted:
         print(f"  {key}: latency {lat_s * 1e6:.2f} us, busBW {bw['value'] / 1e9:.1f} GB/s "
               f"(±{100 * bw['uncertainty_rel']:.1f}%)")
+    for w in warnings:
+        print(w)
     if replaced:
         print(f"  the prior's regime curves of the measured collectives dropped (another machine's): {', '.join(replaced)}")
     print(f"  every other value keeps its prior from {base.name} ({len(kept)} tables); use it with "

@@ -187,3 +187,16 @@ def test_collective_log_gives_the_verdict_first_and_draws_it(tmp_path, capsys, o
                    needle="give --log FILE too")
     one_line_error("collective", "--gpu", "h100-sxm", "--tp", "8", "--op", "all_reduce", "--force",
                    needle="give --plot too")
+
+
+def test_a_degraded_log_warns_and_the_graph_mode_is_recorded(tmp_path, capsys):
+    """A busBW below half the prior's says the other curves on those links stay uncalibrated; nccl-tests' `graph: 0`
+    is written into the source (an eager latency holds a launch that graph replay does not pay)."""
+    assert main(_calib(tmp_path, synthetic_log("all_reduce", busbw=40e9))) == 0
+    out = capsys.readouterr().out
+    assert "warning:" in out and "below half the prior's" in out and "keep their (uncalibrated) priors" in out
+    src = load_profile(str(tmp_path / "out.toml")).provenance["collectives.nccl_all_reduce.tp8.latency_s"].source
+    assert "timed eagerly (graph: 0)" in src
+    (tmp_path / "out.toml").unlink()
+    assert main(_calib(tmp_path, synthetic_log("all_reduce", busbw=400e9))) == 0  # the prior's 476 GB/s: not half
+    assert "warning:" not in capsys.readouterr().out
