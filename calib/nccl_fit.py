@@ -42,15 +42,15 @@ def sweep(source_id: str) -> tuple[np.ndarray, np.ndarray]:
     return S, float(F.bus_bw_factor("all_reduce", WORLD)) * S / bus
 
 
-def fit_regimes(sources: tuple[str, ...]) -> dict:
-    """The joint soft-L1 fit of log time over the sources: three regimes' (latency s, busBW B/s) and each source's
-    harness offset (s, 0 for the first), with every source's busBW error per size."""
-    data = [sweep(s) for s in sources]
+def fit_regime_curves(data: list, world: int = WORLD) -> tuple:
+    """The joint soft-L1 fit of log time over sweeps `data` [(message bytes, time s), ...] of NCCL's all-reduce on
+    `world` ranks: (the regimes' latencies s and busBWs B/s, small-message regime first; each sweep's harness offset
+    s, 0 for the first; model(x, S, i); the sorted parameter vector; rms log residual)."""
     P = len(REGIMES)
 
     def model(x, S, i):
         lat, inv_bw = np.exp(x[:P]), np.exp(x[P:2 * P])
-        t = F.t_all_reduce_regimes_s(S, list(lat), list(1.0 / inv_bw), WORLD)
+        t = F.t_all_reduce_regimes_s(S, list(lat), list(1.0 / inv_bw), world)
         return t + (0.0 if i == 0 else np.exp(x[2 * P + i - 1]))
 
     def resid(x):
@@ -58,7 +58,7 @@ def fit_regimes(sources: tuple[str, ...]) -> dict:
 
     best = None
     for lat0, bw0 in itertools.product(_INIT_LAT, _INIT_BW):
-        x0 = np.log(np.concatenate([lat0, 1.0 / np.asarray(bw0), [20e-6] * (len(sources) - 1)]))
+        x0 = np.log(np.concatenate([lat0, 1.0 / np.asarray(bw0), [20e-6] * (len(data) - 1)]))
         r, _ = fit_least_squares(resid, x0, loss="linear")  # every size counts: the target is the worst one
         if best is None or r.cost < best.cost:
             best = r
@@ -66,6 +66,14 @@ def fit_regimes(sources: tuple[str, ...]) -> dict:
     order = np.argsort(np.exp(x[:P]))  # small-message regime first: the lowest latency
     lat, bw = np.exp(x[:P])[order], 1.0 / np.exp(x[P:2 * P])[order]
     x_sorted = np.concatenate([np.log(lat), np.log(1.0 / bw), x[2 * P:]])
+    offsets = [0.0] + [float(np.exp(v)) for v in x[2 * P:]]
+    return lat, bw, offsets, model, x_sorted, float(np.sqrt(np.mean(best.fun**2)))
+
+
+def fit_regimes(sources: tuple[str, ...]) -> dict:
+    """The joint fit of the released sweeps `sources` (fit_regime_curves), with every source's busBW error per size."""
+    data = [sweep(s) for s in sources]
+    lat, bw, offsets, model, x_sorted, rms = fit_regime_curves(data)
     per_source = {}
     for i, (src, (S, t)) in enumerate(zip(sources, data)):
         err = t / model(x_sorted, S, i) - 1.0  # busBW_pred / busBW_meas - 1 = t_meas / t_pred - 1
@@ -73,10 +81,10 @@ def fit_regimes(sources: tuple[str, ...]) -> dict:
         per_source[src] = {"sizes": S.tolist(), "busbw_rel_err": err.tolist(),
                            "max_abs_busbw_err_from_1mib": float(np.max(np.abs(err[big]))),
                            "median_abs_busbw_err_from_1mib": float(np.median(np.abs(err[big]))),
-                           "offset_s": 0.0 if i == 0 else float(np.exp(x[2 * P + i - 1]))}
+                           "offset_s": offsets[i]}
     return {"regimes": {name: {"latency_s": float(a), "bus_bw_bytes_per_s": float(b)}
                         for name, a, b in zip(REGIMES, lat, bw)},
-            "sources": list(sources), "per_source": per_source, "rms_log_residual": float(np.sqrt(np.mean(best.fun**2)))}
+            "sources": list(sources), "per_source": per_source, "rms_log_residual": rms}
 
 
 def loso(sources: tuple[str, ...]) -> dict:

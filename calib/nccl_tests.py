@@ -124,6 +124,40 @@ def parse_nccl_tests(text: str, where: str) -> dict:  # noqa: C901 (one pass ove
             "nccl": nccl, "rows": [(float(r[0]), r[4]) for r in rows], "file": where, "graph": graph}
 
 
+REGIME_MIN_SIZES = 8  # a log identifies NCCL's protocol regimes with at least this many sizes ...
+REGIME_MIN_SPAN = 4096  # ... spanning this ratio of largest to smallest (LL at KiB, Simple at tens of MiB)
+LINE_RMS_ENOUGH = 0.05  # one α-β line within this rms log residual: the log shows no regimes to fit
+REGIME_GAIN = 0.7  # the regime envelope is kept only where its rms log residual is below this share of the line's
+
+
+def fit_log_regimes(log: dict, line_rms: float) -> tuple[dict, float] | None:
+    """NCCL's regime curves of one log where its sizes identify them ({suffix: (latency s, busBW B/s)}: "_small",
+    "_mid" and "" for an all-reduce, calib.nccl_fit; "_small" (LL) and "" (Simple) for a ring all-gather or
+    reduce-scatter, calib.fit.fit_ring_regimes) and the rms log residual; None where one line is all they pin down:
+    too few sizes or too narrow a span, the one line (rms `line_rms`) already within LINE_RMS_ENOUGH, or an envelope
+    that does not beat it by REGIME_GAIN."""
+    import numpy as np
+
+    S = np.array([s for s, _ in log["rows"]], dtype=float)
+    t = np.array([x for _, x in log["rows"]], dtype=float)
+    if len(set(S.tolist())) < REGIME_MIN_SIZES or S.max() / S.min() < REGIME_MIN_SPAN or line_rms <= LINE_RMS_ENOUGH:
+        return None
+    if log["op"] == "all_reduce":
+        from calib.nccl_fit import fit_regime_curves
+
+        lat, bw, _, _, _, rms = fit_regime_curves([(S, t)], log["ranks"])
+        curves = {"_small": (float(lat[0]), float(bw[0])), "_mid": (float(lat[1]), float(bw[1])),
+                  "": (float(lat[2]), float(bw[2]))}
+    else:
+        from calib.fit import fit_ring_regimes
+
+        reg, res = fit_ring_regimes(S, t, log["ranks"])
+        curves = {"_small": (reg["small"]["latency_s"], reg["small"]["bus_bw_bytes_per_s"]),
+                  "": (reg["large"]["latency_s"], reg["large"]["bus_bw_bytes_per_s"])}
+        rms = float(res["rms_log_residual"])
+    return (curves, rms) if rms < REGIME_GAIN * line_rms else None
+
+
 def check_logs(base, logs: list[dict], allow_other_gpu: bool) -> None:
     """The logs describe the machine `base` claims: its GPU (unless allow_other_gpu; the log then records 'measured
     on'), one log per collective and rank count, ranks inside one NVLink domain."""
@@ -149,10 +183,65 @@ def check_logs(base, logs: list[dict], allow_other_gpu: bool) -> None:
                               "domain")
 
 
-def run(args) -> int:
-    """Fit every log into the --from profile and write --out (atomically, never over an input)."""
+def fit_log(base, log: dict, values: dict, provs: dict, fitted: list, warnings: list) -> None:
+    """One log's curves into `values` / `provs` (the α-β line, and NCCL's regime curves where its sizes identify
+    them), its (table, latency, busBW fit) into `fitted`, a warning where its busBW is far below the prior's."""
     from calib.fit import fit_latency_bandwidth
     from costmodel import formulas as F
+    from costmodel.profile import Provenance
+
+    factor = float(F.bus_bw_factor(log["op"], log["ranks"]))
+    recs = [{"msg_bytes": s, "median_s": t} for s, t in log["rows"]]
+    params, res = fit_latency_bandwidth(recs, factor)
+    lat, bw = params.get("latency_s"), params.get("bus_bw_bytes_per_s")
+    if bw is None:
+        raise TpcostError(f"{log['file']}: the sizes do not pin down a bus bandwidth (no large messages?)")
+    link = float(base.interconnect.link_bw_bytes_per_s)
+    if bw["value"] > BUSBW_OVER_LINK_MAX * link:
+        raise TpcostError(f"{log['file']}: fitted busBW {bw['value'] / 1e9:.0f} GB/s is above {BUSBW_OVER_LINK_MAX:g}x "
+                          f"{base.name}'s link ({link / 1e9:.0f} GB/s per direction; NVLS in-switch reduction "
+                          "reaches ~1.1x): a log of other hardware, or the wrong --from")
+    regime = {True: "timed under CUDA graphs (graph: 1)", False: "timed eagerly (graph: 0): its latency holds one "
+              "launch per call, which vLLM's graph replay does not pay", None: "graph mode not printed"}[log["graph"]]
+    source = (f"calibrated: nccl-tests {Path(log['file']).name} ({log['gpu']}, {log['ranks']} ranks on "
+              f"{log['hosts']} host(s), NCCL {log['nccl'] or 'version not printed'}, {regime}); alpha-beta fit, "
+              f"rms log residual {res.get('rms_log_residual', 0):.3f} over {len(recs)} sizes{log['measured_on']}")
+    table = f"collectives.nccl_{log['op']}.tp{log['ranks']}"
+    values[f"{table}.bus_bw_bytes_per_s"] = bw["value"]
+    provs[f"{table}.bus_bw_bytes_per_s"] = Provenance(source, "calibrated", min(float(bw["uncertainty_rel"]), 1.0))
+    if lat is not None:
+        values[f"{table}.latency_s"] = lat["value"]
+        provs[f"{table}.latency_s"] = Provenance(source, "calibrated", min(float(lat["uncertainty_rel"]), 1.0))
+    else:  # latency not pinned down (only large messages): keep the prior's, said in the source
+        values[f"{table}.latency_s"] = float(base.collective(f"nccl_{log['op']}", log["ranks"])[0])
+        provs[f"{table}.latency_s"] = Provenance(source + "; latency kept from the prior (not pinned down)",
+                                                 "calibrated")
+    fitted.append((table, values[f"{table}.latency_s"], bw))
+    regimes = fit_log_regimes(log, float(res.get("rms_log_residual", 0.0)))
+    if regimes is not None:  # the sizes identify NCCL's protocols: one curve each, the line's replaced
+        curves, rms = regimes
+        for suffix, (r_lat, r_bw) in curves.items():
+            t_name = f"collectives.nccl_{log['op']}{suffix}.tp{log['ranks']}"
+            src = source.replace("alpha-beta fit", f"NCCL regime curve nccl_{log['op']}{suffix} of the lower-"
+                                 f"envelope fit") + f" (envelope rms log residual {rms:.3f})"
+            values[f"{t_name}.latency_s"], values[f"{t_name}.bus_bw_bytes_per_s"] = r_lat, r_bw
+            for leaf in ("latency_s", "bus_bw_bytes_per_s"):
+                provs[f"{t_name}.{leaf}"] = Provenance(src, "calibrated")
+            if suffix:  # the bandwidth curve keeps `table`'s entry in `fitted`, with the envelope's values
+                fitted.append((t_name, r_lat, {"value": r_bw, "uncertainty_rel": 0.0}))
+            else:
+                fitted[fitted.index(next(f for f in fitted if f[0] == table))] = (table, r_lat, {"value": r_bw, "uncertainty_rel": 0.0})
+        log["regimes_fitted"] = [f"collectives.nccl_{log['op']}{x}.tp{log['ranks']}" for x in curves if x]
+    prior_bw = float(base.collective(f"nccl_{log['op']}", log["ranks"])[1]) if log["ranks"] in \
+        base.collective_tps(f"nccl_{log['op']}") else None
+    if prior_bw and bw["value"] < BUSBW_DEGRADED * prior_bw:
+        warnings.append(f"  warning: {log['file']}: busBW {bw['value'] / 1e9:.0f} GB/s is below half the prior's "
+                        f"{prior_bw / 1e9:.0f} GB/s (NVLS off, or degraded links?): vLLM's custom all-reduce, "
+                        "symm-mem and FlashInfer curves on the same links keep their (uncalibrated) priors")
+
+
+def run(args) -> int:
+    """Fit every log into the --from profile and write --out (atomically, never over an input)."""
     from costmodel.io import atomic_write_text, check_output_path, read_text
     from costmodel.profile import Provenance, dump_profile, load_profile, profile_from_dict, profile_to_tree
 
@@ -170,44 +259,13 @@ def run(args) -> int:
     fitted = []
     warnings: list[str] = []
     for log in logs:
-        factor = float(F.bus_bw_factor(log["op"], log["ranks"]))
-        recs = [{"msg_bytes": s, "median_s": t} for s, t in log["rows"]]
-        params, res = fit_latency_bandwidth(recs, factor)
-        lat, bw = params.get("latency_s"), params.get("bus_bw_bytes_per_s")
-        if bw is None:
-            raise TpcostError(f"{log['file']}: the sizes do not pin down a bus bandwidth (no large messages?)")
-        link = float(base.interconnect.link_bw_bytes_per_s)
-        if bw["value"] > BUSBW_OVER_LINK_MAX * link:
-            raise TpcostError(f"{log['file']}: fitted busBW {bw['value'] / 1e9:.0f} GB/s is above {BUSBW_OVER_LINK_MAX:g}x "
-                              f"{base.name}'s link ({link / 1e9:.0f} GB/s per direction; NVLS in-switch reduction "
-                              "reaches ~1.1x): a log of other hardware, or the wrong --from")
-        regime = {True: "timed under CUDA graphs (graph: 1)", False: "timed eagerly (graph: 0): its latency holds one "
-                  "launch per call, which vLLM's graph replay does not pay", None: "graph mode not printed"}[log["graph"]]
-        source = (f"calibrated: nccl-tests {Path(log['file']).name} ({log['gpu']}, {log['ranks']} ranks on "
-                  f"{log['hosts']} host(s), NCCL {log['nccl'] or 'version not printed'}, {regime}); alpha-beta fit, "
-                  f"rms log residual {res.get('rms_log_residual', 0):.3f} over {len(recs)} sizes{log['measured_on']}")
-        table = f"collectives.nccl_{log['op']}.tp{log['ranks']}"
-        values[f"{table}.bus_bw_bytes_per_s"] = bw["value"]
-        provs[f"{table}.bus_bw_bytes_per_s"] = Provenance(source, "calibrated", min(float(bw["uncertainty_rel"]), 1.0))
-        if lat is not None:
-            values[f"{table}.latency_s"] = lat["value"]
-            provs[f"{table}.latency_s"] = Provenance(source, "calibrated", min(float(lat["uncertainty_rel"]), 1.0))
-        else:  # latency not pinned down (only large messages): keep the prior's, said in the source
-            values[f"{table}.latency_s"] = float(base.collective(f"nccl_{log['op']}", log["ranks"])[0])
-            provs[f"{table}.latency_s"] = Provenance(source + "; latency kept from the prior (not pinned down)",
-                                                     "calibrated")
-        fitted.append((table, values[f"{table}.latency_s"], bw))
-        prior_bw = float(base.collective(f"nccl_{log['op']}", log["ranks"])[1]) if log["ranks"] in \
-            base.collective_tps(f"nccl_{log['op']}") else None
-        if prior_bw and bw["value"] < BUSBW_DEGRADED * prior_bw:
-            warnings.append(f"  warning: {log['file']}: busBW {bw['value'] / 1e9:.0f} GB/s is below half the prior's "
-                            f"{prior_bw / 1e9:.0f} GB/s (NVLS off, or degraded links?): vLLM's custom all-reduce, "
-                            "symm-mem and FlashInfer curves on the same links keep their (uncalibrated) priors")
+        fit_log(base, log, values, provs, fitted, warnings)
     from costmodel.ops import NCCL_REGIMES
 
     # the measured curve is this machine's collective at this TP: the prior's regime curves of it go
     replaced = [f"collectives.nccl_{log['op']}{r}.tp{log['ranks']}" for log in logs for r in NCCL_REGIMES
-                if log["ranks"] in base.collective_tps(f"nccl_{log['op']}{r}")]
+                if log["ranks"] in base.collective_tps(f"nccl_{log['op']}{r}")
+                and f"collectives.nccl_{log['op']}{r}.tp{log['ranks']}" not in log.get("regimes_fitted", ())]
     kept = sorted({k.rsplit(".", 1)[0] for k in base.provenance} - {t for t, _, _ in fitted} - set(replaced))
     notes = {"calibration.from_nccl_tests": ", ".join(Path(f).name for f in args.from_nccl_tests),
              "calibration.prior_profile": base.name, "calibration.not_measured_kept_prior": ", ".join(kept)}
@@ -220,10 +278,14 @@ def run(args) -> int:
     atomic_write_text(out, f"# Written by tpcost calibrate --from-nccl-tests (prior: {base.name}).\n" + dump_profile(tree))
     print(f"tpcost calibrate --from-nccl-tests: wrote {out} from {base.name}")
     for key, lat_s, bw in fitted:
-        print(f"  {key}: latency {lat_s * 1e6:.2f} us, busBW {bw['value'] / 1e9:.1f} GB/s "
-              f"(±{100 * bw['uncertainty_rel']:.1f}%)")
+        print(f"  {key}: latency {lat_s * 1e6:.2f} us, busBW {bw['value'] / 1e9:.1f} GB/s"
+              + (f" (±{100 * bw['uncertainty_rel']:.1f}%)" if bw["uncertainty_rel"] else ""))
     for w in warnings:
         print(w)
+    for log in logs:
+        if log.get("regimes_fitted"):
+            print(f"  {log['file']}: its sizes identify NCCL's protocol regimes: fitted "
+                  f"{', '.join(log['regimes_fitted'])} beside the bandwidth curve")
     if replaced:
         print(f"  the prior's regime curves of the measured collectives dropped (another machine's): {', '.join(replaced)}")
     print(f"  every other value keeps its prior from {base.name} ({len(kept)} tables); use it with "

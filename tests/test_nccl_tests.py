@@ -95,27 +95,6 @@ def test_nccl_tests_failed_or_thin_or_foreign_logs(tmp_path, one_line_error):
     one_line_error(*_calib(tmp_path, two_hosts), needle="run on 2 hosts, outside one NVLink domain")
 
 
-def synthetic_log(op: str, gpu: str = "NVIDIA H100 80GB HBM3", ranks: int = 8, lat_s: float = 20e-6,
-                  busbw: float = 100e9, sizes=tuple(2**p for p in range(20, 29))) -> str:
-    """An nccl-tests log (root layout) of `op` on `ranks` GPUs of one host whose every size takes exactly
-    lat_s + factor(op)·S/busbw (the nccl-tests busBW convention; S the size column)."""
-    from costmodel import formulas as F
-
-    fac = float(F.bus_bw_factor(op, ranks))
-    out = [f"# nThread 1 nGpus {ranks} minBytes {sizes[0]} maxBytes {sizes[-1]} step: 2(factor) warmup iters: 5 "
-           "iters: 20 agg iters: 1 validation: 1 graph: 0", "#"]
-    out += [f"#  Rank  {r} Group  0 Pid  {1000 + r} on      node1 device  {r} [0x{r:02x}] {gpu}" for r in range(ranks)]
-    out += ["#", "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw "
-            "  busbw #wrong"]
-    for s in sizes:
-        t = lat_s + fac * s / busbw
-        count = s // 2 if op == "all_reduce" else s // 2 // ranks
-        redop = "none" if op == "all_gather" else "sum"
-        cell = f"{t * 1e6:8.2f} {s / t / 1e9:7.2f} {fac * s / t / 1e9:7.2f}      0"
-        out.append(f"{s:>12d} {count:>12d}  bfloat16 {redop:>7s}      -1  {cell}  {cell}")
-    return "\n".join(out + ["# Out of bounds values : 0 OK", ""])
-
-
 @pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather"])
 def test_a_measured_collective_replaces_the_prior_at_every_logged_size(tmp_path, capsys, op):
     """Issue 47: after calibrate --from-nccl-tests on a synthetic 8-GPU log (20 us, 100 GB/s busBW), `collective`
@@ -200,3 +179,58 @@ def test_a_degraded_log_warns_and_the_graph_mode_is_recorded(tmp_path, capsys):
     (tmp_path / "out.toml").unlink()
     assert main(_calib(tmp_path, synthetic_log("all_reduce", busbw=400e9))) == 0  # the prior's 476 GB/s: not half
     assert "warning:" not in capsys.readouterr().out
+
+
+def render_log(op: str, rows, gpu: str, ranks: int = 8) -> str:
+    """An nccl-tests log (root layout) of `op` whose size S takes time t, for (S, t) in `rows`."""
+    from costmodel import formulas as F
+
+    fac = float(F.bus_bw_factor(op, ranks))
+    out = [f"# nThread 1 nGpus {ranks} minBytes {rows[0][0]} maxBytes {rows[-1][0]} step: 2(factor) warmup iters: 5 "
+           "iters: 20 agg iters: 1 validation: 1 graph: 0", "#"]
+    out += [f"#  Rank  {r} Group  0 Pid  {1000 + r} on      node1 device  {r} [0x{r:02x}] {gpu}" for r in range(ranks)]
+    out += ["#", "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw "
+            "  busbw #wrong"]
+    for s, t in rows:
+        count = s // 2 if op == "all_reduce" else s // 2 // ranks
+        cell = f"{t * 1e6:10.2f} {s / t / 1e9:7.2f} {fac * s / t / 1e9:7.2f}      0"
+        out.append(f"{s:>12d} {count:>12d}  bfloat16 {'none' if op == 'all_gather' else 'sum':>7s}      -1  {cell}  {cell}")
+    return "\n".join(out + ["# Out of bounds values : 0 OK", ""])
+
+
+def synthetic_log(op: str, gpu: str = "NVIDIA H100 80GB HBM3", ranks: int = 8, lat_s: float = 20e-6,
+                  busbw: float = 100e9, sizes=tuple(2**p for p in range(20, 29))) -> str:
+    """render_log of a log whose every size takes exactly lat_s + factor(op)·S/busbw (nccl-tests' busBW convention)."""
+    from costmodel import formulas as F
+
+    fac = float(F.bus_bw_factor(op, ranks))
+    return render_log(op, [(s, lat_s + fac * s / busbw) for s in sizes], gpu, ranks)
+
+
+def test_a_released_sweep_rendered_as_a_log_calibrates_its_regimes(tmp_path, capsys):
+    """Issue 47 item 7: MLENG_AR_8xH200_NCCL2307_NCCLTESTS (nccl-tests all_reduce_perf on 8 x H200, 32 KiB - 16 GiB,
+    data/reference) as an nccl-tests log: its sizes identify NCCL's regimes, so calibrate fits the three-curve envelope
+    (the prior's are another fit's) and `collective --log` on the result puts the NCCL prediction within 5 % median and
+    15 % worst of the log."""
+    import csv
+    import re
+
+    from costmodel import formulas as F
+
+    with open(Path(__file__).resolve().parents[1] / "data" / "reference" / "components.csv", newline="") as f:
+        rel = [r for r in csv.DictReader(f) if r["source_id"] == "MLENG_AR_8xH200_NCCL2307_NCCLTESTS"]
+    fac = float(F.bus_bw_factor("all_reduce", 8))
+    rows = sorted((int(re.match(r"(\d+)", r["M_or_tokens"]).group(1)), 0.0) for r in rel)
+    bus = {int(re.match(r"(\d+)", r["M_or_tokens"]).group(1)): float(r["baseline_value"]) * 1e9 for r in rel}
+    rows = [(s, fac * s / bus[s]) for s, _ in rows]
+    log = tmp_path / "h200.log"
+    log.write_text(render_log("all_reduce", rows, "NVIDIA H200"))
+    assert main(["calibrate", "--from-nccl-tests", str(log), "--from", "h200-sxm", "--out", str(tmp_path / "o.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "identify NCCL's protocol regimes" in out
+    p = load_profile(str(tmp_path / "o.toml"))
+    for r in ("_small", "_mid", ""):
+        assert p.provenance[f"collectives.nccl_all_reduce{r}.tp8.latency_s"].tier == "calibrated"
+    assert main(["collective", "--gpu", str(tmp_path / "o.toml"), "--log", str(log), "--json"]) == 0
+    v = json.loads(capsys.readouterr().out)["verdict"]
+    assert v["median_abs_rel_error"] < 0.05 and v["worst_abs_rel_error"] < 0.15, v
