@@ -77,7 +77,7 @@ def register(sub) -> None:
     o.add_argument("--op", required=True, choices=("ag_gemm", "gemm_rs", "gemm_ar"), help="the fused operation")
     o.add_argument("--impl", default="torch", choices=("torch", "kernel"),
                    help="torch: torch's pipelined symm-mem op (vLLM <= 0.31); kernel: the single-kernel fused "
-                        "GEMM+RS/AR (vLLM 0.33's gemm_rs_ar, SM100 family) (default torch)")
+                        "GEMM+RS/AR (vLLM's gemm_rs_ar from 0.31, SM100 family; with --vllm-version 0.34 --op ag_gemm, torch's op at model level) (default torch)")
     o.add_argument("--n", type=bounded_int("--n", 1, 2**20, "a GEMM width"), required=True, help="GEMM N per rank")
     o.add_argument("--k", type=bounded_int("--k", 1, 2**20, "a GEMM depth"), required=True, help="GEMM K per rank")
     o.add_argument("--dtype", default="bf16", choices=OP_DTYPES, help="weights (default bf16)")
