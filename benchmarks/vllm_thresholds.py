@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from costmodel import formulas as F  # noqa: E402
 from costmodel.vllm_tables import RELEASES, Vllm, current  # noqa: E402
 
 
@@ -59,7 +60,7 @@ def main():
     agc = all_gather_check()
     print("\nall-gather arms against the released all-gather rows (out of sample):")
     for c in agc:
-        print(f"  {c['source']:26s} {c['size_bytes'] / 2**20:8.2f} MiB  NCCL {c['nccl_measured']:7.1f} vs "
+        print(f"  {c['source']:26s} {c['size_bytes'] / F.MiB:8.2f} MiB  NCCL {c['nccl_measured']:7.1f} vs "
               f"{c['nccl_predicted']:7.1f} {c['unit']};  {c['other']}: {c['other_measured']:.1f} vs {c['other_predicted']:.1f}")
     if a.json:
         from costmodel.io import atomic_write_text, dumps_json
@@ -254,7 +255,6 @@ def all_gather_check() -> list[dict]:
     model-level dispatch (the Lamport all-gather where it takes the shard)."""
     import numpy as np
 
-    from costmodel import formulas as F
     from costmodel import load_profile, ops
 
     with open(ROOT / "data/reference/components.csv", newline="") as f:
@@ -265,7 +265,7 @@ def all_gather_check() -> list[dict]:
         base, over = float(r["baseline_value"]), float(r["overlap_value"])
         if r["source_id"] == "PYTORCH_PR182850_AG_H100":
             hw = ops.Hw(load_profile("h100-sxm"), "bf16")
-            size = next(mib) * 2**20
+            size = next(mib) * F.MiB
             fac = float(F.bus_bw_factor("all_gather", 8))
             t_nccl = float(np.ravel(ops.t_nccl_all_gather_s(hw, 8, np.array([size])))[0])
             a = hw.asynctp

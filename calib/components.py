@@ -81,7 +81,7 @@ def b200_collectives() -> dict:
                                               "allreduce_time_torch_symm_mem_two_shot")}
     lat2 = out["vllm_pr42324_tp2"]["allreduce_time_pynccl"]["latency_s"]
     out["nccl_rs_tp2"] = {"stock_4mib_us": stock["baseline_value"], "latency_s": lat2,
-                          "bus_bw_bytes_per_s": float(F.bus_bw_factor("all_gather", 2)) * 4 * 2**20 / (t4 - lat2)}
+                          "bus_bw_bytes_per_s": float(F.bus_bw_factor("all_gather", 2)) * 4 * F.MiB / (t4 - lat2)}
     out["sglang_fi_oneshot_us"] = next(iter(R.rows("SGLANG_PR7621")))["overlap_value"]
     tr = R.rows("TRTLLM_PR14534", metric="fused_ar_rmsnorm_time_oneshot")
     fit = _ab([float(r["M_or_tokens"]) * float(r["hidden_size"]) * 2 for r in tr],

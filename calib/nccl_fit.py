@@ -77,7 +77,7 @@ def fit_regimes(sources: tuple[str, ...]) -> dict:
     per_source = {}
     for i, (src, (S, t)) in enumerate(zip(sources, data)):
         err = t / model(x_sorted, S, i) - 1.0  # busBW_pred / busBW_meas - 1 = t_meas / t_pred - 1
-        big = S >= 2**20
+        big = S >= F.MiB
         per_source[src] = {"sizes": S.tolist(), "busbw_rel_err": err.tolist(),
                            "max_abs_busbw_err_from_1mib": float(np.max(np.abs(err[big]))),
                            "median_abs_busbw_err_from_1mib": float(np.median(np.abs(err[big]))),
@@ -100,7 +100,7 @@ def loso(sources: tuple[str, ...]) -> dict:
         pred = F.t_all_reduce_regimes_s(S, [reg[n]["latency_s"] for n in REGIMES],
                                         [reg[n]["bus_bw_bytes_per_s"] for n in REGIMES], WORLD)
         err = t / pred - 1.0
-        big = S >= 2**20
+        big = S >= F.MiB
         out[held] = {"max_abs_busbw_err_from_1mib": float(np.max(np.abs(err[big]))),
                      "median_abs_busbw_err_from_1mib": float(np.median(np.abs(err[big])))}
     return out

@@ -93,7 +93,7 @@ def b300_vllm_ar_fits() -> dict:
     out = {}
     for impl, (metric, top) in spec.items():
         f = fit_vllm_bench("VLLM_PR37756", 6, metric, gpu_match="B300", max_bytes=top)
-        f["source"] = (f"VLLM_PR37756 B300 WS=6 {metric} 16 KiB-{top / 2**20:.0f} MiB (the sizes vLLM dispatches it); "
+        f["source"] = (f"VLLM_PR37756 B300 WS=6 {metric} 16 KiB-{top / F.MiB:.0f} MiB (the sizes vLLM dispatches it); "
                        f"fit rms rel err {f['rms_rel_err']:.3f} over {f['n']} points (calib/reference.py)")
         out[impl] = f
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 Arr = float | np.ndarray  # a number, or a numpy array of them: every formula broadcasts over arrays
-KiB, MiB = 1024, 1024 * 1024  # binary byte units (the one home; vLLM's tables and messages are in them)
+KiB, MiB, GiB = 1024, 1024**2, 1024**3  # binary byte units (the one home; vLLM's tables and messages are in them)
 RING_LINK_RATIO = 0.816  # NCCL ring all-reduce busBW / per-direction link on H100 (NCCL_ISSUE1455): a ring's link share
 LL_PAYLOAD_FRACTION = 0.5  # NCCL's LL protocol: each 8-byte store carries 4 bytes of data and a 4-byte flag
 

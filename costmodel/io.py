@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TpcostError
+from .formulas import MiB
 
-MAX_INPUT_BYTES = 64 * 1024 * 1024  # a profile, config.json, CSV or metrics file larger than this is not ours
+MAX_INPUT_BYTES = 64 * MiB  # a profile, config.json, CSV or metrics file larger than this is not ours
 MAX_JSON_DEPTH = 64  # config.json / fit.json nest a few levels; thousands deep is an attack or a mistake
 
 
@@ -40,11 +41,11 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
             raise TpcostError(f"{what} {path} is a directory, not a file")
         size = p.stat().st_size
         if size > MAX_INPUT_BYTES:
-            raise TpcostError(f"{what} {path} is {size / 2**20:.0f} MiB; at most {MAX_INPUT_BYTES // 2**20} MiB is accepted")
+            raise TpcostError(f"{what} {path} is {size / MiB:.0f} MiB; at most {MAX_INPUT_BYTES // MiB} MiB is accepted")
         with open(p, "rb") as fh:  # a device or pipe reports size 0: read at most the limit, whatever stat says
             data = fh.read(MAX_INPUT_BYTES + 1)
         if len(data) > MAX_INPUT_BYTES:
-            raise TpcostError(f"{what} {path} holds more than {MAX_INPUT_BYTES // 2**20} MiB (not a regular file?); "
+            raise TpcostError(f"{what} {path} holds more than {MAX_INPUT_BYTES // MiB} MiB (not a regular file?); "
                               "at most that is accepted")
     except OSError as e:
         raise TpcostError(f"cannot read {what} {path}: {e.strerror or e}") from None

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from costmodel.formulas import GiB, MiB
 from tools import build_profiles as B
 
 
@@ -68,15 +69,14 @@ def test_datasheet_values_other_than_the_fits_inputs_are_refused(monkeypatch, ca
 
 
 # (profile, impl, source_id, metric, message bytes or None for a 16 GiB busBW row, row filter, relative tolerance)
-_MiB = 2**20
 PUBLISHED = [
     # NCCL's ring all-gather / reduce-scatter: LL and Simple regimes (calib.fit.fit_ring_regimes, #29)
-    ("h100-sxm", "nccl_all_gather", "MEGATRON_PR5596", "allgather_time", 2 * _MiB, "2 MiB", 0.10),
-    ("h100-sxm", "nccl_all_gather", "MEGATRON_PR5596", "allgather_time", 32 * _MiB, "32 MiB", 0.10),
-    ("h100-sxm", "nccl_all_gather", "MEGATRON_PR5596", "allgather_time", 128 * _MiB, "128 MiB", 0.10),
-    ("h100-sxm", "nccl_reduce_scatter", "MEGATRON_PR5596", "reducescatter_time", 2 * _MiB, "2 MiB", 0.05),
-    ("h100-sxm", "nccl_reduce_scatter", "MEGATRON_PR5596", "reducescatter_time", 8 * _MiB, "8 MiB", 0.05),
-    ("h100-sxm", "nccl_reduce_scatter", "MEGATRON_PR5596", "reducescatter_time", 32 * _MiB, "32 MiB", 0.05),
+    ("h100-sxm", "nccl_all_gather", "MEGATRON_PR5596", "allgather_time", 2 * MiB, "2 MiB", 0.10),
+    ("h100-sxm", "nccl_all_gather", "MEGATRON_PR5596", "allgather_time", 32 * MiB, "32 MiB", 0.10),
+    ("h100-sxm", "nccl_all_gather", "MEGATRON_PR5596", "allgather_time", 128 * MiB, "128 MiB", 0.10),
+    ("h100-sxm", "nccl_reduce_scatter", "MEGATRON_PR5596", "reducescatter_time", 2 * MiB, "2 MiB", 0.05),
+    ("h100-sxm", "nccl_reduce_scatter", "MEGATRON_PR5596", "reducescatter_time", 8 * MiB, "8 MiB", 0.05),
+    ("h100-sxm", "nccl_reduce_scatter", "MEGATRON_PR5596", "reducescatter_time", 32 * MiB, "32 MiB", 0.05),
     ("h100-sxm", "nccl_all_reduce", "TD_ISSUE57", "allreduce_time_nccl", 16e6, "payload 16MB", 0.10),
     ("b200", "nccl_all_reduce", "MLENG_NET_README", "all_reduce_peak_busbw", None, "", 0.15),
     ("b200", "nccl_all_gather", "MLENG_NET_README", "all_gather_peak_busbw", None, "", 0.01),
@@ -108,7 +108,7 @@ def test_builtin_curves_reproduce_the_rows_they_were_fitted_to(name, impl, sid, 
     t_fn = {"all_reduce": all_reduce_curve, "all_gather": ops.t_nccl_all_gather_s,
             "reduce_scatter": ops.t_nccl_reduce_scatter_s}[op]
     if size is None:  # a busBW at 16 GiB (GB/s): nccl-tests' busBW = factor * S / t
-        S = 16 * 2**30
+        S = 16 * GiB
         got = float(F.bus_bw_factor(op, 8)) * S / float(t_fn(hw, 8, S)) / 1e9
     else:
         got = float(t_fn(hw, 8, float(size))) * 1e6

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from calib import fit
+from costmodel.formulas import MiB
 
 
 def test_alpha_beta_recovers_a_noise_free_line():
@@ -19,7 +20,7 @@ def test_alpha_beta_recovers_a_noise_free_line():
 def test_latency_below_resolution_goes_to_its_floor_not_to_a_prior():
     """Two large messages whose line passes through the origin or below it: the data say α ≈ 0, so α ends on its
     1 ns floor (not at the start value, 0.7 x the smallest time) and busBW is the slope's."""
-    S = np.array([32.0, 64.0]) * 2**20
+    S = np.array([32.0, 64.0]) * MiB
     t = np.array([97e-6, 197e-6])  # slope 100 us per 32 MiB, intercept -3 us
     got, res = fit.fit_alpha_beta(S, t, 1.0)
     assert res["at_bound"] == ["latency_s"] and res["values"]["latency_s"] == pytest.approx(1e-9, rel=1e-3)

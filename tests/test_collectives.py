@@ -9,6 +9,7 @@ import pytest
 
 from calib.nccl_fit import REGIMES, SWEEPS, fit_regimes, loso, sweep
 from costmodel import formulas as F
+from costmodel.formulas import GiB, KiB, MiB
 from costmodel import ops
 from costmodel.profile import load_profile
 from integration.cli import main
@@ -43,7 +44,7 @@ def test_fit_ring_regimes_recovers_known_regimes():
     from calib.fit import fit_ring_regimes
 
     a_ll, a_s, bw = 10e-6, 45e-6, 380e9
-    S = np.array([1024.0, 2 * 2**20, 8 * 2**20, 32 * 2**20, 128 * 2**20, 16 * 2**30])
+    S = np.array([1024.0, 2 * MiB, 8 * MiB, 32 * MiB, 128 * MiB, 16 * GiB])
     t = F.t_ring_regimes_s(S, [a_ll, a_s], [F.LL_PAYLOAD_FRACTION * bw, bw], 8)
     reg, res = fit_ring_regimes(S, t, 8)
     assert reg["small"]["latency_s"] == pytest.approx(a_ll, rel=1e-3)
@@ -62,7 +63,7 @@ def test_nccl_rs_and_ag_run_their_ll_regime_at_small_messages(profile):
         lat, bw = ops.nccl_curves(hw, impl, 8)
         assert len(lat) == 2 and lat[1] < lat[0] and bw[1] == pytest.approx(F.LL_PAYLOAD_FRACTION * bw[0], rel=1e-3)
         assert float(t_fn(hw, 8, 1024.0)) == pytest.approx(float(F.t_all_gather_s(1024.0, lat[1], bw[1], 8)))
-        big = 16.0 * 2**30
+        big = 16.0 * GiB
         assert float(t_fn(hw, 8, big)) == pytest.approx(float(F.t_all_gather_s(big, lat[0], bw[0], 8)))
 
 
@@ -84,7 +85,7 @@ def test_profiles_carry_the_fit(gpu, profile):
         S, t = sweep(src)
         pred = ops.t_nccl_all_reduce_s(hw, 8, S) + fit["per_source"][src]["offset_s"]
         err = t / pred - 1.0
-        big = S >= 2**20
+        big = S >= MiB
         assert np.max(np.abs(err[big])) <= fit["per_source"][src]["max_abs_busbw_err_from_1mib"] + 0.01  # 4-digit rounding
 
 
@@ -97,7 +98,7 @@ def test_done_when_points(capsys):
     """H100 TP 8: 128 MiB NCCL all-reduce in 450-700 us (was 964); B200 TP 8: FlashInfer's fused one-shot
     all-reduce + norm at 1 MiB in 7-15 us (was ~33); the 405B fp8 32-token step no slower than the 64-token one."""
     h = ops.Hw(load_profile("h100-sxm"), "bf16")
-    assert 450e-6 <= float(ops.t_nccl_all_reduce_s(h, 8, np.array([128 * 2**20]))[0]) <= 700e-6
+    assert 450e-6 <= float(ops.t_nccl_all_reduce_s(h, 8, np.array([128 * MiB]))[0]) <= 700e-6
     b = ops.Hw(load_profile("b200"), "bf16")
     ar = ops.all_reduce_dispatch(b, np.array([2.0**20]), 8, True, fi_max_bytes=np.inf, vllm=Vllm())
     assert ar.impl_per_size[0] == "flashinfer_ar_rmsnorm" and 7e-6 <= float(ar.t_s[0]) <= 15e-6
@@ -107,7 +108,6 @@ def test_done_when_points(capsys):
     assert t[32] <= t[64]
 
 
-MiB = 2**20
 
 
 @pytest.mark.parametrize("size,tp,cc,multicast,fully,want", [
@@ -151,14 +151,14 @@ def test_model_level_sp_reaches_the_custom_reduce_scatter(capsys):
 
 
 @pytest.mark.parametrize("shard,tp,multicast,fully,want", [
-    (2 * 2**20, 8, True, True, "custom_ag_lamport"),  # _DEFAULT_MNNVL_ALL_GATHER_MAX_SIZES[8] = 2 MiB, inclusive
-    (2 * 2**20 + 16, 8, True, True, None),
-    (8 * 2**20, 2, True, True, "custom_ag_lamport"),  # 8 MiB at W = 2
-    (4 * 2**20 + 16, 4, True, False, None),
-    (2 * 2**20, 8, False, True, "custom_ag_ipc"),  # the legacy 2 MiB one, fully connected
-    (2 * 2**20, 4, False, False, None),  # PCIe beyond 2 GPUs: NCCL
+    (2 * MiB, 8, True, True, "custom_ag_lamport"),  # _DEFAULT_MNNVL_ALL_GATHER_MAX_SIZES[8] = 2 MiB, inclusive
+    (2 * MiB + 16, 8, True, True, None),
+    (8 * MiB, 2, True, True, "custom_ag_lamport"),  # 8 MiB at W = 2
+    (4 * MiB + 16, 4, True, False, None),
+    (2 * MiB, 8, False, True, "custom_ag_ipc"),  # the legacy 2 MiB one, fully connected
+    (2 * MiB, 4, False, False, None),  # PCIe beyond 2 GPUs: NCCL
     (1000, 8, True, True, None),  # not a multiple of 16 bytes
-    (2**20, 16, True, True, None),  # 16 ranks span MNNVL: not modelled
+    (MiB, 16, True, True, None),  # 16 ranks span MNNVL: not modelled
 ])
 def test_vllm_custom_all_gather_rule(shard, tp, multicast, fully, want):
     """should_custom_all_gather (custom_all_reduce.py), hand-read: the limit is on the per-rank input shard."""
@@ -171,7 +171,7 @@ def test_model_level_sp_reaches_the_custom_all_gather(capsys):
     """`collective --op all_gather --model-level-sp` on H100 TP 8: the Lamport all-gather up to 2 MiB shards (16 MiB
     gathered), NCCL above; its time is the curve's; without model-level SP NCCL at every size."""
     hw = ops.Hw(load_profile("h100-sxm"), "bf16")
-    msg = np.array([8 * 2**20, 16 * 2**20, 32 * 2**20], dtype=float)  # gathered bytes
+    msg = np.array([8 * MiB, 16 * MiB, 32 * MiB], dtype=float)  # gathered bytes
     t, impl = ops.all_gather_dispatch(hw, msg, 8, model_level_sp=True)
     assert list(impl) == ["custom_ag_lamport", "custom_ag_lamport", "nccl_all_gather"]
     lat, bw = load_profile("h100-sxm").collective("custom_ag_lamport", 8)
@@ -190,10 +190,10 @@ def test_collective_command(capsys, tmp_path, one_line_error):
     d = json.loads(capsys.readouterr().out)
     rows = {r["size_bytes"]: r for r in d["rows"]}
     hw = ops.Hw(load_profile("h200-sxm"), "bf16")
-    for s in (2**20, 2**30):
+    for s in (MiB, GiB):
         assert rows[s]["t_nccl_s"] == pytest.approx(float(ops.t_nccl_all_reduce_s(hw, 8, np.array([float(s)]))[0]))
         assert rows[s]["busbw_nccl_bytes_per_s"] == pytest.approx(1.75 * s / rows[s]["t_nccl_s"])
-    assert rows[2**30]["vllm_impl"] == "nccl_all_reduce" and rows[2**10]["vllm_impl"] == "custom_ar_1stage"
+    assert rows[GiB]["vllm_impl"] == "nccl_all_reduce" and rows[KiB]["vllm_impl"] == "custom_ar_1stage"
     from pathlib import Path
 
     log = str(Path(__file__).parent / "fixtures" / "nccl-tests" / "all_reduce_perf_new.txt")

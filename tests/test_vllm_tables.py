@@ -60,7 +60,7 @@ def _disp(name, tp, vllm=None):
 
 def test_dispatch_by_gpu_hand_values():
     """vLLM's dispatch as its source gives it, per GPU kind (hand-read values, not the tables echoed)."""
-    KiB, MiB = 1024, 2**20
+    from costmodel.formulas import KiB, MiB
     h = _disp("h100-sxm", 8)  # sm90 TP 8: custom AR 256 KiB (all 1-stage), symm-mem multimem 64 MiB, FI 0.5 MB
     assert (h.custom_ar_max_bytes, h.custom_ar_1stage_max_bytes) == (256 * KiB, 256 * KiB)
     assert (h.symm_mem_max_bytes, h.symm_mem_algo, h.fi_fusion_max_bytes) == (64 * MiB, "multimem", MiB // 2)

@@ -192,7 +192,7 @@ def b200():
                "Simple busBW, calib.fit.fit_ring_regimes)")
         coll.setdefault(impl, {})["tp8"] = sec(
             f"MLENG_NET_README 8xB200: {how} to the 1 KiB median latency {f['latency_us']} us, half of the 16 GiB busBW "
-            f"{f['busbw_gb_s']} GB/s at its half-peak payload {f['half_peak_bytes'] / 2**20:.0f} MiB, and that busBW at "
+            f"{f['busbw_gb_s']} GB/s at its half-peak payload {f['half_peak_bytes'] / F.MiB:.0f} MiB, and that busBW at "
             f"16 GiB; rms log err {f['rms_rel_err']:.3f} (calib/components.py)",
             "published-measurement", latency_s=f["latency_s"], bus_bw_bytes_per_s=f["bus_bw_bytes_per_s"])
     # TP2 reduce-scatter / all-gather: stock NCCL at 4 MiB (NCCL_PR2307 'default' 29.4 us) with the TP2 all-reduce

@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from costmodel.formulas import MiB  # noqa: E402
 from costmodel.io import atomic_write_text  # noqa: E402
 
 
@@ -345,7 +346,7 @@ def all_gather_check_table() -> str:
     lines = ["| source | GPU | size | NCCL measured / predicted | the other path | measured / predicted |",
              "|---|---|---|---|---|---|"]
     for c in d:
-        size = f"{c['size_bytes'] / 2**20:.2f} MiB" + (f" ({c['tokens']} tokens)" if "tokens" in c else "")
+        size = f"{c['size_bytes'] / MiB:.2f} MiB" + (f" ({c['tokens']} tokens)" if "tokens" in c else "")
         lines.append(f"| {c['source']} | {c['gpu']} | {size} | {c['nccl_measured']:.1f} / {c['nccl_predicted']:.1f} "
                      f"{c['unit']} | {c['other']} | {c['other_measured']:.1f} / {c['other_predicted']:.1f} {c['unit']} |")
     return "\n".join(lines)
