@@ -1,6 +1,8 @@
 """Physics that no prediction may violate, over every built-in profile × built-in model × TP 2/4/8 ×
 dtype × an N grid (docs/model.md §6, "Bounds")."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -150,3 +152,29 @@ def test_no_chunk_gemm_step_above_two_percent(gpu):
                 assert step.max() <= 0.02, (name, tp, s.name, n_tok[int(step.argmax())])
                 checked += 1
     assert checked >= 40
+
+
+# forward speedups above 2.05 in the sweep below, each explained in docs/calibration.md ("Which measurement wins
+# where"): (profile, model, tp, dtype, schedule)
+SPEEDUP_LIMIT = 2.05
+EXPLAINED_ABOVE = {("h800", "cpu-tiny", 2, "fp8", "speedup_sp")}
+
+
+def test_no_forward_speedup_above_the_limit_but_the_explained_ones():
+    """Issue 47: over every built-in profile, model, TP 2/4/8 and dtype, SP or SP+AsyncTP is never more than 2.05x
+    plain TP, but where docs/calibration.md names the measurement behind it (an assumed all-reduce slower than the
+    same profile's ring was the cause of the l40s and h800 cases before one_ring)."""
+    above = set()
+    for prof, model, tp in _cases():
+        for dtype in DTYPES:
+            try:
+                pred = predict(load_profile(prof), load_model(model), tp, dtype, N_GRID)
+            except TpcostError:
+                continue
+            for k in ("speedup_sp", "speedup_sp_asynctp"):
+                if float(np.nanmax(getattr(pred, k))) > SPEEDUP_LIMIT:
+                    above.add((prof, model, tp, dtype, k))
+    assert above == EXPLAINED_ABOVE
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "calibration.md").read_text()
+    for prof, model, tp, dtype, _ in EXPLAINED_ABOVE:
+        assert f"{prof} {model} TP {tp} {dtype}" in doc

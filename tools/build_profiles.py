@@ -92,6 +92,21 @@ def scaled_collectives(base, ratio, why, lat_add=0.0):
     return out
 
 
+def one_ring(coll: dict) -> dict:
+    """An assumed profile's NCCL all-reduce at large messages from the same ring as its all-gather and reduce-scatter:
+    a ring all-reduce is a reduce-scatter then an all-gather, so at each TP its busBW (nccl-tests' convention) is the
+    ring's Simple busBW and t_AR = t_RS + t_AG (docs/model.md §4); the all-reduce's own latency stays. Scaling H100's
+    all-reduce fit (to 16 MB) and its 16 GiB ring regime by the same link ratio left them disagreeing (issue 47)."""
+    ar = coll.get("nccl_all_reduce", {})
+    for tp, e in ar.items():
+        ring = coll.get("nccl_all_gather", {}).get(tp)
+        if ring is not None:
+            e["bus_bw_bytes_per_s"] = ring["bus_bw_bytes_per_s"]
+            e["source"] += ("; busBW = this profile's ring Simple busBW at the same TP (one ring: a ring all-reduce is "
+                            "a reduce-scatter then an all-gather)")
+    return coll
+
+
 def h100():
     peak = 989.4e12
     fit_inputs("H100", peak, 3.35e12, 132)
@@ -165,15 +180,30 @@ def h200(h):
     return p
 
 
+H800_NVLS_AR_BUSBW = 215e9  # NCCL_ISSUE1374: 8 x H800 NCCL all-reduce (NVLS) busBW, GB/s
+
+
+def _h800_collectives(h, ratio):
+    """H100's collectives scaled by the H800/H100 NVLS ratio, the all-reduce from the same ring as the all-gather and
+    reduce-scatter (one_ring), but at TP 8, where NCCL_ISSUE1374 measured the H800's own all-reduce: that."""
+    coll = one_ring(scaled_collectives(h["collectives"], ratio,
+                                       "NCCL_ISSUE1374 8xH800 NVLS busBW 215 vs NCCL_ISSUE1455 8xH100 480 GB/s"))
+    e = coll["nccl_all_reduce"]["tp8"]
+    coll["nccl_all_reduce"]["tp8"] = sec("busBW: NCCL_ISSUE1374 8xH800 NCCL all-reduce busBW 215 GB/s (NVLS, measured on "
+                                         "H800); latency: " + e["source"].split(" with busBW")[0] + " (tier: the "
+                                         "latency's)", "assumed", latency_s=e["latency_s"],
+                                         bus_bw_bytes_per_s=H800_NVLS_AR_BUSBW)
+    return coll
+
+
 def h800(h):
-    ratio = 215.0 / 480.0  # NCCL_ISSUE1374 H800 NVLS AR busBW vs NCCL_ISSUE1455 H100 NVLS TP8
+    ratio = H800_NVLS_AR_BUSBW / 480e9  # NCCL_ISSUE1374 H800 NVLS AR busBW vs NCCL_ISSUE1455 H100 NVLS TP8
     return derive(h, {
         "identity": lambda t: {**t, "name": "h800", "display_name": "NVIDIA H800 SXM5 80GB", "device_name_patterns": "H800",
                                "source": NV_H100 + "; H800 = H100 SXM with NVLink cut to 400 GB/s bidirectional"},
         "interconnect": lambda t: {**t, "link_bw_bytes_per_s": 200e9, "source": "H800 NVLink 400 GB/s bidirectional = "
                                    "200 GB/s per direction (issue #2; NCCL_ISSUE1374)"},
-        "collectives": scaled_collectives(h["collectives"], ratio,
-                                          "NCCL_ISSUE1374 8xH800 NVLS busBW 215 vs NCCL_ISSUE1455 8xH100 480 GB/s"),
+        "collectives": _h800_collectives(h, ratio),
         "asynctp._copy": sec(f"assumed: CE pull at {RING} x 200 GB/s link (H100 ring busBW/link ratio)", "assumed",
                              copy_engine_bw_bytes_per_s=RING * 200e9)})
 
@@ -393,10 +423,10 @@ def pre_hopper(g: OtherGpu) -> dict:
     eff, eff_src, attn, patterns, coll_why, tile = g.eff, g.eff_src, g.attn, g.patterns, g.coll_why, g.tile
     h = h100()
     ratio = link / 450e9
-    coll = scaled_collectives({k: v for k, v in h["collectives"].items()
-                               if k in ("nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter",
-                                        "nccl_all_gather_small", "nccl_reduce_scatter_small",  # both ring regimes
-                                        "custom_ar_1stage", "custom_ar_2stage")}, ratio, coll_why)
+    coll = one_ring(scaled_collectives({k: v for k, v in h["collectives"].items()
+                                        if k in ("nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter",
+                                                 "nccl_all_gather_small", "nccl_reduce_scatter_small",  # ring regimes
+                                                 "custom_ar_1stage", "custom_ar_2stage")}, ratio, coll_why))
     return {
         "schema_version": SCHEMA_VERSION,
         "identity": {"name": name, "display_name": display, "vendor": "amd" if kind == "xgmi" else "nvidia",
