@@ -12,7 +12,8 @@ every step size N = 1 .. max_num_batched_tokens with the one predictor of each p
 tpcost's value is the threshold minimising the expected time per forward on the workload, the fused side paying the
 risk premium (costmodel.analysis.decide_cutoff / decide_fusion_limit, the rule of every other decision), on the
 step sizes where the gate decides at all (at or above the SP floor for the SP gates, below it for the one-shot
-range); its band is the 5-95 % of that value over the profile's fixed-seed draws. A gate tpcost does not derive
+range); its band is the 5-95 % of that value over the profile's fixed-seed draws (on at most BAND_GRID_MAX step
+sizes, costmodel.analysis.band_grid). A gate tpcost does not derive
 (Muse Spark's SP floor, the switch between two MoE kernels) is reported with vLLM's value only.
 """
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from . import formulas as F
 from . import ops, vllm_tables
-from .analysis import BAND_DRAWS, BAND_SEED, decide_cutoff, decide_fusion_limit, perturbed_values
+from .analysis import BAND_DRAWS, BAND_SEED, band_grid, decide_cutoff, decide_fusion_limit, perturbed_values
 from .model import RunConfig
 from .vllm_tables import ModelGate, Parallel
 from .workload import weights_on
@@ -172,8 +173,9 @@ def decide_gate(profile, gate: ModelGate, sites, run: RunConfig, par: Parallel, 
         return base + float(np.sum(wf * np.where(_runs(gate, nf, threshold, tp, ctx["can_fuse"]), f, u)))
 
     drawn = profile.with_values(perturbed_values(profile, BAND_DRAWS, BAND_SEED), None, mark_modified=False)
-    fd, ud = gate_arms(drawn, gate, priced, nf, run, ctx)
-    c = np.atleast_1d(_decide(gate, nf, fd, ud, wf, run.margin, tp)).astype(float)
+    nb, wb, _ = band_grid(nf, wf)  # at most BAND_GRID_MAX step sizes for the draws (each a block's weight)
+    fd, ud = gate_arms(drawn, gate, priced, nb, run, {"can_fuse": np.ones(nb.shape, dtype=bool)})
+    c = np.atleast_1d(_decide(gate, nb, fd, ud, wb, run.margin, tp)).astype(float)
     lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
     band = tuple(None if not np.isfinite(x) else int(x) for x in (lo, hi))
     cut_i = None if cut is None or not np.isfinite(cut) else int(cut)

@@ -226,3 +226,19 @@ def test_a_malformed_muse_spark_config_is_one_line_and_exit_2(tmp_path, edit, ne
     p.write_text(json.dumps(cfg))
     rc, out, err = _run("vllm-config", "--model", str(p), "--vllm-version", "0.34", "--gpu", "b300", "--tp", "4", *SP)
     assert rc == 2 and out == "" and err.count("\n") == 1 and needle in err, err
+
+
+def test_the_largest_budget_decides_every_gate_in_bounded_memory():
+    """A 2^20-token budget: the values on the full grid, the band's draws on at most BAND_GRID_MAX step sizes (each a
+    block's weight): every derived gate answers with a band, within the plugin's memory (a 2^20 x 200 array per arm
+    would be 1.6 GB)."""
+    import resource
+
+    km = _km(MUSE)
+    par = Parallel(8, enable_expert_parallel=True, moe_backend="deep_gemm_mega_moe")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    gates = model_gates(load_profile("b300"), km, par, RunConfig(8, "bf16", Regime(vllm=V034), 2**20))
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 1_500_000  # Linux reports KiB
+    for gd in gates:
+        assert gd.why_not_derived or gd.band_tokens is not None
