@@ -242,3 +242,13 @@ def test_the_largest_budget_decides_every_gate_in_bounded_memory():
     assert grown_kib < 1_500_000  # Linux reports KiB
     for gd in gates:
         assert gd.why_not_derived or gd.band_tokens is not None
+
+
+def test_the_committed_gate_table_is_current():
+    """benchmarks/results/vllm_thresholds.json's model_gates (rendered into docs/vllm-thresholds.md) are what
+    benchmarks/vllm_thresholds.py computes now, and its all-gather check too."""
+    from benchmarks import vllm_thresholds as VT
+
+    committed = json.loads((ROOT / "benchmarks" / "results" / "vllm_thresholds.json").read_text())
+    assert json.loads(json.dumps(VT.gates_matrix())) == committed["model_gates"]
+    assert json.loads(json.dumps(VT.all_gather_check())) == committed["all_gather_check"]
