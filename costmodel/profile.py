@@ -763,7 +763,8 @@ def detect_profile_name() -> str:
 def profile_to_tree(profile: HardwareProfile, name: str | None = None) -> dict:
     """A TOML tree of `profile` as it stands (after any --set): every value with its own source and tier. Values of
     one table that share (source, tier, σ) stay together; the others go to `_`-prefixed sub-tables, which the loader
-    folds back into the same keys (the schema at the top of this module)."""
+    folds back into the same keys (the schema at the top of this module); each is named after the values it holds
+    (`[collectives.nccl_all_reduce.tp8._latency_s]`), so the file speaks the public schema, never a counter."""
     tree: dict = {"schema_version": SCHEMA_VERSION}
 
     def node(path):
@@ -783,7 +784,7 @@ def profile_to_tree(profile: HardwareProfile, name: str | None = None) -> dict:
         groups.setdefault(tuple(parent.split(".")), {}).setdefault((prm.source, prm.tier, unc), {})[leaf] = val
     for path, by_src in groups.items():
         for i, ((src, tier, unc), leaves) in enumerate(sorted(by_src.items(), key=lambda kv: -len(kv[1]))):
-            t = node(path if i == 0 else path + (f"_s{i}",))
+            t = node(path if i == 0 else path + ("_" + "_".join(sorted(leaves)),))
             t.update({k: float(v) for k, v in leaves.items()})
             t["source"], t["tier"] = src, tier
             if unc is not None:

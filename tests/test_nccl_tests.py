@@ -234,3 +234,31 @@ def test_a_released_sweep_rendered_as_a_log_calibrates_its_regimes(tmp_path, cap
     assert main(["collective", "--gpu", str(tmp_path / "o.toml"), "--log", str(log), "--json"]) == 0
     v = json.loads(capsys.readouterr().out)["verdict"]
     assert v["median_abs_rel_error"] < 0.05 and v["worst_abs_rel_error"] < 0.15, v
+
+
+def test_the_calibrated_profile_speaks_the_public_schema(tmp_path, capsys):
+    """Issue 47 item 4: the written profile groups values by source in `_`-prefixed tables named after the values
+    they hold (docs/profiles.md), no internal counter such as `._s1`; it loads back to the same values."""
+    import re
+    import tomllib
+
+    assert main(_calib(tmp_path, synthetic_log("all_reduce"))) == 0
+    capsys.readouterr()
+    text = (tmp_path / "out.toml").read_text()
+    assert not re.search(r"\._s\d+\]", text)
+    groups = 0
+
+    def walk(t):
+        nonlocal groups
+        for k, v in t.items():
+            if isinstance(v, dict):
+                if k.startswith("_"):
+                    values = sorted(x for x, y in v.items() if isinstance(y, float))
+                    assert k == "_" + "_".join(values), (k, values)
+                    groups += 1
+                walk(v)
+
+    walk(tomllib.loads(text))
+    assert groups > 0
+    p, base = load_profile(str(tmp_path / "out.toml")), load_profile("h100-sxm")
+    assert p.value("gemm.max_efficiency") == base.value("gemm.max_efficiency")
