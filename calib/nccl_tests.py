@@ -184,8 +184,8 @@ def check_logs(base, logs: list[dict], allow_other_gpu: bool) -> None:
 
 
 def fit_log(base, log: dict, values: dict, provs: dict, fitted: list, warnings: list) -> None:
-    """One log's curves into `values` / `provs` (the α-β line, and NCCL's regime curves where its sizes identify
-    them), its (table, latency, busBW fit) into `fitted`, a warning where its busBW is far below the prior's."""
+    """One log's curves into `values` / `provs` (the α-β line, or NCCL's regime curves where its sizes identify
+    them), each (table, latency, busBW fit) into `fitted`, a warning where its busBW is far below the prior's."""
     from calib.fit import fit_latency_bandwidth
     from costmodel import formulas as F
     from costmodel.profile import Provenance
@@ -206,32 +206,24 @@ def fit_log(base, log: dict, values: dict, provs: dict, fitted: list, warnings: 
     source = (f"calibrated: nccl-tests {Path(log['file']).name} ({log['gpu']}, {log['ranks']} ranks on "
               f"{log['hosts']} host(s), NCCL {log['nccl'] or 'version not printed'}, {regime}); alpha-beta fit, "
               f"rms log residual {res.get('rms_log_residual', 0):.3f} over {len(recs)} sizes{log['measured_on']}")
-    table = f"collectives.nccl_{log['op']}.tp{log['ranks']}"
-    values[f"{table}.bus_bw_bytes_per_s"] = bw["value"]
-    provs[f"{table}.bus_bw_bytes_per_s"] = Provenance(source, "calibrated", min(float(bw["uncertainty_rel"]), 1.0))
-    if lat is not None:
-        values[f"{table}.latency_s"] = lat["value"]
-        provs[f"{table}.latency_s"] = Provenance(source, "calibrated", min(float(lat["uncertainty_rel"]), 1.0))
-    else:  # latency not pinned down (only large messages): keep the prior's, said in the source
-        values[f"{table}.latency_s"] = float(base.collective(f"nccl_{log['op']}", log["ranks"])[0])
-        provs[f"{table}.latency_s"] = Provenance(source + "; latency kept from the prior (not pinned down)",
-                                                 "calibrated")
-    fitted.append((table, values[f"{table}.latency_s"], bw))
+    if lat is None:  # latency not pinned down (only large messages): keep the prior's, said in the source
+        lat = {"value": float(base.collective(f"nccl_{log['op']}", log["ranks"])[0]), "uncertainty_rel": None}
+        source += "; latency kept from the prior (not pinned down)"
+    # one curve (the α-β line), or NCCL's regime curves where the sizes identify them (the line then not written)
+    curves = {"": (lat["value"], bw["value"], lat["uncertainty_rel"], bw["uncertainty_rel"], source)}
     regimes = fit_log_regimes(log, float(res.get("rms_log_residual", 0.0)))
-    if regimes is not None:  # the sizes identify NCCL's protocols: one curve each, the line's replaced
-        curves, rms = regimes
-        for suffix, (r_lat, r_bw) in curves.items():
-            t_name = f"collectives.nccl_{log['op']}{suffix}.tp{log['ranks']}"
-            src = source.replace("alpha-beta fit", f"NCCL regime curve nccl_{log['op']}{suffix} of the lower-"
-                                 f"envelope fit") + f" (envelope rms log residual {rms:.3f})"
-            values[f"{t_name}.latency_s"], values[f"{t_name}.bus_bw_bytes_per_s"] = r_lat, r_bw
-            for leaf in ("latency_s", "bus_bw_bytes_per_s"):
-                provs[f"{t_name}.{leaf}"] = Provenance(src, "calibrated")
-            if suffix:  # the bandwidth curve keeps `table`'s entry in `fitted`, with the envelope's values
-                fitted.append((t_name, r_lat, {"value": r_bw, "uncertainty_rel": 0.0}))
-            else:
-                fitted[fitted.index(next(f for f in fitted if f[0] == table))] = (table, r_lat, {"value": r_bw, "uncertainty_rel": 0.0})
-        log["regimes_fitted"] = [f"collectives.nccl_{log['op']}{x}.tp{log['ranks']}" for x in curves if x]
+    if regimes is not None:
+        fits, rms = regimes
+        curves = {suffix: (r_lat, r_bw, None, None,
+                           source.replace("alpha-beta fit", f"NCCL regime curve nccl_{log['op']}{suffix} of the lower-"
+                                          "envelope fit") + f" (envelope rms log residual {rms:.3f})")
+                  for suffix, (r_lat, r_bw) in fits.items()}
+    for suffix, (c_lat, c_bw, s_lat, s_bw, src) in curves.items():
+        table = f"collectives.nccl_{log['op']}{suffix}.tp{log['ranks']}"
+        for leaf, v, sig in (("latency_s", c_lat, s_lat), ("bus_bw_bytes_per_s", c_bw, s_bw)):
+            values[f"{table}.{leaf}"] = v
+            provs[f"{table}.{leaf}"] = Provenance(src, "calibrated", None if sig is None else min(float(sig), 1.0))
+        fitted.append((table, c_lat, {"value": c_bw, "uncertainty_rel": s_bw or 0.0}))
     prior_bw = float(base.collective(f"nccl_{log['op']}", log["ranks"])[1]) if log["ranks"] in \
         base.collective_tps(f"nccl_{log['op']}") else None
     if prior_bw and bw["value"] < BUSBW_DEGRADED * prior_bw:
@@ -263,10 +255,11 @@ def run(args) -> int:
     from costmodel.ops import NCCL_REGIMES
 
     # the measured curve is this machine's collective at this TP: the prior's regime curves of it go
+    written = {t for t, _, _ in fitted}
     replaced = [f"collectives.nccl_{log['op']}{r}.tp{log['ranks']}" for log in logs for r in NCCL_REGIMES
                 if log["ranks"] in base.collective_tps(f"nccl_{log['op']}{r}")
-                and f"collectives.nccl_{log['op']}{r}.tp{log['ranks']}" not in log.get("regimes_fitted", ())]
-    kept = sorted({k.rsplit(".", 1)[0] for k in base.provenance} - {t for t, _, _ in fitted} - set(replaced))
+                and f"collectives.nccl_{log['op']}{r}.tp{log['ranks']}" not in written]
+    kept = sorted({k.rsplit(".", 1)[0] for k in base.provenance} - written - set(replaced))
     notes = {"calibration.from_nccl_tests": ", ".join(Path(f).name for f in args.from_nccl_tests),
              "calibration.prior_profile": base.name, "calibration.not_measured_kept_prior": ", ".join(kept)}
     if replaced:
@@ -282,10 +275,10 @@ def run(args) -> int:
               + (f" (±{100 * bw['uncertainty_rel']:.1f}%)" if bw["uncertainty_rel"] else ""))
     for w in warnings:
         print(w)
-    for log in logs:
-        if log.get("regimes_fitted"):
-            print(f"  {log['file']}: its sizes identify NCCL's protocol regimes: fitted "
-                  f"{', '.join(log['regimes_fitted'])} beside the bandwidth curve")
+    regime_tables = [t for t in sorted(written) if any(f"{r}.tp" in t for r in NCCL_REGIMES)]
+    if regime_tables:
+        print(f"  the logged sizes identify NCCL's protocol regimes: fitted {', '.join(regime_tables)} beside the "
+              "bandwidth curve")
     if replaced:
         print(f"  the prior's regime curves of the measured collectives dropped (another machine's): {', '.join(replaced)}")
     print(f"  every other value keeps its prior from {base.name} ({len(kept)} tables); use it with "

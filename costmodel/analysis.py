@@ -224,13 +224,15 @@ def cutoff_band(profile: HardwareProfile, shape: ModelShape, run: RunConfig, gri
         prof = profile.with_values(chunk, None, mark_modified=False)
         pred = predict(prof, shape, tp, dtype, grid, run.regime)
         cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights, below))
-    c = np.concatenate(cuts)
+    return band_edges(np.concatenate(cuts))
+
+
+def band_edges(cuts: Any) -> tuple[int | None, int | None]:
+    """The 5th and 95th percentile of a decision over the draws (observed values: the lower / higher neighbour), an
+    infinite one ("never") as None: the one reading of every band."""
+    c = np.atleast_1d(np.asarray(cuts, dtype=float))
     lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
-
-    def as_int(x):
-        return None if np.isinf(x) else int(x)
-
-    return as_int(lo), as_int(hi)
+    return (None if np.isinf(lo) else int(lo)), (None if np.isinf(hi) else int(hi))
 
 
 def model_inputs(profile: HardwareProfile, tp: int) -> list[str]:

@@ -26,7 +26,8 @@ import numpy as np
 
 from . import formulas as F
 from . import ops, vllm_tables
-from .analysis import BAND_DRAWS, BAND_SEED, band_grid, decide_cutoff, decide_fusion_limit, perturbed_values
+from .analysis import (BAND_DRAWS, BAND_SEED, band_edges, band_grid, decide_cutoff, decide_fusion_limit,
+                       perturbed_values)
 from .model import RunConfig
 from .vllm_tables import ModelGate, Parallel
 from .workload import weights_on
@@ -93,26 +94,25 @@ def _site_arms(profile, op: str, s, n: np.ndarray, run: RunConfig) -> tuple[Any,
             ops.unfused_all_reduce_norm_s(hw, n, s.n, tp, vllm=vllm))
 
 
-def gate_arms(profile, gate: ModelGate, sites, n: np.ndarray, run: RunConfig, ctx: dict) -> tuple[Any, Any]:
+def gate_arms(profile, gate: ModelGate, sites, n: np.ndarray, run: RunConfig) -> tuple[Any, Any]:
     """(fused, unfused) seconds per forward at each step size `n`, summed over `sites` (profile values may be draws
-    of shape (D, 1)); where the fused path cannot run (below the SP floor, a partial tile, graph capture) both arms
-    are the unfused one."""
+    of shape (D, 1)); the caller passes only the step sizes where the fused path can run."""
     f: Any = 0.0
     u: Any = 0.0
     for s in sites:
         sf, su = _site_arms(profile, gate.op, s, n, run)
         f, u = f + sf * s.calls_per_forward, u + su * s.calls_per_forward
     f, u = np.broadcast_arrays(np.asarray(f, dtype=float), np.asarray(u, dtype=float))
-    return np.where(ctx["can_fuse"], f, u), u
+    return f, u
 
 
-def _runs(gate: ModelGate, n: np.ndarray, threshold: int | None, tp: int, can_fuse: np.ndarray) -> np.ndarray:
-    """Where the fused path runs under a threshold (tokens; per rank for a per-rank gate; None: never)."""
+def _runs(gate: ModelGate, n: np.ndarray, threshold: int | None, tp: int) -> np.ndarray:
+    """Where the fused path runs under a threshold (tokens; per rank for a per-rank gate; None: never), of the step
+    sizes `n` where it can run."""
     if threshold is None:
         return np.zeros(n.shape, dtype=bool)
     size = np.ceil(n / tp) if gate.per_rank else n
-    on = size >= threshold if gate.runs_from == "min" else size <= threshold
-    return on & can_fuse
+    return size >= threshold if gate.runs_from == "min" else size <= threshold
 
 
 def _decide(gate: ModelGate, n: np.ndarray, f, u, w, margin: float, tp: int) -> Any:
@@ -127,7 +127,7 @@ def _decide(gate: ModelGate, n: np.ndarray, f, u, w, margin: float, tp: int) -> 
     return c
 
 
-def decide_gate(profile, gate: ModelGate, sites, run: RunConfig, par: Parallel, sp_floor: int,
+def decide_gate(profile, gate: ModelGate, sites, run: RunConfig, sp_floor: int,
                 applies: str | None = None) -> GateDecision:
     """vLLM's gate against tpcost's value over `sites` on run's traffic (sp_floor: the fewest tokens of a step that
     shards the stream)."""
@@ -151,8 +151,7 @@ def decide_gate(profile, gate: ModelGate, sites, run: RunConfig, par: Parallel, 
     else:
         can_fuse = n >= sp_floor
         if gate.op == "ag_gemm":  # can_sp_all_gather_matmul: not while a CUDA graph is being captured
-            cap = (vllm_tables.cudagraph_max_tokens_default(profile.identity.compute_capability)
-                   if run.regime.cudagraph_max_tokens is None else run.regime.cudagraph_max_tokens)
+            cap = vllm_tables.capture_size(run.regime.cudagraph_max_tokens, profile.identity.compute_capability)
             can_fuse &= vllm_tables.runs_eagerly(n, cap)
         align = vllm_tables.gate_alignment(gate, tp)
         if align:
@@ -163,21 +162,17 @@ def decide_gate(profile, gate: ModelGate, sites, run: RunConfig, par: Parallel, 
     # only the step sizes where the fused path can run decide: elsewhere both settings run the unfused path (and no
     # premium is paid), whatever the threshold
     nf, wf = n[can_fuse], w[can_fuse]
-    ctx = {"can_fuse": np.ones(nf.shape, dtype=bool)}
-    f, u = gate_arms(profile, gate, priced, nf, run, ctx)
+    f, u = gate_arms(profile, gate, priced, nf, run)
     cut = _decide(gate, nf, f, u, wf, run.margin, tp)
-    base = float(np.sum(w[~can_fuse] * gate_arms(profile, gate, priced, n[~can_fuse], run,
-                                             {"can_fuse": np.zeros(int((~can_fuse).sum()), dtype=bool)})[1]))
+    base = float(np.sum(w[~can_fuse] * gate_arms(profile, gate, priced, n[~can_fuse], run)[1]))
 
     def expected(threshold):
-        return base + float(np.sum(wf * np.where(_runs(gate, nf, threshold, tp, ctx["can_fuse"]), f, u)))
+        return base + float(np.sum(wf * np.where(_runs(gate, nf, threshold, tp), f, u)))
 
     drawn = profile.with_values(perturbed_values(profile, BAND_DRAWS, BAND_SEED), None, mark_modified=False)
     nb, wb, _ = band_grid(nf, wf)  # at most BAND_GRID_MAX step sizes for the draws (each a block's weight)
-    fd, ud = gate_arms(drawn, gate, priced, nb, run, {"can_fuse": np.ones(nb.shape, dtype=bool)})
-    c = np.atleast_1d(_decide(gate, nb, fd, ud, wb, run.margin, tp)).astype(float)
-    lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
-    band = tuple(None if not np.isfinite(x) else int(x) for x in (lo, hi))
+    fd, ud = gate_arms(drawn, gate, priced, nb, run)
+    band = band_edges(_decide(gate, nb, fd, ud, wb, run.margin, tp))
     cut_i = None if cut is None or not np.isfinite(cut) else int(cut)
     return GateDecision(gate, tp, vllm_tok, cut_i, band,  # type: ignore[arg-type]
                         None if vllm_tok is None else expected(vllm_tok), expected(cut_i), priced, applies, None,
@@ -208,11 +203,9 @@ def _why_not(profile, gate: ModelGate, km, par: Parallel, run: RunConfig) -> str
         why = ops.fused_ops_available(profile, tp)
         if why:
             return why
-    elif gate.op == "sp_floor":
-        if not (km.nvfp4() and tp in vllm_tables.MUSE_SP_FLOOR_TPS and par.data_parallel_size == 1
-                and par.pipeline_parallel_size == 1):
-            return (f"the threshold is 0 here (it needs an NVFP4 checkpoint, TP 4/8, DP = PP = 1): SP from "
-                    f"max(tp, 1) = {tp} tokens")
+    elif gate.op == "sp_floor" and km.sp_floor_tokens(par, vllm) <= tp:
+        return (f"the threshold is 0 here (it needs an NVFP4 checkpoint, TP 4/8, DP = PP = 1): SP from max(tp, 1) = "
+                f"{tp} tokens")
     return None
 
 
@@ -232,6 +225,6 @@ def model_gates(profile, km, par: Parallel, run: RunConfig) -> tuple[GateDecisio
     out = []
     for gate in vllm.release.gates_of(km.family):
         sites = [] if gate.op == "sp_floor" else _gate_sites(km, gate, par, vllm)
-        out.append(decide_gate(profile, gate, sites, run, par, km.sp_floor_tokens(par, vllm),
+        out.append(decide_gate(profile, gate, sites, run, km.sp_floor_tokens(par, vllm),
                                _why_not(profile, gate, km, par, run)))
     return tuple(out)

@@ -187,10 +187,9 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     if N.ndim != 1 or N.size == 0 or np.any(N <= 0) or not np.all(np.isfinite(N)):
         raise TpcostError("token counts N must be finite and > 0")
     cap = r.cudagraph_max_tokens
-    if cap is None:
-        cap = vllm_tables.cudagraph_max_tokens_default(profile.identity.compute_capability)
-    elif not isinstance(cap, (int, np.integer)) or cap < 0:
+    if cap is not None and (not isinstance(cap, (int, np.integer)) or cap < 0):
         raise TpcostError(f"--cudagraph-max-tokens must be an integer >= 0, got {cap}")
+    cap = vllm_tables.capture_size(cap, profile.identity.compute_capability)
     fw = _Forward(profile, shape, tp, dtype, N, r)
     eager = vllm_tables.runs_eagerly(N, cap)
     notes: list[str] = [f"{shape.name}: config.json has no {d.split(' = ')[0]}; taken as Hugging Face does: {d}"

@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from . import ops, vllm_tables
-from .analysis import BAND_DRAWS, BAND_SEED, decide_cutoff, decision_value, perturbed_values
+from .analysis import BAND_DRAWS, BAND_SEED, band_edges, decide_cutoff, decision_value, perturbed_values
 from .workload import weights_on
 from .errors import TpcostError
 from .model import RunConfig
@@ -178,9 +178,12 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
                               "multiple of tp")
         raise TpcostError(f"--tp {tp}: torch's fused ops split M into tp chunks, and M runs over the multiples of "
                           f"{M_STEP}, which {tp} does not divide; use a tp that divides {M_STEP}")
-    cap = (vllm_tables.cudagraph_max_tokens_default(profile.identity.compute_capability)
-           if cudagraph_max_tokens is None else cudagraph_max_tokens)
-    baseline = "nccl" if impl == "kernel" else torch_rule(profile, op, tp, n, k, vllm)[3]
+    cap = vllm_tables.capture_size(cudagraph_max_tokens, profile.identity.compute_capability)
+    if impl == "kernel":  # vLLM's rule for the op, and (torch's ops) the collective its unfused arm runs
+        rule_text, rule_tokens, runs = vllm_tables.kernel_rule(vllm, op, profile.identity.compute_capability, tp)
+        baseline = "nccl"
+    else:
+        rule_text, rule_tokens, runs, baseline = torch_rule(profile, op, tp, n, k, vllm)
     spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm, baseline)
     f_all, u_all, unfused_impl, unfused_per_m = op_arms(profile, spec, m_all)
     notes = []
@@ -206,7 +209,6 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
     t_on, t_off = f_all[on_grid], u_all[on_grid]
     weights = weights_on(workload, grid)
     cut = decide_cutoff(grid, t_off, t_on, margin, weights)
-    rule_text, rule_tokens, runs = vllm_rule(profile, op, impl, tp, n, k, vllm)
     value = decision_value(grid, t_off, t_on, margin, cut, weights, vllm_default=rule_tokens)
     band = op_cutoff_band(profile, spec, grid, margin, weights) if with_band else None
     return OpAnalysis(profile.name, spec, calls_per_forward, m_all, f_all, u_all, cut, rule_text, rule_tokens,
@@ -237,6 +239,4 @@ def op_cutoff_band(profile: HardwareProfile, spec: OpSpec, grid: np.ndarray, mar
     prof = profile.with_values(vals, None, mark_modified=False)
     f, u, _, _ = op_arms(prof, spec, grid)
     u, f = np.broadcast_arrays(u, f)  # one row of times per draw on both arms
-    c = np.atleast_1d(decide_cutoff(grid, u, f, margin, weights))
-    lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
-    return tuple(None if np.isinf(x) else int(x) for x in (lo, hi))  # type: ignore[return-value]
+    return band_edges(decide_cutoff(grid, u, f, margin, weights))

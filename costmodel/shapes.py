@@ -14,7 +14,7 @@ import re
 
 from .errors import TpcostError
 from .io import read_json
-from .vllm_tables import (MEGA_MOE_NVFP4, MUSE_SP_FLOOR_TPS, NATIVE_MEGA_MOE, SWITCHES, Parallel, Vllm, model_level_sp,
+from .vllm_tables import (MEGA_MOE_NVFP4, NATIVE_MEGA_MOE, SWITCHES, Parallel, Vllm, model_level_sp,
                           model_level_sp_text, shared_expert_can_shard)
 
 DTYPES = ("bf16", "fp8", "fp8-dynamic", "fp32")  # the model's dtype modes (ops.DTYPE_MODES); fp32: CPU runs
@@ -265,10 +265,10 @@ class KernelModel:
     def sp_floor_tokens(self, par: Parallel, vllm: Vllm) -> int:
         """Muse Spark: the fewest tokens of a step that shards the stream, max(tp, threshold + 1), the threshold 128
         (TP 4) / 256 (TP 8) with NVFP4 MegaMoE at DP = PP = 1, else 0 (is_sequence_parallel_active,
-        get_trtllm_token_threshold: `vllm`'s record)."""
+        get_trtllm_token_threshold: `vllm`'s record, whose per-TP table names the TPs it covers)."""
         floor = next((g for g in vllm.release.model_gates if g.op == "sp_floor"), None)
         thr = 0
-        if (floor is not None and self.nvfp4() and par.moe_backend == NATIVE_MEGA_MOE and par.tp in MUSE_SP_FLOOR_TPS
+        if (floor is not None and self.nvfp4() and par.moe_backend == NATIVE_MEGA_MOE and par.tp in floor.value
                 and par.data_parallel_size == 1 and par.pipeline_parallel_size == 1):
             thr = int(floor.value[par.tp])
         return max(par.tp, thr + 1)

@@ -332,6 +332,11 @@ def runs_eagerly(num_tokens: Any, cudagraph_max_tokens: int) -> Any:
     return np.asarray(num_tokens) > cudagraph_max_tokens
 
 
+def capture_size(cudagraph_max_tokens: int | None, compute_capability: str) -> int:
+    """The largest step vLLM captures in a CUDA graph: the user's --cudagraph-max-tokens, else the default."""
+    return cudagraph_max_tokens_default(compute_capability) if cudagraph_max_tokens is None else cudagraph_max_tokens
+
+
 def cudagraph_max_tokens_default(compute_capability: str) -> int:
     """vLLM's largest captured CUDA-graph size on a GPU of this capability (tokens)."""
     return CUDAGRAPH_MAX_TOKENS_BLACKWELL if compute_capability.startswith("10.") else CUDAGRAPH_MAX_TOKENS_DEFAULT
@@ -394,8 +399,7 @@ def kernel_rule(vllm: Vllm, op: str, compute_capability: str, tp: int) -> tuple[
 
 
 def torch_op_rule(vllm: Vllm, op: str, vendor: str, capability: str, hidden: int, tp: int) -> tuple:
-    """(description, threshold tokens or None, runs(m) -> bool array, the unfused arm's baseline, per-rank gate or
-    None) of `vllm`'s own use of torch's pipelined op on raw shapes (tpcost op): the SP passes' sp_min_token_num
+    """(description, threshold tokens or None, runs(m) -> bool array, the unfused arm's baseline) of `vllm`'s own use of torch's pipelined op on raw shapes (tpcost op): the SP passes' sp_min_token_num
     table where the release has them (NCCL arm); else a model-level gate of common code (0.34's
     sp_all_gather_matmul: ceil(M/tp) >= its constant, eager steps only, against sp_all_gather); else none."""
     rel = vllm.release
@@ -403,14 +407,14 @@ def torch_op_rule(vllm: Vllm, op: str, vendor: str, capability: str, hidden: int
     if rel.sp_passes:
         thr = vllm_sp_min_token_num(vendor, capability, hidden, tp)
         if thr is None:
-            return f"vLLM {vllm.label}'s SP table: off here", None, never, "nccl", None
-        return f"vLLM {vllm.label}'s sp_min_token_num {thr}", thr, lambda m: np.asarray(m) >= thr, "nccl", None
+            return f"vLLM {vllm.label}'s SP table: off here", None, never, "nccl"
+        return f"vLLM {vllm.label}'s sp_min_token_num {thr}", thr, lambda m: np.asarray(m) >= thr, "nccl"
     g = next((g for g in rel.model_gates if g.family == "common" and g.op == op), None)
     if g is None:
-        return f"vLLM {vllm.label} runs no torch fused {op} ({rel.sp_passes_cite})", None, never, "nccl", None
+        return f"vLLM {vllm.label} runs no torch fused {op} ({rel.sp_passes_cite})", None, never, "nccl"
     lo = int(g.value)
     return (f"{g.constant} = {lo}: {lo} rows per rank, M >= {lo * tp} at tp {tp}, eager steps only (vLLM "
-            f"{vllm.label} {g.where})", lo * tp, lambda m: np.ceil(np.asarray(m) / tp) >= lo, "vllm_sp", g)
+            f"{vllm.label} {g.where})", lo * tp, lambda m: np.ceil(np.asarray(m) / tp) >= lo, "vllm_sp")
 
 
 CAN_RUN_FP8 = ("vLLM's gemm_rs_ar takes bf16 or MXFP8 weights only (can_run, gemm_rs_ar.py l. 939-973); for "
@@ -626,7 +630,6 @@ _MINIMAX = "vllm/models/minimax_m3/nvidia/model.py"
 _SEQ_PAR = "vllm/models/common/ops/sequence_parallel.py"
 _MUSE = "vllm/models/muse_spark/nvidia/model.py"
 _MUSE_MEGA = "vllm/models/muse_spark/nvidia/mega_moe.py"
-MUSE_SP_FLOOR_TPS = (4, 8)  # get_trtllm_token_threshold: NVFP4 MegaMoE at TEP4/8, DP = PP = 1 (mega_moe.py:65-79)
 MEGA_MOE_NVFP4 = ("MiniMax-M3's MegaMoE needs a checkpoint with NVFP4 routed experts (quantization_config "
                   "moe_quant_algo NVFP4) and expert parallel; vLLM raises NotImplementedError at init otherwise")
 _GATES_034 = (

@@ -103,7 +103,7 @@ def test_each_value_is_the_least_expected_time_by_brute_force(gpu, tp):
         if g.align and tp in g.align:
             ok &= n % g.align[tp] == 0
         nf = n[ok]
-        f, u = gate_arms(prof, g, gd.sites, nf, run, {"can_fuse": np.ones(nf.shape, dtype=bool)})
+        f, u = gate_arms(prof, g, gd.sites, nf, run)
         w = np.full(nf.shape, 1.0 / n.size)
         if g.runs_from == "min":
             cost = expected_time_by_threshold_s(u, f, w, run.margin)  # index i: fused from nf[i]; last: never
@@ -208,7 +208,7 @@ def test_a_gate_with_no_eligible_step_says_why():
     par = Parallel(4, enable_expert_parallel=True, moe_backend="deep_gemm_mega_moe")
     run = RunConfig(4, "bf16", Regime(vllm=V034, cudagraph_max_tokens=8192), 8192)  # every step under graphs
     ag = next(g for g in V034.release.gates_of("muse_spark") if g.op == "ag_gemm")
-    gd = decide_gate(load_profile("b300"), ag, km.call_sites("ag_gemm", par, V034), run, par, 4)
+    gd = decide_gate(load_profile("b300"), ag, km.call_sites("ag_gemm", par, V034), run, 4)
     assert gd.tpcost_tokens is None and gd.applies and "no step size" in gd.applies
 
 
