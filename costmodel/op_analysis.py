@@ -142,10 +142,13 @@ def check_combination(profile: HardwareProfile, op: str, impl: str, tp: int, dty
 
 
 def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int, vllm: Vllm) -> tuple[str, int | None, Any]:
-    """(description, threshold tokens or None, runs(m) -> bool array) of vLLM's own rule for this op."""
+    """(description, threshold tokens or None, runs(m) -> bool array) of vLLM's own rule for a published row of this
+    op (tpcost evaluate, benchmarks/accuracy.py): the single kernel's in `vllm`; torch's pipelined op's is the SP
+    table of the newest release with the SP passes, the dispatch those rows' NCCL arm stands for (`tpcost op` asks
+    `vllm`'s own use instead: torch_rule)."""
     if impl == "kernel":
         return vllm_tables.kernel_rule(vllm, op, profile.identity.compute_capability, tp)
-    return torch_rule(profile, op, tp, n, k, vllm)[:3]
+    return torch_rule(profile, op, tp, n, k, Vllm(vllm_tables.newest_sp_release().version))[:3]
 
 
 def torch_rule(profile: HardwareProfile, op: str, tp: int, n: int, k: int, vllm: Vllm) -> tuple:

@@ -704,6 +704,12 @@ def current() -> Release:
     return RELEASES[max(RELEASES)]
 
 
+def newest_sp_release() -> Release:
+    """The newest release with the compile-time SP and AsyncTP passes: the one whose sp_min_token_num table vLLM ran
+    torch's pipelined ops by, and which the released torch-op benchmarks (NCCL arm) are scored against."""
+    return max((r for r in RELEASES.values() if r.sp_passes), key=lambda r: r.version)
+
+
 def supported_text() -> str:
     """'vLLM 0.13 - 0.34': the range the records answer for."""
     lo = min(r.serves_from for r in RELEASES.values())

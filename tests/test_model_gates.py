@@ -252,3 +252,18 @@ def test_the_committed_gate_table_is_current():
     committed = json.loads((ROOT / "benchmarks" / "results" / "vllm_thresholds.json").read_text())
     assert json.loads(json.dumps(VT.gates_matrix())) == committed["model_gates"]
     assert json.loads(json.dumps(VT.all_gather_check())) == committed["all_gather_check"]
+
+
+def test_published_torch_rows_are_scored_against_the_sp_table_whatever_the_release():
+    """A released torch-op row (NCCL arm) stands for vLLM's compile-pass AsyncTP: `evaluate` and the accuracy
+    benchmark score it against the newest SP table at every resolved release, while `op` answers 0.34's own use."""
+    from costmodel.op_analysis import vllm_rule
+
+    prof = load_profile("h100-sxm")
+    v31 = Vllm(max(v for v, r in RELEASES.items() if r.sp_passes))
+    m = np.arange(128.0, 8193.0, 128.0)
+    for op, n, k in (("ag_gemm", 2304, 8192), ("gemm_rs", 8192, 3584)):
+        old = vllm_rule(prof, op, "torch", 8, n, k, v31)
+        new = vllm_rule(prof, op, "torch", 8, n, k, V034)
+        assert new[:2] == old[:2] and "sp_min_token_num" in new[0]
+        assert np.array_equal(new[2](m), old[2](m))

@@ -203,9 +203,9 @@ def register(sub) -> None:
 
 def sp_release_label() -> str:
     """The newest release with the compile-time SP passes (costmodel.vllm_tables.RELEASES)."""
-    from costmodel.vllm_tables import RELEASES
+    from costmodel.vllm_tables import newest_sp_release
 
-    return max((r for r in RELEASES.values() if r.sp_passes), key=lambda r: r.version).label
+    return newest_sp_release().label
 
 
 def band_coverage() -> dict:
