@@ -15,7 +15,7 @@ import sys
 
 from calib import reference as R
 from calib.fit import fit_ring_regimes
-from calib.nccl_fit import SWEEPS, fit_regimes
+from calib.nccl_fit import SWEEPS, fit_regimes, readme_points
 from calib.results import COMPONENT_CMD, COMPONENT_FITS
 from costmodel import formulas as F
 
@@ -56,19 +56,11 @@ def b200_collectives() -> dict:
     all-reduce, NCCL's LL and Simple ring regimes for the all-gather and reduce-scatter), the TP 2 stock NCCL
     reduce-scatter (NCCL_PR2307), VLLM_PR42324's TP 2 all-reduces, TRTLLM_PR14534's one-shot AR+RMSNorm and the
     SGLANG_PR7621 B200 TP 8 decode-size kernel time."""
-    readme = {r["metric"]: r for r in R.rows("MLENG_NET_README", gpu="B200")}
     out: dict = {"readme": {}}
-    for impl, lat_key, bw_key in (("nccl_all_reduce", "all_reduce_latency_median", "all_reduce_peak_busbw"),
-                                  ("nccl_all_gather", "all_gather_latency_median", "all_gather_peak_busbw"),
-                                  ("nccl_reduce_scatter", "reduce_scatter_latency_median", "reduce_scatter_peak_busbw")):
-        lat, peak_bw = float(readme[lat_key]["baseline_value"]) * 1e-6, float(readme[bw_key]["baseline_value"]) * 1e9
-        half = R.size_in_notes(readme[bw_key]["notes"].replace("half-peak payload", "payload"))
-        f = float(F.bus_bw_factor(impl.removeprefix("nccl_"), 8))
-        S = [1024.0, half, 16 * 1024.0**3]
-        t = [lat, f * half / (peak_bw / 2), f * S[2] / peak_bw]
-        meta = dict(latency_us=readme[lat_key]["baseline_value"], busbw_gb_s=readme[bw_key]["baseline_value"],
-                    half_peak_bytes=half)
-        if impl == "nccl_all_reduce":  # its TP 8 curves are the sweep's regimes (nccl_fit); this one stands for GB200
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        S, t, meta = readme_points("B200", op)
+        f, impl = float(F.bus_bw_factor(op, 8)), f"nccl_{op}"
+        if op == "all_reduce":  # its TP 8 curves are the sweep's regimes (nccl_fit); this one stands for GB200
             out["readme"][impl] = _ab(S, t, f, **meta)
             continue
         reg, res = fit_ring_regimes(S, t, 8)  # ring all-gather / reduce-scatter: LL and Simple, three points

@@ -7,7 +7,11 @@ or NVLS from 5 GPUs on H200 and 6 on B200, MLENG_NET_SHARP) at large ones. Three
 each one is, the sweeps do not say, so the names are by size (`nccl_all_reduce_small`, `_mid`, and the bandwidth
 regime `nccl_all_reduce`). A harness that calls NCCL through torch.distributed pays a constant on top
 (MLENG_AR_8xH200_NCCL2277's all_reduce_bench.py against NCCL2307's nccl-tests): one latency offset per source, zero
-for the nccl-tests run, which is what the profile keeps (vLLM calls NCCL through pynccl, under CUDA graphs).
+for the reference run (the first of a GPU's sources), which is what the profile keeps (vLLM calls NCCL through pynccl,
+under CUDA graphs). On B200 the reference is MLENG_NET_README's three all-reduce points (its 1 KiB latency, its
+half-peak payload at half the 16 GiB busBW, and that busBW at 16 GiB), the derivation its all-gather and
+reduce-scatter curves come from (calib.components.readme_points), so that MLENG_AR_8xB200_P6's own ~48 us floor at
+32 KiB is its harness's offset, not NCCL's small-message latency.
 
     python -m calib.nccl_fit        # prints the fits and their in-sample and leave-one-source-out errors
 """
@@ -26,14 +30,33 @@ from .fit import fit_least_squares
 
 REGIMES = ("nccl_all_reduce_small", "nccl_all_reduce_mid", "nccl_all_reduce")  # small -> large messages
 SWEEPS = {"h200": ("MLENG_AR_8xH200_NCCL2307_NCCLTESTS", "MLENG_AR_8xH200_NCCL2277"),  # reference first (offset 0)
-          "b200": ("MLENG_AR_8xB200_P6",)}
+          "b200": ("MLENG_NET_README", "MLENG_AR_8xB200_P6")}
+README_GPU = {"MLENG_NET_README": "B200"}  # three-point sources (readme_points): the GPU whose rows a sweep takes
 WORLD = 8
 _INIT_LAT = ([15e-6, 30e-6, 70e-6], [45e-6, 60e-6, 120e-6], [45e-6, 80e-6, 200e-6])
 _INIT_BW = ([200e9, 320e9, 480e9], [100e9, 400e9, 740e9], [60e9, 300e9, 800e9])
 
 
+def readme_points(gpu: str, op: str) -> tuple[list[float], list[float], dict]:
+    """MLENG_NET_README's three points of one 8-GPU NCCL collective `op` on `gpu` ([1 KiB, half-peak payload,
+    16 GiB] bytes, their times s, the numbers as published): the 1 KiB median latency, half the 16 GiB busBW at the
+    half-peak payload, and that busBW at 16 GiB (t = factor·S/busBW)."""
+    rows = {r["metric"]: r for r in reference.rows("MLENG_NET_README", gpu=gpu)}
+    lat_row, bw_row = rows[f"{op}_latency_median"], rows[f"{op}_peak_busbw"]
+    lat, peak_bw = float(lat_row["baseline_value"]) * 1e-6, float(bw_row["baseline_value"]) * 1e9
+    half = reference.size_in_notes(bw_row["notes"].replace("half-peak payload", "payload"))
+    f = float(F.bus_bw_factor(op, WORLD))
+    S = [float(F.KiB), half, 16.0 * F.GiB]
+    meta = dict(latency_us=lat_row["baseline_value"], busbw_gb_s=bw_row["baseline_value"], half_peak_bytes=half)
+    return S, [lat, f * half / (peak_bw / 2), f * S[2] / peak_bw], meta
+
+
 def sweep(source_id: str) -> tuple[np.ndarray, np.ndarray]:
-    """(message bytes, time s) of one released all-reduce sweep (busBW rows, nccl-tests convention)."""
+    """(message bytes, time s) of one released all-reduce sweep (busBW rows, nccl-tests convention; a README_GPU
+    source: its readme_points)."""
+    if source_id in README_GPU:
+        S_, t_, _ = readme_points(README_GPU[source_id], "all_reduce")
+        return np.array(S_), np.array(t_)
     rows = reference.rows(source_id)
     if not rows:
         raise ValueError(f"no rows of {source_id} in {reference.CSV}")

@@ -512,7 +512,8 @@ def _si_hint(key: str, v: float, r: Any) -> str:
         return ""
     for exp in (9, 12, 6, 3, -6, -9, -3, 15):
         if r.contains(v * 10.0 ** exp):
-            return f"; did you mean {v:g}e{exp} (values are SI: {unit})?"
+            typed = f"{v:g}"  # 900 -> 900e9; a value typed with its own exponent -> the value itself (9e+09)
+            return f"; did you mean {typed + f'e{exp}' if 'e' not in typed else f'{v * 10.0 ** exp:g}'} (values are SI: {unit})?"
     return ""
 
 

@@ -165,6 +165,9 @@ def load_model_config(name_or_path: str) -> tuple[dict, str, str]:
     if path.is_dir():
         path = path / "config.json"
     if not path.exists():
+        if "/" in name_or_path or "\\" in name_or_path or name_or_path.endswith(".json"):  # meant as a path
+            raise TpcostError(f"model {name_or_path!r}: no such file or directory (the public configs that ship: "
+                              "data/reference/models/*.config.json)")
         raise TpcostError(f"unknown model {name_or_path!r}; built-in: {', '.join(builtin_model_names())} "
                           "(or a path to a config.json)")
     cfg = read_json(path, "config.json")

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.errors import TpcostError
 from costmodel.model import Regime, RunConfig
 from costmodel.vllm_tables import Vllm
 
@@ -191,6 +192,13 @@ def decide_fusion(profile, shape, run: RunConfig, user: UserChoices = UserChoice
     else:
         tokens = decide_fusion_limit(n, t_fused, t_unfused, margin, w, cap_tokens=default_tokens)
         why = "decided"
+    draft_cap = draft_token_cap(shape.hidden, user.draft_hidden_size, vllm)
+    if draft_cap is not None and tokens > draft_cap:
+        agree = (f"agree only below {draft_cap + 1} tokens" if draft_cap else "agree at no token count: the fusion "
+                 "is off")
+        why = (f"{why}; capped at {draft_cap} tokens for the draft model (hidden {user.draft_hidden_size} > "
+               f"{shape.hidden}: vLLM's compile range and its fused pass {agree})")
+        tokens = draft_cap
     cost = expected_time_by_threshold_s(t_fused, t_unfused, w, 0.0)  # what each limit really costs (no premium)
     at = lambda c: float(cost[min(max(c, 0), n.size)])  # noqa: E731  (c tokens fused -> split index c)
     units = 2 * shape.num_layers + 1 if units_per_forward is None else units_per_forward
@@ -200,18 +208,22 @@ def decide_fusion(profile, shape, run: RunConfig, user: UserChoices = UserChoice
         if gain > margin * base and min_confidence > 0:  # the draws only where the gain is material (0: any share)
             confidence = _fusion_confidence(profile, dtype, n, shape.hidden, tp, w, tokens, default_tokens,
                                             vllm)
-        if gain <= margin * base:
+        if gain <= margin * base and draft_cap is None:
             why = (f"kept vLLM's default: {tokens} tokens would save {units * gain * 1e3:.3f} ms per forward, within "
                    f"the {margin:.0%} risk premium of the {units * base * 1e3:.3f} ms the range controls")
             tokens = default_tokens
-        elif confidence is not None and confidence < min_confidence:
+        elif confidence is not None and confidence < min_confidence and draft_cap is None:
             why = (f"kept vLLM's default: {tokens} tokens helps in only {confidence:.0%} of the profile's draws "
                    f"(needs {min_confidence:.0%})")
             tokens = default_tokens
     value = {"units_per_forward": units, "expected_s": units * at(tokens), "off_s": units * at(0),
              "vllm_default_s": units * at(default_tokens)}
     vllm_mb = d.fi_fusion_max_bytes / MiB
-    mb = user_mb if user_mb is not None and tokens else (fusion_mb(tokens, shape.hidden, elem, vllm_mb) if tokens else None)
+    if draft_cap is not None and tokens and user_mb is None:  # the MB value from the draft's width: both limits agree
+        mb = (tokens * user.draft_hidden_size * elem + 0.5) / MiB
+        assert int(mb * MiB) // int(user.draft_hidden_size * elem) == tokens == int(mb * MiB) // int(row)
+    else:
+        mb = user_mb if user_mb is not None and tokens else (fusion_mb(tokens, shape.hidden, elem, vllm_mb) if tokens else None)
     return FusionRange(tokens, default_tokens, mb, why, value, confidence)
 
 
@@ -251,9 +263,7 @@ def recommend(profile, shape, run: RunConfig, user: UserChoices = UserChoices(),
     tp, dtype, max_num_batched_tokens, asynctp = run.tp, run.dtype, run.max_num_batched_tokens, user.asynctp
     vllm = run.regime.vllm
     fusion = decide_fusion(profile, shape, run, user, min_confidence=min_confidence)
-    if user.draft_hidden_size and fusion is not None:
-        fusion = draft_fusion_range(fusion, shape.hidden, user.draft_hidden_size, ops.dtype_mode(dtype).act_bytes,
-                                    vllm)
+    no_fusion_draft(user, fusion, profile.name, tp)
     fi_bytes = None if fusion is None else fusion.tokens * shape.hidden * ops.dtype_mode(dtype).act_bytes
     decided = dataclasses.replace(run, regime=dataclasses.replace(run.regime, fi_max_bytes=fi_bytes))
     a = analyse(profile, shape, decided, band=band,
@@ -273,28 +283,32 @@ def recommend(profile, shape, run: RunConfig, user: UserChoices = UserChoices(),
                           a)
 
 
-def draft_fusion_range(f: FusionRange, hidden: int, draft_hidden: int, elem_bytes: float, vllm: Vllm) -> FusionRange:
-    """The fusion range with a speculative-decoding draft model wider than the target (releases whose fused
-    workspace is sized by the draft: Release.fusion_sized_by_draft).
+def draft_token_cap(hidden: int, draft_hidden: int | None, vllm: Vllm) -> int | None:
+    """The largest fused token count on which vLLM's two limits agree with a speculative-decoding draft model wider
+    than the target (releases whose fused workspace is sized by the draft: Release.fusion_sized_by_draft), None
+    where no cap applies. Refuses (TpcostError) a draft width that could not change anything.
 
     vLLM splits its compile ranges at int(mb·MiB) // (hidden·b) tokens (config/vllm.py _set_compile_ranges) but
     sizes the fused pass at int(mb·MiB) // (max(hidden, draft)·b) (allreduce_rms_fusion.py
     _fused_ar_workspace_hidden_dim), and fuses a range only if it ends within the pass's limit: with a wider draft
     the whole first range is left unfused. Both conversions give the same T only for T < hidden/(draft − hidden);
     the range is capped there and the MB value taken from the draft's width, so that the two limits agree."""
-    if draft_hidden <= hidden or not f.tokens or not vllm.release.fusion_sized_by_draft:
-        return f
-    t_max = -(-hidden // (draft_hidden - hidden)) - 1  # the largest T with T·draft < (T + 1)·hidden
-    t = min(f.tokens, t_max)
-    note = (f"{f.why}; capped at {t} tokens for the draft model (hidden {draft_hidden} > {hidden}: vLLM's compile "
-            f"range and its fused pass agree only below {t_max + 1} tokens; the expected times above are the uncapped "
-            f"range's)")
-    if t == 0:
-        return dataclasses.replace(f, tokens=0, mb=None, why=note)
-    nbytes = t * draft_hidden * elem_bytes
-    mb = (nbytes + 0.5) / MiB
-    assert int(mb * MiB) // int(draft_hidden * elem_bytes) == t == int(mb * MiB) // int(hidden * elem_bytes)
-    return dataclasses.replace(f, tokens=t, mb=mb, why=note)
+    if draft_hidden is None:
+        return None
+    if not vllm.release.fusion_sized_by_draft:
+        raise TpcostError(f"--draft-hidden-size: no effect on vLLM {vllm.label} (its fused all-reduce workspace is "
+                          "sized by the target model alone; vLLM >= 0.32 sizes it by the wider of the two)")
+    if draft_hidden <= hidden:
+        raise TpcostError(f"--draft-hidden-size {draft_hidden}: no effect (not wider than the target's hidden size "
+                          f"{hidden}; vLLM sizes the fused workspace by the wider of the two)")
+    return -(-hidden // (draft_hidden - hidden)) - 1  # the largest T with T·draft < (T + 1)·hidden
+
+
+def no_fusion_draft(user: UserChoices, fusion: FusionRange | None, profile_name: str, tp: int, why: str = "") -> None:
+    """Refuse --draft-hidden-size where there is no FlashInfer fusion range for it to size (TpcostError)."""
+    if user.draft_hidden_size is not None and fusion is None:
+        raise TpcostError(f"--draft-hidden-size: no effect here ({why or f'no FlashInfer fusion in vLLM tables for {profile_name} at tp={tp}'}; "
+                          "only the fusion range reads it)")
 
 
 def _never(c) -> str:
@@ -310,12 +324,14 @@ def fusion_lines(f: FusionRange | None, profile_name: str, tp: int) -> list[str]
     v = f.value
     where = ("off" if f.tokens == 0 else f"up to {f.tokens} tokens ({f.mb:g} MB)")
     src = ("your setting" if f.why.startswith("user") else f.why if f.why.startswith("kept") else
+           "capped for the draft model" if "draft model" in f.why else
            "decided on the workload" + ("" if f.confidence is None else
                                         f", better than vLLM's limit in {f.confidence:.0%} of the profile's draws"))
     return [f"tpcost: FlashInfer fused all-reduce+RMSNorm {where} ({src}; vLLM's own limit here: "
             f"{f.vllm_default_tokens} tokens): all-reduce+norm {ms(v['expected_s'])} per forward on the workload, "
             f"against {ms(v['off_s'])} with the fusion off and {ms(v['vllm_default_s'])} at vLLM's limit"] + \
-        ([f"tpcost: {f.why[f.why.index('capped'):]}"] if "draft model" in f.why else [])
+        ([f"tpcost: {f.why[f.why.index('capped'):]}; the times above are for the capped range"]
+         if "draft model" in f.why else [])
 
 
 def explain(r: Recommendation) -> list[str]:
@@ -553,8 +569,8 @@ def kernel_model_config(profile, km, par, op: str | None, run: RunConfig | None 
     if mode != "gemm_rs":
         fusion = decide_fusion(profile, km, run, user, units_per_forward=km.ar_norm_units_per_forward(),
                                min_confidence=min_confidence)
-        if user.draft_hidden_size and fusion is not None:
-            fusion = draft_fusion_range(fusion, km.hidden, user.draft_hidden_size, 2.0, vllm)
+    no_fusion_draft(user, fusion, profile.name, par.tp, "model-level SP: no all-reduce+RMSNorm to fuse"
+                    if mode == "gemm_rs" else "")
     switch = None
     if op is not None:
         sites = km.call_sites(op, par, vllm)

@@ -94,7 +94,8 @@ def _apply_inner(cfg) -> None:
             _apply_kernel_model(cfg, has_sp)
             return
         want_sp = has_sp and bool(pc.enable_sp or pc.fuse_gemm_comms) and pc.sp_min_token_num is None
-        want_fi = pc.fuse_allreduce_rms is not False and pc.fi_allreduce_fusion_max_size_mb is None
+        fuse, fuse_why = resolved_fuse_allreduce_rms(cfg)
+        want_fi = fuse is not False and pc.fi_allreduce_fusion_max_size_mb is None
         tp = cfg.parallel_config.tensor_parallel_size
         if tp <= 1 or cfg.model_config is None or not (want_sp or want_fi):
             return
@@ -102,7 +103,7 @@ def _apply_inner(cfg) -> None:
         hf = mc.hf_text_config.to_dict()
         inputs = {"hf_text_config": hf, "model": str(mc.model), "tp": tp, "dtype": _dtype_mode(mc),
                   "max_tokens": int(cfg.scheduler_config.max_num_batched_tokens or 8192), "has_sp": has_sp,
-                  "want_sp": want_sp, "want_fi": want_fi, "fuse_allreduce_rms": pc.fuse_allreduce_rms,
+                  "want_sp": want_sp, "want_fi": want_fi, "fuse_allreduce_rms": fuse, "fuse_why": fuse_why,
                   "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb,
                   "cudagraph_max_tokens": _cudagraph_max_tokens(cfg), "vllm_version": _vllm_version(has_sp),
                   "asynctp": _asynctp(pc) if want_sp else None}
@@ -115,6 +116,28 @@ def _apply_inner(cfg) -> None:
     except Exception as e:
         logger.warning("tpcost: could not compute the pass config (%s: %s); vLLM's defaults apply",
                        type(e).__name__, e)
+
+
+def resolved_fuse_allreduce_rms(cfg) -> tuple[bool | None, str]:
+    """(pass_config.fuse_allreduce_rms as vLLM will run it, why): the user's value; else the default vLLM's
+    `__post_init__` applies to an unset field at the config's optimization level (config/vllm.py
+    OPTIMIZATION_LEVEL_TO_CONFIG: False at O0/O1, `enable_allreduce_rms_fusion(cfg)` at O2/O3: TP > 1, CUDA, FlashInfer
+    installed, SM 9.0 or the 10.x family), evaluated with vLLM's own function before vLLM does; (None, ...) where
+    this vLLM has no such table."""
+    pc = cfg.compilation_config.pass_config
+    if pc.fuse_allreduce_rms is not None:
+        return bool(pc.fuse_allreduce_rms), f"user: fuse_allreduce_rms = {str(bool(pc.fuse_allreduce_rms)).lower()}"
+    try:
+        from vllm.config.vllm import OPTIMIZATION_LEVEL_TO_CONFIG
+
+        level = cfg.optimization_level
+        default = OPTIMIZATION_LEVEL_TO_CONFIG[level]["compilation_config"]["pass_config"]["fuse_allreduce_rms"]
+        on = bool(default(cfg) if callable(default) else default)
+    except Exception:  # noqa: BLE001 (a vLLM without the table: the fusion as the user left it, unresolved)
+        return None, "fuse_allreduce_rms unset; vLLM's default not readable here"
+    how = "enable_allreduce_rms_fusion" if callable(default) else "its default"
+    return on, (f"fuse_allreduce_rms unset, which vLLM resolves to {str(on).lower()} here "
+                f"({getattr(level, 'name', level)}, {how}{'' if on else ': not TP > 1 on SM 9.0 / 10.x with FlashInfer'})")
 
 
 def _cached_plan(inputs: dict, make) -> tuple[dict, bool]:
@@ -205,10 +228,13 @@ def _fusion_plan(inputs: dict, f) -> tuple[list, list[str]]:
     compute its default, whose pass module needs CUDA ops); a user's value is left alone."""
     sets: list = []
     said: list[str] = []
+    why = inputs.get("fuse_why", "")
+    if inputs["fuse_allreduce_rms"] is False and not why.startswith("user"):  # vLLM turns it off itself: say so
+        said.append(f"FlashInfer all-reduce+RMSNorm fusion off ({why}); decided without it")
     if not inputs["want_fi"] or f is None or f.why.startswith("user"):
         return sets, said
     if f.tokens == 0:
-        if inputs["fuse_allreduce_rms"] is None:
+        if not why.startswith("user"):
             sets.append(("fuse_allreduce_rms", False))
             said.append("fuse_allreduce_rms=False (the fused all-reduce+RMSNorm never wins here)")
     else:
@@ -308,7 +334,8 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
     user_env = None if op is None else os.environ.get(SWITCHES[op].env)
     if op is not None and user_env is not None and _SET_HERE.get(SWITCHES[op].env) == user_env:
         user_env = None  # this process's own earlier decision, not the user's
-    want_fi = pc.fuse_allreduce_rms is not False and pc.fi_allreduce_fusion_max_size_mb is None
+    fuse, fuse_why = resolved_fuse_allreduce_rms(cfg)
+    want_fi = fuse is not False and pc.fi_allreduce_fusion_max_size_mb is None
     version = _vllm_version(has_sp)
     gated = bool(_vllm_of({"vllm_version": version}).release.gates_of(km.family))
     if not want_fi and (op is None or user_env is not None) and not gated:
@@ -317,7 +344,7 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
         return
     inputs = {"kernel_model": outer, "model": str(mc.model), "parallel": par, "op": op if user_env is None else None,
               "max_tokens": int(cfg.scheduler_config.max_num_batched_tokens or 8192), "want_fi": want_fi,
-              "fuse_allreduce_rms": pc.fuse_allreduce_rms,
+              "fuse_allreduce_rms": fuse, "fuse_why": fuse_why,
               "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb,
               "vllm_version": version}
     plan, hit = _cached_plan(inputs, _kernel_plan)

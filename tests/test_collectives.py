@@ -89,6 +89,25 @@ def test_profiles_carry_the_fit(gpu, profile):
         assert np.max(np.abs(err[big])) <= fit["per_source"][src]["max_abs_busbw_err_from_1mib"] + 0.01  # 4-digit rounding
 
 
+def test_b200_small_all_reduce_is_nccls_not_the_harness_floor():
+    """#47 item 6: B200 TP 8's small NCCL all-reduce comes from MLENG_NET_README's 1 KiB latency (29.7 us, the
+    derivation its all-gather and reduce-scatter come from), not MLENG_AR_8xB200_P6's ~48 us harness floor, which
+    the joint fit takes as that sweep's offset; the all-reduce then costs what the README's own ratio to the
+    reduce-scatter says (29.7 / 20.5 us), not 2.25x."""
+    hw = ops.Hw(load_profile("b200"), "bf16")
+    S = np.array([1024.0, 8 * 1024.0, 64 * 1024.0])
+    ar = ops.t_nccl_all_reduce_s(hw, 8, S)
+    assert float(ar[0]) == pytest.approx(29.7e-6, rel=0.05)
+    rs = ops.t_nccl_reduce_scatter_s(hw, 8, S)
+    assert np.all(ar / rs <= 1.05 * 29.7 / 20.5), ar / rs
+    fit = fit_regimes(SWEEPS["b200"])
+    assert fit["sources"][0] == "MLENG_NET_README" and fit["per_source"]["MLENG_NET_README"]["offset_s"] == 0.0
+    S6, t6 = sweep("MLENG_AR_8xB200_P6")
+    floor = float(t6[S6 == 32 * 1024.0][0])
+    assert 10e-6 <= fit["per_source"]["MLENG_AR_8xB200_P6"]["offset_s"] <= floor - 25e-6  # most of the floor
+    assert "MLENG_NET_README" in load_profile("b200").provenance["collectives.nccl_all_reduce_small.tp8.latency_s"].source
+
+
 def test_loso_is_reported():
     out = loso(SWEEPS["h200"])
     assert set(out) == set(SWEEPS["h200"]) and all(v["max_abs_busbw_err_from_1mib"] >= 0 for v in out.values())

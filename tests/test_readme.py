@@ -20,9 +20,10 @@ def _readme_block(name):
     return m.group(1)
 
 
-def test_readme_serve_form_stops_when_tpcost_fails(tmp_path):
-    """The README's `cc=$(tpcost vllm-config ...) || exit 1; vllm serve ... "$cc"`, run by bash with a stand-in
-    `vllm` that records its arguments: a failing tpcost never reaches vLLM; a working one hands it the JSON."""
+def test_readme_serve_form_runs_as_typed(tmp_path):
+    """Issue 50 item 2: the README's serve form, run by bash with a stand-in `vllm` that records its arguments, on a
+    host with no GPU. The real tpcost hands vLLM the JSON; a failing tpcost (a stand-in that exits 2) never reaches
+    vLLM, leaves the shell running (typed at a prompt, the next command runs) and gives the form tpcost's status."""
     block = _readme_block("serve-form")
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -30,14 +31,31 @@ def test_readme_serve_form_stops_when_tpcost_fails(tmp_path):
     (bindir / "vllm").chmod(0o755)
     path = f"{bindir}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     assert shutil.which("tpcost", path=path), "the tpcost entry point is installed beside this python"
-    bad = subprocess.run(["bash", "-c", block], env={**os.environ, "PATH": path, "TPCOST_PROFILE": "no-such-gpu"},
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 1 and not (tmp_path / "vllm-args").exists(), bad.stderr
-    good = subprocess.run(["bash", "-c", block], env={**os.environ, "PATH": path, "TPCOST_PROFILE": "h100-sxm"},
-                          capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "TPCOST_PROFILE"}
+    good = subprocess.run(["bash", "-c", block], env={**env, "PATH": path}, capture_output=True, text=True, timeout=120)
     assert good.returncode == 0, good.stderr
     args = (tmp_path / "vllm-args").read_text().splitlines()
     assert args[-2] == "--compilation-config" and "pass_config" in json.loads(args[-1])
+    (tmp_path / "vllm-args").unlink()
+    failing = tmp_path / "failing"
+    failing.mkdir()
+    (failing / "tpcost").write_text("#!/bin/sh\necho 'tpcost: error: stand-in failure' >&2\nexit 2\n")
+    (failing / "tpcost").chmod(0o755)
+    bad = subprocess.run(["bash", "-c", block + "\necho status $?; echo shell-still-open"],
+                         env={**env, "PATH": f"{failing}:{path}"}, capture_output=True, text=True, timeout=120)
+    assert not (tmp_path / "vllm-args").exists(), bad.stderr
+    assert bad.stdout.splitlines() == ["status 2", "shell-still-open"], bad.stdout + bad.stderr
+
+
+def test_readme_model_paths_ship_and_a_missing_one_says_so(capsys):
+    """Issue 50 item 6: every config.json path the README passes to --model is in the repository, and a path that
+    does not exist gets "no such file", not "unknown model"."""
+    text = (ROOT / "README.md").read_text()
+    paths = set(re.findall(r"--model ([\w./-]+\.json)", text))
+    assert paths and all((ROOT / p).is_file() for p in paths), paths
+    assert main(["whatif", "--model", "kimi-k3/config.json", "--tp", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no such file" in err and "unknown model" not in err
 
 
 def test_readme_commands_name_what_they_need():

@@ -22,6 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(ROOT / "tests" / "fixtures" / "llama-h8192-tiny")
 
 
+def _fusion_flag(got) -> list:
+    """vllm-config's flag for the FlashInfer fusion a built vLLM config ended with (its range, or off)."""
+    mb = got["fi_allreduce_fusion_max_size_mb"]
+    mb = 0.0 if got["fuse_allreduce_rms"] is False else mb
+    return [] if mb is None else ["--fi-allreduce-fusion-max-size-mb", repr(mb)]
+
+
 def _config(capsys, tp, model=MODEL, regime=()):
     """`tpcost vllm-config` for vLLM 0.31: its pass_config, and whatif's cutoff for exactly that config."""
     assert main(["vllm-config", "--gpu", "h100-sxm", "--model", model, "--tp", str(tp), "--vllm-version", "0.31",
@@ -61,10 +68,12 @@ def scenarios(tmp_path_factory):
 @pytest.mark.parametrize("tp", [2, 4])
 def test_plugin_value_is_whatif_cutoff_and_ranges_split(scenarios, capsys, tp):
     res, log, _, _ = scenarios
-    pc, cut = _config(capsys, tp)
-    assert pc.get("sp_min_token_num") == cut  # vllm-config's cutoff is whatif's for the config it emits
     got = res[f"plugin_tp{tp}"]
-    assert got["fi_allreduce_fusion_max_size_mb"] == pc.get("fi_allreduce_fusion_max_size_mb")
+    # vLLM's CPU build resolves the unset fusion to off (no CUDA): the cutoff is decided without it, as vllm-config's
+    # with the fusion off (item 4 of issue 50: the plugin's log and cutoff follow what vLLM runs)
+    assert got["fuse_allreduce_rms"] is False and got["fi_allreduce_fusion_max_size_mb"] is None
+    pc, cut = _config(capsys, tp, regime=_fusion_flag(got))
+    assert pc.get("sp_min_token_num") == cut  # vllm-config's cutoff is whatif's for the config it emits
     if cut is None:
         assert got["enable_sp"] is False
     else:
@@ -80,7 +89,7 @@ def test_plugin_reads_the_cudagraph_regime(scenarios, capsys, key, regime):
     """enforce_eager / max_cudagraph_capture_size in vLLM's config decide like vllm-config's flags (that the regime
     moves a prediction is tests/test_decode_regime.py's; for this two-layer fixture it leaves the cutoff)."""
     res, _, _, _ = scenarios
-    pc, cut = _config(capsys, 4, regime=regime)
+    pc, cut = _config(capsys, 4, regime=[*regime, *_fusion_flag(res[key])])
     assert pc.get("sp_min_token_num") == cut
     assert res[key]["sp_min_token_num"] == cut
 
@@ -140,10 +149,10 @@ def test_plugin_decision_cache(scenarios):
     """A second config with the same inputs reads the plan back (and says so); a malformed or foreign entry is
     recomputed to the same values; TPCOST_CACHE=0 writes nothing; an unusable setting warns once and decides anyway."""
     res, log = scenarios[0], scenarios[1]
-    # tp 2 and tp 4 with SP on, and tp 2 deciding the fusion range only: the user's own sp_min_token_num and SP off
-    # give the same inputs (SP is not decided in either) and share one entry; enforce_eager and a capture size of
-    # 2048 at tp 4 are inputs of their own (the regime is part of the key)
-    assert res["cache_entries"] == 5
+    # tp 2 and tp 4 with SP on; enforce_eager and a capture size of 2048 at tp 4 are inputs of their own (the regime
+    # is part of the key); the user's own sp_min_token_num and SP off decide nothing on vLLM's CPU build (SP not
+    # wanted, and the fusion off as vLLM resolves it), so they store no entry
+    assert res["cache_entries"] == 4
     assert res["cached_tp2"] == res["plugin_tp2"] and "(cached decision)" in log
     assert res["after_corruption_tp2"] == res["plugin_tp2"] and res["after_corruption_tp4"] == res["plugin_tp4"]
     assert res["cache_off_tp2"] == res["plugin_tp2"] and res["cache_off_wrote"] is False
@@ -201,9 +210,8 @@ def test_plugin_decides_sp_alone_when_asynctp_is_off(scenarios, capsys):
     """{"enable_sp": true, "fuse_gemm_comms": false} and {"enable_sp": true} alone (vLLM 0.31 resolves an unset
     fuse_gemm_comms to false): the plugin sets whatif's SP-alone cutoff, leaves AsyncTP off, and says "SP alone"."""
     res, log = scenarios[0], scenarios[1]
-    mb = res["sp_alone_explicit_tp4"]["fi_allreduce_fusion_max_size_mb"]
     argv = ["whatif", "--gpu", "h100-sxm", "--model", MODEL, "--tp", "4", "--max-num-batched-tokens", "8192",
-            "--no-band", "--json"] + ([] if mb is None else ["--fi-allreduce-fusion-max-size-mb", repr(mb)])
+            "--no-band", "--json"] + _fusion_flag(res["sp_alone_explicit_tp4"])
     assert main(argv) == 0
     sp_alone = json.loads(capsys.readouterr().out)["sp_cutoff_tokens"]
     for key in ("sp_alone_explicit_tp4", "sp_alone_unset_tp4"):
@@ -226,3 +234,67 @@ def test_tpcost_disable_reads_booleans(monkeypatch, value, off, warns):
     monkeypatch.setenv("TPCOST_DISABLE", value)
     got, problem = env_flag("TPCOST_DISABLE")
     assert got is off and (problem is not None) is warns
+
+
+def _plugin_sets_rows() -> list[str]:
+    text = (ROOT / "docs" / "vllm-plugin.md").read_text()
+    block = text.split("<!-- plugin-sets -->")[1].split("<!-- /plugin-sets -->")[0]
+    return [ln.split("|")[1].strip() for ln in block.strip().splitlines()[2:]]
+
+
+def test_plugin_sets_what_its_doc_says(scenarios, capsys):
+    """Issue 50 item 1 and 4: every row of docs/vllm-plugin.md's "What the plugin sets" against the config real
+    vLLM 0.31 ends with (each value against vllm-config / whatif for that fusion), and the log says what vLLM runs."""
+    res, log = scenarios[0], scenarios[1]
+
+    def whatif(got, key):
+        assert main(["whatif", "--gpu", "h100-sxm", "--model", MODEL, "--tp", "4", "--max-num-batched-tokens", "8192",
+                     "--no-band", "--json", *_fusion_flag(got)]) == 0
+        return json.loads(capsys.readouterr().out)[key]
+
+    def sp(got, key):
+        c = whatif(got, key)
+        assert (got["enable_sp"], got["sp_min_token_num"]) == ((True, c) if c is not None else (False, None)), got
+
+    def nothing(got):
+        assert got["enable_sp"] is False and got["sp_min_token_num"] is None and got["fuse_gemm_comms"] is False
+        assert got["fuse_allreduce_rms"] is False and got["fi_allreduce_fusion_max_size_mb"] is None  # CPU: fusion off
+
+    def fusion_on(got):
+        assert main(["vllm-config", "--gpu", "h100-sxm", "--model", MODEL, "--tp", "4", "--vllm-version", "0.31",
+                     "--max-num-batched-tokens", "8192", "--format", "json"]) == 0
+        pc = json.loads(capsys.readouterr().out)["pass_config"]
+        assert got["fuse_allreduce_rms"] is True and got["fi_allreduce_fusion_max_size_mb"] == pc[
+            "fi_allreduce_fusion_max_size_mb"]
+        assert got["enable_sp"] is False and got["sp_min_token_num"] is None
+
+    def sp_alone(got):
+        assert got["fuse_gemm_comms"] is False
+        sp(got, "sp_cutoff_tokens")
+
+    def sp_asynctp(got):
+        assert got["fuse_gemm_comms"] is True
+        sp(got, "cutoff_tokens")
+
+    checks = {
+        "nothing": lambda: nothing(res["doc_nothing_tp4"]),
+        "`fuse_allreduce_rms: true`": lambda: fusion_on(res["doc_fusion_on_tp4"]),
+        "`enable_sp: true`": lambda: sp_alone(res["sp_alone_unset_tp4"]),
+        "`enable_sp: true, fuse_gemm_comms: true`": lambda: sp_asynctp(res["plugin_tp4"]),
+        "`enable_sp: true, fuse_allreduce_rms: false`": lambda: (
+            sp_alone(res["doc_fusion_off_sp_tp4"]),
+            res["doc_fusion_off_sp_tp4"]["fi_allreduce_fusion_max_size_mb"] is None or pytest.fail("range set")),
+        "`enable_sp: true, fuse_allreduce_rms: true, fi_allreduce_fusion_max_size_mb: X`": lambda: (
+            sp_alone(res["doc_user_range_sp_tp4"]),
+            res["doc_user_range_sp_tp4"]["fi_allreduce_fusion_max_size_mb"] == 0.5 or pytest.fail("range changed")),
+        "`enable_sp: true, fuse_gemm_comms: true, sp_min_token_num: C`": lambda: (
+            res["user_value_tp2"]["sp_min_token_num"] == 777 or pytest.fail("user's cutoff changed")),
+        "`enable_sp: false`": lambda: (res["sp_off_tp2"]["enable_sp"] is False and res["sp_off_tp2"][
+            "sp_min_token_num"] is None) or pytest.fail("SP touched"),
+    }
+    assert _plugin_sets_rows() == list(checks)
+    for row, check in checks.items():
+        check()
+    # the fusion-on row and the CPU default decide differently here, so the resolution is what moved the cutoff
+    assert "fuse_allreduce_rms unset, which vLLM resolves to false here (O2, enable_allreduce_rms_fusion" in log
+    assert "fi_allreduce_fusion_max_size_mb=" in log  # said only where the fusion runs (the fuse_allreduce_rms: true rows)

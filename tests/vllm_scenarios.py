@@ -78,6 +78,15 @@ del os.environ["TPCOST_DISABLE"]
 # SP without AsyncTP: fuse_gemm_comms false, or unset (vLLM 0.31 resolves it to false): the SP-alone cutoff
 out["sp_alone_explicit_tp4"] = build(4, {"pass_config": {"enable_sp": True, "fuse_gemm_comms": False}})
 out["sp_alone_unset_tp4"] = build(4, {"pass_config": {"enable_sp": True}})
+# docs/vllm-plugin.md's table "What the plugin sets": one config per row (vLLM's CPU build resolves an unset
+# fuse_allreduce_rms to false: enable_allreduce_rms_fusion needs CUDA)
+out["doc_nothing_tp4"] = build(4, {})
+out["doc_fusion_on_tp4"] = build(4, {"pass_config": {"fuse_allreduce_rms": True}})
+out["doc_fusion_on_sp_tp4"] = build(4, {"pass_config": {"enable_sp": True, "fuse_gemm_comms": True,
+                                                        "fuse_allreduce_rms": True}})
+out["doc_fusion_off_sp_tp4"] = build(4, {"pass_config": {"enable_sp": True, "fuse_allreduce_rms": False}})
+out["doc_user_range_sp_tp4"] = build(4, {"pass_config": {"enable_sp": True, "fuse_allreduce_rms": True,
+                                                         "fi_allreduce_fusion_max_size_mb": 0.5}})
 # `tpcost vllm-config --format json` outputs handed to vLLM's own CompilationConfig
 out["vllm_config_json_accepted"] = accepted(sys.argv[2:])
 print("RESULT " + json.dumps(out))

@@ -29,6 +29,7 @@ def cmd_op(args) -> int:
             if key not in reads and not (rides and key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s")):
                 raise TpcostError(f"--set {key}: no effect on {args.op} ({args.impl}) at tp={args.tp} (the op does "
                                   "not read it)")
+    check_op_inputs_take_effect(args, prof, query, run, kw)
     a = analyse_op(prof, query, run, **kw)
     out = a.to_json()
     if args.json:
@@ -64,6 +65,40 @@ def cmd_op(args) -> int:
     for n in a.notes:
         print(f"note: {n}")
     return 0
+
+
+def check_op_inputs_take_effect(args, prof, query, run, kw) -> None:
+    """Refuse what `op` would accept and ignore (issue 50: a flag takes effect or is refused): a workload's
+    context_len column (a GEMM + collective reads no KV cache), a CUDA-graph flag that leaves every row as it is (the
+    single kernel is one launch either way), and a --vllm-set limit the op's unfused collective never consults. Each
+    is judged by the rows with and without it (no band)."""
+    import dataclasses
+
+    from costmodel.op_analysis import analyse_op
+
+    w = run.workload
+    if w is not None and w.contexts:
+        raise TpcostError(f"{w.name}: its context_len column has no effect on op (a GEMM + collective does not read "
+                          "the KV cache); drop the column")
+
+    def rows(r):
+        return analyse_op(prof, query, r, with_band=False, **kw).to_json()["rows"]
+
+    base = None
+    if run.regime.cudagraph_max_tokens is not None:
+        base = rows(run)
+        default = dataclasses.replace(run, regime=dataclasses.replace(run.regime, cudagraph_max_tokens=None))
+        if rows(default) == base:
+            flag = "--enforce-eager" if args.enforce_eager else f"--cudagraph-max-tokens {args.cudagraph_max_tokens}"
+            raise TpcostError(f"{flag}: no effect on {args.op} ({args.impl}) here (every row is the same under vLLM's "
+                              "default capture size: the op issues no host-side pipeline that graphs would hide)")
+    limits = dict(run.regime.vllm.limits)
+    for key in limits:
+        base = rows(run) if base is None else base
+        vllm = dataclasses.replace(run.regime.vllm, limits=tuple((k, v) for k, v in limits.items() if k != key))
+        if rows(dataclasses.replace(run, regime=dataclasses.replace(run.regime, vllm=vllm))) == base:
+            raise TpcostError(f"--vllm-set {key}: no effect on {args.op} ({args.impl}) at tp={args.tp} (the unfused "
+                              "collective vLLM dispatches here never consults that limit)")
 
 
 def register(sub) -> None:

@@ -1,0 +1,74 @@
+"""Issue 50 (Hardening IV): a flag or column takes effect or is refused, in every command. Each case is what a user
+typed; the refusal is one line, exit 2; where the flag does take effect, the answer moves."""
+
+import json
+
+import pytest
+
+from integration.cli import main
+
+KIMI = "data/reference/models/kimi-k3.config.json"
+OP_KERNEL = ["op", "--gpu", "b200", "--tp", "8", "--op", "gemm_ar", "--impl", "kernel", "--n", "7168", "--k", "1536"]
+OP_TORCH = ["op", "--gpu", "h100-sxm", "--tp", "8", "--op", "gemm_rs", "--impl", "torch", "--n", "8192", "--k", "3584",
+            "--vllm-version", "0.31"]
+
+
+def _rows(capsys, argv):
+    assert main([*argv, "--json"]) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)["rows"]
+
+
+def test_op_refuses_a_context_len_column(tmp_path, one_line_error):
+    """Item 7: vllm-config --kernel-op refuses a workload's context_len column ("drop the column"); op did take it
+    silently. Both refuse it now, the same way; the same traffic without the column is taken."""
+    w = tmp_path / "w.csv"
+    w.write_text("num_tokens,count,context_len\n128,10,4096\n2048,3,1\n")
+    one_line_error(*OP_KERNEL, "--workload", str(w), needle="context_len column has no effect on op")
+    one_line_error("vllm-config", "--model", KIMI, "--gpu", "b200", "--tp", "8", "--kernel-op", "gemm_ar",
+                   "--workload", str(w), needle="drop the column")
+    w.write_text("num_tokens,count\n128,10\n2048,3\n")
+    assert main([*OP_KERNEL, "--workload", str(w)]) == 0
+
+
+@pytest.mark.parametrize("flag", [["--enforce-eager"], ["--cudagraph-max-tokens", "0"]])
+def test_op_kernel_refuses_graph_flags_that_change_nothing(capsys, one_line_error, flag):
+    """The single kernel is one launch under graphs or eager: the flags left every row byte-identical and are refused;
+    on torch's host-issued pipeline they move the rows above the capture size and are taken."""
+    one_line_error(*OP_KERNEL, *flag, needle="no effect on gemm_ar (kernel)")
+    assert _rows(capsys, [*OP_TORCH, *flag]) != _rows(capsys, OP_TORCH)
+
+
+def test_op_refuses_vllm_set_limits_its_collective_never_reads(capsys, one_line_error):
+    """A --vllm-set limit the op's unfused collective never consults is refused (the FlashInfer limit on the
+    kernel's GEMM-AR, custom AR on a reduce-scatter); one it reads moves the rows."""
+    one_line_error(*OP_KERNEL, "--vllm-set", "fi_fusion_max_bytes=0", needle="--vllm-set fi_fusion_max_bytes: no effect")
+    rs = ["op", "--gpu", "b200", "--tp", "8", "--op", "gemm_rs", "--impl", "kernel", "--n", "7168", "--k", "1536"]
+    one_line_error(*rs, "--vllm-set", "custom_ar_max_bytes=0", needle="never consults that limit")
+    assert _rows(capsys, [*OP_KERNEL, "--vllm-set", "custom_ar_max_bytes=0"]) != _rows(capsys, OP_KERNEL)
+
+
+def test_draft_hidden_size_takes_effect_or_is_refused(capsys, one_line_error):
+    """Item 13: --draft-hidden-size on vLLM 0.31 was accepted and ignored; on 0.32 a draft twice as wide printed
+    "agree only below 1 tokens" and "off (decided ...)" beside times where off was slower."""
+    base = ["vllm-config", "--gpu", "h100-sxm", "--tp", "4", "--model", "llama-3.1-70b"]
+    one_line_error(*base, "--vllm-version", "0.31", "--draft-hidden-size", "9216", needle="no effect on vLLM 0.31")
+    one_line_error(*base, "--vllm-version", "0.32", "--draft-hidden-size", "4096", needle="not wider than the target")
+    one_line_error(*base, "--vllm-version", "0.32", "--gpu", "mi300x", "--draft-hidden-size", "9216",
+                   needle="no FlashInfer fusion")
+    assert main([*base, "--vllm-version", "0.32", "--draft-hidden-size", "16384"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["pass_config"] == {"fuse_allreduce_rms": False}
+    assert "below 1 tokens" not in err and "agree at no token count: the fusion is off" in err
+    line = next(ln for ln in err.splitlines() if "FlashInfer fused all-reduce+RMSNorm off" in ln)
+    assert "(capped for the draft model;" in line and "decided" not in line
+    # the time printed for the range is the capped range's: off's own
+    t = [float(x) for x in line.split("all-reduce+norm ")[1].replace(" ms", "").replace(",", "").split()
+         if x.replace(".", "").isdigit()]
+    assert t[0] == t[1], line
+
+
+def test_kernel_path_refuses_draft_where_nothing_is_fused(one_line_error):
+    """The kernel path under model-level SP has no all-reduce+RMSNorm to fuse: --draft-hidden-size is refused."""
+    one_line_error("vllm-config", "--model", KIMI, "--gpu", "b200", "--tp", "8", "--kernel-op", "gemm_rs",
+                   "--enable-expert-parallel", "--data-parallel-size", "2", "--vllm-version", "0.33",
+                   "--draft-hidden-size", "9216", needle="--draft-hidden-size: no effect here (model-level SP")
