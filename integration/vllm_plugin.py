@@ -133,7 +133,7 @@ def resolved_fuse_allreduce_rms(cfg) -> tuple[bool | None, str]:
         level = cfg.optimization_level
         default = OPTIMIZATION_LEVEL_TO_CONFIG[level]["compilation_config"]["pass_config"]["fuse_allreduce_rms"]
         on = bool(default(cfg) if callable(default) else default)
-    except Exception:  # noqa: BLE001 (a vLLM without the table: the fusion as the user left it, unresolved)
+    except Exception:  # a vLLM without the table: the fusion as the user left it, unresolved
         return None, "fuse_allreduce_rms unset; vLLM's default not readable here"
     how = "enable_allreduce_rms_fusion" if callable(default) else "its default"
     return on, (f"fuse_allreduce_rms unset, which vLLM resolves to {str(on).lower()} here "

@@ -72,3 +72,21 @@ def test_kernel_path_refuses_draft_where_nothing_is_fused(one_line_error):
     one_line_error("vllm-config", "--model", KIMI, "--gpu", "b200", "--tp", "8", "--kernel-op", "gemm_rs",
                    "--enable-expert-parallel", "--data-parallel-size", "2", "--vllm-version", "0.33",
                    "--draft-hidden-size", "9216", needle="--draft-hidden-size: no effect here (model-level SP")
+
+
+def test_whatif_and_vllm_config_value_the_same_decided_schedule(capsys):
+    """Item 5: at TP 16 on h100-sxm (SP+AsyncTP cannot run; SP alone decided) whatif said "saves 0.000 ms against
+    never" beside "decided: SP alone from 1168" and vllm-config "saves 13.068 ms": both value the decided schedule."""
+    import re
+
+    base = ["--gpu", "h100-sxm", "--tp", "16", "--vllm-version", "0.31"]
+    assert main(["whatif", *base, "--no-band"]) == 0
+    out = capsys.readouterr().out
+    decided = re.search(r"decided: (.+?) from (\d+) tokens", out)
+    value = re.search(r"value of the decision \((.+?), expected forward [\d.]+ ms\): saves ([\d.]+) ms", out)
+    assert decided and value and value.group(1) == decided.group(1) == "SP alone", out
+    assert main(["vllm-config", *base]) == 0
+    err = capsys.readouterr().err
+    saves = re.search(r"saves ([\d.]+) ms against never", err)
+    assert saves and saves.group(1) == value.group(2) and float(saves.group(1)) > 0, err
+    assert f"SP alone from {decided.group(2)} tokens" in err

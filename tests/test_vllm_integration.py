@@ -293,7 +293,7 @@ def test_plugin_sets_what_its_doc_says(scenarios, capsys):
             "sp_min_token_num"] is None) or pytest.fail("SP touched"),
     }
     assert _plugin_sets_rows() == list(checks)
-    for row, check in checks.items():
+    for check in checks.values():
         check()
     # the fusion-on row and the CPU default decide differently here, so the resolution is what moved the cutoff
     assert "fuse_allreduce_rms unset, which vLLM resolves to false here (O2, enable_allreduce_rms_fusion" in log

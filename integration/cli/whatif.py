@@ -116,13 +116,13 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
         never = lambda x: "never" if x is None else str(x)  # noqa: E731
         print(f"\nwhat moves the cutoff (each input alone scaled by e^-s and e^+s, s = its tier's sigma; top {SENSITIVITY_SHOWN}):")
         print(f"  {'quantity':56s} {'tier':22s} {'x e^-s':>7s} {'x e^+s':>7s}")
-        for r in a.sensitivity[:SENSITIVITY_SHOWN]:
-            print(f"  {r['quantity']:56s} {r['tier']:22s} {never(r['cutoff_minus_sigma_tokens']):>7s} "
-                  f"{never(r['cutoff_plus_sigma_tokens']):>7s}")
-    dv = a.decision_value
+        for row in a.sensitivity[:SENSITIVITY_SHOWN]:
+            print(f"  {row['quantity']:56s} {row['tier']:22s} {never(row['cutoff_minus_sigma_tokens']):>7s} "
+                  f"{never(row['cutoff_plus_sigma_tokens']):>7s}")
+    dv = r.decision_value  # the decided schedule's, as vllm-config reports it (issue 50 item 5)
     if dv:
         ms = lambda x: f"{x * 1e3:.3f} ms"  # noqa: E731
-        line = (f"value of the decision (expected forward {ms(dv['expected_forward_s'])}): saves "
+        line = (f"value of the decision ({r.schedule_name}, expected forward {ms(dv['expected_forward_s'])}): saves "
                 f"{ms(dv['saving_vs_never_s'])} ({dv['saving_vs_never_rel']:.1%}) against never")
         if "saving_vs_vllm_default_s" in dv:
             v = dv["saving_vs_vllm_default_s"]
