@@ -231,6 +231,18 @@ def _once(o: Op) -> Op:
     return dataclasses.replace(o, count=1)
 
 
+def dispatch_edges(n: Any, impls: Any, msg_bytes: Any) -> list[tuple[int, int, str, str, float]]:
+    """(last N of one implementation, first N of the next, their names, the message at the first in MiB) wherever the
+    implementation chosen per size changes along the sorted sizes `n` (vLLM's dispatch limits; issue 50 item 12)."""
+    n, impls, msg = np.atleast_1d(n), np.atleast_1d(impls), np.broadcast_to(msg_bytes, np.shape(np.atleast_1d(n)))
+    if impls.shape != n.shape or n.size < 2:
+        return []
+    order = np.argsort(n, kind="stable")
+    n, impls, msg = n[order], impls[order], msg[order]
+    return [(int(n[i - 1]), int(n[i]), str(impls[i - 1]), str(impls[i]), float(msg[i]) / F.MiB)
+            for i in range(1, n.size) if impls[i] != impls[i - 1]]
+
+
 class _Forward:
     """The ops of one forward at token counts N: one method per kind of op and per schedule (predict's parts)."""
 
@@ -356,6 +368,10 @@ class _Forward:
         t_norm_unfused = np.where(fused_mask, 0.0, hw.t_mem(norm_bytes))
         notes.append("tp all-reduce implementations over this sweep: " + ", ".join(impls)
                      + f" (dispatch tables of {ar.tables})")
+        edges = dispatch_edges(N, ar.impl_per_size, msg)
+        if edges:
+            notes.append("tp all-reduce dispatch edges (vLLM's size limits; time can fall across one): " + "; ".join(
+                f"{a} up to {lo} tokens, {b} from {hi} ({mib:.3g} MiB)" for lo, hi, a, b, mib in edges))
         unit_tp = [self.comm("all_reduce", t_ar, msg, F.bus_bw_factor("all_reduce", W), lat_ar, 2,
                              f"ops.all_reduce_dispatch ({', '.join(impls)}) -> formulas.t_all_reduce_s"),
                    self.op("rms_norm", "memory", t_norm_unfused, 2,

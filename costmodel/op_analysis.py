@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 
+from . import formulas as F
 from . import ops, vllm_tables
 from .analysis import BAND_DRAWS, BAND_SEED, band_edges, decide_cutoff, decision_value, perturbed_values
 from .workload import weights_on
@@ -71,6 +72,31 @@ class OpAnalysis:
     notes: tuple[str, ...]
     unfused_impl_per_m: np.ndarray  # the collective vLLM dispatches at each M
     cutoff_band: tuple[int | None, int | None] | None  # 5-95 % of the cutoff over the profile's draws (None: never)
+    waves_per_m: np.ndarray | None = None  # the single kernel's waves, ceil(tiles / SMs), at each M (torch: None)
+
+    @property
+    def crossover_m(self) -> int | None:
+        """The M from which the fused op wins for good (speedup > 1 at every row from it to the budget), None where it
+        does not win at the largest M: where the curves cross, apart from the decided threshold (issue 50 item 8)."""
+        wins = self.wins_m_ranges()
+        return wins[-1][0] if wins and wins[-1][1] == int(self.m[-1]) else None
+
+    def events(self) -> list[tuple[int, str]]:
+        """(M, what changes there) for every step in M that explains a jump in a row: the kernel's wave count, the
+        unfused collective vLLM dispatches, and torch's switch from CUDA-graph replay to eager host issue."""
+        out: list[tuple[int, str]] = []
+        m, cap = self.m.astype(int), self.spec.cudagraph_max_tokens
+        for i in range(1, m.size):
+            if self.waves_per_m is not None and self.waves_per_m[i] != self.waves_per_m[i - 1]:
+                out.append((int(m[i]), f"waves {int(self.waves_per_m[i - 1])} -> {int(self.waves_per_m[i])} "
+                                       "(the kernel's tiles fill one more pass over the SMs)"))
+            if self.unfused_impl_per_m[i] != self.unfused_impl_per_m[i - 1]:
+                out.append((int(m[i]), f"unfused collective {self.unfused_impl_per_m[i - 1]} -> "
+                                       f"{self.unfused_impl_per_m[i]} (vLLM's dispatch limit)"))
+            if self.spec.impl == "torch" and self.spec.baseline == "nccl" and m[i - 1] <= cap < m[i]:
+                out.append((int(m[i]), f"eager from here (M > {cap}, vLLM's largest CUDA-graph capture size): "
+                                       "torch's pipeline pays the host's issue time per call"))
+        return out
 
     def wins_m_ranges(self) -> list[list[int]]:
         """[first, last] M of every run of rows where the fused op is faster (speedup > 1)."""
@@ -99,10 +125,11 @@ class OpAnalysis:
         return -(-self.cutoff_tokens // self.spec.tp)
 
     def to_json(self) -> dict:
+        waves = [None] * self.m.size if self.waves_per_m is None else [int(w) for w in self.waves_per_m]
         rows = [{"m": int(m), "t_fused_s": float(f), "t_unfused_s": float(u), "speedup": float(u / f),
-                 "vllm_runs_kernel": bool(v), "unfused_impl": str(i)}
-                for m, f, u, v, i in zip(self.m, self.t_fused_s, self.t_unfused_s, self.vllm_runs_kernel,
-                                         self.unfused_impl_per_m)]
+                 "vllm_runs_kernel": bool(v), "unfused_impl": str(i), "waves": wv}
+                for m, f, u, v, i, wv in zip(self.m, self.t_fused_s, self.t_unfused_s, self.vllm_runs_kernel,
+                                             self.unfused_impl_per_m, waves)]
         sp = self.spec
         return {"gpu": self.gpu, "op": sp.op, "impl": sp.impl, "tp": sp.tp, "n": sp.n, "k": sp.k,
                 "dtype": sp.dtype, "calls_per_forward": self.calls_per_forward, "cutoff_tokens": self.cutoff_tokens,
@@ -111,7 +138,8 @@ class OpAnalysis:
                 "vllm_rule": self.vllm_rule, "vllm_rule_tokens": self.vllm_rule_tokens,
                 "decision_value": self.decision_value, "unfused_impl": self.unfused_impl,
                 "cutoff_band_tokens": None if self.cutoff_band is None else list(self.cutoff_band),
-                "fused_wins_m_ranges": self.wins_m_ranges(), "notes": list(self.notes), "rows": rows}
+                "fused_wins_m_ranges": self.wins_m_ranges(), "crossover_m": self.crossover_m,
+                "events": [{"m": m, "what": w} for m, w in self.events()], "notes": list(self.notes), "rows": rows}
 
 
 def check_combination(profile: HardwareProfile, op: str, impl: str, tp: int, dtype: str, n: int) -> None:
@@ -182,13 +210,17 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
         raise TpcostError(f"--tp {tp}: torch's fused ops split M into tp chunks, and M runs over the multiples of "
                           f"{M_STEP}, which {tp} does not divide; use a tp that divides {M_STEP}")
     cap = vllm_tables.capture_size(cudagraph_max_tokens, profile.identity.compute_capability)
-    if impl == "kernel":  # vLLM's rule for the op, and (torch's ops) the collective its unfused arm runs
+    if impl == "kernel" and not vllm_tables.kernel_ships_on(profile.identity.compute_capability):
+        rule_text, rule_tokens = (f"none: vLLM {vllm.label} does not run gemm_rs_ar on {profile.name} (SM100 family "
+                                  "only), so no row runs it and no saving is priced against a rule"), None
+        runs, baseline = (lambda m: np.zeros(np.shape(m), dtype=bool)), "nccl"
+    elif impl == "kernel":  # vLLM's rule for the op, and (torch's ops) the collective its unfused arm runs
         rule_text, rule_tokens, runs = vllm_tables.kernel_rule(vllm, op, profile.identity.compute_capability, tp)
         baseline = "nccl"
     else:
         rule_text, rule_tokens, runs, baseline = torch_rule(profile, op, tp, n, k, vllm)
     spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm, baseline)
-    f_all, u_all, unfused_impl, unfused_per_m = op_arms(profile, spec, m_all)
+    f_all, u_all, unfused_impl, unfused_per_m, waves = op_arms(profile, spec, m_all)
     notes = []
     if impl == "kernel" and dtype == "mxfp8":
         notes.append("mxfp8: the fused kernel adds its activation-quantise kernel (m·k·(2+1) bytes)")
@@ -207,6 +239,10 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
     elif op == "gemm_rs":
         notes.append("unfused arm: the GEMM, then NCCL reduce-scatter (vLLM <= 0.31's compile-pass SP calls the "
                      "generic reduce_scatter, which goes to NCCL)")
+    if impl == "torch" and baseline == "nccl" and m_all[-1] > cap:
+        notes.append(f"M > {cap} runs eagerly (vLLM's largest CUDA-graph capture size; --cudagraph-max-tokens, "
+                     "--enforce-eager): torch's Python pipeline pays the host's issue time per call there, so the "
+                     "fused time jumps at the first eager row; below, graphs replay with no host cost")
     f_all, u_all = f_all * calls_per_forward, u_all * calls_per_forward
     on_grid = np.isin(m_all, grid)
     t_on, t_off = f_all[on_grid], u_all[on_grid]
@@ -215,24 +251,25 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
     value = decision_value(grid, t_off, t_on, margin, cut, weights, vllm_default=rule_tokens)
     band = op_cutoff_band(profile, spec, grid, margin, weights) if with_band else None
     return OpAnalysis(profile.name, spec, calls_per_forward, m_all, f_all, u_all, cut, rule_text, rule_tokens,
-                      runs(m_all), value, unfused_impl, tuple(notes), unfused_per_m, band)
+                      runs(m_all), value, unfused_impl, tuple(notes), unfused_per_m, band, waves)
 
 
-def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> tuple[Any, Any, str, np.ndarray]:
-    """(fused s, unfused s, the unfused collective, its implementation per row) of one call over rows `m`; the
-    profile's values may be Monte Carlo draws of shape (D, 1)."""
+def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> tuple[Any, Any, str, np.ndarray, Any]:
+    """(fused s, unfused s, the unfused collective, its implementation per row, the kernel's waves per row or None)
+    of one call over rows `m`; the profile's values may be Monte Carlo draws of shape (D, 1)."""
     hw = ops.Hw(profile, "fp8" if spec.dtype == "mxfp8" else spec.dtype)
     op, n, k, tp = spec.op, spec.n, spec.k, spec.tp
     if spec.impl == "kernel":
         pair = ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp, spec.dtype), m, vllm=spec.vllm)
         name = "vLLM's model-level-SP reduce-scatter" if op == "gemm_rs" else "vLLM's dispatched all-reduce"
-        return pair.fused_s, pair.unfused_s, name, pair.unfused_impls
+        waves = np.broadcast_to(pair.kernel.waves, np.shape(m))
+        return pair.fused_s, pair.unfused_s, name, pair.unfused_impls, waves if waves.ndim == 1 else None
     p = ops.torch_pair(hw, op, m, n, k, tp, baseline=spec.baseline)
     if spec.baseline == "vllm_sp":
-        return p.fused_eager_s, p.unfused_s, "vLLM's sp_all_gather", p.unfused_impls
+        return p.fused_eager_s, p.unfused_s, "vLLM's sp_all_gather", p.unfused_impls, None
     name = "NCCL all-gather" if op == "ag_gemm" else "NCCL reduce-scatter"
     fused = np.where(vllm_tables.runs_eagerly(m, spec.cudagraph_max_tokens), p.fused_eager_s, p.fused_graph_s)
-    return fused, p.unfused_s, name, np.full(np.shape(m), p.unfused_impl)
+    return fused, p.unfused_s, name, np.full(np.shape(m), p.unfused_impl), None
 
 
 def op_cutoff_band(profile: HardwareProfile, spec: OpSpec, grid: np.ndarray, margin: float, weights: Any,
@@ -240,6 +277,52 @@ def op_cutoff_band(profile: HardwareProfile, spec: OpSpec, grid: np.ndarray, mar
     """5th-95th percentile of the op's cutoff over the fixed-seed Monte Carlo of the profile (never: None)."""
     vals = perturbed_values(profile, draws, seed)
     prof = profile.with_values(vals, None, mark_modified=False)
-    f, u, _, _ = op_arms(prof, spec, grid)
+    f, u, _, _, _ = op_arms(prof, spec, grid)
     u, f = np.broadcast_arrays(u, f)  # one row of times per draw on both arms
     return band_edges(decide_cutoff(grid, u, f, margin, weights))
+
+
+def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:
+    """Each arm of one call at M rows, part by part, with the physical rates that explain it (`tpcost op --at M`):
+    the GEMM's achieved TFLOP/s and its bound (compute or HBM), the unfused collective's achieved bus bandwidth, and
+    the fused op's own terms (the kernel's waves, multicast traffic and fixed cost; torch's chunk GEMMs, pulls,
+    barriers and host issue). Times s, rates SI, per call (not × calls per forward)."""
+    hw = ops.Hw(profile, "fp8" if spec.dtype == "mxfp8" else spec.dtype)
+    rows = np.array([float(m)])
+    n, k, tp = spec.n, spec.k, spec.tp
+    t_gemm = float(hw.t_gemm(rows, n, k)[0])
+    t_comp, t_hbm = float(hw.t_gemm_comp(rows, n, k)[0]), float(hw.t_gemm_mem(rows, n, k)[0])
+    flops = 2.0 * m * n * k
+    gemm = {"t_s": t_gemm, "flops": flops, "achieved_flops_per_s": flops / t_gemm,
+            "bound": "compute" if t_comp >= t_hbm else "HBM", "t_compute_s": t_comp, "t_hbm_s": t_hbm}
+    f, u, _, impls, waves = op_arms(profile, spec, rows)
+    t_coll = float(u[0]) - t_gemm
+    coll_op = {"gemm_ar": "all_reduce", "gemm_rs": "reduce_scatter", "ag_gemm": "all_gather"}[spec.op]
+    msg = m * (k * hw.mode.ag_bytes if spec.op == "ag_gemm" else n * hw.act_bytes)
+    factor = float(F.bus_bw_factor(coll_op, tp))
+    unfused = {"t_s": float(u[0]), "gemm": gemm,
+               "collective": {"impl": str(np.asarray(impls).ravel()[0]), "t_s": t_coll, "msg_bytes": msg,
+                              "achieved_bus_bytes_per_s": factor * msg / t_coll if t_coll > 0 else None},
+               "bound": "collective" if t_coll > t_gemm else "GEMM"}
+    if spec.impl == "kernel":
+        kern = ops.fused_kernel(hw, spec.op, rows, n, k, tp)
+        one = lambda x: float(np.asarray(x).ravel()[0])  # noqa: E731
+        t_comm = one(kern.t_comm_s)
+        fused = {"t_s": float(f[0]), "gemm_whole_s": one(kern.t_gemm_s), "t_comm_s": t_comm,
+                 "waves": int(one(kern.waves)), "ctas": int(one(kern.ctas)), "tiles": int(one(kern.tiles)),
+                 "multicast_bw_bytes_per_s": one(kern.multicast_bw_bytes_per_s),
+                 "egress_bytes": one(kern.egress_bytes), "t_fixed_s": one(kern.t_fixed_s), "t_copy_s": one(kern.t_copy_s),
+                 "bound": "multimem traffic" if t_comm > one(kern.t_gemm_s) else "GEMM"}
+    else:
+        eager = bool(vllm_tables.runs_eagerly(rows, spec.cudagraph_max_tokens)[0]) or spec.baseline == "vllm_sp"
+        fo = (ops.fused_ag_gemm(hw, rows, n, k, tp, hw.mode.ag_bytes, eager) if spec.op == "ag_gemm" else
+              ops.fused_gemm_rs(hw, rows, n, k, tp, eager))
+        one = lambda x: float(np.asarray(x).ravel()[0])  # noqa: E731
+        parts = {"chunk GEMMs (contended)": one(fo.t_chunks_contended_s), "pulls": one(fo.t_pulls_s),
+                 "barriers": one(fo.t_sync_s), "copies / reduction": one(fo.t_memory_s)}
+        host = one(fo.t_host_s)
+        fused = {"t_s": float(f[0]), "t_gpu_s": one(fo.t_gpu_s), "t_host_s": host, "eager": eager,
+                 "gemm_whole_s": t_gemm, "chunk_gemms_alone_s": one(fo.t_chunks_s), **{k_: v for k_, v in parts.items()},
+                 "bound": "host issue" if host + one(fo.t_tail_s) > one(fo.t_gpu_s) else max(parts, key=parts.get)}
+    return {"m": int(m), "fused": fused, "unfused": unfused}
+

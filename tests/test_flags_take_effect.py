@@ -90,3 +90,54 @@ def test_whatif_and_vllm_config_value_the_same_decided_schedule(capsys):
     saves = re.search(r"saves ([\d.]+) ms against never", err)
     assert saves and saves.group(1) == value.group(2) and float(saves.group(1)) > 0, err
     assert f"SP alone from {decided.group(2)} tokens" in err
+
+
+def test_op_names_crossover_and_threshold_marks_steps_and_breaks_down(capsys):
+    """Items 8-12 on `op`: the crossover (where the fused op wins for good) and the decided threshold as two named
+    numbers; the saving said to be per forward of the op's call sites only; the graph-to-eager switch of torch's op
+    noted and marked at its row; wave steps and dispatch edges marked where they fall; --at M breaks each arm down
+    with achieved rates and the bound."""
+    kern = ["op", "--gpu", "h100-sxm", "--tp", "8", "--op", "gemm_rs", "--impl", "kernel", "--n", "8192", "--k", "3584"]
+    assert main([*kern, "--json", "--at", "384"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    rows = {r["m"]: r for r in d["rows"]}
+    wins = [m for m, r in rows.items() if m >= d["crossover_m"]]
+    assert all(rows[m]["speedup"] > 1 for m in wins) and rows[max(m for m in rows if m < d["crossover_m"])]["speedup"] <= 1
+    # the zig-zag 128 -> 256 -> 384 is the kernel's second wave: marked at 384, where the waves step
+    assert rows[256]["waves"] == 1 and rows[384]["waves"] == 2
+    assert {"m": 384, "what": "waves 1 -> 2 (the kernel's tiles fill one more pass over the SMs)"} in d["events"]
+    edge = next(e for e in d["events"] if e["what"].startswith("unfused collective"))
+    before = max(m for m in rows if m < edge["m"])
+    assert rows[before]["unfused_impl"] != rows[edge["m"]]["unfused_impl"]
+    b = d["breakdown"]
+    assert b["m"] == 384 and b["fused"]["waves"] == 2 and b["unfused"]["gemm"]["achieved_flops_per_s"] > 0
+    assert b["fused"]["t_s"] == pytest.approx(rows[384]["t_fused_s"]) and b["unfused"]["t_s"] == pytest.approx(
+        rows[384]["t_unfused_s"])
+    assert main(kern) == 0
+    out = capsys.readouterr().out
+    assert f"crossover M (the fused op faster at every M from it to the budget): {d['crossover_m']}; decided " \
+           f"threshold (least expected time on the workload, premium included): {d['cutoff_tokens']}" in out
+    assert "not shipped by vLLM" in out and "vLLM's own rule: none: vLLM" in out  # Hopper: vLLM runs no row
+    assert all(not r["vllm_runs_kernel"] for r in d["rows"])
+    torch_ = ["op", "--gpu", "h100-sxm", "--tp", "8", "--op", "gemm_rs", "--impl", "torch", "--n", "8192", "--k", "3584",
+              "--vllm-version", "0.31"]
+    assert main(torch_) == 0
+    out = capsys.readouterr().out
+    assert "note: M > 512 runs eagerly" in out
+    eager_row = next(ln for ln in out.splitlines() if "<- eager from here (M > 512" in ln)
+    assert eager_row.split()[0] == "640"
+    assert "per forward of this op's 1 call(s) only" in out and "the rest of the forward is not modelled" in out
+
+
+def test_whatif_marks_dispatch_edges(capsys):
+    """Item 12 on whatif: t_tp falls from 2048 to 2052 tokens at vLLM's symm-mem -> NCCL switch (32 MiB); the note
+    names the edge where it falls."""
+    assert main(["whatif", "--gpu", "h100-sxm", "--tp", "4", "--no-band", "--tokens", "2048", "2052"]) == 0
+    out = capsys.readouterr().out
+    assert "symm_mem_multimem up to 2048 tokens, nccl_all_reduce from 2052 (32.1 MiB)" in out
+
+
+@pytest.mark.parametrize("value,needle", [("0", "--at must be in [1"), ("x", "is not an integer"),
+                                          ("7", "not a row of this op's sweep")])
+def test_op_at_bad_input(one_line_error, value, needle):
+    one_line_error(*OP_KERNEL, "--at", value, needle=needle)

@@ -104,7 +104,7 @@ def test_op_json_for_b200_tp4(capsys, op):
     assert all(m % 128 == 0 for m in ms[7:])
     assert d["answer"] in ("never", "always", "cutoff") and len(d["cutoff_band_tokens"]) == 2
     for r in d["rows"]:
-        assert set(r) == {"m", "t_fused_s", "t_unfused_s", "speedup", "vllm_runs_kernel", "unfused_impl"}
+        assert set(r) == {"m", "t_fused_s", "t_unfused_s", "speedup", "vllm_runs_kernel", "unfused_impl", "waves"}
         assert r["vllm_runs_kernel"] == (r["m"] >= 128)
         assert r["speedup"] == pytest.approx(r["t_unfused_s"] / r["t_fused_s"])
 

@@ -32,21 +32,38 @@ def cmd_op(args) -> int:
     check_op_inputs_take_effect(args, prof, query, run, kw)
     a = analyse_op(prof, query, run, **kw)
     out = a.to_json()
+    if args.at is not None:
+        from costmodel.op_analysis import op_breakdown
+
+        if args.at not in set(int(x) for x in a.m):
+            raise TpcostError(f"--at {args.at}: not a row of this op's sweep (the multiples of {M_STEP} up to "
+                              f"--max-num-batched-tokens{', the powers of two to 64' if args.impl == 'kernel' else ''}, or one given by --m)")
+        out["breakdown"] = op_breakdown(prof, a.spec, args.at)
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, **out}, indent=2))
         return 0
     print(f"tpcost op: {args.op} ({args.impl}) on {prof.name} x{args.tp}, n={args.n} k={args.k} per rank, {args.dtype}, "
           f"{args.calls_per_forward} call(s) per forward; unfused: GEMM + {a.unfused_impl}; {regime.vllm.describe()}")
     print(provenance_line(prof))
-    print(f"{'M':>7} {'t_fused [us]':>13} {'t_unfused [us]':>15} {'speedup':>8} {'vLLM runs it':>13}  unfused collective")
-    shown = set(int(x) for x in (args.m or ())) | {1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536}
+    kernel = args.impl == "kernel"
+    print(f"{'M':>7} {'t_fused [us]':>13} {'t_unfused [us]':>15} {'speedup':>8} {'vLLM runs it':>13}"
+          + (f" {'waves':>5}" if kernel else "") + "  unfused collective")
+    events: dict[int, list[str]] = {}
+    for m, what in a.events():  # a wave step past the 4th moves the time by < 1/4: the JSON lists them all
+        if not (what.startswith("waves ") and int(what.split()[3]) > 4):
+            events.setdefault(m, []).append(what)
+    marks = [(a.cutoff_tokens, "cutoff"), (a.crossover_m, "crossover")]
+    shown = set(int(x) for x in (args.m or ())) | {1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768,
+                                                     65536} | set(events) | {m for m, _ in marks if m is not None}
     for r in out["rows"]:
-        if r["m"] in shown or r["m"] == a.cutoff_tokens:
-            mark = "  <- cutoff" if r["m"] == a.cutoff_tokens else ""
+        if r["m"] in shown:
+            said = [x for m, x in marks if m == r["m"]] + events.get(r["m"], [])
+            mark = ("  <- " + "; ".join(said)) if said else ""
             print(f"{r['m']:7d} {r['t_fused_s'] * 1e6:13.2f} {r['t_unfused_s'] * 1e6:15.2f} {r['speedup']:8.3f} "
-                  f"{'yes' if r['vllm_runs_kernel'] else 'no':>13}  {r['unfused_impl']}{mark}")
-    print(f"(rows trimmed to powers of two, --m and the cutoff: {len(out['rows'])} rows in all, every multiple of "
-          f"{M_STEP}{' and 1..64' if args.impl == 'kernel' else ''}; --json lists them)")
+                  f"{'yes' if r['vllm_runs_kernel'] else 'no':>13}" + (f" {r['waves']:5d}" if kernel else "")
+                  + f"  {r['unfused_impl']}{mark}")
+    print(f"(rows trimmed to powers of two, --m, the cutoff, the crossover and the steps marked (wave steps to 4 waves): {len(out['rows'])} "
+          f"rows in all, every multiple of {M_STEP}{' and the powers of two to 64' if kernel else ''}; --json lists them)")
     never = "never (null)"
     band = a.cutoff_band
     band_s = "" if band is None else (" (5-95 % band over the profile's uncertainty: "
@@ -58,10 +75,16 @@ def cmd_op(args) -> int:
     print(f"vLLM's own rule: {a.vllm_rule}")
     wins = a.wins_m_ranges()
     print("the fused op is faster at M in " + (", ".join(f"[{lo}, {hi}]" for lo, hi in wins) if wins else "no row"))
+    never_ = lambda x: "none" if x is None else str(x)  # noqa: E731
+    print(f"crossover M (the fused op faster at every M from it to the budget): {never_(a.crossover_m)}; decided "
+          f"threshold (least expected time on the workload, premium included): {never_(a.cutoff_tokens)}")
     dv = a.decision_value
     if dv.get("saving_vs_vllm_default_s") is not None:
         print(f"expected saving of tpcost's cutoff against vLLM's rule: {dv['saving_vs_vllm_default_s'] * 1e6:.2f} us "
-              "per forward on the workload")
+              f"per forward of this op's {args.calls_per_forward} call(s) only (--calls-per-forward), on the "
+              "workload; the rest of the forward is not modelled here, so this is not a share of a step")
+    if args.at is not None:
+        _print_breakdown(out["breakdown"])
     for n in a.notes:
         print(f"note: {n}")
     return 0
@@ -101,6 +124,29 @@ def check_op_inputs_take_effect(args, prof, query, run, kw) -> None:
                               "collective vLLM dispatches here never consults that limit)")
 
 
+def _print_breakdown(b: dict) -> None:
+    """`op --at M`: each arm part by part, with the rates and the bound that explain it."""
+    us = lambda x: f"{x * 1e6:.2f} us"  # noqa: E731
+    u, f = b["unfused"], b["fused"]
+    g, c = u["gemm"], u["collective"]
+    print(f"\nat M = {b['m']}, per call:")
+    print(f"  unfused {us(u['t_s'])} (bound: {u['bound']}): GEMM {us(g['t_s'])} at "
+          f"{g['achieved_flops_per_s'] / 1e12:.1f} TFLOP/s ({g['bound']}-bound: compute {us(g['t_compute_s'])}, HBM "
+          f"{us(g['t_hbm_s'])}); {c['impl']} {us(c['t_s'])} of {c['msg_bytes'] / 1e6:.3g} MB"
+          + ("" if c["achieved_bus_bytes_per_s"] is None else f" at {c['achieved_bus_bytes_per_s'] / 1e9:.1f} GB/s bus"))
+    if "waves" in f:
+        print(f"  fused {us(f['t_s'])} (bound: {f['bound']}): GEMM alone {us(f['gemm_whole_s'])}, multimem traffic "
+              f"{us(f['t_comm_s'])} ({f['egress_bytes'] / 1e6:.3g} MB egress at "
+              f"{f['multicast_bw_bytes_per_s'] / 1e9:.1f} GB/s), {f['tiles']} tiles on {f['ctas']} CTAs in "
+              f"{f['waves']} wave(s), fixed {us(f['t_fixed_s'])}, copy {us(f['t_copy_s'])}")
+    else:
+        parts = ", ".join(f"{k} {us(f[k])}" for k in ("chunk GEMMs (contended)", "pulls", "barriers",
+                                                      "copies / reduction"))
+        print(f"  fused {us(f['t_s'])} (bound: {f['bound']}; {'eager' if f['eager'] else 'CUDA-graph replay'}): GPU "
+              f"{us(f['t_gpu_s'])}, host issue {us(f['t_host_s'])}; whole GEMM {us(f['gemm_whole_s'])}, chunk GEMMs "
+              f"alone {us(f['chunk_gemms_alone_s'])}; {parts}")
+
+
 def register(sub) -> None:
     """Add `op` to the CLI root's subparsers."""
     from costmodel.op_analysis import OP_DTYPES
@@ -124,6 +170,8 @@ def register(sub) -> None:
                    "M runs over the multiples of 128 up to it"), default=8192, help="vLLM's token budget (default 8192)")
     o.add_argument("--margin", type=fraction("--margin"), default=0.02, help="risk premium on the fused side (default 0.02)")
     o.add_argument("--workload", metavar="FILE", help="your traffic (as whatif's --workload)")
+    o.add_argument("--at", type=bounded_int("--at", 1, MAX_TOKENS, "rows"), metavar="M",
+                   help="also break each arm down at this M: its parts, achieved TFLOP/s and GB/s, the bound it hits")
     add_vllm_args(o, "its dispatch tables time the unfused all-reduce, and its rule gates the kernel")
     o.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE", help="override one profile quantity")
     add_regime_args(o)
