@@ -92,6 +92,17 @@ def best_split(cost: Any, prefer_larger: bool) -> Any:
     return np.argmin(cost, axis=-1)
 
 
+def crossover_tokens(grid: np.ndarray, t_off_s: Any, t_on_s: Any) -> int | None:
+    """The smallest grid point from which the fused side is faster at every point to the end of the grid (where the
+    curves cross for good), None where it is not faster at the last one: apart from the decided threshold, which
+    weighs the traffic and the premium (issue 50 item 8)."""
+    wins = np.asarray(t_on_s) < np.asarray(t_off_s)
+    if wins.size == 0 or not wins[-1]:
+        return None
+    losing = np.flatnonzero(~wins)
+    return int(grid[0 if losing.size == 0 else losing[-1] + 1])
+
+
 def decide_cutoff(grid: np.ndarray, t_off_s: Any, t_on_s: Any, margin: float, weights: Any = None,
                   below: float = np.inf) -> Any:
     """The threshold that minimises the expected forward time over the workload (docs/model.md §9).

@@ -15,7 +15,8 @@ import numpy as np
 
 from . import formulas as F
 from . import ops, vllm_tables
-from .analysis import BAND_DRAWS, BAND_SEED, band_edges, decide_cutoff, decision_value, perturbed_values
+from .analysis import (BAND_DRAWS, BAND_SEED, band_edges, crossover_tokens, decide_cutoff, decision_value,
+                       perturbed_values)
 from .workload import weights_on
 from .errors import TpcostError
 from .model import RunConfig
@@ -78,8 +79,7 @@ class OpAnalysis:
     def crossover_m(self) -> int | None:
         """The M from which the fused op wins for good (speedup > 1 at every row from it to the budget), None where it
         does not win at the largest M: where the curves cross, apart from the decided threshold (issue 50 item 8)."""
-        wins = self.wins_m_ranges()
-        return wins[-1][0] if wins and wins[-1][1] == int(self.m[-1]) else None
+        return crossover_tokens(self.m, self.t_unfused_s, self.t_fused_s)
 
     def events(self) -> list[tuple[int, str]]:
         """(M, what changes there) for every step in M that explains a jump in a row: the kernel's wave count, the

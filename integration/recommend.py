@@ -378,6 +378,7 @@ class SiteDecision:
     expected_on_s: float  # the switch on: the kernel where vLLM's rule (M >= 128) runs it, the unfused path below
     expected_off_s: float  # the switch off: the GEMM, then vLLM's collective (and the norm, fused where vLLM fuses)
     cutoff_tokens: int | None  # tpcost's own M from which the kernel pays here (None: never; costmodel.analysis)
+    crossover_tokens: int | None = None  # the M from which the kernel is faster at every M to the budget (None: not)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,7 +410,8 @@ class KernelSwitch:
                 "fi_fusion_tokens": self.fi_tokens, "steps_above_budget": self.steps_above_budget,
                 "sites": [{"site": d.site.name, "n": d.site.n, "k": d.site.k, "calls_per_forward": d.site.calls_per_forward,
                            "weights": d.site.weights, "refused": d.site.refused, "expected_on_s": d.expected_on_s,
-                           "expected_off_s": d.expected_off_s, "cutoff_tokens": d.cutoff_tokens} for d in self.sites],
+                           "expected_off_s": d.expected_off_s, "cutoff_tokens": d.cutoff_tokens,
+                           "crossover_tokens": d.crossover_tokens} for d in self.sites],
                 "refused_sites": [{"site": s.name, "why": s.refused} for s in self.refused_sites],
                 "vllm_rule": self.vllm_rule}
 
@@ -421,9 +423,8 @@ def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None
     max_num_batched_tokens tokens (costmodel.ops.kernel_pair per site). vLLM's default moves only when the other
     setting is faster by more than the risk premium `margin` on the time the switch controls."""
     from costmodel import ops
-    from costmodel.analysis import decide_cutoff
+    from costmodel.analysis import crossover_tokens, decide_cutoff
     from costmodel.workload import weights_on
-    from costmodel.errors import TpcostError
     from costmodel.vllm_tables import SWITCHES, gate_rule
 
     tp, max_num_batched_tokens, margin, workload = run.tp, run.max_num_batched_tokens, run.margin, run.workload
@@ -452,7 +453,7 @@ def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None
         f, u = pair.fused_s * site.calls_per_forward, pair.unfused_s * site.calls_per_forward
         t_on, t_off = float(np.sum(w * np.where(runs, f, u))), float(np.sum(w * u))
         cut = decide_cutoff(n_tok, u, f, margin, w)
-        decisions.append(SiteDecision(site, t_on, t_off, cut))
+        decisions.append(SiteDecision(site, t_on, t_off, cut, crossover_tokens(n_tok, u, f)))
         on, off = on + t_on, off + t_off
     if not decisions:
         raise TpcostError(f"{sw.env} has no effect: vLLM binds the kernel at none of these call sites ("
@@ -507,12 +508,14 @@ def kernel_switch_lines(ks: KernelSwitch) -> list[str]:
     lines = [f"tpcost: {ks.env}={int(ks.set_on)} (vLLM's default {int(ks.vllm_default_on)}; {why}): expected "
              f"{ms(ks.expected_on_s)} per forward with the kernel where vLLM's rule ({ks.vllm_rule}) runs it, "
              f"{ms(ks.expected_off_s)} without; saves {ms(ks.saving_vs_vllm_default_s)} per forward against vLLM's "
-             f"default"]
+             f"default. These are the kernel's call sites alone (each GEMM and its collective); the rest of the "
+             f"forward is not modelled, so they are no share of a step"]
     for d in ks.sites:
         s = d.site
-        cut = "never" if d.cutoff_tokens is None else f"from M = {d.cutoff_tokens}"
         lines.append(f"tpcost:   {s.name} x{s.calls_per_forward} (n {s.n}, k {s.k}, {s.weights}): on {ms(d.expected_on_s)}, "
-                     f"off {ms(d.expected_off_s)}; the kernel pays here {cut}")
+                     f"off {ms(d.expected_off_s)}; crossover M {_never(d.crossover_tokens)} (faster at every M from it),"
+                     f" decided threshold {_never(d.cutoff_tokens)} (least expected time on this traffic, premium "
+                     "included)")
     for s in ks.refused_sites:
         lines.append(f"tpcost:   {s.name} x{s.calls_per_forward}: vLLM keeps the unfused path ({s.refused})")
     if ks.fi_tokens is not None:

@@ -141,3 +141,25 @@ def test_whatif_marks_dispatch_edges(capsys):
                                           ("7", "not a row of this op's sweep")])
 def test_op_at_bad_input(one_line_error, value, needle):
     one_line_error(*OP_KERNEL, "--at", value, needle=needle)
+
+
+def test_kernel_switch_names_crossover_and_threshold_per_site(capsys, tmp_path):
+    """Items 8 and 9 on vllm-config --kernel-op: per call site the crossover (where the kernel wins for good, the same
+    on any traffic) and the decided threshold (which moves with the traffic) as two named numbers; the times said to
+    be the call sites' alone."""
+    argv = ["vllm-config", "--model", KIMI, "--gpu", "b200", "--tp", "8", "--kernel-op", "gemm_ar", "--json"]
+    assert main(argv) == 0
+    uniform = json.loads(capsys.readouterr().out)["kernel_switch"]["sites"]
+    w = tmp_path / "skewed.csv"
+    w.write_text("num_tokens,count\n512,100\n2048,100\n4096,1\n")
+    assert main([*argv, "--workload", str(w)]) == 0
+    skewed = json.loads(capsys.readouterr().out)["kernel_switch"]["sites"]
+    for a, b in zip(uniform, skewed):
+        assert a["crossover_tokens"] == b["crossover_tokens"] is not None
+        assert a["cutoff_tokens"] >= a["crossover_tokens"]
+    assert main(argv[:-1]) == 0
+    err = capsys.readouterr().err
+    s = uniform[0]
+    assert (f"crossover M {s['crossover_tokens']} (faster at every M from it), decided threshold "
+            f"{s['cutoff_tokens']} (least expected time on this traffic") in err
+    assert "the rest of the forward is not modelled, so they are no share of a step" in err
