@@ -399,8 +399,12 @@ def analysis_json(a: Analysis) -> dict:
     decided = decided_schedule(a)
     rows = []
     speedups = {s: t.speedup(s) for s in SCHEDULES[1:]}
+    dec = a.run.regime.decode
     for i, n in enumerate(t.num_tokens):  # a schedule that cannot run: null (finite_json), never 0
-        rows.append({"num_tokens": int(n), **{f"t_{s}_s": _finite(t.t_forward_s(s)[i]) for s in SCHEDULES},
+        rows.append({"num_tokens": int(n),
+                     "decode_context_len": None if dec is None else float(np.ravel(dec.context_at(n))[0]),
+                     "decode_context_from": "none: every token prefill" if dec is None else dec.context_source(int(n)),
+                     **{f"t_{s}_s": _finite(t.t_forward_s(s)[i]) for s in SCHEDULES},
                      **{f"t_{s}_layer_s": _finite(t.schedules[s].t_layer_s[i]) for s in SCHEDULES},
                      **{f"speedup_{s}": _finite(v[i]) for s, v in speedups.items()}})
     return {

@@ -97,13 +97,26 @@ class DecodeRegime:
     # mean context of the steps that pad to it; a step of N tokens reads the context of the first point >= N
     context_grid: tuple[float, ...] = ()
     context_values: tuple[float, ...] = ()
+    context_counted: tuple[bool, ...] = ()  # per grid point: some of the workload's steps pad to it (else its mean)
 
     def context_at(self, n: Any) -> Any:
         """The KV context of a decode in a step of n tokens (tokens; broadcasts over n)."""
         if not self.context_grid:
             return self.context_len
-        grid, vals = np.asarray(self.context_grid), np.asarray(self.context_values)
-        return vals[np.minimum(np.searchsorted(grid, n, side="left"), grid.size - 1)]
+        return np.asarray(self.context_values)[self._at(n)]
+
+    def _at(self, n: Any) -> Any:
+        grid = np.asarray(self.context_grid)
+        return np.minimum(np.searchsorted(grid, n, side="left"), grid.size - 1)
+
+    def context_source(self, n: int) -> str:
+        """Where the context of a step of n tokens comes from: "context_len" (one value for every step), "workload"
+        (the count-weighted mean of the workload's steps that pad to n's grid point) or "workload mean" (no step
+        of the workload pads there: its mean over all steps)."""
+        if not self.context_grid:
+            return "context_len"
+        counted = self.context_counted[int(self._at(n))] if self.context_counted else True
+        return "workload" if counted else "workload mean"
 
 
 @dataclasses.dataclass(frozen=True)

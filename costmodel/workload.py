@@ -229,4 +229,5 @@ def decode_regime(w: Workload | None, grid: np.ndarray, max_num_seqs: int) -> An
         raise TpcostError(f"{w.name}: the rows with a context_len count no steps")
     mean = float(num.sum() / den.sum())
     vals = np.where(den > 0, num / np.where(den > 0, den, 1.0), mean)
-    return DecodeRegime(mean, max_num_seqs, tuple(float(g) for g in grid), tuple(float(v) for v in vals))
+    return DecodeRegime(mean, max_num_seqs, tuple(float(g) for g in grid), tuple(float(v) for v in vals),
+                        tuple(bool(d > 0) for d in den))

@@ -163,3 +163,46 @@ def test_kernel_switch_names_crossover_and_threshold_per_site(capsys, tmp_path):
     assert (f"crossover M {s['crossover_tokens']} (faster at every M from it), decided threshold "
             f"{s['cutoff_tokens']} (least expected time on this traffic") in err
     assert "the rest of the forward is not modelled, so they are no share of a step" in err
+
+
+def test_whatif_states_each_rows_decode_context(capsys, tmp_path):
+    """Item 3: with a context_len column, each swept N is priced at a context the output names, and where it comes
+    from: the workload's steps that pad to it, or (marked *) the workload's mean where none does; the header no
+    longer reads as if seq_len set it."""
+    w = tmp_path / "w.csv"
+    w.write_text("num_tokens,count,context_len\n8,100,32768\n64,50,16384\n2048,20,1\n8192,5,1\n")
+    argv = ["whatif", "--gpu", "h100-sxm", "--tp", "4", "--no-band", "--workload", str(w)]
+    assert main([*argv, "--json"]) == 0
+    rows = {r["num_tokens"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows[8]["decode_context_len"] == 32768 and rows[8]["decode_context_from"] == "workload"
+    assert rows[2048]["decode_context_len"] == 1 and rows[2048]["decode_context_from"] == "workload"
+    mean = (100 * 32768 + 50 * 16384 + 25) / 175
+    assert rows[128]["decode_context_from"] == "workload mean"
+    assert rows[128]["decode_context_len"] == pytest.approx(mean)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "prefill seq_len 1024, decode context per row from" in out and "context_len column (ctx)" in out
+    row128 = next(ln for ln in out.splitlines() if ln.split() and ln.split()[0] == "128")
+    assert row128.rstrip().endswith(f"{mean:.0f}*")
+    assert main(["whatif", "--gpu", "h100-sxm", "--tp", "4", "--no-band", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["rows"][0]
+    assert (r["decode_context_len"], r["decode_context_from"]) == (1024, "context_len")
+
+
+def test_whatif_sensitivity_heading_says_how_many_move_it(capsys, tmp_path):
+    """Item 15: 'top 5' beside one row: the heading says how many inputs move the cutoff, and why few do on a
+    workload of a few step sizes."""
+    w = tmp_path / "w.csv"
+    w.write_text("num_tokens,count\n8,100\n2048,20\n8192,5\n")
+    assert main(["whatif", "--gpu", "h100-sxm", "--tp", "4", "--workload", str(w)]) == 0
+    out = capsys.readouterr().out
+    head = next(ln for ln in out.splitlines() if ln.startswith("what moves the cutoff"))
+    listed = []
+    for ln in out.split(head)[1].splitlines()[2:]:  # after the column heading, up to the first other line
+        if not ln.startswith("  "):
+            break
+        listed.append(ln)
+    import re
+
+    k = int(re.search(r"all (\d+) that move it", head).group(1))
+    assert len(listed) == k and "top 5" not in head and "workload's own step sizes" in head

@@ -67,18 +67,30 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     n_derived = len(prof.modified) - len(given)
     mod = (f"  [MODIFIED by --set: {', '.join(given)}" + (f" (+{n_derived} quantities that ride on the link)"
            if n_derived else "") + "]") if prof.modified else ""
-    print(f"tpcost whatif: {shape.name} on {prof.name} x{args.tp}, {args.dtype}, seq_len {args.seq_len}; "
+    dec = run.regime.decode
+    per_row = dec is not None and bool(dec.context_grid)
+    ctx = ("every token prefill (--context-len 0)" if dec is None else
+           f"decode context per row from {a.workload}'s context_len column (ctx)" if per_row else
+           f"decodes read {dec.context_len:g} tokens of KV each (--context-len), up to {dec.max_num_seqs} per step")
+    print(f"tpcost whatif: {shape.name} on {prof.name} x{args.tp}, {args.dtype}, prefill seq_len {args.seq_len}, {ctx}; "
           f"{vllm.describe()}{mod}")
-    print(f"{'N tokens':>9} {'t_tp [ms]':>10} {'t_sp [ms]':>10} {'t_sp+async [ms]':>16} {'speedup sp':>11} {'speedup sp+async':>17}")
+    print(f"{'N tokens':>9} {'t_tp [ms]':>10} {'t_sp [ms]':>10} {'t_sp+async [ms]':>16} {'speedup sp':>11} {'speedup sp+async':>17}"
+          + (f" {'ctx':>8}" if per_row else ""))
     def cell(x, fmt):
         return "n/a" if x is None else fmt(x)
 
     for row in out["rows"]:
         mark = "  <- cutoff" if r.has_sp and row["num_tokens"] == a.cutoff_tokens else ""
+        c = (f" {row['decode_context_len']:7.0f}" + ("*" if row["decode_context_from"] == "workload mean" else " ")
+             if per_row else "")
         print(f"{row['num_tokens']:9d} {_fmt_ms(row['t_tp_s'])} {cell(row['t_sp_s'], _fmt_ms):>10} "
               f"{cell(row['t_sp_asynctp_s'], _fmt_ms):>16} {cell(row['speedup_sp'], '{:.3f}'.format):>11} "
-              f"{cell(row['speedup_sp_asynctp'], '{:.3f}'.format):>17}{mark}")
+              f"{cell(row['speedup_sp_asynctp'], '{:.3f}'.format):>17}{c}{mark}")
     print("(times per forward pass; speedup = t_tp / t_schedule)")
+    if per_row:
+        print(f"(ctx: the KV context each decode of that row is priced at, the count-weighted mean of {a.workload}'s "
+              f"steps that pad to it; * no step of the workload pads there, so the workload's mean context over all "
+              f"its steps, {dec.context_len:.0f}; such a row carries no weight in the decision)")
     for line in fusion_lines(f, prof.name, args.tp):
         print(line.removeprefix("tpcost: "))
     if not r.has_sp:
@@ -114,7 +126,11 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     print(f"vLLM {vllm.label}'s own default here: " + (f"sp_min_token_num {vd}" if vd is not None else why_off))
     if a.sensitivity:
         never = lambda x: "never" if x is None else str(x)  # noqa: E731
-        print(f"\nwhat moves the cutoff (each input alone scaled by e^-s and e^+s, s = its tier's sigma; top {SENSITIVITY_SHOWN}):")
+        k = len(a.sensitivity)
+        shown = (f"the {SENSITIVITY_SHOWN} that move it most of {k}" if k > SENSITIVITY_SHOWN else
+                 f"all {k} that move it" + ("; on this traffic the cutoff can sit only at the workload's own step "
+                                            "sizes, so few inputs move it at all" if args.workload else ""))
+        print(f"\nwhat moves the cutoff (each input alone scaled by e^-s and e^+s, s = its tier's sigma; {shown}):")
         print(f"  {'quantity':56s} {'tier':22s} {'x e^-s':>7s} {'x e^+s':>7s}")
         for row in a.sensitivity[:SENSITIVITY_SHOWN]:
             print(f"  {row['quantity']:56s} {row['tier']:22s} {never(row['cutoff_minus_sigma_tokens']):>7s} "
