@@ -40,6 +40,10 @@ _OUT_OF_BOUNDS = re.compile(r"Out of bounds values\s*:\s*(\d+)")
 BUSBW_OVER_LINK_MAX = 1.5  # NVLS all-reduce measures up to ~1.07x the per-direction link (MLENG_AR_8xH200 at 16 GiB)
 
 
+_SUFFIXED = re.compile(r"^\d+(\.\d+)?[KMGTkmgt]i?[Bb]?$")  # '1M', '4KiB', '2GB': a size with its unit, not bytes
+MIN_TIME_US = 0.1  # 100 ns: below a kernel launch; a smaller time is a corrupted row
+
+
 def parse_nccl_tests(text: str, where: str) -> dict:  # noqa: C901 (one pass over the log; a branch per line kind)
     """{op, ranks, hosts, gpu, nccl, rows: [(size_bytes, time_s)]} of one nccl-tests log; one-line errors."""
     header, graph = None, None
@@ -76,6 +80,9 @@ def parse_nccl_tests(text: str, where: str) -> dict:  # noqa: C901 (one pass ove
             continue
         cells = line.split()
         if not cells[0].isdigit():  # NCCL's version line, MPI or driver chatter: not a table row
+            if layout is not None and _SUFFIXED.match(cells[0]) and len(cells) >= 8:
+                raise TpcostError(f"{where}:{i}: size {cells[0]!r} is printed with a unit; nccl-tests prints sizes in "
+                                  "bytes (give the log as nccl-tests wrote it)")
             continue
         if layout is None:
             raise TpcostError(f"{where}:{i}: a data row before the table header (is this nccl-tests output?)")
@@ -90,6 +97,9 @@ def parse_nccl_tests(text: str, where: str) -> dict:  # noqa: C901 (one pass ove
             raise TpcostError(f"{where}:{i}: size, count or time is not a number") from None
         if not (size > 0 and count > 0 and t_us > 0 and t_us < 1e9):
             raise TpcostError(f"{where}:{i}: size, count and time must be positive")
+        if t_us < MIN_TIME_US:
+            raise TpcostError(f"{where}:{i}: time {cells[5] if layout == 'root' else cells[4]} us is below "
+                              f"{MIN_TIME_US * 1e3:g} ns; no collective call is that fast (a corrupted log?)")
         if dtype not in ELEM_BYTES:
             raise TpcostError(f"{where}:{i}: unknown data type {cells[2]!r}")
         if layout == "root":  # the #wrong columns of both halves: nccl-tests' own check of the results
@@ -176,11 +186,17 @@ def check_logs(base, logs: list[dict], allow_other_gpu: bool) -> None:
             raise TpcostError(f"{log['file']} and {seen[key]} are both nccl_{log['op']} on {log['ranks']} ranks: give "
                               "one log per collective and rank count (the profile holds one entry each)")
         seen[key] = log["file"]
-        domain = int(base.interconnect.domain_size)
-        if log["hosts"] > 1 and (log["ranks"] > domain or domain <= 8):
-            raise TpcostError(f"{log['file']}: its {log['ranks']} ranks run on {log['hosts']} hosts, outside one NVLink "
-                              f"domain of {base.name} ({domain} GPUs): tpcost's tp entries are collectives inside one "
-                              "domain")
+        check_one_domain(base, log)
+
+
+def check_one_domain(base, log: dict) -> None:
+    """Refuse a log whose ranks run on several hosts outside one NVLink domain of `base`: tpcost's tp curves are
+    collectives inside one domain (calibrate and collective --log alike)."""
+    domain = int(base.interconnect.domain_size)
+    if log["hosts"] > 1 and (log["ranks"] > domain or domain <= 8):
+        raise TpcostError(f"{log['file']}: its {log['ranks']} ranks run on {log['hosts']} hosts, outside one NVLink "
+                          f"domain of {base.name} ({domain} GPUs): tpcost's tp entries are collectives inside one "
+                          "domain")
 
 
 def fit_log(base, log: dict, values: dict, provs: dict, fitted: list, warnings: list) -> None:

@@ -245,7 +245,9 @@ def multicast_bw_bytes_per_s(ctas: Arr, inflight_bytes_per_cta: Arr, latency_s: 
                              link_efficiency: Arr) -> Arr:
     """Multicast bandwidth one rank reaches: min(η·link peak, CTAs·bytes in flight per CTA / round trip) (bytes/s;
     Little's law: the requests outstanding, which grow with the active CTAs, over their latency; docs/model.md §6b)."""
-    return np.minimum(link_efficiency * link_bw_bytes_per_s, ctas * inflight_bytes_per_cta / latency_s)
+    with np.errstate(divide="ignore"):  # λ = 0 (its documented bound): no latency limit, the link's η·peak alone
+        little = np.divide(ctas * inflight_bytes_per_cta, latency_s)
+    return np.minimum(link_efficiency * link_bw_bytes_per_s, little)
 
 
 def t_wave_pipeline_s(t_comp_s: Arr, t_comm_s: Arr, waves: Arr) -> Arr:

@@ -26,6 +26,7 @@ from .io import finite_float, read_text
 
 METRIC = "vllm:iteration_tokens_total"
 MAX_CONTEXT_LEN = 2**24  # 16 M tokens: beyond any context window served today
+MAX_STEP_TOKENS = 2**40  # tokens of one step (or a finite bucket bound): ~1e12, beyond any token budget by 10^6
 SPREADS = ("uniform", "upper", "lower")
 _SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$')
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|$)')
@@ -79,6 +80,9 @@ def parse_prometheus(text: str, where: str) -> Workload:
             raise TpcostError(f"{where}:{i}: bucket bound or count is not a number") from None
         if not (math.isfinite(v) and v >= 0) or not (le > 0):
             raise TpcostError(f"{where}:{i}: bucket counts must be finite and >= 0, bounds > 0")
+        if math.isfinite(le) and le > MAX_STEP_TOKENS:
+            raise TpcostError(f"{where}:{i}: bucket bound le={labels['le']} is above 2^40 tokens (no step is that "
+                              "large; the last bucket is le=\"+Inf\")")
         cum[le] = cum.get(le, 0.0) + v
         if not math.isfinite(cum[le]):
             raise TpcostError(f"{where}:{i}: the bucket counts sum to more than a float holds")
@@ -114,6 +118,9 @@ def parse_csv(text: str, where: str) -> Workload:
         n, c = r[0].strip(), r[1].strip()
         if not (n.isascii() and n.isdigit()) or int(n) < 1:
             raise TpcostError(f"{where}:{i}: num_tokens {n!r} is not a positive integer")
+        if len(n) > 13 or int(n) > MAX_STEP_TOKENS:  # the length first: int() of a huge string is itself a cost
+            raise TpcostError(f"{where}:{i}: num_tokens {n[:20]}{'...' if len(n) > 20 else ''} is above 2^40 tokens "
+                              "(no step is that large)")
         cv = finite_float(c, f"{where}:{i}: count", nonneg=True)
         pts[int(n)] = pts.get(int(n), 0.0) + cv
         if len(header) == 3:

@@ -262,3 +262,23 @@ def test_the_calibrated_profile_speaks_the_public_schema(tmp_path, capsys):
     assert groups > 0
     p, base = load_profile(str(tmp_path / "out.toml")), load_profile("h100-sxm")
     assert p.value("gemm.max_efficiency") == base.value("gemm.max_efficiency")
+
+
+def test_fuzz_classes_of_the_log_reader(tmp_path, one_line_error):
+    """Issue 50, nccl-tests logs: a size printed with a unit ('1M') was dropped silently; a time of 1e-300 us was
+    taken (busBW inf); an 8-rank log from 2 hosts was compared with a one-node curve without a word. Each is refused
+    in one line, by calibrate and by collective --log alike."""
+    good = synthetic_log("all_reduce")
+    lines = good.splitlines()
+    i = next(j for j, ln in enumerate(lines) if ln.strip().startswith("1048576"))
+    cases = {"suffix": "\n".join(lines[:i] + [lines[i].replace("     1048576", "          1M", 1)] + lines[i + 1:]),
+             "tiny": "\n".join(lines[:i] + [lines[i].replace(lines[i].split()[5], "1e-300", 1)] + lines[i + 1:]),
+             "hosts": good.replace("on      node1 device  4", "on      node2 device  4")}
+    needles = {"suffix": "printed with a unit", "tiny": "no collective call is that fast",
+               "hosts": "ranks run on 2 hosts, outside one NVLink domain"}
+    for name, text in cases.items():
+        p = tmp_path / f"{name}.log"
+        p.write_text(text)
+        one_line_error("calibrate", "--from-nccl-tests", str(p), "--from", "h100-sxm", "--out",
+                       str(tmp_path / f"{name}.toml"), needle=needles[name])
+        one_line_error("collective", "--gpu", "h100-sxm", "--log", str(p), needle=needles[name])

@@ -38,8 +38,9 @@ def _rows(prof, op: str, tp: int, sizes, model_level_sp: bool, version) -> list[
             for s, i, tv, tn in zip(S, impl, np.broadcast_to(t_vllm, S.shape), np.broadcast_to(t_nccl, S.shape))]
 
 
-def _what(args) -> tuple[str, int, list, dict | None]:
-    """(op, tp, sizes, measured size -> time or None): the log's, or the flags'."""
+def _what(args, prof) -> tuple[str, int, list, dict | None]:
+    """(op, tp, sizes, measured size -> time or None): the log's (a log from hosts outside one NVLink domain of
+    `prof` refused, as calibrate refuses it), or the flags'."""
     if not args.log:
         if args.op is None or args.tp is None:
             raise TpcostError("collective needs --op and --tp (or --log FILE, an nccl-tests log, for both)")
@@ -48,6 +49,9 @@ def _what(args) -> tuple[str, int, list, dict | None]:
     from costmodel.io import read_text
 
     log = parse_nccl_tests(read_text(args.log, "nccl-tests log"), args.log)
+    from calib.nccl_tests import check_one_domain
+
+    check_one_domain(prof, log)
     for flag, given, got in (("--op", args.op, log["op"]), ("--tp", args.tp, log["ranks"])):
         if given is not None and given != got:
             raise TpcostError(f"{flag} {given}: the log {args.log} is {log['op']} on {log['ranks']} ranks")
@@ -79,7 +83,7 @@ def cmd_collective(args) -> int:
     elif args.force:
         raise TpcostError("--force: replaces an existing --plot file; give --plot too")
     prof, _ = resolve_profile(args)  # collective has no --set
-    op, tp, sizes, measured = _what(args)
+    op, tp, sizes, measured = _what(args, prof)
     if args.model_level_sp and op == "all_reduce":
         raise TpcostError("--model-level-sp: vLLM's model-level-SP backends are its reduce-scatter and all-gather; "
                           "the all-reduce dispatches the same way with or without it")
