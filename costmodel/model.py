@@ -298,10 +298,14 @@ class _Forward:
                        parts={"link": t - latency, "latency": latency})
 
     def attention(self, n) -> Op:
+        """Attention over n rows, of which the step's N real tokens are decodes (up to max_num_seqs, at the step's
+        context) and chunked prefill; SP's padding rows (n > N) move their q/k/v bytes and read no KV cache and no
+        prefix: the KV read is the same in all three schedules (docs/model.md §5)."""
         hw, spec, act, decode = self.hw, self.spec, self.act, self.regime.decode
         h_rank, kv_rank, d = spec.heads_per_rank, spec.kv_heads_per_rank, spec.head_dim
-        seqs = 0.0 if decode is None else np.minimum(n, float(decode.max_num_seqs))  # decodes of this step
-        pre = n - seqs  # chunked-prefill tokens
+        real = np.minimum(n, self.N)  # the step's own tokens; the rest is padding
+        seqs = 0.0 if decode is None else np.minimum(real, float(decode.max_num_seqs))  # decodes of this step
+        pre = real - seqs  # chunked-prefill tokens
         flops = F.attention_flops(pre, self.regime.seq_len, h_rank, d)
         nbytes = F.attention_bytes(n, h_rank, kv_rank, d, act)
         t_c = flops / (hw.peak_act_flops_per_s * hw.attention_efficiency)
@@ -309,8 +313,8 @@ class _Forward:
         t = np.maximum(t_c, t_m)
         parts = {"compute": t_c, "HBM": t_m, "latency": hw.launch_overhead_s}
         if decode is not None:  # paged KV reads at the attention kernel's efficiency of HBM (docs/model.md §5)
-            f_d = F.decode_attention_flops(seqs, decode.context_at(n), h_rank, d)
-            kv = F.kv_cache_read_bytes(seqs, decode.context_at(n), kv_rank, d, act)
+            f_d = F.decode_attention_flops(seqs, decode.context_at(real), h_rank, d)
+            kv = F.kv_cache_read_bytes(seqs, decode.context_at(real), kv_rank, d, act)
             eff = hw.attention_efficiency
             t_kv = np.maximum(f_d / (hw.peak_act_flops_per_s * eff), kv / (hw.hbm_bw_bytes_per_s * eff))
             t, flops, nbytes = t + t_kv, flops + f_d, nbytes + kv

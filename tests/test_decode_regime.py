@@ -81,3 +81,23 @@ def test_host_bound_only_when_host_time_is_charged(capsys):
     assert main(["whatif", "--ops", "32", "--enforce-eager", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert any(r["bound"] == "host" for rows in d["ops"].values() for r in rows)
+
+
+def test_sp_padding_rows_read_no_kv_cache():
+    """Issue 50 (decode context under SP): at N = 1 and a 64 K context on TP 4, SP's three padding rows were charged
+    as decodes, 4x the KV read TP pays; docs/model.md §5 says the KV read is the same in all three schedules."""
+    import numpy as np
+
+    from costmodel.model import DecodeRegime, Regime, predict
+
+    shape = load_model("llama-3.1-70b")
+    prof = load_profile("h100-sxm")
+    att = {}
+    for ctx in (1024, 65536):
+        pred = predict(prof, shape, 4, "bf16", np.array([1.0]), Regime(decode=DecodeRegime(ctx)))
+        att[ctx] = {s: float(sum(o.t_s[0] for o in sched.layer_ops if o.name == "attention"))
+                    for s, sched in pred.schedules.items()}
+    extra = {s: att[65536][s] - att[1024][s] for s in att[1024]}
+    assert extra["tp"] > 0
+    for s in ("sp", "sp_asynctp"):
+        assert extra[s] == pytest.approx(extra["tp"], rel=1e-6), extra
