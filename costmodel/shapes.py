@@ -250,6 +250,9 @@ class KernelModel:
             return f"{sw} has no effect: the model dtype is {self.model_dtype}, and the kernel needs bfloat16"
         mode = self.mode(par)
         if mode != op:
+            if op == "gemm_ar" and mode is None:  # no SP flag given: the family has no GEMM-AR site at all
+                return (f"{sw} has no effect: {self.name} has no GEMM-AR call site; its kernel runs as GEMM-RS, "
+                        f"only under model-level SP ({self._sp_text()})")
             if op == "gemm_ar":
                 return (f"{sw} has no effect: with model-level SP ({self._sp_text()}) the worker binds the kernel "
                         "to GEMM-RS (VLLM_ENABLE_GEMM_RS)")

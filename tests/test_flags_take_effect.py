@@ -206,3 +206,26 @@ def test_whatif_sensitivity_heading_says_how_many_move_it(capsys, tmp_path):
 
     k = int(re.search(r"all (\d+) that move it", head).group(1))
     assert len(listed) == k and "top 5" not in head and "workload's own step sizes" in head
+
+
+def test_error_lines_name_what_the_user_did(tmp_path, one_line_error):
+    """Issue 50: a DeepSeek-V4.1 gemm_ar was refused "with model-level SP" when no SP flag was given; the line now
+    says the model has no GEMM-AR site."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41",
+                               "hidden_size": 7168, "num_hidden_layers": 61, "o_groups": 8, "o_lora_rank": 1024,
+                               "torch_dtype": "bfloat16", "num_attention_heads": 128}))
+    err = one_line_error("vllm-config", "--model", str(cfg), "--gpu", "b200", "--tp", "8", "--kernel-op", "gemm_ar",
+                         needle="has no GEMM-AR call site")
+    assert "with model-level SP (" not in err
+
+
+def test_installed_version_is_named_as_installed():
+    """An installed vLLM 0.40 is named as the installed distribution, not as a --vllm-version the user never gave."""
+    from costmodel.errors import TpcostError
+    from costmodel.vllm_tables import resolve
+
+    with pytest.raises(TpcostError) as e:
+        resolve(None, ("0.40.0", "the installed distribution vllm 0.40.0"))
+    assert str(e.value).startswith("the installed distribution vllm 0.40.0: tpcost has no record of vLLM 0.40")
+    assert "--vllm-version" not in str(e.value)
