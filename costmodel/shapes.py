@@ -340,7 +340,7 @@ class KernelModel:
             if dense and (ar or shard):  # the dense MLP: all-reduces, or reduce-scatters when sharded under SP
                 sites.append(("down_proj (dense MLP)", "model.layers.0.mlp.down_proj", h,
                               _pos(c, "intermediate_size", self.name), dense, ar))
-            n_shared = c.get("num_shared_experts") or 0
+            n_shared = _count(c, "num_shared_experts", self.name)
             if not ar and shard and n_shared and self.num_moe_layers() and shared_expert_can_shard(vllm, par):
                 sites.append(("shared_experts.down_proj", "model.layers.1.block_sparse_moe.shared_experts.down_proj",
                               h, _pos(c, "moe_intermediate_size", self.name) * int(n_shared), self.num_moe_layers(),
@@ -358,6 +358,16 @@ class KernelModel:
             out.append(CallSite(name, n, k, calls, weights, norm, why))
         return out
 
+    def check_tp(self, tp: int) -> None:
+        """Refuse a TP vLLM refuses for this model: the attention heads (and Kimi's KDA heads) split across ranks."""
+        c = self._cfg
+        for where, cfg, key in (("", c, "num_attention_heads"), ("linear_attn_config.", c.get("linear_attn_config"),
+                                                                 "num_heads")):
+            heads = cfg.get(key) if isinstance(cfg, dict) else None
+            if heads is not None and _pos(cfg, key, self.name) % tp:
+                raise TpcostError(f"{self.name}: {where}{key} = {heads} is not divisible by tp={tp} (vLLM refuses "
+                                  "such a TP: each rank takes whole heads)")
+
     def ar_norm_units_per_forward(self) -> int:
         """All-reduces followed by a residual-add RMSNorm in one forward without SP (FlashInfer's fusion pattern):
         every layer's o_proj and its MLP or MoE output (assumed: the MoE's all-reduce reaches the next norm)."""
@@ -368,18 +378,21 @@ class KernelModel:
         MiniMax-M3: mlp_layer_types "sparse", or the old hub schema's moe_layer_freq list (1: MoE)."""
         c = self._cfg
         if self.family == "minimax_m3":
-            kinds = c.get("mlp_layer_types")
+            kinds, freq_list = c.get("mlp_layer_types"), c.get("moe_layer_freq")
+            if isinstance(kinds, list) and not all(isinstance(k, str) for k in kinds):
+                raise TpcostError(f"{self.name}: config.json's mlp_layer_types must be a list of strings")
+            if isinstance(freq_list, list) and not all(isinstance(x, (int, bool)) for x in freq_list):
+                raise TpcostError(f"{self.name}: config.json's moe_layer_freq list must hold 0 / 1 per layer")
             per_layer = ([k == "sparse" for k in kinds] if isinstance(kinds, list) else
-                         [bool(x) for x in c.get("moe_layer_freq") or ()] if isinstance(c.get("moe_layer_freq"), list)
-                         else None)
+                         [bool(x) for x in freq_list] if isinstance(freq_list, list) else None)
             if per_layer is None or len(per_layer) < self.num_layers:
                 raise TpcostError(f"{self.name}: config.json needs mlp_layer_types or a moe_layer_freq list of "
                                   f"{self.num_layers} entries (MiniMax-M3's dense and MoE layers)")
             return sum(per_layer[: self.num_layers])
-        if not c.get("num_experts"):
+        if not _count(c, "num_experts", self.name):
             return 0
-        first = int(c.get("first_k_dense_replace") or 0)
-        freq = int(c.get("moe_layer_freq") or 1)
+        first = _count(c, "first_k_dense_replace", self.name)
+        freq = _count(c, "moe_layer_freq", self.name, lo=1)
         return sum(1 for i in range(self.num_layers) if i >= first and i % freq == 0)
 
     def _weights(self, module: str) -> tuple[str | None, str | None]:
@@ -410,10 +423,27 @@ class KernelModel:
                       "linears only")
 
 
+KERNEL_FIELD_CAP = 2**20  # any other shape field of a kernel model's config.json (o_lora_rank, o_groups, ...)
+
+
 def _pos(cfg: Mapping[str, Any], key: str, where: str) -> int:
+    """A positive integer field of a kernel model's config.json, within MAX_FIELD's cap (else KERNEL_FIELD_CAP)."""
     v = cfg.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise TpcostError(f"{where}: config.json needs a positive integer {key!r}, got {v!r}")
+    cap = MAX_FIELD.get(key, KERNEL_FIELD_CAP)
+    if v > cap:
+        raise TpcostError(f"{where}: {key} = {v} is above {cap}, which no model this tool knows comes near")
+    return v
+
+
+def _count(cfg: Mapping[str, Any], key: str, where: str, lo: int = 0) -> int:
+    """An optional integer count of a kernel model's config.json (absent or null: lo), in [lo, KERNEL_FIELD_CAP]."""
+    v = cfg.get(key)
+    if v is None:
+        return lo
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= KERNEL_FIELD_CAP:
+        raise TpcostError(f"{where}: config.json's {key!r} must be an integer in [{lo}, {KERNEL_FIELD_CAP}], got {v!r}")
     return v
 
 

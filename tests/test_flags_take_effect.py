@@ -229,3 +229,20 @@ def test_installed_version_is_named_as_installed():
         resolve(None, ("0.40.0", "the installed distribution vllm 0.40.0"))
     assert str(e.value).startswith("the installed distribution vllm 0.40.0: tpcost has no record of vLLM 0.40")
     assert "--vllm-version" not in str(e.value)
+
+
+def test_min_confidence_takes_effect_or_is_refused(capsys, one_line_error):
+    """Issue 50: --min-confidence (and --draft-hidden-size, --fi-allreduce-fusion-max-size-mb) were accepted and
+    ignored on the kernel path. --min-confidence gates only a move of vLLM's fusion limit: where the range comes
+    out the same as at the default it is refused, on every command; where it moves the range it is taken."""
+    one_line_error("vllm-config", "--gpu", "h100-sxm", "--tp", "4", "--min-confidence", "0.5", needle="no effect here")
+    one_line_error("whatif", "--gpu", "h100-sxm", "--tp", "4", "--no-band", "--min-confidence", "0.5",
+                   needle="no effect here")
+    one_line_error("vllm-config", "--model", KIMI, "--gpu", "b200", "--tp", "8", "--kernel-op", "gemm_ar",
+                   "--min-confidence", "0.3", needle="no effect here")
+    base = ["vllm-config", "--gpu", "h100-sxm", "--tp", "2", "--model", "llama-3.1-70b"]
+    outs = []
+    for extra in ([], ["--min-confidence", "1"]):  # the default moves vLLM's limit; asking for every draw keeps it
+        assert main([*base, *extra]) == 0
+        outs.append(json.loads(capsys.readouterr().out)["pass_config"])
+    assert outs[0] != outs[1]

@@ -253,3 +253,28 @@ def test_a_workload_context_column_is_refused_for_the_kernel_decision(tmp_path):
     run = RunConfig(8, "bf16", Regime(vllm=Vllm((0, 33))), workload=read_workload(str(wl)))
     with pytest.raises(TpcostError, match="context_len column has no effect"):
         kernel_model_config(load_profile("b200"), _kimi(), Parallel(8), "gemm_ar", run)
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda c: c.update(num_hidden_layers=10**12), "num_hidden_layers = 1000000000000 is above 4096"),
+    (lambda c: c.update(hidden_size="7168"), "needs a positive integer 'hidden_size'"),
+    (lambda c: c.update(num_shared_experts="2"), "'num_shared_experts' must be an integer"),
+    (lambda c: c.update(num_shared_experts=-2), "'num_shared_experts' must be an integer in [0"),
+    (lambda c: c.update(first_k_dense_replace=[1]), "'first_k_dense_replace' must be an integer"),
+    (lambda c: c.update(moe_layer_freq=0), "'moe_layer_freq' must be an integer in [1"),
+    (lambda c: c.update(linear_attn_config=5), "linear_attn_config must be an object"),
+    (lambda c: c.update(num_attention_heads=100), "num_attention_heads = 100 is not divisible by tp=8"),
+    (lambda c: c.update(v_head_dim=2**30), "v_head_dim = 1073741824 is above"),
+])
+def test_mutated_kimi_configs_one_line(tmp_path, one_line_error, mutate, needle):
+    """Issue 50, the kernel path's config reader: field types checked, whatif's caps applied (an unbounded layer count
+    never ended), a derived shape below zero refused (num_shared_experts -2 priced K -6144), a head count TP does not
+    divide refused as vLLM refuses it. Each in one line, through every mode that reads the field."""
+    cfg = json.loads(Path(KIMI).read_text())
+    text = cfg.get("text_config", cfg)
+    mutate(text)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    one_line_error("vllm-config", "--model", str(p), "--gpu", "b200", "--tp", "8", "--kernel-op", "gemm_rs",
+                   "--enable-expert-parallel", "--data-parallel-size", "2", "--shard-sp-shared-expert",
+                   "--vllm-version", "0.33", needle=needle)

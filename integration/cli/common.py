@@ -176,6 +176,23 @@ def run_config_arg(args, vllm, workload):
                      args.margin, workload)
 
 
+def check_min_confidence(args, fusion_at) -> None:
+    """Refuse a --min-confidence that changes nothing here: `fusion_at(p)` is the FlashInfer fusion range decided
+    with confidence p (recommend.FusionRange, or None where vLLM has no fusion here); the flag gates only a move of
+    vLLM's own limit, so where the range comes out the same at the default it has no effect."""
+    from integration.recommend import MIN_CONFIDENCE
+
+    if args.min_confidence == MIN_CONFIDENCE:
+        return
+    here, default = fusion_at(args.min_confidence), fusion_at(MIN_CONFIDENCE)
+    if here is None or (here.tokens, here.mb) == (default.tokens, default.mb):
+        what = ("there is no FlashInfer fusion range here" if here is None else
+                f"the fusion range is {here.tokens} tokens at {args.min_confidence:g} and at the default "
+                f"{MIN_CONFIDENCE:g} alike")
+        raise TpcostError(f"--min-confidence {args.min_confidence:g}: no effect here ({what}; it gates only a move of "
+                          "vLLM's own fusion limit)")
+
+
 def user_choices_arg(args):
     """--fi-allreduce-fusion-max-size-mb (0: fusion off) and --draft-hidden-size as integration.recommend's
     UserChoices."""

@@ -7,8 +7,8 @@ import sys
 
 from costmodel.io import dumps_json
 
-from .common import (VERSION_HELP, add_shape_args, bounded_int, load_workload_arg, resolve_inputs, resolve_profile,
-                     run_config_arg, user_choices_arg, vllm_version_arg)
+from .common import (VERSION_HELP, add_shape_args, bounded_int, check_min_confidence, load_workload_arg,
+                     resolve_inputs, resolve_profile, run_config_arg, user_choices_arg, vllm_version_arg)
 
 
 def register(sub) -> None:
@@ -54,7 +54,7 @@ def _flag(name: str) -> str:
 
 
 def cmd_vllm_config(args) -> int:
-    from integration.recommend import explain, recommend
+    from integration.recommend import decide_fusion, explain, recommend
 
     from costmodel.errors import TpcostError
     from costmodel.shapes import kernel_family, load_model_config
@@ -77,8 +77,9 @@ def cmd_vllm_config(args) -> int:
                           "runs the kernel reads")
     prof, shape = resolve_inputs(args)
     workload = load_workload_arg(args)
-    r = recommend(prof, shape, run_config_arg(args, vllm, workload), user_choices_arg(args),
-                  min_confidence=args.min_confidence)
+    run, user = run_config_arg(args, vllm, workload), user_choices_arg(args)
+    check_min_confidence(args, lambda p: decide_fusion(prof, shape, run, user, min_confidence=p))
+    r = recommend(prof, shape, run, user, min_confidence=args.min_confidence)
     _emit(args, {"pass_config": r.pass_config()}, None, vllm)
     print(f"tpcost: config for {vllm.describe()}", file=sys.stderr)
     for line in explain(r):
@@ -135,6 +136,7 @@ def _kernel_parallel_args(args, km, name):
         raise TpcostError(f"--tp {args.tp}: the fused kernel needs 1 < tp <= 16 (gemm_rs_ar maybe_init_gemm_rs_ar)")
     if km.hidden % args.tp:
         raise TpcostError(f"hidden size {km.hidden} of {name} is not divisible by tp={args.tp}")
+    km.check_tp(args.tp)
     return Parallel(args.tp, args.pipeline_parallel_size or 1, args.data_parallel_size or 1,
                     bool(args.enable_expert_parallel), args.moe_backend or "auto", args.all2all_backend or "",
                     bool(args.shard_sp_shared_expert))
@@ -163,6 +165,8 @@ def kernel_model_config(args, cfg, name, where, vllm) -> int:
     if overrides:  # what the decision reads (the confidence draws read every key: left out of the trace)
         decide(traced, km, par, args.kernel_op, run, user, min_confidence=0.0)
     d = decide(prof, km, par, args.kernel_op, run, user, min_confidence=args.min_confidence)
+    check_min_confidence(args, lambda p: d.fusion if p == args.min_confidence else
+                         decide(prof, km, par, args.kernel_op, run, user, min_confidence=p).fusion)
     for key in overrides:
         if key not in reads and key not in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s"):
             raise TpcostError(f"--set {key}: no effect for {name} at tp={args.tp} (the fused kernel and the fusion "

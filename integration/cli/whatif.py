@@ -6,7 +6,7 @@ import math
 
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
-from .common import (add_shape_args, add_vllm_args, fi_max_bytes_arg, load_workload_arg, regime_arg,
+from .common import (add_shape_args, add_vllm_args, check_min_confidence, fi_max_bytes_arg, load_workload_arg, regime_arg,
                      resolve_inputs, run_config_arg, tokens_arg, user_choices_arg, vllm_arg)
 
 SENSITIVITY_SHOWN = 5
@@ -36,10 +36,11 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     prof, shape = resolve_inputs(args)
     if args.ops is not None:
         return _print_ops(prof, shape, args)
-    from integration.recommend import fusion_lines, recommend
+    from integration.recommend import decide_fusion, fusion_lines, recommend
 
     vllm = vllm_arg(args, prof, args.tp)
     run = run_config_arg(args, vllm, load_workload_arg(args))
+    check_min_confidence(args, lambda p: decide_fusion(prof, shape, run, user_choices_arg(args), min_confidence=p))
     r = recommend(prof, shape, run, user_choices_arg(args), band=not args.no_band, tokens=args.tokens,
                   min_confidence=args.min_confidence)  # vllm-config's decision path: the same answer
     a = r.analysis
