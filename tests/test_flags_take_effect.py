@@ -246,3 +246,18 @@ def test_min_confidence_takes_effect_or_is_refused(capsys, one_line_error):
         assert main([*base, *extra]) == 0
         outs.append(json.loads(capsys.readouterr().out)["pass_config"])
     assert outs[0] != outs[1]
+
+
+def test_vllm_set_limits_take_effect_or_are_refused(capsys, one_line_error):
+    """A --vllm-set limit the collective asked about never consults (FlashInfer's fused AR+norm limit on a plain
+    all-reduce) is refused by collective, as op and whatif refuse theirs; one that moves the answer is taken."""
+    one_line_error("collective", "--gpu", "h100-sxm", "--tp", "4", "--op", "all_reduce", "--vllm-set",
+                   "fi_fusion_max_bytes=0", needle="--vllm-set fi_fusion_max_bytes: no effect on the all_reduce")
+    base = ["collective", "--gpu", "h100-sxm", "--tp", "4", "--op", "all_reduce", "--json"]
+    assert main(base) == 0
+    a = json.loads(capsys.readouterr().out)["rows"]
+    assert main([*base, "--vllm-set", "custom_ar_max_bytes=0"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] != a
+    # whatif: a limit the forward's all-reduces never reach at this budget
+    one_line_error("whatif", "--gpu", "h100-sxm", "--tp", "4", "--no-band", "--max-num-batched-tokens", "64",
+                   "--vllm-set", "symm_mem_max_bytes=0", needle="--vllm-set symm_mem_max_bytes: no effect")

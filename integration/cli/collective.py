@@ -6,7 +6,7 @@ from __future__ import annotations
 from costmodel.errors import TpcostError
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
-from .common import DEFAULT_GPU, add_vllm_args, bounded_int, resolve_profile, vllm_arg
+from .common import DEFAULT_GPU, add_vllm_args, bounded_int, refuse_unused_limits, resolve_profile, vllm_arg
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 DEFAULT_SIZES = [float(2**e) for e in range(10, 35, 2)]  # 1 KiB .. 16 GiB, x4 (nccl-tests -b 1K -e 16G -f 4)
@@ -93,6 +93,8 @@ def cmd_collective(args) -> int:
         raise TpcostError(f"--vllm-set: vLLM's dispatch limits choose among all-reduce implementations; {op} has none")
     version = vllm_arg(args, prof, tp)
     rows = _rows(prof, op, tp, sizes, bool(args.model_level_sp), version)
+    refuse_unused_limits(version, lambda v: _rows(prof, op, tp, sizes, bool(args.model_level_sp), v),
+                         f"the {op} at tp={tp} over these sizes", rows)
     if measured is not None:
         from costmodel import formulas as F
 

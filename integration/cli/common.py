@@ -160,6 +160,22 @@ def vllm_arg(args, prof, tp: int | None):
     return vllm
 
 
+def refuse_unused_limits(vllm, answer, what: str, base=None) -> None:
+    """Refuse each --vllm-set limit of `vllm` the answer does not move: `answer(v)` is the command's result for
+    the vLLM `v` (comparable with ==), `base` that result for `vllm` itself (computed when not given)."""
+    import dataclasses
+
+    limits = dict(vllm.limits)
+    if not limits:
+        return
+    base = answer(vllm) if base is None else base
+    for key in limits:
+        without = dataclasses.replace(vllm, limits=tuple((k, v) for k, v in limits.items() if k != key))
+        if answer(without) == base:
+            raise TpcostError(f"--vllm-set {key}: no effect on {what} (vLLM's dispatch there never consults that "
+                              "limit)")
+
+
 def regime_arg(args, vllm, fi_max_bytes=None, workload=None):
     """--seq-len, --cudagraph-max-tokens / --enforce-eager, --context-len / --max-num-seqs (or the workload's
     context_len column) and the vLLM as a costmodel.model.Regime."""

@@ -6,7 +6,7 @@ from costmodel.errors import TpcostError
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
 from .common import (DEFAULT_GPU, MAX_TOKENS, add_regime_args, add_vllm_args, bounded_int, cudagraph_arg,
-                     fraction, load_workload_arg, resolve_profile, vllm_arg)
+                     fraction, load_workload_arg, refuse_unused_limits, resolve_profile, vllm_arg)
 
 
 def cmd_op(args) -> int:
@@ -115,13 +115,8 @@ def check_op_inputs_take_effect(args, prof, query, run, kw) -> None:
             flag = "--enforce-eager" if args.enforce_eager else f"--cudagraph-max-tokens {args.cudagraph_max_tokens}"
             raise TpcostError(f"{flag}: no effect on {args.op} ({args.impl}) here (every row is the same under vLLM's "
                               "default capture size: the op issues no host-side pipeline that graphs would hide)")
-    limits = dict(run.regime.vllm.limits)
-    for key in limits:
-        base = rows(run) if base is None else base
-        vllm = dataclasses.replace(run.regime.vllm, limits=tuple((k, v) for k, v in limits.items() if k != key))
-        if rows(dataclasses.replace(run, regime=dataclasses.replace(run.regime, vllm=vllm))) == base:
-            raise TpcostError(f"--vllm-set {key}: no effect on {args.op} ({args.impl}) at tp={args.tp} (the unfused "
-                              "collective vLLM dispatches here never consults that limit)")
+    refuse_unused_limits(run.regime.vllm, lambda v: rows(dataclasses.replace(
+        run, regime=dataclasses.replace(run.regime, vllm=v))), f"{args.op} ({args.impl}) at tp={args.tp}", base)
 
 
 def _print_breakdown(b: dict) -> None:

@@ -6,8 +6,9 @@ import math
 
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
-from .common import (add_shape_args, add_vllm_args, check_min_confidence, fi_max_bytes_arg, load_workload_arg, regime_arg,
-                     resolve_inputs, run_config_arg, tokens_arg, user_choices_arg, vllm_arg)
+from .common import (add_shape_args, add_vllm_args, check_min_confidence, fi_max_bytes_arg, load_workload_arg,
+                     refuse_unused_limits, regime_arg, resolve_inputs, run_config_arg, tokens_arg, user_choices_arg,
+                     vllm_arg)
 
 SENSITIVITY_SHOWN = 5
 
@@ -40,6 +41,8 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
 
     vllm = vllm_arg(args, prof, args.tp)
     run = run_config_arg(args, vllm, load_workload_arg(args))
+    refuse_unused_limits(vllm, lambda v: _forward_times(prof, shape, run, v), f"{shape.name} at tp={args.tp} up to "
+                         f"{args.max_num_batched_tokens} tokens")
     check_min_confidence(args, lambda p: decide_fusion(prof, shape, run, user_choices_arg(args), min_confidence=p))
     r = recommend(prof, shape, run, user_choices_arg(args), band=not args.no_band, tokens=args.tokens,
                   min_confidence=args.min_confidence)  # vllm-config's decision path: the same answer
@@ -155,6 +158,18 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
             print(f"  {k[:-2]:24s} {v * 1e3:+9.3f}")
     _notes_and_provenance(a, prof)
     return 0
+
+
+def _forward_times(prof, shape, run, vllm) -> list:
+    """Every schedule's forward time over the cutoff's grid for the vLLM `vllm` (what a --vllm-set limit must move)."""
+    import dataclasses
+
+    from costmodel.analysis import token_grid
+    from costmodel.model import predict
+
+    regime = dataclasses.replace(run.regime, vllm=vllm)
+    pred = predict(prof, shape, run.tp, run.dtype, token_grid(run.tp, run.max_num_batched_tokens), regime)
+    return [pred.t_forward_s(s).tolist() for s in pred.schedules]
 
 
 def _notes_and_provenance(a, prof) -> None:
