@@ -261,3 +261,16 @@ def test_vllm_set_limits_take_effect_or_are_refused(capsys, one_line_error):
     # whatif: a limit the forward's all-reduces never reach at this budget
     one_line_error("whatif", "--gpu", "h100-sxm", "--tp", "4", "--no-band", "--max-num-batched-tokens", "64",
                    "--vllm-set", "symm_mem_max_bytes=0", needle="--vllm-set symm_mem_max_bytes: no effect")
+
+
+def test_kernel_path_fusion_flag_under_model_level_sp_is_refused(capsys, one_line_error):
+    """--fi-allreduce-fusion-max-size-mb under model-level SP left the kernel path's answer byte-identical: refused;
+    in GEMM-AR mode it moves the emitted range and is taken."""
+    sp = ["vllm-config", "--model", KIMI, "--gpu", "b200", "--tp", "8", "--kernel-op", "gemm_rs",
+          "--enable-expert-parallel", "--data-parallel-size", "2", "--vllm-version", "0.33"]
+    one_line_error(*sp, "--fi-allreduce-fusion-max-size-mb", "0.5", needle="no effect under model-level SP")
+    ar = ["vllm-config", "--model", KIMI, "--gpu", "b200", "--tp", "8", "--kernel-op", "gemm_ar"]
+    assert main(ar) == 0
+    a = capsys.readouterr().out
+    assert main([*ar, "--fi-allreduce-fusion-max-size-mb", "0.5"]) == 0
+    assert capsys.readouterr().out != a

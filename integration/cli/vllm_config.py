@@ -157,6 +157,9 @@ def kernel_model_config(args, cfg, name, where, vllm) -> int:
 
     km = read_kernel_model(cfg, name, where)
     par = _kernel_parallel_args(args, km, name)
+    if km.mode(par) == "gemm_rs" and args.fi_allreduce_fusion_max_size_mb is not None:
+        raise TpcostError("--fi-allreduce-fusion-max-size-mb: no effect under model-level SP (the all-reduces become "
+                          "reduce-scatter / all-gather: no all-reduce+RMSNorm to fuse)")
     prof, overrides = resolve_profile(args)
     workload = load_workload_arg(args)
     traced, reads = recording(prof)
