@@ -68,3 +68,28 @@ def test_the_band_coverage_whatif_states_is_the_measured_one(capsys):
     assert main(["whatif"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "measured coverage" in ln)
     assert all(f"{s} {c['covered']:.0%} of {c['rows']}" in line for s, c in want.items())
+
+
+def test_flag_table_names_every_flag_of_every_command():
+    """docs/cli.md's "Where each flag takes effect": every flag of every subcommand has a row naming it and the
+    command (issue 50: a flag table that says where each flag takes effect), and no row names a flag no command has."""
+    import argparse
+    import re
+
+    from integration.cli import build_parser
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    block = text.split("<!-- flag-table -->")[1].split("<!-- /flag-table -->")[0]
+    rows = {}
+    for ln in block.strip().splitlines()[2:]:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        for flag in re.findall(r"`(--[a-z0-9-]+)`", cells[0]):
+            rows.setdefault(flag, set()).update(c.strip() for c in cells[1].split(","))
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    have: dict[str, set] = {}
+    for cmd, p in sub.choices.items():
+        for a in p._actions:
+            for flag in a.option_strings:
+                if flag.startswith("--") and flag != "--help":
+                    have.setdefault(flag, set()).add(cmd)
+    assert rows == have, {f: (rows.get(f), have.get(f)) for f in set(rows) | set(have) if rows.get(f) != have.get(f)}

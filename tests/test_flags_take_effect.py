@@ -274,3 +274,10 @@ def test_kernel_path_fusion_flag_under_model_level_sp_is_refused(capsys, one_lin
     a = capsys.readouterr().out
     assert main([*ar, "--fi-allreduce-fusion-max-size-mb", "0.5"]) == 0
     assert capsys.readouterr().out != a
+
+
+@pytest.mark.parametrize("argv", [["whatif", "--no-band"], ["evaluate", "tests/fixtures/eval_op.csv"],
+                                  ["collective", "--gpu", "h100-sxm", "--tp", "4", "--op", "all_reduce"]])
+def test_force_alone_is_refused(one_line_error, argv):
+    """--force replaces an existing --plot file: given alone it was accepted and ignored by whatif."""
+    one_line_error(*argv, "--force", needle="--force: replaces an existing --plot file; give --plot too")

@@ -6,7 +6,8 @@ from __future__ import annotations
 from costmodel.errors import TpcostError
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
-from .common import DEFAULT_GPU, add_vllm_args, bounded_int, refuse_unused_limits, resolve_profile, vllm_arg
+from .common import (DEFAULT_GPU, add_vllm_args, bounded_int, check_plot_args, refuse_unused_limits, resolve_profile,
+                     vllm_arg)
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 DEFAULT_SIZES = [float(2**e) for e in range(10, 35, 2)]  # 1 KiB .. 16 GiB, x4 (nccl-tests -b 1K -e 16G -f 4)
@@ -74,14 +75,10 @@ def cmd_collective(args) -> int:
     from pathlib import Path
 
     from costmodel.analysis import provenance_line
-    from costmodel.io import check_output_path
 
-    if args.plot:
-        if not args.log:
-            raise TpcostError("--plot: draws the profile against a measured log; give --log FILE too")
-        check_output_path(args.plot, args.force, "--plot", protect=(args.log,))
-    elif args.force:
-        raise TpcostError("--force: replaces an existing --plot file; give --plot too")
+    if args.plot and not args.log:
+        raise TpcostError("--plot: draws the profile against a measured log; give --log FILE too")
+    check_plot_args(args, protect=(args.log,) if args.log else ())
     prof, _ = resolve_profile(args)  # collective has no --set
     op, tp, sizes, measured = _what(args, prof)
     if args.model_level_sp and op == "all_reduce":

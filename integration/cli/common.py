@@ -160,6 +160,16 @@ def vllm_arg(args, prof, tp: int | None):
     return vllm
 
 
+def check_plot_args(args, protect: tuple = ()) -> None:
+    """--plot FILE.png (an existing file only with --force, never an input) and --force, which alone is refused."""
+    from costmodel.io import check_output_path
+
+    if args.plot:
+        check_output_path(args.plot, args.force, "--plot", protect=protect)
+    elif args.force:
+        raise TpcostError("--force: replaces an existing --plot file; give --plot too")
+
+
 def refuse_unused_limits(vllm, answer, what: str, base=None) -> None:
     """Refuse each --vllm-set limit of `vllm` the answer does not move: `answer(v)` is the command's result for
     the vLLM `v` (comparable with ==), `base` that result for `vllm` itself (computed when not given)."""

@@ -6,17 +6,16 @@ import dataclasses
 
 from costmodel.errors import TpcostError
 from costmodel.evaluate import evaluate_files, plot_evaluation, summarise
-from costmodel.io import JSON_SCHEMA_VERSION, check_output_path, dumps_json
+from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
-from .common import VERSION_HELP, add_regime_args, cudagraph_arg, vllm_version_arg
+from .common import VERSION_HELP, add_regime_args, check_plot_args, cudagraph_arg, vllm_version_arg
 
 
 LABEL_MAX = 110  # the row column's widest (a terminal); longer labels keep their tail
 
 
 def cmd_evaluate(args) -> int:
-    if args.plot:
-        check_output_path(args.plot, args.force, "--plot", protect=tuple(args.files))
+    check_plot_args(args, protect=tuple(args.files))
     vllm = vllm_version_arg(args)
     scored, skipped = evaluate_files(args.files, vllm, cudagraph_max_tokens=cudagraph_arg(args), band=args.band)
     if not scored:  # scoring nothing is no result: say why every row was skipped

@@ -6,7 +6,7 @@ import math
 
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
-from .common import (add_shape_args, add_vllm_args, check_min_confidence, fi_max_bytes_arg, load_workload_arg,
+from .common import (add_shape_args, add_vllm_args, check_min_confidence, check_plot_args, fi_max_bytes_arg, load_workload_arg,
                      refuse_unused_limits, regime_arg, resolve_inputs, run_config_arg, tokens_arg, user_choices_arg,
                      vllm_arg)
 
@@ -20,10 +20,7 @@ def _fmt_ms(x):
 def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     from costmodel.analysis import analysis_json
 
-    if args.plot:
-        from costmodel.io import check_output_path
-
-        check_output_path(args.plot, args.force, "--plot")
+    check_plot_args(args)
     if args.ops is not None:
         from costmodel.errors import TpcostError
 
