@@ -216,8 +216,11 @@ def decide_fusion(profile, shape, run: RunConfig, user: UserChoices = UserChoice
             why = (f"kept vLLM's default: {tokens} tokens helps in only {confidence:.0%} of the profile's draws "
                    f"(needs {min_confidence:.0%})")
             tokens = default_tokens
+    # what vLLM's own limit runs: with a wider draft its first compile range ends beyond the pass's limit, so
+    # nothing is fused there (draft_token_cap)
+    vllm_runs = default_tokens if draft_cap is None or default_tokens <= draft_cap else 0
     value = {"units_per_forward": units, "expected_s": units * at(tokens), "off_s": units * at(0),
-             "vllm_default_s": units * at(default_tokens)}
+             "vllm_default_s": units * at(vllm_runs)}
     vllm_mb = d.fi_fusion_max_bytes / MiB
     if draft_cap is not None and tokens and user_mb is None:  # the MB value from the draft's width: both limits agree
         mb = (tokens * user.draft_hidden_size * elem + 0.5) / MiB
