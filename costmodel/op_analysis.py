@@ -290,8 +290,9 @@ def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:
     hw = ops.Hw(profile, "fp8" if spec.dtype == "mxfp8" else spec.dtype)
     rows = np.array([float(m)])
     n, k, tp = spec.n, spec.k, spec.tp
-    t_gemm = float(hw.t_gemm(rows, n, k)[0])
-    t_comp, t_hbm = float(hw.t_gemm_comp(rows, n, k)[0]), float(hw.t_gemm_mem(rows, n, k)[0])
+    one = lambda x: float(np.asarray(x).ravel()[0])  # noqa: E731  (the one row, as a float)
+    t_gemm = one(hw.t_gemm(rows, n, k))
+    t_comp, t_hbm = one(hw.t_gemm_comp(rows, n, k)), one(hw.t_gemm_mem(rows, n, k))
     flops = 2.0 * m * n * k
     gemm = {"t_s": t_gemm, "flops": flops, "achieved_flops_per_s": flops / t_gemm,
             "bound": "compute" if t_comp >= t_hbm else "HBM", "t_compute_s": t_comp, "t_hbm_s": t_hbm}
@@ -306,7 +307,6 @@ def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:
                "bound": "collective" if t_coll > t_gemm else "GEMM"}
     if spec.impl == "kernel":
         kern = ops.fused_kernel(hw, spec.op, rows, n, k, tp)
-        one = lambda x: float(np.asarray(x).ravel()[0])  # noqa: E731
         t_comm = one(kern.t_comm_s)
         fused = {"t_s": float(f[0]), "gemm_whole_s": one(kern.t_gemm_s), "t_comm_s": t_comm,
                  "waves": int(one(kern.waves)), "ctas": int(one(kern.ctas)), "tiles": int(one(kern.tiles)),
@@ -317,12 +317,11 @@ def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:
         eager = bool(vllm_tables.runs_eagerly(rows, spec.cudagraph_max_tokens)[0]) or spec.baseline == "vllm_sp"
         fo = (ops.fused_ag_gemm(hw, rows, n, k, tp, hw.mode.ag_bytes, eager) if spec.op == "ag_gemm" else
               ops.fused_gemm_rs(hw, rows, n, k, tp, eager))
-        one = lambda x: float(np.asarray(x).ravel()[0])  # noqa: E731
         parts = {"chunk GEMMs (contended)": one(fo.t_chunks_contended_s), "pulls": one(fo.t_pulls_s),
                  "barriers": one(fo.t_sync_s), "copies / reduction": one(fo.t_memory_s)}
         host = one(fo.t_host_s)
         fused = {"t_s": float(f[0]), "t_gpu_s": one(fo.t_gpu_s), "t_host_s": host, "eager": eager,
                  "gemm_whole_s": t_gemm, "chunk_gemms_alone_s": one(fo.t_chunks_s), **{k_: v for k_, v in parts.items()},
-                 "bound": "host issue" if host + one(fo.t_tail_s) > one(fo.t_gpu_s) else max(parts, key=parts.get)}
+                 "bound": "host issue" if host + one(fo.t_tail_s) > one(fo.t_gpu_s) else max(parts, key=lambda p: parts[p])}
     return {"m": int(m), "fused": fused, "unfused": unfused}
 

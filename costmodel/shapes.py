@@ -364,7 +364,7 @@ class KernelModel:
         for where, cfg, key in (("", c, "num_attention_heads"), ("linear_attn_config.", c.get("linear_attn_config"),
                                                                  "num_heads")):
             heads = cfg.get(key) if isinstance(cfg, dict) else None
-            if heads is not None and _pos(cfg, key, self.name) % tp:
+            if isinstance(cfg, dict) and heads is not None and _pos(cfg, key, self.name) % tp:
                 raise TpcostError(f"{self.name}: {where}{key} = {heads} is not divisible by tp={tp} (vLLM refuses "
                                   "such a TP: each rank takes whole heads)")
 
