@@ -248,6 +248,20 @@ def fit_log(base, log: dict, values: dict, provs: dict, fitted: list, warnings: 
                         "symm-mem and FlashInfer curves on the same links keep their (uncalibrated) priors")
 
 
+def measured_curve(log: dict):
+    """The log's points as the profile's [measured.<impl>.tp<W>] (costmodel.profile.MeasuredCurve): one time per size
+    (a size logged twice: the faster, as nccl-tests' best run)."""
+    from costmodel.profile import MeasuredCurve
+
+    best: dict[float, float] = {}
+    for size, t in log["rows"]:
+        best[size] = min(t, best.get(size, t))
+    sizes = sorted(best)
+    return MeasuredCurve(tuple(float(x) for x in sizes), tuple(best[x] for x in sizes),
+                         f"calibrated: nccl-tests {Path(log['file']).name} ({log['gpu']}, {log['ranks']} ranks), "
+                         "as logged")
+
+
 def run(args) -> int:
     """Fit every log into the --from profile and write --out (atomically, never over an input)."""
     from costmodel.io import atomic_write_text, check_output_path, read_text
@@ -266,8 +280,10 @@ def run(args) -> int:
     provs: dict[str, Provenance] = {}
     fitted = []
     warnings: list[str] = []
+    measured: dict = {}
     for log in logs:
         fit_log(base, log, values, provs, fitted, warnings)
+        measured.setdefault(f"nccl_{log['op']}", {})[log["ranks"]] = measured_curve(log)
     from costmodel.ops import NCCL_REGIMES
 
     # the measured curve is this machine's collective at this TP: the prior's regime curves of it go
@@ -281,7 +297,8 @@ def run(args) -> int:
     if replaced:
         notes["calibration.regimes_replaced"] = ", ".join(replaced)
     prof = base.with_values(values, provs, mark_modified=False, new_keys_ok=True,
-                            name=args.name or f"{base.name}-nccl-tests", notes=notes, drop=tuple(replaced))
+                            name=args.name or f"{base.name}-nccl-tests", notes=notes, drop=tuple(replaced),
+                            measured=measured)
     tree = profile_to_tree(prof)
     profile_from_dict(tree, str(out))  # what is written loads back
     atomic_write_text(out, f"# Written by tpcost calibrate --from-nccl-tests (prior: {base.name}).\n" + dump_profile(tree))
@@ -289,6 +306,11 @@ def run(args) -> int:
     for key, lat_s, bw in fitted:
         print(f"  {key}: latency {lat_s * 1e6:.2f} us, busBW {bw['value'] / 1e9:.1f} GB/s"
               + (f" (±{100 * bw['uncertainty_rel']:.1f}%)" if bw["uncertainty_rel"] else ""))
+    for impl, per in measured.items():
+        for tp, c in per.items():
+            print(f"  [measured.{impl}.tp{tp}]: the log's {len(c.msg_bytes)} points; between "
+                  f"{c.msg_bytes[0]:.0f} and {c.msg_bytes[-1]:.0f} bytes the model interpolates them, above it extends "
+                  f"the last point along the fitted curve, below it uses the fitted curve")
     for w in warnings:
         print(w)
     regime_tables = [t for t in sorted(written) if any(f"{r}.tp" in t for r in NCCL_REGIMES)]

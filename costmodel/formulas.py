@@ -313,3 +313,9 @@ def moe_sum_bytes(n: Arr, top_k: Arr, hidden: Arr, act_bytes: Arr) -> Arr:
 def moe_expert_weight_bytes(n: Arr, top_k: Arr, num_experts: Arr, hidden: Arr, inter_rank: Arr, w_bytes: Arr) -> Arr:
     """Expert weights a grouped MoE GEMM streams for n tokens: E(1−(1−k/E)^n) experts × 3·H·I·b (bytes; §8)."""
     return expected_experts_touched(n, top_k, num_experts) * (3 * hidden * inter_rank * w_bytes)
+
+
+def t_interp_log_s(msg_bytes: Arr, measured_bytes: Arr, measured_s: Arr) -> Arr:
+    """Measured times interpolated linearly in log size and log time: a power law between neighbouring points,
+    exact at each (s; msg_bytes within the measured range; docs/model.md §4)."""
+    return np.exp(np.interp(np.log(msg_bytes), np.log(measured_bytes), np.log(measured_s)))

@@ -161,14 +161,35 @@ def nccl_curves(hw: Hw, impl: str, tp: int) -> tuple[list, list]:
     return [c[0] for c in curves], [c[1] for c in curves]
 
 
+def measured_or_fitted(hw: Hw, impl: str, tp: int, msg_bytes: Arr, fitted) -> Arr:
+    """`impl` at this TP where the profile holds its measured points (a calibration's log, [measured.<impl>.tp<W>]):
+    between the smallest and the largest measured size, the measurement interpolated linearly in log size and log
+    time (formulas.t_interp_log_s); above the largest, its last point plus the fitted curve's growth beyond it (the
+    measured line extended, continuous and never falling); below the smallest, the fitted curve `fitted(S)`, which
+    the calibration says. Without points: the fitted curve (s)."""
+    m = hw.p.measured.get(impl, {}).get(tp)
+    t_fit = fitted(msg_bytes)
+    if m is None:
+        return t_fit
+    S = np.asarray(msg_bytes, dtype=float)
+    s_lo, s_hi, t_hi = m.msg_bytes[0], m.msg_bytes[-1], m.time_s[-1]
+    inside = F.t_interp_log_s(np.clip(S, s_lo, s_hi), np.asarray(m.msg_bytes), np.asarray(m.time_s))
+    above = t_hi + t_fit - fitted(np.full(np.shape(S), s_hi))
+    return np.where(S < s_lo, t_fit, np.where(S > s_hi, above, inside))
+
+
 def t_nccl_all_gather_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
-    """NCCL all-gather of a msg_bytes (gathered) message at this TP (s): the fastest of its regime curves."""
-    return F.t_ring_regimes_s(msg_bytes, *nccl_curves(hw, "nccl_all_gather", tp), tp)
+    """NCCL all-gather of a msg_bytes (gathered) message at this TP (s): the fastest of its regime curves, or the
+    measured points where a calibration holds them (measured_or_fitted)."""
+    return measured_or_fitted(hw, "nccl_all_gather", tp, msg_bytes,
+                              lambda S: F.t_ring_regimes_s(S, *nccl_curves(hw, "nccl_all_gather", tp), tp))
 
 
 def t_nccl_reduce_scatter_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
-    """NCCL reduce-scatter of a msg_bytes (unreduced) message at this TP (s): the fastest of its regime curves."""
-    return F.t_ring_regimes_s(msg_bytes, *nccl_curves(hw, "nccl_reduce_scatter", tp), tp)
+    """NCCL reduce-scatter of a msg_bytes (unreduced) message at this TP (s): the fastest of its regime curves, or
+    the measured points where a calibration holds them (measured_or_fitted)."""
+    return measured_or_fitted(hw, "nccl_reduce_scatter", tp, msg_bytes,
+                              lambda S: F.t_ring_regimes_s(S, *nccl_curves(hw, "nccl_reduce_scatter", tp), tp))
 
 
 def reduce_scatter_dispatch(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: bool) -> tuple[Any, Any]:
@@ -216,8 +237,10 @@ def _sp_collective(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: bool, nccl: 
 
 def t_nccl_all_reduce_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
     """NCCL all-reduce of a msg_bytes tensor at this TP (s): the fastest of the profile's regime curves at exactly
-    this TP (formulas.t_all_reduce_regimes_s), or the one nccl_all_reduce curve where it has no others."""
-    return F.t_all_reduce_regimes_s(msg_bytes, *nccl_curves(hw, "nccl_all_reduce", tp), tp)
+    this TP (formulas.t_all_reduce_regimes_s), or the one nccl_all_reduce curve where it has no others; the measured
+    points where a calibration holds them (measured_or_fitted)."""
+    return measured_or_fitted(hw, "nccl_all_reduce", tp, msg_bytes,
+                              lambda S: F.t_all_reduce_regimes_s(S, *nccl_curves(hw, "nccl_all_reduce", tp), tp))
 
 
 class AllReduce(NamedTuple):

@@ -8,7 +8,9 @@ numeric leaves also holds `source` (URL, `../shared/reference` source_id, or cal
 only groups values that share a source: its leaves belong to the parent table (`[gemm._tile] tile_m = 128`
 is `gemm.tile_m`). An optional sub-table `uncertainty_rel` gives a fitted relative 1-sigma per leaf. String
 leaves (`kind`, `vendor`, ...) are typed fields without provenance; the `[calibration]` table holds free
-strings (what a calibration run measured and kept). Keys are dotted paths: `collectives.nccl_all_reduce.tp4.latency_s`
+strings (what a calibration run measured and kept). An optional `[measured.<impl>.tp<W>]` table holds the points of
+one measured NCCL collective (`msg_bytes`, `time_s`: arrays, sizes increasing; `source`): between them the model
+interpolates the measurement (MeasuredCurve). Keys are dotted paths: `collectives.nccl_all_reduce.tp4.latency_s`
 names `profile.collectives["nccl_all_reduce"][4].latency_s`. A key the schema does not have is an error.
 
 The model reads the typed fields only. `HardwareProfile.with_values` is the one way to make a new profile from
@@ -173,6 +175,22 @@ class FusedKernel:
     time_scale: Num = 1.0  # measured / modelled time of the kernel: 1, its σ the model's out-of-sample error (§9)
 
 
+MEASURED_TABLE = "measured"  # [measured.<impl>.tp<W>]: the points of a measured collective (MeasuredCurve)
+MEASURED_IMPLS = ("nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter")  # what a log measures (nccl-tests)
+MEASURED_MAX_POINTS = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredCurve:
+    """[measured.<impl>.tp<W>]: one collective as a calibration measured it, point by point (nccl-tests' sizes and
+    times). The model interpolates between the points (log-log), follows the fitted curve's growth above the
+    largest, and uses the fitted curve below the smallest (ops.measured_or_fitted; docs/profiles.md)."""
+
+    msg_bytes: tuple[float, ...]  # increasing message sizes (bytes, nccl-tests' size column)
+    time_s: tuple[float, ...]  # the measured time at each (s)
+    source: str
+
+
 # fixed tables: dotted path -> dataclass; patterned ones: collectives.<impl>.tp<W>
 _TABLES = {"identity": Identity, "compute.peak_flops_per_s": PeakFlops, "memory": Memory, "kernels": Kernels,
            "gemm": Gemm, "attention": Attention, "interconnect": Interconnect, "asynctp": AsyncTP}
@@ -282,6 +300,8 @@ class HardwareProfile:
     notes: Mapping[str, str]  # [calibration] strings, dotted
     modified: tuple[str, ...] = ()  # keys changed by --set
     fused_kernel: FusedKernel | None = None  # single-kernel fused GEMM+collective, where the hardware has it
+    measured: Mapping[str, Mapping[int, MeasuredCurve]] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({}))  # impl -> TP size -> a calibration's measured points
 
     def __repr__(self) -> str:
         return f"HardwareProfile({self.name!r}, origin={self.origin!r}, {len(self.provenance)} quantities)"
@@ -371,14 +391,16 @@ class HardwareProfile:
 
     def with_values(self, values: Mapping[str, Any], provenance: Provenance | Mapping[str, Provenance] | None = USER_SET,
                     *, mark_modified: bool = True, new_keys_ok: bool = False, name: str | None = None,
-                    notes: Mapping[str, str] | None = None, drop: tuple[str, ...] = ()) -> HardwareProfile:
+                    notes: Mapping[str, str] | None = None, drop: tuple[str, ...] = (),
+                    measured: Mapping[str, Mapping[int, MeasuredCurve]] | None = None) -> HardwareProfile:
         """A new profile with some values replaced: the one way --set, the Monte Carlo band and calibration make one.
 
         `provenance`: of every new value (one Provenance), per key (a mapping), or None to keep each key's own (the
         band's draws). `mark_modified` records the keys as --set. `new_keys_ok` lets calibration add a schema key
         the profile lacks (a collective at a new TP size). Plain numbers are range-checked (check_params) every time;
         draws are checked where they are made. `drop`: tables (dotted prefixes) removed first, values and provenance
-        (calibration: NCCL regime curves the run's own curve replaces)."""
+        (calibration: NCCL regime curves the run's own curve replaces; --set: the measured points it replaces).
+        `measured`: measured curves added or replaced (calibration from nccl-tests)."""
         gone = tuple(d + "." for d in drop)
         leaves = {k: v for k, v in self._leaves.items() if not k.startswith(gone)}
         prov = {k: v for k, v in self.provenance.items() if not k.startswith(gone)}
@@ -404,11 +426,18 @@ class HardwareProfile:
         if name is not None:
             leaves["identity.name"] = name
         modified = self.modified + tuple(k for k in values if k not in self.modified) if mark_modified else self.modified
-        return _assemble(leaves, prov, {**self.notes, **(notes or {})}, self.origin, modified)
+        kept = {impl: {tp: c for tp, c in per.items() if f"measured.{impl}.tp{tp}." not in gone}
+                for impl, per in self.measured.items()}
+        for impl, per in (measured or {}).items():
+            kept.setdefault(impl, {}).update(per)
+        measured = kept
+        return _assemble(leaves, prov, {**self.notes, **(notes or {})}, self.origin, modified,
+                         {impl: per for impl, per in measured.items() if per})
 
 
 def _assemble(leaves: Mapping[str, Any], provenance: Mapping[str, Provenance], notes: Mapping[str, str], origin: str,
-              modified: tuple[str, ...] = ()) -> HardwareProfile:
+              modified: tuple[str, ...] = (), measured: Mapping[str, Mapping[int, MeasuredCurve]] | None = None
+              ) -> HardwareProfile:
     """The typed profile of dotted leaves that passed the schema checks (the one constructor)."""
     def build(cls, prefix):
         return cls(**{f: leaves[key] for f in _field_kinds(cls) if (key := f"{prefix}.{f}") in leaves})
@@ -438,7 +467,8 @@ def _assemble(leaves: Mapping[str, Any], provenance: Mapping[str, Provenance], n
         kernels=build(Kernels, "kernels"), gemm=build(Gemm, "gemm"), attention=build(Attention, "attention"),
         interconnect=build(Interconnect, "interconnect"), collectives=MappingProxyType(collectives),
         asynctp=build(AsyncTP, "asynctp"), provenance=MappingProxyType(dict(provenance)),
-        notes=MappingProxyType(dict(notes)), modified=modified, **optional)
+        notes=MappingProxyType(dict(notes)), modified=modified,
+        measured=MappingProxyType({i: MappingProxyType(dict(per)) for i, per in (measured or {}).items()}), **optional)
 
 
 class _Recorder:
@@ -498,7 +528,11 @@ def with_overrides(profile: HardwareProfile, values: Mapping[str, float],
             if (k.startswith("collectives.") and k.endswith(".latency_s")) or k == "asynctp.copy_latency_s":
                 derived[k] = max(0.0, v + delta)
     derived = {k: v for k, v in derived.items() if k not in values}
-    return profile.with_values(derived, Provenance(DERIVED_FROM_LINK, "assumed")).with_values(
+    # a what-if on a measured collective (or on the link it rides) replaces the measurement: its points go
+    link = any(k.startswith("interconnect.") for k in values)
+    drop = tuple(f"measured.{impl}.tp{tp}" for impl, per in profile.measured.items() for tp in per
+                 if link or any(k.startswith(f"collectives.{impl}.tp{tp}.") for k in values))
+    return profile.with_values(derived, Provenance(DERIVED_FROM_LINK, "assumed"), drop=drop).with_values(
         values, Provenance(source, "assumed"))
 
 
@@ -564,6 +598,33 @@ def _check_key(key: str, value: Any, where: str) -> None:
         raise TpcostError(f"{where}: {key} must be a {'string' if kinds[leaf][0] else 'number'}, got {value!r}")
 
 
+def _measured(tree: Any, where: str) -> dict[str, dict[int, MeasuredCurve]]:
+    """The [measured.<impl>.tp<W>] tables of a profile tree, checked: one-line errors naming the table."""
+    out: dict[str, dict[int, MeasuredCurve]] = {}
+    if not isinstance(tree, dict):
+        raise TpcostError(f"{where}: [{MEASURED_TABLE}] must be a table of [{MEASURED_TABLE}.<impl>.tp<W>] tables")
+    for impl, per in tree.items():
+        if impl not in MEASURED_IMPLS or not isinstance(per, dict):
+            raise TpcostError(f"{where}: [{MEASURED_TABLE}.{impl}]: a measured curve is one of "
+                              f"{', '.join(MEASURED_IMPLS)} (what nccl-tests measures)")
+        for tpk, t in per.items():
+            name = f"[{MEASURED_TABLE}.{impl}.{tpk}]"
+            if not _is_tp(tpk) or not isinstance(t, dict) or set(t) != {"msg_bytes", "time_s", "source"}:
+                raise TpcostError(f"{where}: {name} must be a tp<W> table of msg_bytes, time_s and source")
+            S, T, src = t["msg_bytes"], t["time_s"], t["source"]
+            if not (isinstance(S, list) and isinstance(T, list) and 3 <= len(S) == len(T) <= MEASURED_MAX_POINTS):
+                raise TpcostError(f"{where}: {name} msg_bytes and time_s must be arrays of the same length, 3 to "
+                                  f"{MEASURED_MAX_POINTS} points")
+            if not isinstance(src, str) or not src.strip():
+                raise TpcostError(f"{where}: {name} needs a source string")
+            sizes = [finite_float(x, f"{where}: {name} msg_bytes", nonneg=True) for x in S]
+            times = [finite_float(x, f"{where}: {name} time_s", nonneg=True) for x in T]
+            if any(b <= a for a, b in zip(sizes, sizes[1:])) or sizes[0] <= 0 or min(times) <= 0:
+                raise TpcostError(f"{where}: {name} needs sizes > 0 in increasing order and times > 0")
+            out.setdefault(impl, {})[int(tpk[2:])] = MeasuredCurve(tuple(sizes), tuple(times), src)
+    return out
+
+
 def _flatten(tree: Mapping[str, Any], path: str, leaves: dict, prov: dict, notes: dict,  # noqa: C901
              where: str) -> None:  # (the schema walk: a branch per kind of TOML value, each a one-line error)
     if path == NOTES_TABLE:
@@ -617,10 +678,11 @@ def profile_from_dict(tree: Mapping[str, Any], origin: str) -> HardwareProfile:
     leaves: dict[str, Any] = {}
     prov: dict[str, Provenance] = {}
     notes: dict[str, str] = {}
-    body = {k: v for k, v in tree.items() if k != "schema_version"}
+    body = {k: v for k, v in tree.items() if k not in ("schema_version", MEASURED_TABLE)}
     if "vllm_dispatch" in body:
         raise TpcostError(f"{where}: {NO_DISPATCH_TABLE}")
     _flatten(body, "", leaves, prov, notes, where)
+    measured = _measured(tree.get(MEASURED_TABLE, {}), where)
     for key, (value, source) in OPTIONAL_DEFAULTS.items():
         if key not in leaves:  # profiles written before the quantity existed keep loading, and say so
             leaves[key], prov[key] = value, Provenance(source, "assumed")
@@ -639,7 +701,12 @@ def profile_from_dict(tree: Mapping[str, Any], origin: str) -> HardwareProfile:
         if not any(k.startswith(f"collectives.{c}.tp") for k in leaves):
             raise TpcostError(f"{where}: missing [collectives.{c}.tpN] entries")
     check_params({k: leaves[k] for k in prov}, where)
-    return _assemble(leaves, prov, notes, origin)
+    for impl, per in measured.items():
+        for tp in per:
+            if f"collectives.{impl}.tp{tp}.latency_s" not in leaves:
+                raise TpcostError(f"{where}: [{MEASURED_TABLE}.{impl}.tp{tp}] has no fitted curve "
+                                  f"[collectives.{impl}.tp{tp}] beside it (the model extends the points with it)")
+    return _assemble(leaves, prov, notes, origin, measured=measured)
 
 
 def builtin_profile_names() -> list[str]:
@@ -793,6 +860,10 @@ def profile_to_tree(profile: HardwareProfile, name: str | None = None) -> dict:
     for key, val in profile.notes.items():
         parent, leaf = key.rsplit(".", 1)
         node(tuple(parent.split(".")))[leaf] = val
+    for impl, per in profile.measured.items():
+        for tp, c in per.items():
+            node((MEASURED_TABLE, impl, f"tp{tp}")).update(msg_bytes=list(c.msg_bytes), time_s=list(c.time_s),
+                                                           source=c.source)
     if name is not None:
         node(("identity",))["name"] = name
     return tree

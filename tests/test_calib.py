@@ -184,10 +184,15 @@ def test_ctrl_c_keeps_samples_and_writes_no_profile(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "integration", "calibrate", "--device", "cpu", "--nproc", "2",
                              "--budget-s", "120", "--out", str(prof)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # the samples stream to `.partial` as they are taken (renamed when the run ends or is interrupted): interrupt
+    # once the first are there, mid-run; waiting for the final name raced the end of the run under load
+    from calib.calibrate import partial_path
+
+    partial = partial_path(samples)
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not (samples.exists() and samples.stat().st_size > 0):
-        time.sleep(0.2)
-    assert samples.exists() and samples.stat().st_size > 0, "no samples written within 90 s"
+    while time.monotonic() < deadline and not (partial.exists() and partial.stat().st_size > 0):
+        time.sleep(0.1)
+    assert partial.exists() and partial.stat().st_size > 0, "no samples streamed within 90 s"
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

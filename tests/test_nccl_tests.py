@@ -282,3 +282,92 @@ def test_fuzz_classes_of_the_log_reader(tmp_path, one_line_error):
         one_line_error("calibrate", "--from-nccl-tests", str(p), "--from", "h100-sxm", "--out",
                        str(tmp_path / f"{name}.toml"), needle=needles[name])
         one_line_error("collective", "--gpu", "h100-sxm", "--log", str(p), needle=needles[name])
+
+
+def test_between_measured_sizes_the_measurement_is_interpolated(tmp_path, capsys):
+    """Issue 47 item 1: a log that no alpha-beta line or regime envelope follows (its busBW dips at 16-32 MiB, as a
+    protocol switch or contention would make it) is the profile's curve at every logged size, exactly; between two
+    logged sizes it is interpolated in log size and log time; above the largest the last point grows along the fitted
+    curve (never falling); below the smallest the fitted curve stands. The points travel in the written profile."""
+    import numpy as np
+
+    from costmodel import formulas as F
+    from costmodel import ops
+
+    fac = float(F.bus_bw_factor("all_reduce", 8))
+    sizes = [2**p for p in range(20, 29)]
+    bw = {s: (60e9 if 2**24 <= s <= 2**25 else 100e9) for s in sizes}
+    rows = [(s, 20e-6 + fac * s / bw[s]) for s in sizes]
+    assert main(_calib(tmp_path, render_log("all_reduce", rows, "NVIDIA H100 80GB HBM3"))) == 0
+    said = capsys.readouterr().out
+    assert "[measured.nccl_all_reduce.tp8]: the log's 9 points" in said
+    prof = load_profile(str(tmp_path / "out.toml"))
+    m = prof.measured["nccl_all_reduce"][8]
+    assert list(m.msg_bytes) == sizes and "as logged" in m.source
+    hw = ops.Hw(prof, "bf16")
+    t_log = np.array([t for _, t in rows])
+    # nccl-tests prints times to 0.01 us: the logged value, as the profile holds it
+    assert np.allclose(ops.t_nccl_all_reduce_s(hw, 8, np.array(sizes, dtype=float)), m.time_s, rtol=1e-12)
+    assert np.allclose(m.time_s, t_log, rtol=1e-3)
+    mid = np.sqrt(sizes[4] * sizes[5])  # between 16 and 32 MiB: the geometric mean of the neighbours' times
+    assert float(ops.t_nccl_all_reduce_s(hw, 8, np.array([mid]))[0]) == pytest.approx(
+        np.sqrt(m.time_s[4] * m.time_s[5]), rel=1e-9)
+    fitted = lambda S: F.t_all_reduce_regimes_s(S, *ops.nccl_curves(hw, "nccl_all_reduce", 8), 8)  # noqa: E731
+    big = np.array([2.0**29, 2.0**30])
+    above = ops.t_nccl_all_reduce_s(hw, 8, big)
+    assert np.allclose(above, m.time_s[-1] + fitted(big) - fitted(np.array([2.0**28])))
+    assert np.all(np.diff(np.concatenate([[m.time_s[-1]], above])) > 0)
+    small = np.array([2.0**10, 2.0**15])
+    assert np.allclose(ops.t_nccl_all_reduce_s(hw, 8, small), fitted(small))
+    # the fitted envelope alone misses the dip; the interpolated measurement does not
+    assert abs(float(fitted(np.array([2.0**25]))[0]) / m.time_s[5] - 1) > 0.05
+    # the `collective` command reads the same curve
+    assert main(["collective", "--gpu", str(tmp_path / "out.toml"), "--tp", "8", "--op", "all_reduce", "--json"]) == 0
+    got = {int(r["size_bytes"]): r["t_nccl_s"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    for s, t in zip(m.msg_bytes, m.time_s):
+        if int(s) in got:
+            assert got[int(s)] == pytest.approx(t, rel=1e-9)
+
+
+def test_set_on_a_measured_collective_replaces_the_points(tmp_path, capsys):
+    """A --set on the measured collective (or on the link) is a what-if on it: the measured points go, and the
+    answer at a logged size moves; on another collective they stay."""
+    import numpy as np
+
+    from costmodel import ops
+    from costmodel.profile import parse_set, with_overrides
+
+    assert main(_calib(tmp_path, synthetic_log("all_reduce"))) == 0
+    capsys.readouterr()
+    prof = load_profile(str(tmp_path / "out.toml"))
+    S = np.array([2.0**24])
+    t0 = float(ops.t_nccl_all_reduce_s(ops.Hw(prof, "bf16"), 8, S)[0])
+    for key, gone in (("collectives.nccl_all_reduce.tp8.bus_bw_bytes_per_s=200e9", True),
+                      ("interconnect.link_bw_bytes_per_s=900e9", True),
+                      ("collectives.nccl_all_gather.tp8.bus_bw_bytes_per_s=200e9", False)):
+        p = with_overrides(prof, parse_set([key]))
+        assert (8 not in p.measured.get("nccl_all_reduce", {})) is gone, key
+        t = float(ops.t_nccl_all_reduce_s(ops.Hw(p, "bf16"), 8, S)[0])
+        assert (t != pytest.approx(t0, rel=1e-6)) is gone, key
+
+
+@pytest.mark.parametrize("table,needle", [
+    ('[measured.nccl_all_reduce.tp8]\nmsg_bytes = [1, 2]\ntime_s = [1e-5, 2e-5]\nsource = "x"\n', "3 to 4096 points"),
+    ('[measured.nccl_all_reduce.tp8]\nmsg_bytes = [1, 3, 2]\ntime_s = [1e-5, 2e-5, 3e-5]\nsource = "x"\n',
+     "increasing order"),
+    ('[measured.nccl_all_reduce.tp8]\nmsg_bytes = [1, 2, 3]\ntime_s = [1e-5, -2e-5, 3e-5]\nsource = "x"\n', "time_s"),
+    ('[measured.nccl_all_reduce.tp8]\nmsg_bytes = [1, 2, 3]\ntime_s = [1e-5, 2e-5, 3e-5]\n', "tp<W> table of"),
+    ('[measured.custom_ar_1stage.tp8]\nmsg_bytes = [1, 2, 3]\ntime_s = [1e-5, 2e-5, 3e-5]\nsource = "x"\n',
+     "a measured curve is one of"),
+    ('[measured.nccl_all_reduce.tp3]\nmsg_bytes = [1, 2, 3]\ntime_s = [1e-5, 2e-5, 3e-5]\nsource = "x"\n',
+     "has no fitted curve"),
+    ('[measured.nccl_all_reduce.tp8]\nmsg_bytes = ["a", 2, 3]\ntime_s = [1e-5, 2e-5, 3e-5]\nsource = "x"\n',
+     "msg_bytes"),
+])
+def test_bad_measured_tables_one_line(tmp_path, one_line_error, table, needle):
+    from importlib import resources
+
+    text = resources.files("costmodel.profiles").joinpath("h100-sxm.toml").read_text()
+    p = tmp_path / "bad.toml"
+    p.write_text(text + "\n" + table)
+    one_line_error("whatif", "--gpu", str(p), "--no-band", needle=needle)
