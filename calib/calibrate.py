@@ -98,6 +98,7 @@ def build_profile(records, prior, prov: dict, world: int, gemm_dtype: str, name:
     # the records that name their collective; NCCL's name it by their impl
     vllm_impls = sorted({r["impl"] for r in records if r["kind"] == "collective" and r.get("op")})
     replaced: list[str] = []
+    measured: dict = {}
     for impl, name_ in (("all_gather", "nccl_all_gather"), ("reduce_scatter", "nccl_reduce_scatter"),
                         ("all_reduce", "nccl_all_reduce"), *((i, i) for i in vllm_impls)):
         fits, res = fit_collective(records, impl, world)
@@ -110,6 +111,9 @@ def build_profile(records, prior, prov: dict, world: int, gemm_dtype: str, name:
             # (another machine's, ops.NCCL_REGIMES) would undercut it at the sizes they win
             replaced += [f"collectives.{name_}{r}.tp{world}" for r in NCCL_REGIMES
                          if world in prior.collective_tps(name_ + r)]
+            curve = measured_points(records, impl, name_, world, src + f" ({prov.get('backend')} {impl}), medians")
+            if curve is not None:  # NCCL's points, interpolated between the sizes the run timed (ops.measured_or_fitted)
+                measured[name_] = {world: curve}
     # vLLM's fused GEMM+RS/AR kernel (gemm_rs_ar), where the run timed it against its unfused arm: its terms
     from .kernel_fit import fit_records as fit_kernel
 
@@ -143,8 +147,27 @@ def build_profile(records, prior, prov: dict, world: int, gemm_dtype: str, name:
     if replaced:
         notes["calibration.regimes_replaced"] = ", ".join(replaced)
     prof = prior.with_values(values, provs, mark_modified=False, new_keys_ok=True, name=name, notes=notes,
-                             drop=tuple(replaced))
+                             drop=tuple(replaced), measured=measured)
     return prof, not_measured, residuals
+
+
+def measured_points(records, impl: str, name: str, world: int, source: str):
+    """The run's median time per size of one NCCL collective as a costmodel.profile.MeasuredCurve (None: not an
+    NCCL collective, or fewer than three sizes)."""
+    from costmodel.profile import MEASURED_IMPLS, MeasuredCurve
+
+    if name not in MEASURED_IMPLS:
+        return None
+    best: dict[float, float] = {}
+    for r in records:
+        if r["kind"] == "collective" and r["impl"] == impl and r["world"] == world and not r.get("op"):
+            S, t = float(r["msg_bytes"]), float(r["median_s"])
+            if S > 0 and t > 0:
+                best[S] = min(t, best.get(S, t))
+    if len(best) < 3:
+        return None
+    sizes = sorted(best)
+    return MeasuredCurve(tuple(sizes), tuple(best[x] for x in sizes), source)
 
 
 def side_paths(out: Path):

@@ -255,6 +255,15 @@ def test_a_measured_nccl_curve_replaces_the_priors_regimes_at_its_tp():
     hw = ops.Hw(prof, "bf16")
     assert float(ops.t_nccl_all_gather_s(hw, 8, 1024.0)) == pytest.approx(float(F.t_all_gather_s(1024.0, lat, bw, 8)), rel=0.02)
     assert float(ops.t_nccl_all_reduce_s(hw, 8, 1024.0)) == pytest.approx(float(F.t_all_reduce_s(1024.0, lat, bw, 8)), rel=0.02)
+    # the run's points are kept (issue 47 item 1): exact at each timed size, interpolated between
+    for impl, op in (("nccl_all_gather", "all_gather"), ("nccl_reduce_scatter", "reduce_scatter"),
+                     ("nccl_all_reduce", "all_reduce")):
+        m = prof.measured[impl][8]
+        assert len(m.msg_bytes) == 9 and "medians" in m.source
+        t_of = {"all_gather": ops.t_nccl_all_gather_s, "reduce_scatter": ops.t_nccl_reduce_scatter_s,
+                "all_reduce": ops.t_nccl_all_reduce_s}[op]
+        assert np.allclose(t_of(hw, 8, np.array(m.msg_bytes)), m.time_s, rtol=1e-12)
+    assert load_profile("h100-sxm").measured == {}  # built-in profiles hold fits only
 
 
 def test_validate_refuses_moe_in_one_line(tmp_path, one_line_error):
