@@ -16,12 +16,13 @@ from .errors import TpcostError
 from .io import read_text
 from .io import savefig_atomic
 from . import vllm_tables
+from .defaults import DEFAULT_SEQ_LEN
 from .shapes import DTYPES
 from .vllm_tables import Vllm
 
 OP_COLUMNS = ("hardware", "tp", "op", "dtype", "m", "n", "k", "baseline_us", "overlap_us", "source")
 MODEL_COLUMNS = ("hardware", "tp", "model", "dtype", "num_tokens", "baseline_us", "overlap_us", "scope", "source")
-OPTIONAL_MODEL_COLUMNS = ("baseline_schedule", "seq_len")  # tp (default) | sp; default 1024
+OPTIONAL_MODEL_COLUMNS = ("baseline_schedule", "seq_len")  # tp (default) | sp; default model.DEFAULT_SEQ_LEN
 # impl: torch (default; torch's pipelined symm-mem ops) | kernel (the single-kernel GEMM+RS/AR, docs/model.md §6b);
 # baseline_impl: nccl (default; the GEMM then NCCL) | vllm (the GEMM then vLLM's dispatched collective);
 # harness_us: a benchmark's own time on both arms (>= 0; a source's fitted offset, calib/reference.py FamilyFit)
@@ -293,7 +294,7 @@ def _model_groups(rows, profiles, models, skipped, path):
             except TpcostError as e:
                 raise _Skip(str(e)) from None
             key = (r["hardware"], r["model"], r["tp"], r["dtype"], r["scope"], r.get("baseline_schedule") or "tp",
-                   r.get("seq_len") or 1024)
+                   r.get("seq_len") or DEFAULT_SEQ_LEN)
             groups.setdefault(key, (prof, shape, []))[2].append((line, r))
         except _Skip as e:
             skipped.append({"where": where, "reason": str(e)})

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from . import formulas as F
+from .defaults import (DEFAULT_BUDGET_TOKENS, DEFAULT_CONTEXT_LEN, DEFAULT_MARGIN,
+                       DEFAULT_MAX_NUM_SEQS, DEFAULT_SEQ_LEN)
 from . import ops, vllm_tables
 from .errors import TpcostError
 from .layer import LayerSpec
@@ -82,10 +84,6 @@ class Schedule:
         return np.where(self.eager, np.maximum(self.t_gpu_forward_s, self.t_host_forward_s), self.t_gpu_forward_s)
 
 
-DEFAULT_CONTEXT_LEN = 1024  # tokens of KV cache a decode reads where the caller states none (docs/model.md §5)
-DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs (SchedulerConfig)
-
-
 @dataclasses.dataclass(frozen=True)
 class DecodeRegime:
     """How vLLM schedules a step: up to `max_num_seqs` of its tokens are decodes, each reading a KV cache of
@@ -123,7 +121,7 @@ class DecodeRegime:
 class Regime:
     """How vLLM runs a forward, beyond the model, TP, dtype and token count (docs/model.md §5)."""
 
-    seq_len: int = 1024  # prefill sequences of this many tokens (attention's quadratic term)
+    seq_len: int = DEFAULT_SEQ_LEN  # prefill sequences of this many tokens (attention's quadratic term)
     cudagraph_max_tokens: int | None = None  # largest CUDA-graph capture (None: vLLM's default; 0: eager)
     fi_max_bytes: float | None = None  # FlashInfer fused AR+RMSNorm limit (None: vLLM's table; 0: the pass off)
     vllm: Vllm = dataclasses.field(default_factory=Vllm)  # the vLLM whose dispatch runs (and --vllm-set limits)
@@ -138,8 +136,8 @@ class RunConfig:
     tp: int
     dtype: str = "bf16"
     regime: Regime = Regime()
-    max_num_batched_tokens: int = 8192
-    margin: float = 0.02
+    max_num_batched_tokens: int = DEFAULT_BUDGET_TOKENS
+    margin: float = DEFAULT_MARGIN
     workload: Any = None  # costmodel.workload.Workload
 
 

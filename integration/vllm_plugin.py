@@ -99,10 +99,13 @@ def _apply_inner(cfg) -> None:
         tp = cfg.parallel_config.tensor_parallel_size
         if tp <= 1 or cfg.model_config is None or not (want_sp or want_fi):
             return
+        from costmodel.defaults import DEFAULT_BUDGET_TOKENS
+
         mc = cfg.model_config
         hf = mc.hf_text_config.to_dict()
         inputs = {"hf_text_config": hf, "model": str(mc.model), "tp": tp, "dtype": _dtype_mode(mc),
-                  "max_tokens": int(cfg.scheduler_config.max_num_batched_tokens or 8192), "has_sp": has_sp,
+                  "max_tokens": int(cfg.scheduler_config.max_num_batched_tokens or DEFAULT_BUDGET_TOKENS),
+                  "has_sp": has_sp,
                   "want_sp": want_sp, "want_fi": want_fi, "fuse_allreduce_rms": fuse, "fuse_why": fuse_why,
                   "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb,
                   "cudagraph_max_tokens": _cudagraph_max_tokens(cfg), "vllm_version": _vllm_version(has_sp),
@@ -322,6 +325,8 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
     par = kernel_parallel(cfg.parallel_config, getattr(cfg, "kernel_config", None))
     if par["tp"] <= 1:
         return
+    from costmodel.defaults import DEFAULT_BUDGET_TOKENS
+
     mc = cfg.model_config
     text = mc.hf_text_config.to_dict()
     outer = {"model_type": getattr(mc.hf_config, "model_type", None), "architectures": list(mc.architectures or ()),
@@ -343,7 +348,8 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
             logger.info("tpcost: %s=%s set by the user; kept", SWITCHES[op].env, user_env)
         return
     inputs = {"kernel_model": outer, "model": str(mc.model), "parallel": par, "op": op if user_env is None else None,
-              "max_tokens": int(cfg.scheduler_config.max_num_batched_tokens or 8192), "want_fi": want_fi,
+              "max_tokens": int(cfg.scheduler_config.max_num_batched_tokens or DEFAULT_BUDGET_TOKENS),
+              "want_fi": want_fi,
               "fuse_allreduce_rms": fuse, "fuse_why": fuse_why,
               "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb,
               "vllm_version": version}

@@ -295,6 +295,10 @@ def test_plugin_sets_what_its_doc_says(scenarios, capsys):
     assert _plugin_sets_rows() == list(checks)
     for check in checks.values():
         check()
+    # the README's sentences are the table's first and third rows, and point to it
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "With nothing set, SP stays off." in readme and '"What the plugin sets"' in readme
+    assert "`enable_sp: true` gets SP alone's cutoff" in readme
     # the fusion-on row and the CPU default decide differently here, so the resolution is what moved the cutoff
     assert "fuse_allreduce_rms unset, which vLLM resolves to false here (O2, enable_allreduce_rms_fusion" in log
     assert "fi_allreduce_fusion_max_size_mb=" in log  # said only where the fusion runs (the fuse_allreduce_rms: true rows)

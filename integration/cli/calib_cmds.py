@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from costmodel.defaults import DEFAULT_MARGIN, DEFAULT_SEQ_LEN
+
 
 def _common(p):
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -29,8 +31,10 @@ def register(sub):
     v.add_argument("--gpu", required=True, help="profile: built-in name or .toml path")
     v.add_argument("--model", required=True, help="built-in model name or config.json path")
     v.add_argument("--tokens", nargs="+", type=int, help="token counts N (default: a sweep per device)")
-    v.add_argument("--seq-len", type=int, default=1024, help="prefill sequence length (default 1024)")
-    v.add_argument("--margin", type=float, default=0.02, help="risk premium of the printed cutoffs (default 0.02)")
+    v.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN,
+                   help=f"prefill sequence length (default {DEFAULT_SEQ_LEN})")
+    v.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                   help=f"risk premium of the printed cutoffs (default {DEFAULT_MARGIN:g})")
     v.add_argument("--out", default="validate.csv", help="CSV in evaluate's model-level schema (default validate.csv)")
     v.add_argument("--force", action="store_true", help="replace an existing --out (never the profile it reads)")
     _common(v)

@@ -6,7 +6,8 @@ import argparse
 import math
 
 from costmodel.errors import TpcostError
-from costmodel.model import DEFAULT_CONTEXT_LEN, DEFAULT_MAX_NUM_SEQS
+from costmodel.defaults import (DEFAULT_BUDGET_TOKENS, DEFAULT_CONTEXT_LEN, DEFAULT_MARGIN, DEFAULT_MAX_NUM_SEQS,
+                                DEFAULT_SEQ_LEN)
 
 DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TP, DEFAULT_DTYPE = "h100-sxm", "llama-3.1-70b", 4, "bf16"
 MAX_TOKENS = 2**20  # vLLM's largest useful token budget is ~1e5; the arrays of 2^20 points take ~100 MB
@@ -67,12 +68,13 @@ def add_shape_args(p, gpu_help="built-in GPU profile name, a profile .toml path,
     p.add_argument("--dtype", default=DEFAULT_DTYPE,
                    help=f"{' | '.join(DTYPES)} (fp32: CPU runs; default {DEFAULT_DTYPE}; costmodel.shapes.DTYPES)")
     p.add_argument("--seq-len", type=bounded_int("--seq-len", 1, MAX_SEQ_LEN, "16 M tokens, beyond any context window"),
-                   default=1024, help="prefill sequence length (default 1024)")
+                   default=DEFAULT_SEQ_LEN, help=f"prefill sequence length (default {DEFAULT_SEQ_LEN})")
     p.add_argument("--max-num-batched-tokens", type=bounded_int("--max-num-batched-tokens", 1, MAX_TOKENS,
-                   "the cutoff search evaluates every multiple of tp up to it"), default=8192,
-                   help="vLLM's token budget (default 8192)")
-    p.add_argument("--margin", type=fraction("--margin"), default=0.02,
-                   help="risk premium on the overlapped schedule's time in the cutoff decision, in [0, 1) (default 0.02)")
+                   "the cutoff search evaluates every multiple of tp up to it"), default=DEFAULT_BUDGET_TOKENS,
+                   help=f"vLLM's token budget (default {DEFAULT_BUDGET_TOKENS})")
+    p.add_argument("--margin", type=fraction("--margin"), default=DEFAULT_MARGIN,
+                   help="risk premium on the overlapped schedule's time in the cutoff decision, in [0, 1) "
+                        f"(default {DEFAULT_MARGIN:g})")
     p.add_argument("--fi-allreduce-fusion-max-size-mb", type=fraction("--fi-allreduce-fusion-max-size-mb", 0.0, 1e6),
                    metavar="MB", help="vLLM's PassConfig value to predict with (0: fuse_allreduce_rms off; default: "
                    "decided, the same way by whatif and vllm-config)")
@@ -191,7 +193,8 @@ def regime_arg(args, vllm, fi_max_bytes=None, workload=None):
     context_len column) and the vLLM as a costmodel.model.Regime."""
     from costmodel.model import Regime
 
-    return Regime(getattr(args, "seq_len", 1024), cudagraph_arg(args), fi_max_bytes, vllm, decode_arg(args, workload))
+    return Regime(getattr(args, "seq_len", DEFAULT_SEQ_LEN), cudagraph_arg(args), fi_max_bytes, vllm,
+                  decode_arg(args, workload))
 
 
 def run_config_arg(args, vllm, workload):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from costmodel.errors import TpcostError
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
+from costmodel.defaults import DEFAULT_BUDGET_TOKENS, DEFAULT_MARGIN
+
 from .common import (DEFAULT_GPU, MAX_TOKENS, add_regime_args, add_vllm_args, bounded_int, cudagraph_arg,
                      fraction, load_workload_arg, refuse_unused_limits, resolve_profile, vllm_arg)
 
@@ -162,8 +164,10 @@ def register(sub) -> None:
     o.add_argument("--m", type=bounded_int("--m", 1, MAX_TOKENS, "rows"), nargs="+", metavar="M",
                    help="extra rows to show beside the multiples of 128")
     o.add_argument("--max-num-batched-tokens", type=bounded_int("--max-num-batched-tokens", 128, MAX_TOKENS,
-                   "M runs over the multiples of 128 up to it"), default=8192, help="vLLM's token budget (default 8192)")
-    o.add_argument("--margin", type=fraction("--margin"), default=0.02, help="risk premium on the fused side (default 0.02)")
+                   "M runs over the multiples of 128 up to it"), default=DEFAULT_BUDGET_TOKENS,
+                   help=f"vLLM's token budget (default {DEFAULT_BUDGET_TOKENS})")
+    o.add_argument("--margin", type=fraction("--margin"), default=DEFAULT_MARGIN,
+                   help=f"risk premium on the fused side (default {DEFAULT_MARGIN:g})")
     o.add_argument("--workload", metavar="FILE", help="your traffic (as whatif's --workload)")
     o.add_argument("--at", type=bounded_int("--at", 1, MAX_TOKENS, "rows"), metavar="M",
                    help="also break each arm down at this M: its parts, achieved TFLOP/s and GB/s, the bound it hits")

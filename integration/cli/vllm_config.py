@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from costmodel.defaults import DEFAULT_SEQ_LEN
 from costmodel.io import dumps_json
 
 from .common import (VERSION_HELP, add_shape_args, bounded_int, check_min_confidence, load_workload_arg,
@@ -114,7 +115,7 @@ def _kernel_parallel_args(args, km, name):
     from costmodel.errors import TpcostError
     from costmodel.vllm_tables import Parallel
 
-    for flag, bad in (("--dtype", args.dtype != "bf16"), ("--seq-len", args.seq_len != 1024),
+    for flag, bad in (("--dtype", args.dtype != "bf16"), ("--seq-len", args.seq_len != DEFAULT_SEQ_LEN),
                       ("--cudagraph-max-tokens", args.cudagraph_max_tokens is not None),
                       ("--enforce-eager", args.enforce_eager), ("--context-len", args.context_len is not None),
                       ("--max-num-seqs", args.max_num_seqs is not None)):

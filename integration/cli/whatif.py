@@ -17,24 +17,46 @@ def _fmt_ms(x):
     return f"{x * 1e3:10.3f}"
 
 
-def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
-    from costmodel.analysis import analysis_json
-
+def cmd_whatif(args) -> int:
+    """tpcost whatif: the answer (_answer), then --plot, then JSON or the text report (_render)."""
     check_plot_args(args)
-    if args.ops is not None:
-        from costmodel.errors import TpcostError
-
-        from integration.recommend import MIN_CONFIDENCE
-
-        for flag, given in (("--plot", args.plot), ("--workload", args.workload), ("--tokens", args.tokens),
-                            ("--no-band", args.no_band), ("--min-confidence", args.min_confidence != MIN_CONFIDENCE)):
-            if given:
-                raise TpcostError(f"whatif --ops {args.ops}: {flag} belongs to the sweep, which --ops replaces by one "
-                                  "token count")
+    _refuse_sweep_flags_with_ops(args)
     prof, shape = resolve_inputs(args)
     if args.ops is not None:
         return _print_ops(prof, shape, args)
-    from integration.recommend import decide_fusion, fusion_lines, recommend
+    r, out = _answer(args, prof, shape)
+    if args.plot:
+        from costmodel.plot import plot_whatif
+
+        plot_whatif(r.analysis, args.plot)
+    if args.json:
+        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, **out}, indent=2))
+        return 0
+    _render(args, prof, shape, r, out)
+    return 0
+
+
+def _refuse_sweep_flags_with_ops(args) -> None:
+    """--ops replaces the sweep by one token count: the sweep's flags are refused beside it."""
+    if args.ops is None:
+        return
+    from costmodel.errors import TpcostError
+
+    from integration.recommend import MIN_CONFIDENCE
+
+    for flag, given in (("--plot", args.plot), ("--workload", args.workload), ("--tokens", args.tokens),
+                        ("--no-band", args.no_band), ("--min-confidence", args.min_confidence != MIN_CONFIDENCE)):
+        if given:
+            raise TpcostError(f"whatif --ops {args.ops}: {flag} belongs to the sweep, which --ops replaces by one "
+                              "token count")
+
+
+def _answer(args, prof, shape):
+    """(the recommendation, its JSON): vllm-config's decision path, so the same answer, with the fusion range, the
+    release and the band's measured coverage beside the analysis."""
+    from costmodel.analysis import analysis_json
+
+    from integration.recommend import decide_fusion, recommend
 
     vllm = vllm_arg(args, prof, args.tp)
     run = run_config_arg(args, vllm, load_workload_arg(args))
@@ -42,9 +64,8 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
                          f"{args.max_num_batched_tokens} tokens")
     check_min_confidence(args, lambda p: decide_fusion(prof, shape, run, user_choices_arg(args), min_confidence=p))
     r = recommend(prof, shape, run, user_choices_arg(args), band=not args.no_band, tokens=args.tokens,
-                  min_confidence=args.min_confidence)  # vllm-config's decision path: the same answer
-    a = r.analysis
-    out = analysis_json(a)
+                  min_confidence=args.min_confidence)
+    out = analysis_json(r.analysis)
     if out.get("cutoff_band_tokens") is not None:
         out["band_measured_coverage"] = band_coverage()
     f = r.fusion
@@ -55,28 +76,55 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     if not r.has_sp:  # a release without the SP pass: no SP threshold to show
         out.update(cutoff_tokens=None, sp_cutoff_tokens=None, cutoff_band_tokens=None, decided_schedule=None,
                    decided_threshold_tokens=None, sp_passes=False)
-    if args.plot:
-        from costmodel.plot import plot_whatif
+    return r, out
 
-        plot_whatif(a, args.plot)
-    if args.json:
-        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, **out}, indent=2))
-        return 0
+
+def _render(args, prof, shape, r, out) -> None:
+    """The text report, section by section."""
+    from integration.recommend import fusion_lines
+
+    a, vllm = r.analysis, r.vllm
+    _header_and_table(args, prof, shape, r, out)
+    for line in fusion_lines(r.fusion, prof.name, args.tp):
+        print(line.removeprefix("tpcost: "))
+    if not r.has_sp:
+        print(f"\nvLLM {vllm.label} has no SP/AsyncTP passes for this model ({vllm.release.sp_passes_cite}): no SP "
+              "threshold to decide, and what it decides instead is the FlashInfer fusion range above; the SP columns are "
+              "the schedules a release with the passes would run (--vllm-version " + sp_release_label() + ")")
+        _notes_and_provenance(a, prof)
+        return
+    for sched, why in a.table.unavailable.items():
+        print(f"\n{sched}: {why}")
+    _cutoff_lines(args, r)
+    _sensitivity_lines(args, a)
+    _value_line(r)
+    if a.breakdown_at_cutoff:
+        print("\nbreakdown at the cutoff, per forward [ms] (every term: positive = SP+AsyncTP saves; they sum to "
+              "t_tp - t_sp+async):")
+        for k, v in a.breakdown_at_cutoff.items():
+            print(f"  {k[:-2]:24s} {v * 1e3:+9.3f}")
+    _notes_and_provenance(a, prof)
+
+
+def _header_and_table(args, prof, shape, r, out) -> None:
+    """The header (what was asked, the decode context, --set) and the table over N."""
     from costmodel.profile import DERIVED_FROM_LINK
 
+    a = r.analysis
     given = [k for k in prof.modified if prof.provenance[k].source != DERIVED_FROM_LINK]
     n_derived = len(prof.modified) - len(given)
     mod = (f"  [MODIFIED by --set: {', '.join(given)}" + (f" (+{n_derived} quantities that ride on the link)"
            if n_derived else "") + "]") if prof.modified else ""
-    dec = run.regime.decode
+    dec = a.run.regime.decode
     per_row = dec is not None and bool(dec.context_grid)
     ctx = ("every token prefill (--context-len 0)" if dec is None else
            f"decode context per row from {a.workload}'s context_len column (ctx)" if per_row else
            f"decodes read {dec.context_len:g} tokens of KV each (--context-len), up to {dec.max_num_seqs} per step")
     print(f"tpcost whatif: {shape.name} on {prof.name} x{args.tp}, {args.dtype}, prefill seq_len {args.seq_len}, {ctx}; "
-          f"{vllm.describe()}{mod}")
+          f"{r.vllm.describe()}{mod}")
     print(f"{'N tokens':>9} {'t_tp [ms]':>10} {'t_sp [ms]':>10} {'t_sp+async [ms]':>16} {'speedup sp':>11} {'speedup sp+async':>17}"
           + (f" {'ctx':>8}" if per_row else ""))
+
     def cell(x, fmt):
         return "n/a" if x is None else fmt(x)
 
@@ -92,16 +140,15 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
         print(f"(ctx: the KV context each decode of that row is priced at, the count-weighted mean of {a.workload}'s "
               f"steps that pad to it; * no step of the workload pads there, so the workload's mean context over all "
               f"its steps, {dec.context_len:.0f}; such a row carries no weight in the decision)")
-    for line in fusion_lines(f, prof.name, args.tp):
-        print(line.removeprefix("tpcost: "))
-    if not r.has_sp:
-        print(f"\nvLLM {vllm.label} has no SP/AsyncTP passes for this model ({vllm.release.sp_passes_cite}): no SP "
-              "threshold to decide, and what it decides instead is the FlashInfer fusion range above; the SP columns are "
-              "the schedules a release with the passes would run (--vllm-version " + sp_release_label() + ")")
-        _notes_and_provenance(a, prof)
-        return 0
-    for sched, why in a.table.unavailable.items():
-        print(f"\n{sched}: {why}")
+
+
+def _never(x) -> str:
+    return "never" if x is None else str(x)
+
+
+def _cutoff_lines(args, r) -> None:
+    """Each schedule's cutoff with its band, the decided schedule and vLLM's own default."""
+    a, vllm = r.analysis, r.vllm
     band = a.cutoff_band_tokens
     band_s = "" if band is None else f"  band (5-95%): [{band[0]}, {band[1] if band[1] is not None else 'never'}]"
     if band is not None and a.band_resolution_tokens != args.tp:
@@ -114,9 +161,8 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
         print("  the band's measured coverage of released op rows, each source held out: " + ", ".join(
             f"{sid} {c['covered']:.0%} of {c['rows']}" for sid, c in cov.items()) + " (docs/accuracy.md)")
     if a.cutoff_by_spread:
-        never = lambda x: "never" if x is None else str(x)  # noqa: E731
         print("  the same decision with each histogram bucket spread otherwise: " +
-              ", ".join(f"{k} {never(v)}" for k, v in a.cutoff_by_spread.items()))
+              ", ".join(f"{k} {_never(v)}" for k, v in a.cutoff_by_spread.items()))
     print(f"cutoff (SP alone): {a.sp_cutoff_tokens if a.sp_cutoff_tokens is not None else 'never (null)'}")
     print(f"decided: {r.schedule_name}" + (f" from {r.cutoff_tokens} tokens" if r.cutoff_tokens is not None else "")
           + " (the schedule with the least expected forward time at its own cutoff, premium included; what "
@@ -125,36 +171,38 @@ def cmd_whatif(args) -> int:  # noqa: C901 (the text report, section by section)
     why_off = ("SP off (vLLM turns SP off at tp 1)" if args.tp < 2 else
                "SP off (its table covers sm90/sm100 with hidden >= 8192 and XPU with hidden >= 4096)")
     print(f"vLLM {vllm.label}'s own default here: " + (f"sp_min_token_num {vd}" if vd is not None else why_off))
-    if a.sensitivity:
-        never = lambda x: "never" if x is None else str(x)  # noqa: E731
-        k = len(a.sensitivity)
-        shown = (f"the {SENSITIVITY_SHOWN} that move it most of {k}" if k > SENSITIVITY_SHOWN else
-                 f"all {k} that move it" + ("; on this traffic the cutoff can sit only at the workload's own step "
-                                            "sizes, so few inputs move it at all" if args.workload else ""))
-        print(f"\nwhat moves the cutoff (each input alone scaled by e^-s and e^+s, s = its tier's sigma; {shown}):")
-        print(f"  {'quantity':56s} {'tier':22s} {'x e^-s':>7s} {'x e^+s':>7s}")
-        for row in a.sensitivity[:SENSITIVITY_SHOWN]:
-            print(f"  {row['quantity']:56s} {row['tier']:22s} {never(row['cutoff_minus_sigma_tokens']):>7s} "
-                  f"{never(row['cutoff_plus_sigma_tokens']):>7s}")
-    dv = r.decision_value  # the decided schedule's, as vllm-config reports it (issue 50 item 5)
-    if dv:
-        ms = lambda x: f"{x * 1e3:.3f} ms"  # noqa: E731
-        line = (f"value of the decision ({r.schedule_name}, expected forward {ms(dv['expected_forward_s'])}): saves "
-                f"{ms(dv['saving_vs_never_s'])} ({dv['saving_vs_never_rel']:.1%}) against never")
-        if "saving_vs_vllm_default_s" in dv:
-            v = dv["saving_vs_vllm_default_s"]
-            line += (f", {ms(v)} against vLLM's default" if v is not None else
-                     ", and vLLM's default would enable an op that cannot run here")
-        oc = dv["oracle_cutoff_tokens"]
-        line += f"; regret against the best threshold in hindsight ({'never' if oc is None else oc}): {ms(dv['regret_vs_oracle_s'])}"
-        print(line)
-    if a.breakdown_at_cutoff:
-        print("\nbreakdown at the cutoff, per forward [ms] (every term: positive = SP+AsyncTP saves; they sum to "
-              "t_tp - t_sp+async):")
-        for k, v in a.breakdown_at_cutoff.items():
-            print(f"  {k[:-2]:24s} {v * 1e3:+9.3f}")
-    _notes_and_provenance(a, prof)
-    return 0
+
+
+def _sensitivity_lines(args, a) -> None:
+    """The inputs that move the cutoff, largest first, and how many there are."""
+    if not a.sensitivity:
+        return
+    k = len(a.sensitivity)
+    shown = (f"the {SENSITIVITY_SHOWN} that move it most of {k}" if k > SENSITIVITY_SHOWN else
+             f"all {k} that move it" + ("; on this traffic the cutoff can sit only at the workload's own step "
+                                        "sizes, so few inputs move it at all" if args.workload else ""))
+    print(f"\nwhat moves the cutoff (each input alone scaled by e^-s and e^+s, s = its tier's sigma; {shown}):")
+    print(f"  {'quantity':56s} {'tier':22s} {'x e^-s':>7s} {'x e^+s':>7s}")
+    for row in a.sensitivity[:SENSITIVITY_SHOWN]:
+        print(f"  {row['quantity']:56s} {row['tier']:22s} {_never(row['cutoff_minus_sigma_tokens']):>7s} "
+              f"{_never(row['cutoff_plus_sigma_tokens']):>7s}")
+
+
+def _value_line(r) -> None:
+    """The decided schedule's value on the workload, as vllm-config reports it (issue 50 item 5)."""
+    dv = r.decision_value
+    if not dv:
+        return
+    ms = lambda x: f"{x * 1e3:.3f} ms"  # noqa: E731
+    line = (f"value of the decision ({r.schedule_name}, expected forward {ms(dv['expected_forward_s'])}): saves "
+            f"{ms(dv['saving_vs_never_s'])} ({dv['saving_vs_never_rel']:.1%}) against never")
+    if "saving_vs_vllm_default_s" in dv:
+        v = dv["saving_vs_vllm_default_s"]
+        line += (f", {ms(v)} against vLLM's default" if v is not None else
+                 ", and vLLM's default would enable an op that cannot run here")
+    oc = dv["oracle_cutoff_tokens"]
+    line += f"; regret against the best threshold in hindsight ({_never(oc)}): {ms(dv['regret_vs_oracle_s'])}"
+    print(line)
 
 
 def _forward_times(prof, shape, run, vllm) -> list:
