@@ -201,20 +201,20 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     if cap is not None and (not isinstance(cap, (int, np.integer)) or cap < 0):
         raise TpcostError(f"--cudagraph-max-tokens must be an integer >= 0, got {cap}")
     cap = vllm_tables.capture_size(cap, profile.identity.compute_capability)
-    fw = _Forward(profile, shape, tp, dtype, N, r)
+    fw = _Ops(profile, shape, tp, dtype, N, r)
     eager = vllm_tables.runs_eagerly(N, cap)
     notes: list[str] = [f"{shape.name}: config.json has no {d.split(' = ')[0]}; taken as Hugging Face does: {d}"
                         for d in shape.defaults]
     unavailable = ops.fused_ops_available(profile, tp)
     sp_unavailable = None if tp >= 2 else "SP needs tp >= 2 (at tp 1 there is nothing to scatter)"
-    tp_layer, unit_tp = fw.tp_layer(notes)
-    sp_layer, rs, norm_shard, ag = fw.sp_layer()
+    tp_layer, unit_tp = _tp_layer(fw, notes)
+    sp_layer, rs, norm_shard, ag = _sp_layer(fw)
     if sp_unavailable:
         notes.append(sp_unavailable)
         sp_layer = (fw.op("sp_unavailable", "comm", np.full(N.shape, np.inf), formula="tp >= 2", section="§4",
                           host_calls=0.0),)
     if unavailable is None:
-        spa_layer = fw.sp_asynctp_layer(rs, norm_shard, ag, notes)
+        spa_layer = _sp_asynctp_layer(fw, rs, norm_shard, ag, notes)
     else:
         if not sp_unavailable:
             notes.append(unavailable + "; SP alone stays possible with inter-node collectives")
@@ -226,7 +226,7 @@ def predict(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, nu
     elif np.any(eager):
         notes.append(f"N > {cap} runs eagerly (vLLM's largest CUDA-graph capture size): the host "
                      "issue time of every op counts there, torch's Python AsyncTP pipeline included; below, graphs replay")
-    nonlayer_tp, nonlayer_sp = fw.nonlayer(unit_tp, rs, norm_shard, ag)
+    nonlayer_tp, nonlayer_sp = _nonlayer(fw, unit_tp, rs, norm_shard, ag)
     L = fw.spec.num_layers
     scheds = {"tp": Schedule("tp", tp_layer, nonlayer_tp, L, eager),
               "sp": Schedule("sp", sp_layer, nonlayer_sp, L, eager),
@@ -254,8 +254,9 @@ def dispatch_edges(n: Any, impls: Any, msg_bytes: Any) -> list[tuple[int, int, s
             for i in range(1, n.size) if impls[i] != impls[i - 1]]
 
 
-class _Forward:
-    """The ops of one forward at token counts N: one method per kind of op and per schedule (predict's parts)."""
+class _Ops:
+    """The ops of one forward at token counts N, one method per kind of op; the schedules' layers are built from
+    them by _tp_layer, _sp_layer, _sp_asynctp_layer and _nonlayer (predict's parts)."""
 
     def __init__(self, profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str, N: np.ndarray,
                  regime: Regime):
@@ -372,44 +373,7 @@ class _Forward:
                         count)
 
     # ---------------------------------------------------------------- the schedules' layers
-    def tp_layer(self, notes: list[str]) -> tuple[tuple, list[Op]]:
-        """(the layer under plain TP, its all-reduce + RMSNorm unit): vLLM's dispatched all-reduce (§4)."""
-        hw, spec, N, W, act, mode = self.hw, self.spec, self.N, self.W, self.act, self.mode
-        msg = spec.reduce_msg_bytes(N)
-        ar = ops.all_reduce_dispatch(hw, msg, W, True, fi_max_bytes=self.regime.fi_max_bytes,
-                                     vllm=self.regime.vllm)
-        t_ar, fused_mask, impls, lat_ar = ar.t_s, ar.fused, ar.impls, ar.latency_s
-        norm_bytes = np.where(fused_mask, 0.0, F.rms_norm_bytes(N, spec.hidden, act, mode.quant_bytes))
-        t_norm_unfused = np.where(fused_mask, 0.0, hw.t_mem(norm_bytes))
-        notes.append("tp all-reduce implementations over this sweep: " + ", ".join(impls)
-                     + f" (dispatch tables of {ar.tables})")
-        edges = dispatch_edges(N, ar.impl_per_size, msg)
-        if edges:
-            notes.append("tp all-reduce dispatch edges (vLLM's size limits; time can fall across one): " + "; ".join(
-                f"{a} up to {lo} tokens, {b} from {hi} ({mib:.3g} MiB)" for lo, hi, a, b, mib in edges))
-        unit_tp = [self.comm("all_reduce", t_ar, msg, F.bus_bw_factor("all_reduce", W), lat_ar, 2,
-                             f"ops.all_reduce_dispatch ({', '.join(impls)}) -> formulas.t_all_reduce_s"),
-                   self.op("rms_norm", "memory", t_norm_unfused, 2,
-                           "formulas.t_memory_bound_s(rms_norm_bytes); 0 where fused", "§3", hbm_bytes=norm_bytes,
-                           parts={"HBM": norm_bytes / (hw.hbm_bw_bytes_per_s * hw.mem_efficiency),
-                                  "latency": np.where(fused_mask, 0.0, hw.launch_overhead_s)})]
-        return tuple(self.compute_ops(N, spec.slots) + unit_tp), unit_tp
 
-    def sp_layer(self) -> tuple[tuple, Op, Op, Op]:
-        """(the layer under SP: RS -> norm(N/W) -> AG, its reduce-scatter, sharded norm, all-gather)."""
-        hw, H, Np, W, act, mode = self.hw, self.spec.hidden, self.Np, self.W, self.act, self.mode
-        t_rs = ops.t_nccl_reduce_scatter_s(hw, W, Np * (H * act))
-        t_ag = ops.t_nccl_all_gather_s(hw, W, Np * (H * mode.ag_bytes))
-        rs = self.comm("reduce_scatter", t_rs, Np * (H * act), F.bus_bw_factor("reduce_scatter", W),
-                       ops.collective_latency_s(hw, "nccl_reduce_scatter", W), 2,
-                       "ops.t_nccl_reduce_scatter_s -> formulas.t_reduce_scatter_s")
-        ag = self.comm("all_gather", t_ag, Np * (H * mode.ag_bytes), F.bus_bw_factor("all_gather", W),
-                       ops.collective_latency_s(hw, "nccl_all_gather", W), 2,
-                       "ops.t_nccl_all_gather_s -> formulas.t_all_gather_s")
-        norm_shard = self.mem("rms_norm_shard", F.rms_norm_bytes(Np / W, H, act, mode.ag_bytes),
-                              "rms_norm_bytes on N/tp rows", 2)
-        dyn = [self.quant(Np, 2)] if self.dtype == "fp8-dynamic" else []
-        return (rs, norm_shard, ag, *dyn, *self.compute_ops(Np, self.spec.slots)), rs, norm_shard, ag
 
     def fused(self, slot, f, formula, moved_bytes) -> Op:
         """One slot's torch fused op (§6)."""
@@ -421,41 +385,84 @@ class _Forward:
                        parts={"compute": f.t_chunks_contended_s, "link": f.t_pulls_s, "latency": f.t_sync_s,
                               "HBM": f.t_memory_s}, slot=slot.name)
 
-    def sp_asynctp_layer(self, rs: Op, norm_shard: Op, ag: Op, notes: list[str]) -> tuple:
-        """The layer under SP+AsyncTP: each slot's fusion, in order."""
-        hw, H, Np, W, act, mode = self.hw, self.spec.hidden, self.Np, self.W, self.act, self.mode
-        spa = [norm_shard]
-        for slot in self.spec.slots:
-            if slot.name == "router":  # an MoE block: SP's all-gather before it, no GEMM fusion in vLLM 0.31
-                spa += [_once(ag)] + self.compute_ops(Np, [slot])
-            elif slot.fuses == "ag_gemm" and not mode.ag_gemm_fuses:  # per-token fp8: a quant kernel sits between
-                spa += [_once(ag), self.quant(Np), self.slot_gemm(slot, Np)] + self.after(slot, Np)
-            elif slot.fuses == "ag_gemm":
-                f = ops.fused_ag_gemm(hw, Np, slot.n, slot.k, W, mode.ag_bytes, eager=True)
-                spa += [self.fused(slot, f, "ops.fused_ag_gemm -> formulas.t_ag_gemm_gpu_s", Np * (H * mode.ag_bytes))]
-                spa += self.after(slot, Np)
-            else:  # gemm_rs
-                f = ops.fused_gemm_rs(hw, Np, slot.n, slot.k, W, eager=True)
-                spa.append(self.fused(slot, f, "ops.fused_gemm_rs -> formulas.t_gemm_rs_gpu_s", Np * (H * act)))
-        if self.spec.is_moe:
-            spa.append(_once(rs))
-            notes.append(f"{self.shape.name} is MoE: its MoE block gets SP (RS/AG) but no GEMM fusion in vLLM 0.31")
-        return tuple(spa)
 
-    def nonlayer(self, unit_tp: list[Op], rs: Op, norm_shard: Op, ag: Op) -> tuple[tuple, tuple]:
-        """(the ops outside the layers under TP, and under SP): embedding, the final norm unit, lm_head, logits."""
-        hw, H, N, Np, W, act = self.hw, self.spec.hidden, self.N, self.Np, self.W, self.act
-        n_seqs = np.ceil(N / self.regime.seq_len)
-        embed = self.mem("embedding", F.embedding_bytes(N, H, act), "embedding_bytes")
-        lm_head = self.gemm("lm_head_gemm", n_seqs, self.shape.vocab / W, H, fp8_ok=False)
-        logit_bytes = F.logits_bytes(n_seqs, self.shape.vocab)
-        logits = self.comm("logits_gather", ops.t_nccl_all_gather_s(hw, W, logit_bytes), logit_bytes,
-                           F.bus_bw_factor("all_gather", W), ops.collective_latency_s(hw, "nccl_all_gather", W), 1,
-                           "ops.t_nccl_all_gather_s")
-        nonlayer_tp = (embed, *[_once(o) for o in unit_tp], lm_head, logits)
-        nonlayer_sp = (self.mem("embedding", F.embedding_bytes(Np, H, act), "embedding_bytes on N_p rows"), _once(rs),
-                       _once(norm_shard), _once(ag), lm_head, logits)
-        return nonlayer_tp, nonlayer_sp
+def _tp_layer(fw: _Ops, notes: list[str]) -> tuple[tuple, list[Op]]:
+    """(the layer under plain TP, its all-reduce + RMSNorm unit): vLLM's dispatched all-reduce (§4)."""
+    hw, spec, N, W, act, mode = fw.hw, fw.spec, fw.N, fw.W, fw.act, fw.mode
+    msg = spec.reduce_msg_bytes(N)
+    ar = ops.all_reduce_dispatch(hw, msg, W, True, fi_max_bytes=fw.regime.fi_max_bytes,
+                                 vllm=fw.regime.vllm)
+    t_ar, fused_mask, impls, lat_ar = ar.t_s, ar.fused, ar.impls, ar.latency_s
+    norm_bytes = np.where(fused_mask, 0.0, F.rms_norm_bytes(N, spec.hidden, act, mode.quant_bytes))
+    t_norm_unfused = np.where(fused_mask, 0.0, hw.t_mem(norm_bytes))
+    notes.append("tp all-reduce implementations over this sweep: " + ", ".join(impls)
+                 + f" (dispatch tables of {ar.tables})")
+    edges = dispatch_edges(N, ar.impl_per_size, msg)
+    if edges:
+        notes.append("tp all-reduce dispatch edges (vLLM's size limits; time can fall across one): " + "; ".join(
+            f"{a} up to {lo} tokens, {b} from {hi} ({mib:.3g} MiB)" for lo, hi, a, b, mib in edges))
+    unit_tp = [fw.comm("all_reduce", t_ar, msg, F.bus_bw_factor("all_reduce", W), lat_ar, 2,
+                       f"ops.all_reduce_dispatch ({', '.join(impls)}) -> formulas.t_all_reduce_s"),
+               fw.op("rms_norm", "memory", t_norm_unfused, 2,
+                     "formulas.t_memory_bound_s(rms_norm_bytes); 0 where fused", "§3", hbm_bytes=norm_bytes,
+                     parts={"HBM": norm_bytes / (hw.hbm_bw_bytes_per_s * hw.mem_efficiency),
+                            "latency": np.where(fused_mask, 0.0, hw.launch_overhead_s)})]
+    return tuple(fw.compute_ops(N, spec.slots) + unit_tp), unit_tp
+
+
+def _sp_layer(fw: _Ops) -> tuple[tuple, Op, Op, Op]:
+    """(the layer under SP: RS -> norm(N/W) -> AG, its reduce-scatter, sharded norm, all-gather)."""
+    hw, H, Np, W, act, mode = fw.hw, fw.spec.hidden, fw.Np, fw.W, fw.act, fw.mode
+    t_rs = ops.t_nccl_reduce_scatter_s(hw, W, Np * (H * act))
+    t_ag = ops.t_nccl_all_gather_s(hw, W, Np * (H * mode.ag_bytes))
+    rs = fw.comm("reduce_scatter", t_rs, Np * (H * act), F.bus_bw_factor("reduce_scatter", W),
+                 ops.collective_latency_s(hw, "nccl_reduce_scatter", W), 2,
+                 "ops.t_nccl_reduce_scatter_s -> formulas.t_reduce_scatter_s")
+    ag = fw.comm("all_gather", t_ag, Np * (H * mode.ag_bytes), F.bus_bw_factor("all_gather", W),
+                 ops.collective_latency_s(hw, "nccl_all_gather", W), 2,
+                 "ops.t_nccl_all_gather_s -> formulas.t_all_gather_s")
+    norm_shard = fw.mem("rms_norm_shard", F.rms_norm_bytes(Np / W, H, act, mode.ag_bytes),
+                        "rms_norm_bytes on N/tp rows", 2)
+    dyn = [fw.quant(Np, 2)] if fw.dtype == "fp8-dynamic" else []
+    return (rs, norm_shard, ag, *dyn, *fw.compute_ops(Np, fw.spec.slots)), rs, norm_shard, ag
+
+
+def _sp_asynctp_layer(fw: _Ops, rs: Op, norm_shard: Op, ag: Op, notes: list[str]) -> tuple:
+    """The layer under SP+AsyncTP: each slot's fusion, in order."""
+    hw, H, Np, W, act, mode = fw.hw, fw.spec.hidden, fw.Np, fw.W, fw.act, fw.mode
+    spa = [norm_shard]
+    for slot in fw.spec.slots:
+        if slot.name == "router":  # an MoE block: SP's all-gather before it, no GEMM fusion in vLLM 0.31
+            spa += [_once(ag)] + fw.compute_ops(Np, [slot])
+        elif slot.fuses == "ag_gemm" and not mode.ag_gemm_fuses:  # per-token fp8: a quant kernel sits between
+            spa += [_once(ag), fw.quant(Np), fw.slot_gemm(slot, Np)] + fw.after(slot, Np)
+        elif slot.fuses == "ag_gemm":
+            f = ops.fused_ag_gemm(hw, Np, slot.n, slot.k, W, mode.ag_bytes, eager=True)
+            spa += [fw.fused(slot, f, "ops.fused_ag_gemm -> formulas.t_ag_gemm_gpu_s", Np * (H * mode.ag_bytes))]
+            spa += fw.after(slot, Np)
+        else:  # gemm_rs
+            f = ops.fused_gemm_rs(hw, Np, slot.n, slot.k, W, eager=True)
+            spa.append(fw.fused(slot, f, "ops.fused_gemm_rs -> formulas.t_gemm_rs_gpu_s", Np * (H * act)))
+    if fw.spec.is_moe:
+        spa.append(_once(rs))
+        notes.append(f"{fw.shape.name} is MoE: its MoE block gets SP (RS/AG) but no GEMM fusion in vLLM 0.31")
+    return tuple(spa)
+
+
+def _nonlayer(fw: _Ops, unit_tp: list[Op], rs: Op, norm_shard: Op, ag: Op) -> tuple[tuple, tuple]:
+    """(the ops outside the layers under TP, and under SP): embedding, the final norm unit, lm_head, logits."""
+    hw, H, N, Np, W, act = fw.hw, fw.spec.hidden, fw.N, fw.Np, fw.W, fw.act
+    n_seqs = np.ceil(N / fw.regime.seq_len)
+    embed = fw.mem("embedding", F.embedding_bytes(N, H, act), "embedding_bytes")
+    lm_head = fw.gemm("lm_head_gemm", n_seqs, fw.shape.vocab / W, H, fp8_ok=False)
+    logit_bytes = F.logits_bytes(n_seqs, fw.shape.vocab)
+    logits = fw.comm("logits_gather", ops.t_nccl_all_gather_s(hw, W, logit_bytes), logit_bytes,
+                     F.bus_bw_factor("all_gather", W), ops.collective_latency_s(hw, "nccl_all_gather", W), 1,
+                     "ops.t_nccl_all_gather_s")
+    nonlayer_tp = (embed, *[_once(o) for o in unit_tp], lm_head, logits)
+    nonlayer_sp = (fw.mem("embedding", F.embedding_bytes(Np, H, act), "embedding_bytes on N_p rows"), _once(rs),
+                   _once(norm_shard), _once(ag), lm_head, logits)
+    return nonlayer_tp, nonlayer_sp
 
 
 def breakdown_terms(scheds: dict[str, Schedule], L: int, t_ag: Any, t_rs: Any, available: bool) -> dict[str, Any]:

@@ -87,8 +87,14 @@ def test_padding_term_is_zero_for_bf16_multiples_of_tp():
 
 def test_padding_and_monotone_in_link_bandwidth():
     p = predict(H100, L70, 4, "bf16", np.array([4097.0, 4100.0]))
-    # 4097 pads to 4100 under SP: identical SP times, different TP times
-    assert p.t_forward_s("sp_asynctp")[0] == p.t_forward_s("sp_asynctp")[1]
+    # 4097 pads to 4100 under SP: every op but attention runs the same 4100 rows; attention works on the step's own
+    # tokens (padding rows read no KV and attend no prefix: docs/model.md §5), so only it differs, by its 3 rows
+    for o in p.schedules["sp_asynctp"].layer_ops:
+        if o.name != "attention":
+            assert o.t_s[0] == o.t_s[1], o.name
+        else:
+            assert o.t_s[0] < o.t_s[1]
+    assert p.t_forward_s("sp_asynctp")[0] == pytest.approx(p.t_forward_s("sp_asynctp")[1], rel=1e-4)
     slow = H100.with_values({"asynctp.copy_engine_bw_bytes_per_s": 20e9})
     assert np.all(predict(slow, L70, 4, "bf16", N).t_forward_s("sp_asynctp") >= predict(H100, L70, 4, "bf16", N).t_forward_s("sp_asynctp"))
 
