@@ -11,13 +11,12 @@ import math
 
 import numpy as np
 
-from . import ops
+from . import fused_ops, ops
 from .errors import TpcostError
 from .io import read_text
 from .io import savefig_atomic
 from . import vllm_tables
 from .defaults import DEFAULT_SEQ_LEN
-from .shapes import DTYPES
 from .vllm_tables import Vllm
 
 OP_COLUMNS = ("hardware", "tp", "op", "dtype", "m", "n", "k", "baseline_us", "overlap_us", "source")
@@ -27,10 +26,9 @@ OPTIONAL_MODEL_COLUMNS = ("baseline_schedule", "seq_len")  # tp (default) | sp; 
 # baseline_impl: nccl (default; the GEMM then NCCL) | vllm (the GEMM then vLLM's dispatched collective);
 # harness_us: a benchmark's own time on both arms (>= 0; a source's fitted offset, calib/reference.py FamilyFit)
 OPTIONAL_OP_COLUMNS = ("impl", "baseline_impl", "harness_us")
-OP_IMPLS, BASELINE_IMPLS = ("torch", "kernel"), ("nccl", "vllm")
+BASELINE_IMPLS = ("nccl", "vllm")  # a published row's unfused arm (fused_ops: "nccl" unless its column says)
 TIE_BAND = 0.02  # a measured speedup within 2 % of 1 is a tie: either verdict counts as right
 INT_LIMITS = {"tp": 4096, "m": 2**24, "n": 2**20, "k": 2**20, "num_tokens": 2**24, "seq_len": 2**24}
-OP_DTYPES = DTYPES  # every dtype mode of the model (costmodel.shapes.DTYPES)
 
 
 def op_csv_header() -> str:
@@ -166,8 +164,9 @@ def read_rows(path: str) -> tuple[str, list]:  # noqa: C901 (one pass of per-cel
             if r.get(c, "") != "":
                 r[c] = _int_cell(path, line, c, r[c])
         if schema == "op":
-            if r.get("impl", "") not in ("",) + OP_IMPLS:
-                raise TpcostError(f"{path}:{line}: impl must be one of {', '.join(OP_IMPLS)}, got {r['impl']!r}")
+            if r.get("impl", "") not in ("",) + fused_ops.IMPLS:
+                raise TpcostError(f"{path}:{line}: impl must be one of {', '.join(fused_ops.IMPLS)}, got "
+                                  f"{r['impl']!r}")
             if r.get("baseline_impl", "") not in ("",) + BASELINE_IMPLS:
                 raise TpcostError(f"{path}:{line}: baseline_impl must be one of {', '.join(BASELINE_IMPLS)}, "
                                   f"got {r['baseline_impl']!r}")
@@ -227,44 +226,28 @@ def predict_op_row(prof: Any, row: Mapping[str, Any], vllm: Vllm, eager: bool = 
     n, k = row.get("n") or None, row.get("k") or None
     impl, baseline_impl = row.get("impl") or "torch", row.get("baseline_impl") or "nccl"
     h = float(row.get("harness_us") or 0.0) * 1e-6  # the benchmark's own time, on both arms
-    if impl == "kernel":
-        s_k, hidden = _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm, h)
-        return (s_k if all_draws else float(s_k[0])), hidden
-    if dtype not in OP_DTYPES:
-        raise _Skip(f"dtype {dtype!r} is out of scope (modelled: {', '.join(OP_DTYPES)}; torch's NVFP4 native "
-                    "path is a different kernel, docs/model.md §6)")
-    if n is None or k is None:
-        raise _Skip(f"missing {'n' if n is None else 'k'}")
-    if tp < 2:
-        raise _Skip("tp must be >= 2 for a collective")
-    why = ops.fused_ops_available(prof, tp)
+    try:
+        kind = fused_ops.kind(op, impl)
+    except TpcostError as e:
+        raise _Skip(str(e)) from None
+    why = kind.why_not(prof, tp, dtype, n)  # the registry's eligibility, the one `op` applies
     if why:
         raise _Skip(why)
+    if n is None or k is None:
+        raise _Skip(f"missing {'n' if n is None else 'k'}")
+    if impl == "kernel":
+        hw = ops.Hw(prof, "fp8" if dtype == "mxfp8" else "bf16")
+        pair = ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp, dtype), float(m),
+                               baseline="vllm" if baseline_impl == "vllm" else "nccl", vllm=vllm)
+        s_k = np.ravel((pair.unfused_s + h) / (pair.fused_s + h))
+        return (s_k if all_draws else float(s_k[0])), n
     if m % tp:
         raise _Skip(f"m={m} not divisible by tp={tp}")
     hw = ops.Hw(prof, dtype)
-    if op not in ("ag_gemm", "gemm_rs"):
-        raise _Skip(f"unknown op {op!r} (ag_gemm | gemm_rs)")
-    if op == "ag_gemm" and not hw.mode.ag_gemm_fuses:
-        raise _Skip("ag_gemm does not fuse with per-token (dynamic) fp8 in vLLM 0.31")
     p = ops.torch_pair(hw, op, float(m), n, k, tp)
     hidden = k if op == "ag_gemm" else n
     s_all = np.ravel((p.unfused_s + h) / ((p.fused_eager_s if eager else p.fused_graph_s) + h))
     return (s_all if all_draws else float(s_all[0])), hidden
-
-
-def _predict_kernel_row(prof, op, dtype, tp, m, n, k, baseline_impl, vllm, harness_s):
-    if n is None or k is None:
-        raise _Skip(f"missing {'n' if n is None else 'k'}")
-    if op not in vllm_tables.KERNEL_OPS:
-        raise _Skip(f"op {op!r} has no single-kernel form (gemm_rs | gemm_ar)")
-    why = ops.kernel_available(prof, tp, dtype, n)
-    if why:
-        raise _Skip(why)
-    hw = ops.Hw(prof, "fp8" if dtype == "mxfp8" else "bf16")
-    pair = ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp, dtype), float(m),
-                           baseline="vllm" if baseline_impl == "vllm" else "nccl", vllm=vllm)
-    return np.ravel((pair.unfused_s + harness_s) / (pair.fused_s + harness_s)), n
 
 
 def _model_groups(rows, profiles, models, skipped, path):

@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any
 import dataclasses
 
+from .fused_ops import TORCH_FUSES
 from .ops import DtypeMode, dtype_mode
 from .shapes import ModelShape
 
 # the fusions a slot can take: torch's pipelined AG+GEMM before it, GEMM+RS after it (vLLM <= 0.31's AsyncTP)
-FUSES = ("ag_gemm", "gemm_rs")
+FUSES = TORCH_FUSES
 
 
 @dataclasses.dataclass(frozen=True)

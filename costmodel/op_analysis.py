@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from . import formulas as F
-from . import ops, vllm_tables
+from . import fused_ops, ops, vllm_tables
 from .analysis import (BAND_DRAWS, BAND_SEED, band_edges, crossover_tokens, decide_cutoff, decision_value,
                        perturbed_values)
 from .workload import weights_on
@@ -23,10 +23,6 @@ from .model import RunConfig
 from .profile import HardwareProfile
 from .vllm_tables import Vllm
 
-OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
-IMPLS = ("torch", "kernel")
-# torch's pipelined ops take bf16 and static fp8; the single kernel adds its MXFP8 weights (vllm_tables.KERNEL_DTYPES)
-OP_DTYPES = ("bf16", "fp8", *[d for d in vllm_tables.KERNEL_DTYPES if d != "bf16"])
 M_STEP = 128  # M runs over the multiples of 128 (vLLM's gemm_rs_ar tiles M by 128)
 SMALL_M = np.exp2(np.arange(7.0))  # 1, 2, ..., 64: the decode rows below one M tile, for the single kernel
 
@@ -143,30 +139,15 @@ class OpAnalysis:
 
 
 def check_combination(profile: HardwareProfile, op: str, impl: str, tp: int, dtype: str, n: int) -> None:
-    """One clear error for an op/impl/dtype/GPU combination that does not exist."""
-    if op not in OPS:
-        raise TpcostError(f"--op {op!r}: one of {', '.join(OPS)}")
-    if impl not in IMPLS:
-        raise TpcostError(f"--impl {impl!r}: one of {', '.join(IMPLS)}")
-    if dtype not in OP_DTYPES:
-        raise TpcostError(f"--dtype {dtype!r}: one of {', '.join(OP_DTYPES)}")
-    if impl == "torch":
-        if op == "gemm_ar":
-            raise TpcostError("--op gemm_ar --impl torch: torch has no fused GEMM+all-reduce (its pipelined ops are "
-                              "all-gather+GEMM and GEMM+reduce-scatter); use --impl kernel")
-        if dtype == "mxfp8":
-            raise TpcostError("--dtype mxfp8 is the single kernel's weight format; torch's fused ops take bf16 or fp8")
-        why = ops.fused_ops_available(profile, tp)
-        if why:
-            raise TpcostError(why)
-    else:
-        if op == "ag_gemm":
-            raise TpcostError("--op ag_gemm --impl kernel: vLLM 0.33's single kernel fuses GEMM+RS and GEMM+AR only")
-        if dtype == "fp8":
-            raise TpcostError(f"--dtype fp8 --impl kernel: {vllm_tables.CAN_RUN_FP8}")
-        why = ops.kernel_available(profile, tp, dtype, n)
-        if why:
-            raise TpcostError(why)
+    """One clear error for an op/impl/dtype/GPU combination that does not exist (costmodel.fused_ops: the registry
+    evaluate reads too)."""
+    try:
+        k = fused_ops.kind(op, impl)
+    except TpcostError as e:
+        raise TpcostError(f"--op {op} --impl {impl}: {e}") from None
+    why = k.why_not(profile, tp, dtype, n)
+    if why:
+        raise TpcostError(f"--op {op} --impl {impl} --dtype {dtype}: {why}")
 
 
 def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int, vllm: Vllm) -> tuple[str, int | None, Any]:

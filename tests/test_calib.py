@@ -183,7 +183,9 @@ def test_ctrl_c_keeps_samples_and_writes_no_profile(tmp_path):
     samples = prof.with_suffix(".samples.jsonl")
     proc = subprocess.Popen([sys.executable, "-m", "integration", "calibrate", "--device", "cpu", "--nproc", "2",
                              "--budget-s", "120", "--out", str(prof)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # a terminal's default: a shell's background job (nohup ... &) inherits SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # the samples stream to `.partial` as they are taken (renamed when the run ends or is interrupted): interrupt
     # once the first are there, mid-run; waiting for the final name raced the end of the run under load
     from calib.calibrate import partial_path

@@ -160,3 +160,43 @@ def test_harness_time_is_added_to_both_arms():
     u, f = float(np.ravel(p.unfused_s)[0]), float(np.ravel(p.fused_eager_s)[0])
     assert predict_op_row(prof, row, Vllm())[0] == pytest.approx(u / f, rel=1e-12)
     assert predict_op_row(prof, {**row, "harness_us": 100.0}, Vllm())[0] == pytest.approx((u + 1e-4) / (f + 1e-4), rel=1e-12)
+
+
+def test_op_and_evaluate_read_one_registry_of_fused_ops():
+    """Issue 48 item 2: one registry (costmodel.fused_ops) holds each fused op's formats and eligibility: `op`
+    refuses exactly the combinations `evaluate` skips, with the same reason, on every built-in GPU, TP and format;
+    the release fields each op depends on are the vLLM home's."""
+    import dataclasses
+
+    from costmodel import fused_ops
+    from costmodel.errors import TpcostError
+    from costmodel.evaluate import predict_op_row
+    from costmodel.op_analysis import check_combination
+    from costmodel.profile import builtin_profile_names, load_profile
+    from costmodel.vllm_tables import Release, Vllm
+
+    fields = {f.name for f in dataclasses.fields(Release)}
+    for k in fused_ops.REGISTRY.values():
+        assert set(k.vllm_fields) <= fields, k
+    checked = 0
+    for name in builtin_profile_names():
+        prof = load_profile(name)
+        for (op, impl) in [(o, i) for o in fused_ops.OPS for i in fused_ops.IMPLS]:
+            for tp in (2, 4, 8, 16):
+                for dtype in fused_ops.DTYPES:
+                    row = {"op": op, "dtype": dtype, "tp": tp, "m": 1024, "n": 7168, "k": 1536, "impl": impl}
+                    try:
+                        check_combination(prof, op, impl, tp, dtype, 7168)
+                        refused = None
+                    except TpcostError as e:
+                        refused = str(e)
+                    try:
+                        predict_op_row(prof, row, Vllm())
+                        skipped = None
+                    except Exception as e:  # evaluate's skip of a row (a reason, one line)
+                        skipped = str(e)
+                    assert (refused is None) == (skipped is None), (name, op, impl, tp, dtype, refused, skipped)
+                    if refused is not None:
+                        assert refused.endswith(skipped), (refused, skipped)
+                    checked += 1
+    assert checked > 1000

@@ -146,19 +146,20 @@ def _print_breakdown(b: dict) -> None:
 
 def register(sub) -> None:
     """Add `op` to the CLI root's subparsers."""
-    from costmodel.op_analysis import OP_DTYPES
+    from costmodel.fused_ops import DTYPES, IMPLS, OPS
 
     o = sub.add_parser("op", help="one fused GEMM+collective against vLLM's unfused path over M, and its cutoff")
     o.add_argument("--gpu", default=DEFAULT_GPU, help=f"built-in GPU profile, a .toml path, or 'auto' (default {DEFAULT_GPU})")
     o.add_argument("--tp", type=bounded_int("--tp", 2, 64, "a collective needs 2 ranks; fused ops stay in one domain"),
                    required=True, help="tensor-parallel size")
-    o.add_argument("--op", required=True, choices=("ag_gemm", "gemm_rs", "gemm_ar"), help="the fused operation")
-    o.add_argument("--impl", default="torch", choices=("torch", "kernel"),
+    o.add_argument("--op", required=True, choices=OPS, help="the fused operation")
+    o.add_argument("--impl", default="torch", choices=IMPLS,
                    help="torch: torch's pipelined symm-mem op (vLLM <= 0.31); kernel: the single-kernel fused "
                         "GEMM+RS/AR (vLLM's gemm_rs_ar from 0.31, SM100 family; with --vllm-version 0.34 --op ag_gemm, torch's op at model level) (default torch)")
     o.add_argument("--n", type=bounded_int("--n", 1, 2**20, "a GEMM width"), required=True, help="GEMM N per rank")
     o.add_argument("--k", type=bounded_int("--k", 1, 2**20, "a GEMM depth"), required=True, help="GEMM K per rank")
-    o.add_argument("--dtype", default="bf16", choices=OP_DTYPES, help="weights (default bf16)")
+    o.add_argument("--dtype", default="bf16", choices=DTYPES, help="weights (default bf16; which op takes which: "
+                   "costmodel.fused_ops)")
     o.add_argument("--calls-per-forward", type=bounded_int("--calls-per-forward", 1, 10**6, "calls of one slot"),
                    default=1, metavar="C", help="how often the slot runs per forward (layers x slots; default 1)")
     o.add_argument("--m", type=bounded_int("--m", 1, MAX_TOKENS, "rows"), nargs="+", metavar="M",
