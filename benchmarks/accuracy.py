@@ -59,8 +59,8 @@ def score_rows(rows: list[dict]) -> dict:
                                 bool(runs(float(row["m"])))))
         s = summarise(scored, [])
         slow = [x for x in scored if x.s_measured < 0.9]
-        out.update({k: s[k] for k in ("median_abs_speedup_error", "p90_abs_speedup_error", "max_abs_speedup_error",
-                                      "verdict_accuracy")},
+        out.update({k: s[k] for k in ("median_abs_speedup_error", "median_signed_log_error", "p90_abs_speedup_error",
+                                      "max_abs_speedup_error", "verdict_accuracy")},
                    verdicts_right_where_measured_below_0_9=f"{sum(x.right for x in slow)}/{len(slow)}",
                    mean_regret_pct=s["mean_regret_pct"],
                    vllm_rule={k: s["vllm_rule"][k] for k in ("verdict_accuracy", "mean_regret_pct")})
@@ -287,6 +287,30 @@ def _f(v, fmt):
     return "n/a" if v is None else format(v, fmt)
 
 
+def _print_kernel(kern: dict) -> None:
+    """The single-kernel family's lines: in-sample and held out, with the bias, and its fit."""
+    print("\nsingle-kernel family (calib/kernel_fit.py; speedup = baseline / fused kernel)")
+    print(f"{'source':31s} {'rows':>4s} {'in-sample':>10s} {'verdicts':>9s} {'leave-out':>10s} {'bias':>7s} "
+          f"{'verdicts':>9s}")
+    for sid in kern["sources"]:
+        ins, out = kern["in_sample"][sid], kern["leave_one_source_out"][sid]
+        print(f"{sid:31s} {ins['rows']:4d} {ins['median_abs_speedup_error']:10.3f} {ins['verdicts_outside_5pct']:>9s} "
+              f"{out['median_abs_speedup_error']:10.3f} {_f(out.get('median_signed_log_error'), '+7.3f')} "
+              f"{out['verdicts_outside_5pct']:>9s}")
+        for tp, e in kern.get("leave_one_world_size_out", {}).get(sid, {}).items():
+            h = e["held_out"]
+            print(f"  {tp} held out: median |err| {h['median_abs_speedup_error']:.3f}, bias "
+                  f"{_f(h.get('median_signed_log_error'), '+.3f')} ({h['verdicts_outside_5pct']})")
+    print("  kernel fit (rms log {:.3f}): ".format(kern["rms_log"]) + ", ".join(
+        f"{key} {val:.4g}" + (" (not identified: prior)" if key in kern["unidentified"] else "")
+        for key, val in kern["values"].items() if key.startswith(("hw:", "vllm:", "flashinfer:"))))
+    for sid, e in kern["code_path_noise"].items():
+        print(f"  {sid}: {e['rows']} rows on {e['paths']} shared code path(s), σ ln(measured/predicted) "
+              f"{e['sigma_log']:.3f}; verdicts the source settles (|ln s| ≥ 1.645σ): {e['settled']} right")
+    print("  PR 52079 TP readings:", ", ".join(f"{k}: rms log {v['rms_log']}" for k, v in
+                                              kern["pr52079_tp_readings"].items() if k != "preferred"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="also write the results here")
@@ -294,7 +318,7 @@ def main() -> int:
     fams = family_results()
     print("fused-op sources per GPU family: in-sample (joint fit over all of the family's sources) and "
           "leave-one-source-out (GPU-side terms fitted without the source; its own host terms refitted on it)")
-    print(f"{'family':9s} {'source':31s} {'sample':9s} {'rows':>4s} {'med|err|':>8s} {'p90|err|':>8s} {'acc':>6s} "
+    print(f"{'family':9s} {'source':31s} {'sample':9s} {'rows':>4s} {'med|err|':>8s} {'bias':>7s} {'p90|err|':>8s} {'acc':>6s} "
           f"{'vLLM acc':>8s} {'reg%':>6s} {'vLLM reg%':>9s} {'s<0.9 right':>11s}  decode meas/pred [s]")
     for family, fam in fams.items():
         for sid, res in fam["sources"].items():
@@ -304,6 +328,7 @@ def main() -> int:
                 dec = (f"{r['decode_measured_s']:.1f}/{r['decode_predicted_s']:.1f} "
                        f"(|rel err| {r['decode_rel_error']:.2f})") if "decode_measured_s" in r else ""
                 print(f"{family:9s} {sid:31s} {label:9s} {r['rows']:4d} {_f(r.get('median_abs_speedup_error'), '8.3f')} "
+                      f"{_f(r.get('median_signed_log_error'), '+7.3f')} "
                       f"{_f(r.get('p90_abs_speedup_error'), '8.3f')} {_f(r.get('verdict_accuracy'), '6.1%')} "
                       f"{_f(v.get('verdict_accuracy'), '8.1%')} {_f(r.get('mean_regret_pct'), '6.2f')} "
                       f"{_f(v.get('mean_regret_pct'), '9.2f')} {r.get('verdicts_right_where_measured_below_0_9', ''):>11s}  {dec}")
@@ -312,26 +337,15 @@ def main() -> int:
             f"{sid or 'GPU'}: " + ", ".join(f"{k.split('.')[-1] if k != 'offset_s' else 'benchmark offset_s'} "
                                              f"{v:.4g}" for k, v in kv.items()) for sid, kv in vals.items()))
     kern = kernel_results()
-    print("\nsingle-kernel family (calib/kernel_fit.py; speedup = baseline / fused kernel)")
-    print(f"{'source':31s} {'rows':>4s} {'in-sample':>10s} {'verdicts':>9s} {'leave-out':>10s} {'verdicts':>9s}")
-    for sid in kern["sources"]:
-        ins, out = kern["in_sample"][sid], kern["leave_one_source_out"][sid]
-        print(f"{sid:31s} {ins['rows']:4d} {ins['median_abs_speedup_error']:10.3f} {ins['verdicts_outside_5pct']:>9s} "
-              f"{out['median_abs_speedup_error']:10.3f} {out['verdicts_outside_5pct']:>9s}")
-    print("  kernel fit (rms log {:.3f}): ".format(kern["rms_log"]) + ", ".join(
-        f"{key} {val:.4g}" + (" (not identified: prior)" if key in kern["unidentified"] else "")
-        for key, val in kern["values"].items() if key.startswith(("hw:", "vllm:", "flashinfer:"))))
-    for sid, e in kern["code_path_noise"].items():
-        print(f"  {sid}: {e['rows']} rows on {e['paths']} shared code path(s), σ ln(measured/predicted) "
-              f"{e['sigma_log']:.3f}; verdicts the source settles (|ln s| ≥ 1.645σ): {e['settled']} right")
-    print("  PR 52079 TP readings:", ", ".join(f"{k}: rms log {v['rms_log']}" for k, v in
-                                              kern["pr52079_tp_readings"].items() if k != "preferred"))
+    _print_kernel(kern)
     table, skipped = evaluated_sets()
     print("\nout-of-sample through `tpcost evaluate` (built-in profiles)")
-    print(f"{'source':31s} {'rows':>4s} {'med|err|':>8s} {'acc':>6s} {'vLLM acc':>8s} {'reg%':>6s} {'vLLM reg%':>9s}")
+    print(f"{'source':31s} {'rows':>4s} {'med|err|':>8s} {'bias':>7s} {'acc':>6s} {'vLLM acc':>8s} {'reg%':>6s} "
+          f"{'vLLM reg%':>9s}")
     for src, t in table.items():
         v = t["vllm_rule"]
-        print(f"{src:31s} {t['rows_scored']:4d} {t['median_abs_speedup_error']:8.3f} {t['verdict_accuracy']:6.1%} "
+        print(f"{src:31s} {t['rows_scored']:4d} {t['median_abs_speedup_error']:8.3f} "
+              f"{_f(t.get('median_signed_log_error'), '+7.3f')} {t['verdict_accuracy']:6.1%} "
               f"{v['verdict_accuracy']:8.1%} {t['mean_regret_pct']:6.2f} {v['mean_regret_pct']:9.2f}")
     print(f"skipped rows: {len(skipped)} (" + "; ".join(sorted({s['reason'] for s in skipped})) + ")")
     cov = band_coverage()

@@ -271,9 +271,11 @@ def score(rows: list[KernelRow], pred: list[tuple[float, float]]) -> dict:
                     "speedup_measured": round(s_meas, 4), "speedup_predicted": round(s_pred, 4),
                     "fused_measured_s": r.fused_s, "fused_predicted_s": fused})
     err = [abs(p["speedup_predicted"] - p["speedup_measured"]) for p in per]
+    bias = [float(np.log(p["speedup_predicted"] / p["speedup_measured"])) for p in per]  # > 0: predicted too good
     decided = [p for p in per if abs(p["speedup_measured"] - 1.0) > 0.05]
     right = sum((p["speedup_predicted"] > 1.0) == (p["speedup_measured"] > 1.0) for p in decided)
     return {"rows": len(per), "median_abs_speedup_error": float(np.median(err)) if err else None,
+            "median_signed_log_error": float(np.median(bias)) if bias else None,
             "verdicts_outside_5pct": f"{right}/{len(decided)}", "per_row": per}
 
 

@@ -238,12 +238,30 @@ def cutoff_band(profile: HardwareProfile, shape: ModelShape, run: RunConfig, gri
     return band_edges(np.concatenate(cuts))
 
 
-def band_edges(cuts: Any) -> tuple[int | None, int | None]:
+class Band(tuple):
+    """(5th, 95th percentile) of a decision over the profile's draws, None for "never"; `never_share`: the share of
+    the draws in which the op never pays (what an edge at "never" leaves unsaid)."""
+
+    never_share: float
+
+    def __new__(cls, lo: int | None, hi: int | None, never_share: float = 0.0):
+        band = super().__new__(cls, (lo, hi))
+        band.never_share = never_share
+        return band
+
+    def text(self) -> str:
+        """'[lo, hi]' in tokens; where an edge is never, also the share of draws that never pay."""
+        lo, hi = self
+        out = f"[{'never' if lo is None else lo}, {'never' if hi is None else hi}]"
+        return out + (f" (never pays in {self.never_share:.0%} of the draws)" if hi is None else "")
+
+
+def band_edges(cuts: Any) -> Band:
     """The 5th and 95th percentile of a decision over the draws (observed values: the lower / higher neighbour), an
-    infinite one ("never") as None: the one reading of every band."""
+    infinite one ("never") as None, and the share of draws that never pay: the one reading of every band."""
     c = np.atleast_1d(np.asarray(cuts, dtype=float))
     lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
-    return (None if np.isinf(lo) else int(lo)), (None if np.isinf(hi) else int(hi))
+    return Band(None if np.isinf(lo) else int(lo), None if np.isinf(hi) else int(hi), float(np.mean(np.isinf(c))))
 
 
 def model_inputs(profile: HardwareProfile, tp: int) -> list[str]:
@@ -412,6 +430,7 @@ def analysis_json(a: Analysis) -> dict:
         "max_num_batched_tokens": a.run.max_num_batched_tokens, "margin": a.run.margin,
         "cutoff_tokens": a.cutoff_tokens,
         "cutoff_band_tokens": list(a.cutoff_band_tokens) if a.cutoff_band_tokens else None,
+        "cutoff_band_never_share": getattr(a.cutoff_band_tokens, "never_share", None),
         "band_resolution_tokens": a.band_resolution_tokens,
         "sp_cutoff_tokens": a.sp_cutoff_tokens,
         "decided_schedule": decided[0], "decided_threshold_tokens": decided[1],

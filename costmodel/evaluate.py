@@ -369,15 +369,19 @@ def summarise(scored: list[Scored], skipped: list[dict]) -> dict:
         vreg = np.array([s.vllm_regret_pct for s in scored])
         acc = float(np.mean([s.right for s in scored]))
         vacc = float(np.mean([s.vllm_right for s in scored]))
+        # the bias: median of ln(predicted / measured speedup), > 0 where the model predicts the op too good
+        bias = float(np.median(np.log([s.s_predicted / s.s_measured for s in scored])))
         out = {"verdict_accuracy": acc, "median_abs_speedup_error": float(np.median(err)),
+               "median_signed_log_error": bias,
                "p90_abs_speedup_error": float(np.percentile(err, 90)), "max_abs_speedup_error": float(err.max()),
                "ties": int(sum(s.tie for s in scored)), "mean_regret_pct": float(reg.mean()),
                "max_regret_pct": float(reg.max()),
                "vllm_rule": {"verdict_accuracy": vacc, "mean_regret_pct": float(vreg.mean()),
                              "max_regret_pct": float(vreg.max())}}
     else:
-        out = {k: None for k in ("verdict_accuracy", "median_abs_speedup_error", "p90_abs_speedup_error",
-                                 "max_abs_speedup_error", "ties", "mean_regret_pct", "max_regret_pct")}
+        out = {k: None for k in ("verdict_accuracy", "median_abs_speedup_error", "median_signed_log_error",
+                                 "p90_abs_speedup_error", "max_abs_speedup_error", "ties", "mean_regret_pct",
+                                 "max_regret_pct")}
         out["vllm_rule"] = {"verdict_accuracy": None, "mean_regret_pct": None, "max_regret_pct": None}
     cov = [s.covered for s in scored if s.covered is not None]
     out["band_coverage"] = {"rows": len(cov), "covered": float(np.mean(cov)) if cov else None}

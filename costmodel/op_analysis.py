@@ -134,6 +134,7 @@ class OpAnalysis:
                 "vllm_rule": self.vllm_rule, "vllm_rule_tokens": self.vllm_rule_tokens,
                 "decision_value": self.decision_value, "unfused_impl": self.unfused_impl,
                 "cutoff_band_tokens": None if self.cutoff_band is None else list(self.cutoff_band),
+                "cutoff_band_never_share": getattr(self.cutoff_band, "never_share", None),
                 "fused_wins_m_ranges": self.wins_m_ranges(), "crossover_m": self.crossover_m,
                 "events": [{"m": m, "what": w} for m, w in self.events()], "notes": list(self.notes), "rows": rows}
 

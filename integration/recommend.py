@@ -491,8 +491,10 @@ def gate_lines(gates) -> list[str]:
         else:
             band = gd.band_tokens or (None, None)
             sv = gd.saving_s
+            never = (f"; never pays in {band.never_share:.0%} of the draws" if band[1] is None
+                     and hasattr(band, "never_share") else "")
             out.append(f"{head}; tpcost {gate_tokens(g, gd.tpcost_tokens)}{unit} (band 5-95 % "
-                       f"[{gate_tokens(g, band[0])}, {gate_tokens(g, band[1])}]), "
+                       f"[{gate_tokens(g, band[0])}, {gate_tokens(g, band[1])}]{never}), "
                        + ("" if sv is None else f"saving {sv * 1e3:.3f} ms per forward on the workload against vLLM's "
                                                 "constant; ")
                        + "sites " + ", ".join(f"{s.name} x{s.calls_per_forward} (n {s.n}, k {s.k})" for s in gd.sites))

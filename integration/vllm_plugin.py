@@ -105,8 +105,8 @@ def _apply_inner(cfg) -> None:
         hf = mc.hf_text_config.to_dict()
         inputs = {"hf_text_config": hf, "model": str(mc.model), "tp": tp, "dtype": _dtype_mode(mc),
                   "max_tokens": int(cfg.scheduler_config.max_num_batched_tokens or DEFAULT_BUDGET_TOKENS),
-                  "has_sp": has_sp,
-                  "want_sp": want_sp, "want_fi": want_fi, "fuse_allreduce_rms": fuse, "fuse_why": fuse_why,
+                  "has_sp": has_sp, "want_sp": want_sp, "want_fi": want_fi, "fuse_allreduce_rms": fuse,
+                  "fuse_why": fuse_why,
                   "fi_allreduce_fusion_max_size_mb": pc.fi_allreduce_fusion_max_size_mb,
                   "cudagraph_max_tokens": _cudagraph_max_tokens(cfg), "vllm_version": _vllm_version(has_sp),
                   "asynctp": _asynctp(pc) if want_sp else None}

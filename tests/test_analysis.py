@@ -84,3 +84,27 @@ def test_band_is_unchanged_below_the_coarsening_point(capsys):
     assert main(["whatif", "--json", "--model", "llama-3.1-8b", "--tp", "2"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["band_resolution_tokens"] == 2
+
+
+def test_band_reads_as_an_interval_with_the_share_that_never_pays(capsys):
+    """Issue 49 item 4: a cutoff band prints as an interval of tokens; where an edge is "never" it also gives the
+    share of the draws in which the op never pays (op, whatif and their JSON)."""
+    import json
+
+    import numpy as np
+
+    from costmodel.analysis import band_edges
+    from integration.cli import main
+
+    b = band_edges(np.array([100.0] * 70 + [np.inf] * 30))
+    assert tuple(b) == (100, None) and b.never_share == pytest.approx(0.3)
+    assert b.text() == "[100, never] (never pays in 30% of the draws)"
+    assert band_edges(np.array([100.0, 200.0])).text() == "[100, 200]"
+    argv = ["op", "--gpu", "b200", "--tp", "8", "--op", "gemm_ar", "--impl", "kernel", "--n", "7168", "--k", "1536"]
+    assert main([*argv, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    share = d["cutoff_band_never_share"]
+    assert 0.0 <= share <= 1.0 and (d["cutoff_band_tokens"][1] is None) == (share >= 0.05)
+    assert main(argv) == 0
+    if d["cutoff_band_tokens"][1] is None:
+        assert f"never pays in {share:.0%} of the draws" in capsys.readouterr().out

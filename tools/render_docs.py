@@ -47,9 +47,10 @@ def _n(v, fmt: str) -> str:
 def accuracy_table() -> str:
     """benchmarks/results/accuracy.json: every fused-op source per family, in-sample and leave-one-source-out."""
     d = _load("accuracy.json")
-    lines = ["| family | source | sample | rows | median \\|speedup err\\| | p90 | verdicts | vLLM 0.31 rule "
-             "| mean regret % | vLLM regret % | right where measured < 0.9 | decode meas / pred [s] |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| family | source | sample | rows | median \\|speedup err\\| | bias: median ln(pred/meas) | p90 "
+             "| verdicts | vLLM 0.31 rule | mean regret % | vLLM regret % | right where measured < 0.9 "
+             "| decode meas / pred [s] |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for fam, f in d["families"].items():
         for sid, res in f["sources"].items():
             for label, r in ((lb, res[key]) for lb, key in (("in-sample", "in_sample"),
@@ -59,6 +60,7 @@ def accuracy_table() -> str:
                 dec = (f"{r['decode_measured_s']:.1f} / {r['decode_predicted_s']:.1f}"
                        if "decode_measured_s" in r else "")
                 lines.append(f"| {fam} | {sid} | {label} | {r['rows']} | {_n(r.get('median_abs_speedup_error'), '.3f')} "
+                             f"| {_n(r.get('median_signed_log_error'), '+.3f')} "
                              f"| {_n(r.get('p90_abs_speedup_error'), '.3f')} | {_n(r.get('verdict_accuracy'), '.1%')} "
                              f"| {_n(v.get('verdict_accuracy'), '.1%')} | {_n(r.get('mean_regret_pct'), '.2f')} "
                              f"| {_n(v.get('mean_regret_pct'), '.2f')} "
@@ -68,6 +70,7 @@ def accuracy_table() -> str:
         for part, label in (("in_sample", "in-sample"), ("leave_one_source_out", "leave-one-source-out")):
             k = kern[part][sid]
             lines.append(f"| single kernel | {sid} | {label} | {k['rows']} | {_n(k['median_abs_speedup_error'], '.3f')} "
+                         f"| {_n(k.get('median_signed_log_error'), '+.3f')} "
                          f"| | {k['verdicts_outside_5pct']} outside ±5 % | | | | | |")
         for tp, e in kern.get("leave_one_world_size_out", {}).get(sid, {}).items():
             w, others = tp[2:], ", ".join(map(str, e["trained_on_tp"]))
@@ -75,12 +78,14 @@ def accuracy_table() -> str:
                                 ("held_out", f"world size {w} held out (fitted on {others})")):
                 k = e[part]
                 lines.append(f"| single kernel | {sid} | {label} | {k['rows']} "
-                             f"| {_n(k['median_abs_speedup_error'], '.3f')} | | {k['verdicts_outside_5pct']} outside ±5 % "
-                             "| | | | | |")
+                             f"| {_n(k['median_abs_speedup_error'], '.3f')} "
+                             f"| {_n(k.get('median_signed_log_error'), '+.3f')} | | {k['verdicts_outside_5pct']} "
+                             "outside ±5 % | | | | | |")
     for src, t in d["evaluated"].items():
         v = t["vllm_rule"]
         lines.append(f"| {'hopper' if src.startswith('META') else 'cpu'} | {src} | out-of-sample | {t['rows_scored']} "
-                     f"| {t['median_abs_speedup_error']:.3f} | {t['p90_abs_speedup_error']:.3f} "
+                     f"| {t['median_abs_speedup_error']:.3f} | {_n(t.get('median_signed_log_error'), '+.3f')} "
+                     f"| {t['p90_abs_speedup_error']:.3f} "
                      f"| {t['verdict_accuracy']:.1%} | {v['verdict_accuracy']:.1%} | {t['mean_regret_pct']:.2f} "
                      f"| {v['mean_regret_pct']:.2f} | | |")
     return "\n".join(lines)

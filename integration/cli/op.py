@@ -68,8 +68,7 @@ def cmd_op(args) -> int:
           f"rows in all, every multiple of {M_STEP}{' and the powers of two to 64' if kernel else ''}; --json lists them)")
     never = "never (null)"
     band = a.cutoff_band
-    band_s = "" if band is None else (" (5-95 % band over the profile's uncertainty: "
-                                      + " .. ".join("never" if b is None else str(b) for b in band) + ")")
+    band_s = "" if band is None else f" (5-95 % band over the profile's uncertainty: {band.text()})"
     print(f"\ncutoff (fused when M >= c; the c minimising the expected time over M <= {args.max_num_batched_tokens}, "
           f"risk premium {args.margin:.0%}): {a.cutoff_tokens if a.cutoff_tokens is not None else never} "
           f"[{a.answer}]{band_s}" + ("" if a.cutoff_per_rank is None else

@@ -150,7 +150,7 @@ def _cutoff_lines(args, r) -> None:
     """Each schedule's cutoff with its band, the decided schedule and vLLM's own default."""
     a, vllm = r.analysis, r.vllm
     band = a.cutoff_band_tokens
-    band_s = "" if band is None else f"  band (5-95%): [{band[0]}, {band[1] if band[1] is not None else 'never'}]"
+    band_s = "" if band is None else f"  band (5-95%): {band.text()}"
     if band is not None and a.band_resolution_tokens != args.tp:
         band_s += f" (band and sensitivity decided every {a.band_resolution_tokens} tokens)"
     cut = a.cutoff_tokens if a.cutoff_tokens is not None else "never (null)"
