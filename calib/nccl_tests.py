@@ -313,6 +313,11 @@ def run(args) -> int:
                   f"the last point along the fitted curve, below it uses the fitted curve")
     for w in warnings:
         print(w)
+    eager = [Path(log["file"]).name for log in logs if log["graph"] is False]
+    if eager:
+        print(f"  {', '.join(eager)}: timed eagerly (graph: 0); its small-message times may hold a kernel launch that "
+              "vLLM's CUDA-graph replay does not pay, and tpcost takes no launch out (no released measurement sizes "
+              "it): run nccl-tests with -G 1 (CUDA graphs) to calibrate vLLM's graph regime; the source records which")
     regime_tables = [t for t in sorted(written) if any(f"{r}.tp" in t for r in NCCL_REGIMES)]
     if regime_tables:
         print(f"  the logged sizes identify NCCL's protocol regimes: fitted {', '.join(regime_tables)} beside the "

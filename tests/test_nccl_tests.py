@@ -176,6 +176,7 @@ def test_a_degraded_log_warns_and_the_graph_mode_is_recorded(tmp_path, capsys):
     assert "warning:" in out and "below half the prior's" in out and "keep their (uncalibrated) priors" in out
     src = load_profile(str(tmp_path / "out.toml")).provenance["collectives.nccl_all_reduce.tp8.latency_s"].source
     assert "timed eagerly (graph: 0)" in src
+    assert "run nccl-tests with -G 1 (CUDA graphs) to calibrate vLLM's graph regime" in out
     (tmp_path / "out.toml").unlink()
     assert main(_calib(tmp_path, synthetic_log("all_reduce", busbw=400e9))) == 0  # the prior's 476 GB/s: not half
     assert "warning:" not in capsys.readouterr().out
