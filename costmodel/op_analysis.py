@@ -290,7 +290,7 @@ def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:
     if spec.impl == "kernel":
         kern = ops.fused_kernel(hw, spec.op, rows, n, k, tp)
         t_comm = one(kern.t_comm_s)
-        fused = {"t_s": float(f[0]), "gemm_whole_s": one(kern.t_gemm_s), "t_comm_s": t_comm,
+        fused = {"t_s": float(f[0]), "t_gemm_whole_s": one(kern.t_gemm_s), "t_comm_s": t_comm,
                  "waves": int(one(kern.waves)), "ctas": int(one(kern.ctas)), "tiles": int(one(kern.tiles)),
                  "multicast_bw_bytes_per_s": one(kern.multicast_bw_bytes_per_s),
                  "egress_bytes": one(kern.egress_bytes), "t_fixed_s": one(kern.t_fixed_s), "t_copy_s": one(kern.t_copy_s),
@@ -299,11 +299,13 @@ def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:
         eager = bool(vllm_tables.runs_eagerly(rows, spec.cudagraph_max_tokens)[0]) or spec.baseline == "vllm_sp"
         fo = (ops.fused_ag_gemm(hw, rows, n, k, tp, hw.mode.ag_bytes, eager) if spec.op == "ag_gemm" else
               ops.fused_gemm_rs(hw, rows, n, k, tp, eager))
-        parts = {"chunk GEMMs (contended)": one(fo.t_chunks_contended_s), "pulls": one(fo.t_pulls_s),
-                 "barriers": one(fo.t_sync_s), "copies / reduction": one(fo.t_memory_s)}
+        parts = {"t_chunk_gemms_contended_s": one(fo.t_chunks_contended_s), "t_pulls_s": one(fo.t_pulls_s),
+                 "t_barriers_s": one(fo.t_sync_s), "t_copies_reduction_s": one(fo.t_memory_s)}
+        bound = {"t_chunk_gemms_contended_s": "chunk GEMMs", "t_pulls_s": "pulls", "t_barriers_s": "barriers",
+                 "t_copies_reduction_s": "copies / reduction"}[max(parts, key=lambda p: parts[p])]
         host = one(fo.t_host_s)
         fused = {"t_s": float(f[0]), "t_gpu_s": one(fo.t_gpu_s), "t_host_s": host, "eager": eager,
-                 "gemm_whole_s": t_gemm, "chunk_gemms_alone_s": one(fo.t_chunks_s), **{k_: v for k_, v in parts.items()},
-                 "bound": "host issue" if host + one(fo.t_tail_s) > one(fo.t_gpu_s) else max(parts, key=lambda p: parts[p])}
+                 "t_gemm_whole_s": t_gemm, "t_chunk_gemms_alone_s": one(fo.t_chunks_s), **parts,
+                 "bound": "host issue" if host + one(fo.t_tail_s) > one(fo.t_gpu_s) else bound}
     return {"m": int(m), "fused": fused, "unfused": unfused}
 

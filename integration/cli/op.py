@@ -131,16 +131,17 @@ def _print_breakdown(b: dict) -> None:
           f"{us(g['t_hbm_s'])}); {c['impl']} {us(c['t_s'])} of {c['msg_bytes'] / 1e6:.3g} MB"
           + ("" if c["achieved_bus_bytes_per_s"] is None else f" at {c['achieved_bus_bytes_per_s'] / 1e9:.1f} GB/s bus"))
     if "waves" in f:
-        print(f"  fused {us(f['t_s'])} (bound: {f['bound']}): GEMM alone {us(f['gemm_whole_s'])}, multimem traffic "
+        print(f"  fused {us(f['t_s'])} (bound: {f['bound']}): GEMM alone {us(f['t_gemm_whole_s'])}, multimem traffic "
               f"{us(f['t_comm_s'])} ({f['egress_bytes'] / 1e6:.3g} MB egress at "
               f"{f['multicast_bw_bytes_per_s'] / 1e9:.1f} GB/s), {f['tiles']} tiles on {f['ctas']} CTAs in "
               f"{f['waves']} wave(s), fixed {us(f['t_fixed_s'])}, copy {us(f['t_copy_s'])}")
     else:
-        parts = ", ".join(f"{k} {us(f[k])}" for k in ("chunk GEMMs (contended)", "pulls", "barriers",
-                                                      "copies / reduction"))
+        parts = ", ".join(f"{name} {us(f[k])}" for name, k in (
+            ("chunk GEMMs (contended)", "t_chunk_gemms_contended_s"), ("pulls", "t_pulls_s"),
+            ("barriers", "t_barriers_s"), ("copies / reduction", "t_copies_reduction_s")))
         print(f"  fused {us(f['t_s'])} (bound: {f['bound']}; {'eager' if f['eager'] else 'CUDA-graph replay'}): GPU "
-              f"{us(f['t_gpu_s'])}, host issue {us(f['t_host_s'])}; whole GEMM {us(f['gemm_whole_s'])}, chunk GEMMs "
-              f"alone {us(f['chunk_gemms_alone_s'])}; {parts}")
+              f"{us(f['t_gpu_s'])}, host issue {us(f['t_host_s'])}; whole GEMM {us(f['t_gemm_whole_s'])}, chunk GEMMs "
+              f"alone {us(f['t_chunk_gemms_alone_s'])}; {parts}")
 
 
 def register(sub) -> None:
