@@ -512,6 +512,13 @@ def with_overrides(profile: HardwareProfile, values: Mapping[str, float],
     `interconnect.link_bw_bytes_per_s` scales every collective's bus bandwidth and the copy-engine pull
     bandwidth by new/old; `interconnect.latency_s` shifts every collective latency and the pull latency
     by new − old (floored at 0). A dependant also given explicitly keeps the explicit value."""
+    for k in values:  # an unknown key is named as such, before any range is looked up for it
+        if k.startswith(f"{MEASURED_TABLE}."):
+            raise TpcostError(f"--set {k}: measured points are a calibration's log, not a quantity; a --set on "
+                              f"[collectives.{'.'.join(k.split('.')[1:3])}] is the what-if on them (it drops them)")
+        if k not in profile.provenance and not k.startswith("vllm_dispatch."):
+            raise TpcostError(f"--set: unknown quantity {k!r} for profile {profile.name!r} "
+                              f"(see `tpcost profiles --keys {profile.name}`)")
     check_params(values, source)  # the keys as typed first: an error names what the user wrote, not a dependant
     derived: dict[str, Any] = {}
     current = profile.values()

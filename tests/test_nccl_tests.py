@@ -352,6 +352,14 @@ def test_set_on_a_measured_collective_replaces_the_points(tmp_path, capsys):
         assert (t != pytest.approx(t0, rel=1e-6)) is gone, key
 
 
+def test_set_on_measured_points_or_an_unknown_key_says_so(one_line_error):
+    """A --set key that names no quantity says "unknown quantity" (it said "no plausible range defined"); one that
+    names a measured point says what a --set on that collective does instead."""
+    one_line_error("whatif", "--set", "foo.bar=1", needle="unknown quantity 'foo.bar'")
+    one_line_error("whatif", "--set", "measured.nccl_all_reduce.tp8.time_s=1",
+                   needle="measured points are a calibration's log, not a quantity")
+
+
 @pytest.mark.parametrize("table,needle", [
     ('[measured.nccl_all_reduce.tp8]\nmsg_bytes = [1, 2]\ntime_s = [1e-5, 2e-5]\nsource = "x"\n', "3 to 4096 points"),
     ('[measured.nccl_all_reduce.tp8]\nmsg_bytes = [1, 3, 2]\ntime_s = [1e-5, 2e-5, 3e-5]\nsource = "x"\n',
