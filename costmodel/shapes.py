@@ -401,8 +401,7 @@ class KernelModel:
         q = self._cfg.get("quantization_config")
         if not isinstance(q, dict):
             return "bf16", None
-        ignore = [x for key in ("ignore", "ignored_layers", "modules_to_not_convert", "exclude_modules")
-                  for x in (q.get(key) or ())]
+        ignore = [x for key in QUANT_IGNORE_KEYS for x in (q.get(key) or ())]
         for pat in ignore:
             if not isinstance(pat, str):
                 continue
@@ -423,6 +422,7 @@ class KernelModel:
                       "linears only")
 
 
+QUANT_IGNORE_KEYS = ("ignore", "ignored_layers", "modules_to_not_convert", "exclude_modules")  # unquantised modules
 KERNEL_FIELD_CAP = 2**20  # any other shape field of a kernel model's config.json (o_lora_rank, o_groups, ...)
 
 
@@ -492,9 +492,18 @@ def read_kernel_model(cfg: Mapping[str, Any], name: str, where: str | None = Non
         raise TpcostError(f"{where}: config.json's dtype must be a string, got {dtype!r}")
     hidden, layers = _pos(inner, "hidden_size", where), _pos(inner, "num_hidden_layers", where)
     lac = inner.get("linear_attn_config")
-    if lac is not None and not (isinstance(lac, dict) and all(
+    if lac is not None and not (isinstance(lac, dict) and isinstance(lac.get("kda_layers") or [], list) and all(
             isinstance(x, int) and not isinstance(x, bool) for x in (lac.get("kda_layers") or ()))):
         raise TpcostError(f"{where}: linear_attn_config must be an object whose kda_layers are integers")
+    if isinstance(lac, dict) and not isinstance(lac.get("use_full_rank_gate", False), bool):
+        raise TpcostError(f"{where}: linear_attn_config.use_full_rank_gate must be true or false")
+    q = inner.get("quantization_config")
+    if q is not None and not isinstance(q, dict):
+        raise TpcostError(f"{where}: quantization_config must be an object, got {type(q).__name__}")
+    for key in QUANT_IGNORE_KEYS:
+        names = (q or {}).get(key)
+        if names is not None and not (isinstance(names, list) and all(isinstance(x, str) for x in names)):
+            raise TpcostError(f"{where}: quantization_config.{key} must be a list of module names")
     return KernelModel(name, family, hidden, layers, dtype.replace("torch.", ""), inner)
 
 

@@ -265,6 +265,10 @@ def test_a_workload_context_column_is_refused_for_the_kernel_decision(tmp_path):
     (lambda c: c.update(linear_attn_config=5), "linear_attn_config must be an object"),
     (lambda c: c.update(num_attention_heads=100), "num_attention_heads = 100 is not divisible by tp=8"),
     (lambda c: c.update(v_head_dim=2**30), "v_head_dim = 1073741824 is above"),
+    (lambda c: c.update(quantization_config={"quant_method": "mxfp8", "ignore": 5}),
+     "quantization_config.ignore must be a list of module names"),
+    (lambda c: c.update(quantization_config=[1, 2]), "quantization_config must be an object"),
+    (lambda c: c["linear_attn_config"].update(use_full_rank_gate="yes"), "use_full_rank_gate must be true or false"),
 ])
 def test_mutated_kimi_configs_one_line(tmp_path, one_line_error, mutate, needle):
     """Issue 50, the kernel path's config reader: field types checked, whatif's caps applied (an unbounded layer count
