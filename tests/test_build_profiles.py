@@ -42,16 +42,21 @@ def test_nothing_is_folded_unless_named():
 
 
 def test_the_builder_imports_no_fitting_code():
-    """The assembler reads committed results (calib.results) and nothing else from calib: no scipy, no refit."""
+    """The assembler reads committed results (calib.results) and its derivations (calib.derive, tree transforms that
+    themselves read only calib.results) and nothing else from calib: no scipy, no refit."""
     import ast
 
-    tree = ast.parse(open(B.__file__).read())
-    mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    mods |= {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
-             for a in n.names}
-    mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not {m for m in mods if m.startswith("calib") and m not in ("calib", "calib.results")}, mods
-    assert not {m for m in mods if m.split(".")[0] in ("scipy", "numpy")}
+    from calib import derive as D
+
+    for path, allowed in ((B.__file__, ("calib", "calib.results", "calib.derive")), (D.__file__, ("calib", "calib.results"))):
+        tree = ast.parse(open(path).read())
+        mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        calib = {f"{n.module}.{a.name}" if n.module == "calib" else n.module for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("calib") for a in n.names}
+        calib |= {m for m in mods if m.startswith("calib.")}
+        assert calib <= set(allowed), (path, calib)
+        assert not {m for m in mods if m.split(".")[0] in ("scipy", "numpy")}, path
 
 
 def test_datasheet_values_other_than_the_fits_inputs_are_refused(monkeypatch, capsys):
@@ -120,3 +125,41 @@ def test_the_committed_tomls_are_the_assembly_of_the_committed_fits(capsys):
     results and compares (the fits themselves are checked against the released rows in test_calib_reference.py and
     above)."""
     assert B.main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_the_builders_derivations_are_named_and_hold_their_physics():
+    """calib/derive.py (issue 48 item 1, in part): the derivations the builder applies, each tested on its own."""
+    import copy
+
+    from calib import derive as D
+
+    t = D.sec("src", "assumed", latency_s=1.234567e-5, bus_bw_bytes_per_s=3e11)
+    assert t == {"latency_s": 1.235e-05, "bus_bw_bytes_per_s": 3e11, "source": "src", "tier": "assumed"}
+    base = {"interconnect": {"link": 1.0}, "gemm": {"x": 2.0}}
+    d = D.derive(base, {"interconnect.link": 3.0, "gemm": lambda g: {**g, "x": g["x"] * 2}})
+    assert d == {"interconnect": {"link": 3.0}, "gemm": {"x": 4.0}} and base["gemm"]["x"] == 2.0
+    coll = {"nccl_all_reduce": {"tp8": D.sec("a; b", "assumed", latency_s=2e-5, bus_bw_bytes_per_s=1e11)}}
+    sc = D.scaled_collectives(coll, 2.0, "why", lat_add=1e-6)
+    assert sc["nccl_all_reduce"]["tp8"]["bus_bw_bytes_per_s"] == 2e11
+    assert sc["nccl_all_reduce"]["tp8"]["latency_s"] == pytest.approx(2.1e-5)
+    ring = copy.deepcopy(sc)
+    ring["nccl_all_gather"] = {"tp8": D.sec("g", "assumed", latency_s=1e-5, bus_bw_bytes_per_s=1.5e11)}
+    D.one_ring(ring)  # a ring all-reduce is a reduce-scatter then an all-gather: the ring's busBW
+    assert ring["nccl_all_reduce"]["tp8"]["bus_bw_bytes_per_s"] == 1.5e11
+    assert ring["nccl_all_reduce"]["tp8"]["latency_s"] == sc["nccl_all_reduce"]["tp8"]["latency_s"]
+    assert 0.9 < D.SHARP_NVLS_RATIO < 1.2  # MLENG_NET_SHARP: NVLS busBW/peak on H200 over B200
+    # the custom reduce-scatter backends from physics: never below the one-stage custom AR's latency or a faster
+    # Lamport one-shot's, at the ring's link fraction
+    tree = {"identity": {"compute_capability": "10.0"},
+            "interconnect": {"kind": "nvswitch", "link_bw_bytes_per_s": 900e9},
+            "fused_kernel": {"_link_efficiency": {"link_efficiency": 0.6}},
+            "collectives": {"custom_ar_1stage": {"tp8": D.sec("ar", "assumed", latency_s=9e-6, bus_bw_bytes_per_s=1e11)},
+                            "flashinfer_ar_rmsnorm": {"tp8": D.sec("fi", "assumed", latency_s=7e-6,
+                                                                   bus_bw_bytes_per_s=1e11)}}}
+    out = D.custom_reduce_scatter(tree)
+    rs = out["collectives"]["custom_rs_lamport"]["tp8"]
+    assert rs["latency_s"] == 7e-6 and rs["bus_bw_bytes_per_s"] == pytest.approx(D.RING * 900e9, rel=1e-3)
+    assert out["collectives"]["custom_ag_lamport"]["tp8"]["latency_s"] == 7e-6
+    mm = out["collectives"]["custom_rs_multimem"]["tp8"]  # (W-1)/W x eta x link
+    assert mm["bus_bw_bytes_per_s"] == pytest.approx(7 / 8 * 0.6 * 900e9, rel=1e-3)
+    assert "custom_rs_lamport" not in tree["collectives"]  # a copy: the input tree is left as it was

@@ -30,6 +30,8 @@ from costmodel.profile import SCHEMA_VERSION, dump_profile, profile_from_dict  #
 from costmodel import formulas as F  # noqa: E402
 from costmodel import vllm_tables as T  # noqa: E402
 from calib import results as CR  # noqa: E402  (committed fit results only: no fitting code)
+from calib.derive import (RING, SHARP_NVLS_RATIO, round_value, custom_reduce_scatter, derive, nccl_regimes,  # noqa: E402
+                          one_ring, scaled_collectives, sec)
 
 C: dict = {}  # calib/data/component_fits.json (python -m calib.components), read by main before anything is built
 
@@ -42,7 +44,7 @@ def fit_inputs(gpu: str, peak_bf16: float, hbm: float, sms: int) -> None:
         raise TpcostError(f"{gpu} datasheet values {got} differ from those {CR.COMPONENT_FITS.name} was fitted at "
                           f"({want}): update calib/components.py FIT_INPUTS and run {CR.COMPONENT_CMD}")
 
-MiB, RING = F.MiB, F.RING_LINK_RATIO
+MiB = F.MiB
 CHECK_REL_TOL = 1e-3  # values are written with 4 significant digits
 OUT = ROOT / "costmodel" / "profiles"
 NV_H100 = "https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM5 datasheet, dense)"
@@ -55,56 +57,6 @@ NV_L40S = "https://www.nvidia.com/en-us/data-center/l40s/ (L40S datasheet, dense
 AMD_MI300X = "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html (MI300X datasheet, dense)"
 ASSUMED_KERNELS = "assumed: memory-bound kernels reach ~85% of HBM peak (STREAM-like copy fraction; the H200 device copy in .library KINDS.md moved 4.3 of 4.8 TB/s = 0.90), CUDA-graph kernel gap ~2 us"
 FA3 = "https://arxiv.org/abs/2407.08608 (FlashAttention-3: 500-660 TFLOP/s causal bf16 fwd at 1k-2k seq on H100 = 0.5-0.67 of 989 TFLOP/s; 0.55 taken)"
-
-
-def _round(v):
-    return CR.profile_digits(v) if isinstance(v, float) else v
-
-
-def sec(source, tier, **vals):
-    """A sourced table: values (fitted ones rounded to 4 significant digits), source, tier."""
-    return {**{k: _round(v) for k, v in vals.items()}, "source": source, "tier": tier}
-
-
-def derive(base: dict, changes: dict) -> dict:
-    """A profile tree made from another: a copy of `base` in which each dotted table path of `changes`
-    ("identity", "interconnect", "asynctp._copy", ...) is replaced by its value, a table, or by a function of the old
-    table (the one way one built-in profile is made from another)."""
-    p = copy.deepcopy(base)
-    for path, new in changes.items():
-        *parents, leaf = path.split(".")
-        node = p
-        for key in parents:
-            node = node[key]
-        node[leaf] = new(node[leaf]) if callable(new) else new
-    return p
-
-
-def scaled_collectives(base, ratio, why, lat_add=0.0):
-    """Collectives of another GPU from the H100 fits: busBW × link-bandwidth ratio (tier assumed)."""
-    out = {}
-    for impl, per_tp in base.items():
-        out[impl] = {}
-        for tp, e in per_tp.items():
-            out[impl][tp] = sec(f"assumed: H100 value ({e['source'].split(';')[0]}) with busBW x {ratio:.3g} ({why})",
-                                "assumed", latency_s=e["latency_s"] + lat_add,
-                                bus_bw_bytes_per_s=e["bus_bw_bytes_per_s"] * ratio)
-    return out
-
-
-def one_ring(coll: dict) -> dict:
-    """An assumed profile's NCCL all-reduce at large messages from the same ring as its all-gather and reduce-scatter:
-    a ring all-reduce is a reduce-scatter then an all-gather, so at each TP its busBW (nccl-tests' convention) is the
-    ring's Simple busBW and t_AR = t_RS + t_AG (docs/model.md §4); the all-reduce's own latency stays. Scaling H100's
-    all-reduce fit (to 16 MB) and its 16 GiB ring regime by the same link ratio left them disagreeing (issue 47)."""
-    ar = coll.get("nccl_all_reduce", {})
-    for tp, e in ar.items():
-        ring = coll.get("nccl_all_gather", {}).get(tp)
-        if ring is not None:
-            e["bus_bw_bytes_per_s"] = ring["bus_bw_bytes_per_s"]
-            e["source"] += ("; busBW = this profile's ring Simple busBW at the same TP (one ring: a ring all-reduce is "
-                            "a reduce-scatter then an all-gather)")
-    return coll
 
 
 def h100():
@@ -345,7 +297,7 @@ def b300(family: dict):
     p["collectives"]["nccl_reduce_scatter"]["tp8"] = sec(
         f"latency: {fit['source']} (1-12 MiB messages); busBW: {rs['source']}", "published-measurement",
         latency_s=fit["value"], bus_bw_bytes_per_s=rs["bus_bw_bytes_per_s"])
-    p["collectives"]["nccl_reduce_scatter"]["tp8"]["uncertainty_rel"] = {"latency_s": _round(fit["sigma_rel"])}
+    p["collectives"]["nccl_reduce_scatter"]["tp8"]["uncertainty_rel"] = {"latency_s": round_value(fit["sigma_rel"])}
     return p
 
 
@@ -548,7 +500,7 @@ def asynctp_section(p, sync, host, streams=None):
     def table(spec, key):
         t = sec(spec[1], spec[2], **{key: spec[0]})
         if len(spec) > 3 and spec[3] is not None:
-            t["uncertainty_rel"] = {key: _round(spec[3])}
+            t["uncertainty_rel"] = {key: round_value(spec[3])}
         return t
 
     out = {
@@ -594,13 +546,6 @@ def asynctp_fits():
     return {"hopper": fits["hopper"], "blackwell": fits["blackwell"], "kernel": CR.load_kernel_fit(), "family": fam}
 
 
-# MLENG_NET_SHARP, 8 GPUs, 8 GiB all-reduce with NVLS: busBW = 2(W-1)/(W+1) x the multicast rate per direction
-# (ld_reduce + st move (1 + 1/W)·S each way): H200 473.1 GB/s over 450, B200 838.0 over 900 -> NVLink4 / NVLink5
-SHARP_NVLS_BUSBW = {"nvlink4": (473.1e9, 450e9), "nvlink5": (838.0e9, 900e9)}
-SHARP_NVLS_RATIO = (SHARP_NVLS_BUSBW["nvlink4"][0] / SHARP_NVLS_BUSBW["nvlink4"][1]) / \
-    (SHARP_NVLS_BUSBW["nvlink5"][0] / SHARP_NVLS_BUSBW["nvlink5"][1])
-
-
 def kernel_section(p, kern, nvlink: str):
     """[fused_kernel] of a GPU with NVLink multicast: vLLM's gemm_rs_ar terms from the joint fit (calib/kernel_fit.py,
     committed in calib/data/kernel_fit.json); NVLink5 hardware terms as fitted, NVLink4 (Hopper) ones scaled by the
@@ -625,7 +570,7 @@ def kernel_section(p, kern, nvlink: str):
             t = sec(f"assumed: {why} {over}", "assumed", **{leaf: v})
         else:
             t = sec(over, "published-measurement", **{leaf: v})
-            t["uncertainty_rel"] = {leaf: _round(min(sg, 1.0))}
+            t["uncertainty_rel"] = {leaf: round_value(min(sg, 1.0))}
         out[f"_{leaf}"] = t
     out["_inflight_scale"] = sec(T.KERNEL_INFLIGHT_SOURCE, "datasheet", inflight_scale=1.0)
     out["_time_scale"] = model_error_table(CR.load_band_fit()["kernel"], "the single kernel",
@@ -662,7 +607,7 @@ def _with_slowdown(p, spec):
     """The chunk-GEMM slowdown while pulls run (asynctp.compute_slowdown) of a fit."""
     p["asynctp"]["_interference"] = sec(spec[1], spec[2], compute_slowdown=spec[0])
     if len(spec) > 3 and spec[3] is not None:
-        p["asynctp"]["_interference"]["uncertainty_rel"] = {"compute_slowdown": _round(spec[3])}
+        p["asynctp"]["_interference"]["uncertainty_rel"] = {"compute_slowdown": round_value(spec[3])}
     return p
 
 
@@ -687,7 +632,7 @@ def _gb200_rs(p, fit, ar2_fit, tier_note=None):
             p["collectives"][impl][f"tp{tp}"] = sec(f"busBW: {why}; latency: {old['source']}", t_tier,
                                                     latency_s=old["latency_s"], bus_bw_bytes_per_s=v)
             if t_tier != "assumed":
-                p["collectives"][impl][f"tp{tp}"]["uncertainty_rel"] = {"bus_bw_bytes_per_s": _round(min(sg, 1.0))}
+                p["collectives"][impl][f"tp{tp}"]["uncertainty_rel"] = {"bus_bw_bytes_per_s": round_value(min(sg, 1.0))}
     # TP2 all-reduce: VLLM_PR42324's pynccl points stop at 2 MiB; at the sizes vLLM sends NCCL (above its 2 MiB
     # custom-AR limit) a ring all-reduce is a reduce-scatter + an all-gather at the same busBW: the large-message
     # point comes from the fitted reduce-scatter (so RS + AG and AR agree, CONSISTENCY_BAND)
@@ -704,7 +649,7 @@ def _with_pull(p, spec):
     v, src, tier = spec[0], spec[1], spec[2]
     p["asynctp"]["_pull"] = sec(src, tier, copy_engine_bw_bytes_per_s=v)
     if len(spec) > 3 and spec[3] is not None:
-        p["asynctp"]["_pull"]["uncertainty_rel"] = {"copy_engine_bw_bytes_per_s": _round(spec[3])}
+        p["asynctp"]["_pull"]["uncertainty_rel"] = {"copy_engine_bw_bytes_per_s": round_value(spec[3])}
     p["asynctp"]["_pull_latency"] = sec("assumed: pull start latency ~3 us", "assumed", copy_latency_s=3e-6)
     return p
 
@@ -732,7 +677,7 @@ def model_error_table(band: dict, what: str, hopper: bool = False) -> dict:
     if hopper:
         return sec(f"assumed: no released row times a multimem kernel on Hopper; the SM100 {src} is "
                    f"{band['sigma_m']:.2f}, the tier's 0.30 stands", "assumed", time_scale=1.0)
-    return {**sec(src, "published-measurement", time_scale=1.0), "uncertainty_rel": {"time_scale": _round(band["sigma_m"])}}
+    return {**sec(src, "published-measurement", time_scale=1.0), "uncertainty_rel": {"time_scale": round_value(band["sigma_m"])}}
 
 
 def with_model_error(p):
@@ -747,71 +692,11 @@ def with_capacity(name, p):
     return p
 
 
-def nccl_regimes(p, fit, tier, note=""):
-    """TP 8 NCCL all-reduce as NCCL's tuner runs it: the three regime curves of calib/nccl_fit.py (lowest latency
-    first; nccl_all_reduce the bandwidth regime), replacing the one alpha-beta curve there."""
-    p = copy.deepcopy(p)
-    per = fit["per_source"]
-    errs = "; ".join(f"{s} max |busBW err| from 1 MiB {e['max_abs_busbw_err_from_1mib']:.3f}"
-                     + (f" (harness offset {e['offset_s'] * 1e6:.1f} us)" if e["offset_s"] else "") for s, e in per.items())
-    for name, v in fit["regimes"].items():
-        p["collectives"].setdefault(name, {})["tp8"] = sec(
-            f"{note}NCCL all-reduce regime {name} of the joint fit of the lower envelope of three alpha-beta curves "
-            f"(calib/nccl_fit.py) to {', '.join(fit['sources'])}: {errs}", tier,
-            latency_s=v["latency_s"], bus_bw_bytes_per_s=v["bus_bw_bytes_per_s"])
-    return p
-
-
 def fi_oneshot_latency() -> tuple[float, str]:
     """FlashInfer's one-shot AR+RMSNorm latency on NVLink5: SGLANG_PR7621's B200 TP 8 decode-size kernel time, (s,
     the number as published in us)."""
     us = C["b200_collectives"]["sglang_fi_oneshot_us"]
     return float(us) * 1e-6, us
-
-
-def custom_reduce_scatter(p):
-    """vLLM's custom reduce-scatter backends (model-level SP; costmodel.vllm_tables.custom_rs_backend), from
-    physics, tier assumed (no released row times them), at each TP the profile has a one-stage custom AR for:
-    - Lamport (multicast buffer present): a one-shot push of the (W-1)/W·S foreign slices, flag-free; latency the
-      lower of the one-stage custom all-reduce's (the same push plus two barriers) and FlashInfer's Lamport one-shot
-      AR+RMSNorm's at that TP (the same Lamport push plus the norm): each does at least its work; busBW the ring's
-      fraction of the link;
-    - multimem (SM100 at W 2/4/8): ld_reduce over the multicast address, each GPU ~S of egress and S/W of ingress,
-      no better than a ring in bandwidth (its gain is latency): t = α + S/(η·link), η the fused kernel's multicast
-      efficiency, i.e. busBW = (W-1)/W·η·link;
-    - IPC (fully connected, no multicast): each GPU reads its slice from the W-1 peers, as Lamport;
-    and its custom all-gathers (costmodel.vllm_tables.custom_ag_backend), Lamport with the multicast buffer, IPC
-    without: each GPU takes in the (W-1)/W·S foreign shards, one shot, at the same latency and link fraction."""
-    p = copy.deepcopy(p)
-    coll, link = p["collectives"], p["interconnect"]["link_bw_bytes_per_s"]
-    if "custom_ar_1stage" not in coll or p["interconnect"]["kind"] not in ("nvswitch",):
-        return p
-    multicast = "fused_kernel" in p
-    cc = p["identity"]["compute_capability"]
-    for key, c in coll["custom_ar_1stage"].items():
-        w = int(key.removeprefix("tp"))
-        lat, lat_src = c["latency_s"], f"custom_ar_1stage tp{w}'s ({c['source'][:60]}...)"
-        fi = coll.get("flashinfer_ar_rmsnorm", {}).get(key)
-        if multicast and fi is not None and fi["latency_s"] < lat:
-            lat, lat_src = fi["latency_s"], f"flashinfer_ar_rmsnorm tp{w}'s Lamport one-shot ({fi['source'][:60]}...)"
-        one_shot = (("custom_rs_lamport" if multicast else "custom_rs_ipc",
-                     f"one-shot {'Lamport push' if multicast else 'IPC read'} of the (W-1)/W foreign slices"),
-                    ("custom_ag_lamport" if multicast else "custom_ag_ipc",
-                     f"one-shot {'Lamport' if multicast else 'IPC'} all-gather, each GPU takes in the (W-1)/W·S "
-                     "foreign shards"))
-        for name, what in one_shot:
-            coll.setdefault(name, {})[key] = sec(
-                f"assumed (physics, no released row): {what}; latency = {lat_src}, busBW = {RING} x "
-                f"{link / 1e9:.0f} GB/s (the ring's link fraction)",
-                "assumed", latency_s=lat, bus_bw_bytes_per_s=RING * link)
-        if multicast and cc in T.CUSTOM_RS_MULTIMEM_CAPABILITIES and w in T.CUSTOM_RS_MULTIMEM_WORLDS:
-            eta = p["fused_kernel"]["_link_efficiency"]["link_efficiency"]
-            coll.setdefault("custom_rs_multimem", {})[key] = sec(
-                f"assumed (physics, no released row): multimem.ld_reduce reduce-scatter, ~S egress per GPU at the "
-                f"fused kernel's multicast efficiency {eta:.3f} (calib/kernel_fit.py): busBW = (W-1)/W x {eta:.3f} x "
-                f"{link / 1e9:.0f} GB/s; latency = custom_ar_1stage tp{w}'s", "assumed",
-                latency_s=lat, bus_bw_bytes_per_s=(w - 1) / w * eta * link)
-    return p
 
 
 def build_all(gpu_checks=None):
@@ -872,7 +757,7 @@ def round_tree(tree):
     different numpy/scipy build, which moves a fit in its 11th digit, writes the same file."""
     if isinstance(tree, dict):
         return {k: round_tree(v) for k, v in tree.items()}
-    return _round(tree)
+    return round_value(tree)
 
 
 def same_values(a, b, rel=CHECK_REL_TOL, path=""):
