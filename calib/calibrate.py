@@ -158,16 +158,10 @@ def measured_points(records, impl: str, name: str, world: int, source: str):
 
     if name not in MEASURED_IMPLS:
         return None
-    best: dict[float, float] = {}
-    for r in records:
-        if r["kind"] == "collective" and r["impl"] == impl and r["world"] == world and not r.get("op"):
-            S, t = float(r["msg_bytes"]), float(r["median_s"])
-            if S > 0 and t > 0:
-                best[S] = min(t, best.get(S, t))
-    if len(best) < 3:
-        return None
-    sizes = sorted(best)
-    return MeasuredCurve(tuple(sizes), tuple(best[x] for x in sizes), source)
+    curve = MeasuredCurve.from_points(
+        ((r["msg_bytes"], r["median_s"]) for r in records if r["kind"] == "collective" and r["impl"] == impl
+         and r["world"] == world and not r.get("op") and r["msg_bytes"] > 0 and r["median_s"] > 0), source)
+    return curve if len(curve.msg_bytes) >= 3 else None
 
 
 def side_paths(out: Path):

@@ -249,17 +249,11 @@ def fit_log(base, log: dict, values: dict, provs: dict, fitted: list, warnings: 
 
 
 def measured_curve(log: dict):
-    """The log's points as the profile's [measured.<impl>.tp<W>] (costmodel.profile.MeasuredCurve): one time per size
-    (a size logged twice: the faster, as nccl-tests' best run)."""
+    """The log's points as the profile's [measured.<impl>.tp<W>] (costmodel.profile.MeasuredCurve.from_points)."""
     from costmodel.profile import MeasuredCurve
 
-    best: dict[float, float] = {}
-    for size, t in log["rows"]:
-        best[size] = min(t, best.get(size, t))
-    sizes = sorted(best)
-    return MeasuredCurve(tuple(float(x) for x in sizes), tuple(best[x] for x in sizes),
-                         f"calibrated: nccl-tests {Path(log['file']).name} ({log['gpu']}, {log['ranks']} ranks), "
-                         "as logged")
+    return MeasuredCurve.from_points(log["rows"], f"calibrated: nccl-tests {Path(log['file']).name} ({log['gpu']}, "
+                                     f"{log['ranks']} ranks), as logged")
 
 
 def run(args) -> int:

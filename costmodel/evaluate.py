@@ -21,7 +21,7 @@ from .vllm_tables import Vllm
 
 OP_COLUMNS = ("hardware", "tp", "op", "dtype", "m", "n", "k", "baseline_us", "overlap_us", "source")
 MODEL_COLUMNS = ("hardware", "tp", "model", "dtype", "num_tokens", "baseline_us", "overlap_us", "scope", "source")
-OPTIONAL_MODEL_COLUMNS = ("baseline_schedule", "seq_len")  # tp (default) | sp; default model.DEFAULT_SEQ_LEN
+OPTIONAL_MODEL_COLUMNS = ("baseline_schedule", "seq_len")  # tp (default) | sp; default defaults.DEFAULT_SEQ_LEN
 # impl: torch (default; torch's pipelined symm-mem ops) | kernel (the single-kernel GEMM+RS/AR, docs/model.md §6b);
 # baseline_impl: nccl (default; the GEMM then NCCL) | vllm (the GEMM then vLLM's dispatched collective);
 # harness_us: a benchmark's own time on both arms (>= 0; a source's fitted offset, calib/reference.py FamilyFit)

@@ -250,8 +250,8 @@ def dispatch_edges(n: Any, impls: Any, msg_bytes: Any) -> list[tuple[int, int, s
         return []
     order = np.argsort(n, kind="stable")
     n, impls, msg = n[order], impls[order], msg[order]
-    return [(int(n[i - 1]), int(n[i]), str(impls[i - 1]), str(impls[i]), float(msg[i]) / F.MiB)
-            for i in range(1, n.size) if impls[i] != impls[i - 1]]
+    steps = np.flatnonzero(impls[1:] != impls[:-1]) + 1  # vectorised: predict runs this on every sweep
+    return [(int(n[i - 1]), int(n[i]), str(impls[i - 1]), str(impls[i]), float(msg[i]) / F.MiB) for i in steps]
 
 
 class _Ops:

@@ -190,6 +190,16 @@ class MeasuredCurve:
     time_s: tuple[float, ...]  # the measured time at each (s)
     source: str
 
+    @classmethod
+    def from_points(cls, points, source: str) -> MeasuredCurve:
+        """The curve of (size bytes, time s) pairs in any order: one time per size (a size timed twice: the faster),
+        sizes increasing."""
+        best: dict[float, float] = {}
+        for size, t in points:
+            best[float(size)] = min(float(t), best.get(float(size), float(t)))
+        sizes = sorted(best)
+        return cls(tuple(sizes), tuple(best[x] for x in sizes), source)
+
 
 # fixed tables: dotted path -> dataclass; patterned ones: collectives.<impl>.tp<W>
 _TABLES = {"identity": Identity, "compute.peak_flops_per_s": PeakFlops, "memory": Memory, "kernels": Kernels,
@@ -430,9 +440,8 @@ class HardwareProfile:
                 for impl, per in self.measured.items()}
         for impl, per in (measured or {}).items():
             kept.setdefault(impl, {}).update(per)
-        measured = kept
         return _assemble(leaves, prov, {**self.notes, **(notes or {})}, self.origin, modified,
-                         {impl: per for impl, per in measured.items() if per})
+                         {impl: per for impl, per in kept.items() if per})
 
 
 def _assemble(leaves: Mapping[str, Any], provenance: Mapping[str, Provenance], notes: Mapping[str, str], origin: str,

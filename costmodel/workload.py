@@ -116,11 +116,13 @@ def parse_csv(text: str, where: str) -> Workload:
         if len(r) != len(header):
             raise TpcostError(f"{where}:{i}: expected {len(header)} cells, got {len(r)}")
         n, c = r[0].strip(), r[1].strip()
-        if not (n.isascii() and n.isdigit()) or int(n) < 1:
-            raise TpcostError(f"{where}:{i}: num_tokens {n!r} is not a positive integer")
-        if len(n) > 13 or int(n) > MAX_STEP_TOKENS:  # the length first: int() of a huge string is itself a cost
+        if not (n.isascii() and n.isdigit()):
+            raise TpcostError(f"{where}:{i}: num_tokens {n[:20]!r} is not a positive integer")
+        if len(n) > 13 or int(n) > MAX_STEP_TOKENS:  # the length first: int() refuses over 4300 digits
             raise TpcostError(f"{where}:{i}: num_tokens {n[:20]}{'...' if len(n) > 20 else ''} is above 2^40 tokens "
                               "(no step is that large)")
+        if int(n) < 1:
+            raise TpcostError(f"{where}:{i}: num_tokens {n!r} is not a positive integer")
         cv = finite_float(c, f"{where}:{i}: count", nonneg=True)
         pts[int(n)] = pts.get(int(n), 0.0) + cv
         if len(header) == 3:

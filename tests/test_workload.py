@@ -178,3 +178,17 @@ def test_a_constant_context_column_equals_the_flag(tmp_path, capsys, one_line_er
     one_line_error("whatif", "--workload", str(f3), "--context-len", "512", needle="context_len column states")
     one_line_error("vllm-config", "--model", "tests/fixtures/kimi-k3.config.json", "--gpu", "b200", "--tp", "8",
                    "--workload", str(f3), needle="context_len column has no effect")
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("num_tokens,count\n1" + "0" * 400 + ",3\n", "is above 2^40 tokens"),  # 10**400: an OverflowError traceback
+    ("num_tokens,count\n1" + "0" * 5000 + ",3\n", "is above 2^40 tokens"),  # past int()'s 4300-digit limit
+    ("num_tokens,count\n1099511627777,3\n", "is above 2^40 tokens"),
+    ('# HELP x\nvllm:iteration_tokens_total_bucket{le="1e13"} 3\nvllm:iteration_tokens_total_bucket{le="+Inf"} 3\n',
+     "is above 2^40 tokens"),
+])
+def test_step_sizes_beyond_any_budget_are_refused(tmp_path, one_line_error, text, needle):
+    """Issue 50: a num_tokens (or bucket bound) no step can have is refused in one line, never a traceback."""
+    w = tmp_path / "w.txt"
+    w.write_text(text)
+    one_line_error("whatif", "--workload", str(w), "--no-band", needle=needle)
