@@ -198,7 +198,7 @@ def gates_matrix() -> list[dict]:
     """vLLM 0.34's model gates beside tpcost's value (costmodel.gates, vllm-config's decision path) on every SM100
     profile at TP 2, 4, 8 under model-level SP (MegaMoE + expert parallel), uniform traffic to 8192 tokens, with the
     named terms at vLLM's constant; torch's AG+matmul also on SM90 as `tpcost op` values (analyse_op)."""
-    from costmodel import load_profile
+    from costmodel import fused_ops, load_profile
     from costmodel.gates import model_gates
     from costmodel.model import Regime, RunConfig
     from costmodel.op_analysis import OpQuery, analyse_op
@@ -222,7 +222,7 @@ def gates_matrix() -> list[dict]:
                         continue
                     row = {"gpu": gpu, "tp": tp, "model": name, **gd.to_json()}
                     m_at = None if gd.vllm_tokens is None else gd.vllm_tokens * (tp if g.per_rank else 1)
-                    if g.op in ("gemm_rs", "ag_gemm") and gd.sites and m_at is not None:
+                    if g.op in fused_ops.OPS and gd.sites and m_at is not None:  # a fused op's gate
                         row["terms_at_vllm"] = {s.name: _gate_terms(prof, g.op, s, float(m_at), tp, vllm)
                                                 for s in gd.sites}
                     out.append(row)

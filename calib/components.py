@@ -1,5 +1,5 @@
 """Every component fit and reading behind the built-in profiles, made once from data/reference and committed as
-calib/data/component_fits.json (calib.results), which tools/build_profiles.py assembles from:
+calib/data/component_fits.json (calib.results), which the GPU specs name (calib/gpus, calib/assemble.py):
 
     python -m calib.components      # refit and write component_fits.json (a few seconds)
 
@@ -19,7 +19,7 @@ from calib.nccl_fit import SWEEPS, fit_regimes, readme_points
 from calib.results import COMPONENT_CMD, COMPONENT_FITS
 from costmodel import formulas as F
 
-# datasheet values the GEMM fits run at (tools/build_profiles.py refuses a profile whose datasheet differs)
+# datasheet values the GEMM fits run at (a spec's fit_inputs: the assembler refuses a spec whose datasheet differs)
 FIT_INPUTS = {"H100": {"peak_bf16_flops_per_s": 989.4e12, "hbm_bw_bytes_per_s": 3.35e12, "sm_count": 132},
               "B200": {"peak_bf16_flops_per_s": 2250e12, "hbm_bw_bytes_per_s": 8e12, "sm_count": 148}}
 MAMF = {"H100 SXM (H200 same)": "bf16", "H200 SXM": "fp8", "B200 SXM": "bf16", "GB200": "bf16", "A100 SXM": "bf16"}

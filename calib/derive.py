@@ -19,6 +19,14 @@ def round_value(v):
     return CR.profile_digits(v) if isinstance(v, float) else v
 
 
+def round_tree(tree):
+    """Every float of a profile tree rounded to 4 significant digits (what the TOML files hold), so that a different
+    numpy/scipy build, which moves a fit in its 11th digit, writes the same file."""
+    if isinstance(tree, dict):
+        return {k: round_tree(v) for k, v in tree.items()}
+    return round_value(tree)
+
+
 def sec(source, tier, **vals):
     """A sourced table: values (fitted ones rounded to 4 significant digits), source, tier."""
     return {**{k: round_value(v) for k, v in vals.items()}, "source": source, "tier": tier}

@@ -46,9 +46,9 @@ import numpy as np
 from costmodel.vllm_tables import Vllm
 
 from costmodel import formulas as F
-from costmodel import ops
+from costmodel import fused_ops, ops
 from costmodel.io import atomic_write_text, dumps_json
-from costmodel.profile import HardwareProfile, Provenance, load_profile
+from costmodel.profile import HardwareProfile, Provenance, profile_from_dict
 
 from .fit import fit_least_squares, worst_unidentified
 from .results import KERNEL_CMD, KERNEL_FIT
@@ -65,6 +65,15 @@ FORCED_PROTOCOLS = ("RING_LL", "LDMC")  # NCCL_PROTO/ALGO forced by the source: 
 PROFILE_OF = {VLLM_RS: "b200", VLLM_AR: "gb300-nvl72", FI_RS: "gb200-nvl72"}
 CALIBRATION = "calibration"  # the source of a cluster owner's own timings of vLLM's kernel (tpcost calibrate)
 NVLINK5_BW = 900e9  # bytes/s per direction (https://www.nvidia.com/en-us/data-center/nvlink/)
+
+
+@functools.cache
+def fit_profile(name: str) -> HardwareProfile:
+    """A source's GPU as this fit sees it: assembled from its spec (calib/assemble.py) with the component and family
+    fits, before this fit and the band (so a refit reads no profile built from an earlier kernel fit)."""
+    from calib.assemble import Assembler, committed_fits, load_specs
+
+    return profile_from_dict(Assembler(load_specs(), committed_fits(kernel=False, band=False)).profile(name), name)
 
 
 def kernel_of(sid: str) -> str:
@@ -151,7 +160,8 @@ def read_rows(path: Path = FUSED_CSV, pr52079_tp: int = 8) -> list[KernelRow]:
 
 
 def _collective(op: str) -> str:
-    return "nccl_all_reduce" if op == "gemm_ar" else "nccl_reduce_scatter"
+    """The NCCL collective a kernel row's baseline runs: the one the op fuses (costmodel.fused_ops)."""
+    return "nccl_" + fused_ops.kind(op, "kernel").collective
 
 
 def _bw_key(r: KernelRow) -> str:
@@ -174,7 +184,7 @@ class _Problem:
     def __init__(self, rows: list[KernelRow], fixed: dict[str, float], profiles: dict | None = None):
         self.rows = rows
         self.fixed = dict(fixed)
-        self.profiles = profiles or {sid: load_profile(PROFILE_OF[sid]) for sid in {r.source for r in rows}}
+        self.profiles = profiles or {sid: fit_profile(PROFILE_OF[sid]) for sid in {r.source for r in rows}}
         terms: dict[str, tuple[float, float, float]] = {}
         for key, (v, lo, hi, _) in HARDWARE_PRIOR.items():
             terms[f"hw:{key}"] = (v, lo, hi)

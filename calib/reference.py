@@ -2,8 +2,8 @@
 (copies of ../shared/reference; sources in data/reference/SOURCES.md, FUSED_OPS_SOURCES.md).
 
 calib/components.py runs the component fits (committed as calib/data/component_fits.json); `python -m
-calib.reference` runs the joint fused-op fits per GPU family from the start trees tools/build_profiles.py writes
-(committed as calib/data/family_fit.json). tools/build_profiles.py assembles the profiles from both
+calib.reference` runs the joint fused-op fits per GPU family from the start trees calib/assemble.py builds from the GPU
+specs (committed as calib/data/family_fit.json). tools/build_profiles.py assembles the profiles from both
 (calib/results.py). Each fit returns values plus a `source` string naming the source_ids and row selection.
 """
 
@@ -18,8 +18,8 @@ import numpy as np
 
 from calib import fit as fitting
 from calib.fit import fit_least_squares, worst_unidentified  # the one fitting core and rule
-from calib.results import (FAMILY_CMD, FAMILY_FIT, FAMILY_TREES, fit_to_json, load_family_trees, profile_digits,
-                           trees_digest)
+from calib.assemble import family_trees
+from calib.results import FAMILY_CMD, FAMILY_FIT, fit_to_json, profile_digits, trees_digest
 from costmodel import formulas as F
 
 CSV = Path(__file__).resolve().parents[1] / "data" / "reference" / "components.csv"
@@ -696,11 +696,11 @@ def b300_rs_latency_fit(b300_tree: dict) -> dict:
 
 
 def start_trees(raw: dict | None = None) -> tuple[dict, dict]:
-    """The family fits' start trees: build_profiles' (FAMILY_TREES, or `raw`) with the B300's reduce-scatter latency
+    """The family fits' start trees: the specs' (calib.assemble.family_trees, or `raw`) with the B300's reduce-scatter latency
     fitted first and written in (rounded as the profile holds it). Returns (trees, that fit)."""
     import copy
 
-    trees = copy.deepcopy(load_family_trees() if raw is None else raw)
+    trees = copy.deepcopy(family_trees() if raw is None else raw)
     rs = b300_rs_latency_fit(trees["blackwell"]["b300"])
     trees["blackwell"]["b300"]["collectives"]["nccl_reduce_scatter"]["tp8"]["latency_s"] = profile_digits(rs["value"])
     return trees, rs
@@ -733,9 +733,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from costmodel.io import atomic_write_text, dumps_json
 
-    raw = load_family_trees()
+    raw = family_trees()
     fits, made = fit_families(raw)
-    out = {"command": FAMILY_CMD, "trees": str(FAMILY_TREES.relative_to(FAMILY_FIT.parents[2])),
+    out = {"command": FAMILY_CMD, "trees": "calib/gpus (calib.assemble.family_trees)",
            "trees_sha256": trees_digest(raw), "fits": {f: fit_to_json(v) for f, v in fits.items()}, "with": made}
     json.loads(dumps_json(out))  # strict JSON: no NaN, no inf
     atomic_write_text(FAMILY_FIT, dumps_json(out, indent=1) + "\n")

@@ -3,9 +3,11 @@ their readers. tools/build_profiles.py assembles the built-in profiles from thes
 this module and no fitting code.
 
     python -m calib.components        # component_fits.json   (GEMM, collective and kernel-time fits, readings)
-    python tools/build_profiles.py    # family_fit_trees.json (the family fits' start trees), then the profiles
-    python -m calib.reference         # family_fit.json       (the joint fused-op fits per GPU family)
+    python -m calib.reference         # family_fit.json       (the joint fused-op fits per GPU family, from the
+                                      #                        start trees calib/assemble.py builds from the specs)
     python -m calib.kernel_fit        # kernel_fit.json       (the single-kernel GEMM+RS/AR joint fit)
+    python -m calib.band              # band_fit.json         (the model error, nested leave-one-source-out)
+    python tools/build_profiles.py    # the profiles; --refit runs the four fits above first, in this order
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ from costmodel.errors import TpcostError
 DATA = Path(__file__).resolve().parent / "data"
 COMPONENT_FITS = DATA / "component_fits.json"
 COMPONENT_CMD = "python -m calib.components"
-FAMILY_TREES = DATA / "family_fit_trees.json"  # written by tools/build_profiles.py
 FAMILY_FIT = DATA / "family_fit.json"
-FAMILY_CMD = "python -m calib.reference"  # refits FAMILY_FIT from FAMILY_TREES
+FAMILY_CMD = "python -m calib.reference"  # refits FAMILY_FIT from the specs' start trees (calib.assemble)
 KERNEL_FIT = DATA / "kernel_fit.json"
 KERNEL_CMD = "python -m calib.kernel_fit"
 BAND_FIT = DATA / "band_fit.json"
@@ -60,13 +61,8 @@ def load_band_fit() -> dict:
     return _read(BAND_FIT, BAND_CMD)
 
 
-def load_family_trees() -> dict:
-    """The profile trees each family fit starts from (family -> profile name -> tree), as build_profiles wrote them."""
-    return _read(FAMILY_TREES, REBUILD)
-
-
 def trees_digest(trees: dict) -> str:
-    """sha256 of the start trees as build_profiles writes them (which trees a committed fit was made from)."""
+    """sha256 of the start trees (which trees a committed fit was made from)."""
     return hashlib.sha256(json.dumps(trees, sort_keys=True).encode()).hexdigest()
 
 
@@ -94,8 +90,8 @@ def load_family_result(trees: dict | None = None) -> dict:
     start trees."""
     d = _read(FAMILY_FIT, FAMILY_CMD)
     if trees is not None and d.get("trees_sha256") != trees_digest(trees):
-        raise TpcostError(f"{FAMILY_FIT.name} was fitted to other start trees than the generator's: run {REBUILD}, "
-                          f"then {FAMILY_CMD}, then {REBUILD}")
+        raise TpcostError(f"{FAMILY_FIT.name} was fitted to other start trees than the GPU specs give: run "
+                          f"{FAMILY_CMD}, then {REBUILD} (or {REBUILD} --refit)")
     return d
 
 

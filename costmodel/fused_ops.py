@@ -26,6 +26,7 @@ class FusedOpKind:
 
     op: str  # ag_gemm | gemm_rs | gemm_ar
     impl: str  # torch | kernel
+    collective: str  # the collective it fuses: all_gather | reduce_scatter | all_reduce
     dtypes: tuple[str, ...]  # weight formats it takes
     predictor: str  # the one predictor of its fused/unfused pair (costmodel.ops)
     vllm_fields: tuple[str, ...]  # the vllm_tables.Release fields its dispatch in vLLM reads
@@ -54,9 +55,10 @@ class FusedOpKind:
 
 
 REGISTRY: dict[tuple[str, str], FusedOpKind] = {(k.op, k.impl): k for k in (
-    FusedOpKind("ag_gemm", "torch", TORCH_DTYPES, "ops.torch_pair", ("sp_passes", "model_gates")),
-    FusedOpKind("gemm_rs", "torch", TORCH_DTYPES, "ops.torch_pair", ("sp_passes",)),
-    *(FusedOpKind(op, "kernel", vllm_tables.KERNEL_DTYPES, "ops.kernel_pair", ("kernel", "muse_spark_gemm_rs"))
+    FusedOpKind("ag_gemm", "torch", "all_gather", TORCH_DTYPES, "ops.torch_pair", ("sp_passes", "model_gates")),
+    FusedOpKind("gemm_rs", "torch", "reduce_scatter", TORCH_DTYPES, "ops.torch_pair", ("sp_passes",)),
+    *(FusedOpKind(op, "kernel", {"gemm_rs": "reduce_scatter", "gemm_ar": "all_reduce"}[op], vllm_tables.KERNEL_DTYPES,
+                  "ops.kernel_pair", ("kernel", "muse_spark_gemm_rs"))
       for op in vllm_tables.KERNEL_OPS),
 )}
 OPS = tuple(dict.fromkeys(op for op, _ in REGISTRY))  # ag_gemm, gemm_rs, gemm_ar

@@ -280,7 +280,7 @@ def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:
             "bound": "compute" if t_comp >= t_hbm else "HBM", "t_compute_s": t_comp, "t_hbm_s": t_hbm}
     f, u, _, impls, waves = op_arms(profile, spec, rows)
     t_coll = float(u[0]) - t_gemm
-    coll_op = {"gemm_ar": "all_reduce", "gemm_rs": "reduce_scatter", "ag_gemm": "all_gather"}[spec.op]
+    coll_op = fused_ops.kind(spec.op, spec.impl).collective
     msg = m * (k * hw.mode.ag_bytes if spec.op == "ag_gemm" else n * hw.act_bytes)
     factor = float(F.bus_bw_factor(coll_op, tp))
     unfused = {"t_s": float(u[0]), "gemm": gemm,

@@ -421,8 +421,10 @@ def torch_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, baseline: str =
     them, else NCCL), the arm vLLM >= 0.34's sp_all_gather_matmul replaces."""
     if baseline not in TORCH_BASELINES:
         raise TpcostError(f"torch_pair: baseline {baseline!r} is not one of {', '.join(TORCH_BASELINES)}")
-    if op not in ("ag_gemm", "gemm_rs"):
-        raise TpcostError(f"torch has no fused {op!r} (ag_gemm | gemm_rs)")
+    from .fused_ops import TORCH_FUSES  # the registry (it imports this module)
+
+    if op not in TORCH_FUSES:
+        raise TpcostError(f"torch has no fused {op!r} ({' | '.join(TORCH_FUSES)})")
     ag = op == "ag_gemm"
     f = (fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=True) if ag else
          fused_gemm_rs(hw, m, n, k, tp, eager=True))

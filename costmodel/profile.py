@@ -792,13 +792,16 @@ def parse_set(items: list[str]) -> dict[str, float]:
 
 
 def match_profile(device_name: str, capability: str | None = None) -> str | None:
-    """The built-in profile for a device: the first whose device_name_patterns occur in its name, else the one
-    with the same compute capability ('major.minor'); None if neither matches. The one matching rule (the CLI,
-    the vLLM plugin and calib's single-GPU check all use it)."""
+    """The built-in profile for a device: the first with one of its device_name_patterns in the name as a whole word
+    (no letter or digit either side: "B200" is not in "NVIDIA GB200", nor "H20" in "NVIDIA H200"), else the one with
+    the same compute capability ('major.minor'); None if neither matches. The one matching rule (the CLI, the vLLM
+    plugin and calib's single-GPU check all use it)."""
+    import re
+
     profiles = [load_profile(n) for n in builtin_profile_names()]
     for p in profiles:
         pats = [s for s in p.identity.device_name_patterns.split("|") if s]
-        if any(s in device_name for s in pats):
+        if any(re.search(rf"(?<![A-Za-z0-9]){re.escape(s)}(?![A-Za-z0-9])", device_name) for s in pats):
             return p.name
     for p in profiles:
         if capability and p.identity.compute_capability == capability:

@@ -257,8 +257,8 @@ def recommend(profile, shape, run: RunConfig, user: UserChoices = UserChoices(),
     The fusion range is decided here: run.regime.fi_max_bytes must be unset (the user's value is user.fi_max_mb)."""
     from costmodel.analysis import analyse, decided_schedule
     from costmodel import ops
+    from costmodel import fused_ops
     from costmodel.errors import TpcostError
-    from costmodel.ops import fused_ops_available
 
     if run.regime.fi_max_bytes is not None:
         raise TpcostError("recommend decides the FlashInfer fusion range: give the user's limit as "
@@ -282,7 +282,7 @@ def recommend(profile, shape, run: RunConfig, user: UserChoices = UserChoices(),
     dv = a.sp_decision_value if sched == "sp" or (sched is None and asynctp is False) else a.decision_value
     return Recommendation(profile.name, profile.tier, profile.origin, bool(profile.modified), tp, dtype,
                           max_num_batched_tokens, cut, at_cut, float(s[-1]), worst_below, fusion, profile.kind,
-                          fused_ops_available(profile, tp), dv, a.workload, vllm, sched, user.asynctp_choice,
+                          fused_ops.kind("gemm_rs", "torch").why_not(profile, tp, dtype), dv, a.workload, vllm, sched, user.asynctp_choice,
                           a)
 
 

@@ -42,13 +42,23 @@ def test_nothing_is_folded_unless_named():
 
 
 def test_the_builder_imports_no_fitting_code():
-    """The assembler reads committed results (calib.results) and its derivations (calib.derive, tree transforms that
-    themselves read only calib.results) and nothing else from calib: no scipy, no refit."""
+    """The builder reads the assembler (calib.assemble), which reads the spec files (calib.specs), committed results
+    (calib.results), the named fits' tables (calib.tables), the fused-op sections (calib.sections) and the derivations
+    (calib.derive): tree transforms
+    on committed results, nothing else from calib: no scipy, no refit (--refit imports the fits only when asked)."""
     import ast
 
+    from calib import assemble as A
     from calib import derive as D
+    from calib import sections as S
+    from calib import specs as SP
+    from calib import tables as T
 
-    for path, allowed in ((B.__file__, ("calib", "calib.results", "calib.derive")), (D.__file__, ("calib", "calib.results"))):
+    modules = ("calib", "calib.results", "calib.derive", "calib.tables", "calib.sections", "calib.specs")
+    for path, allowed in ((B.__file__, ("calib", "calib.assemble")), (A.__file__, modules),
+                          (SP.__file__, ("calib", "calib.results", "calib.derive", "calib.tables")),
+                          (T.__file__, ("calib", "calib.derive")), (S.__file__, ("calib", "calib.results", "calib.derive")),
+                          (D.__file__, ("calib", "calib.results"))):
         tree = ast.parse(open(path).read())
         mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -67,7 +77,6 @@ def test_datasheet_values_other_than_the_fits_inputs_are_refused(monkeypatch, ca
     comps = CR.load_components()
     comps["inputs"]["H100"] = {**comps["inputs"]["H100"], "sm_count": 114}
     monkeypatch.setattr(CR, "load_components", lambda: comps)
-    monkeypatch.setattr(B, "C", {})
     assert B.main(["--check"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "H100 datasheet values" in err and "python -m calib.components" in err
@@ -163,3 +172,151 @@ def test_the_builders_derivations_are_named_and_hold_their_physics():
     mm = out["collectives"]["custom_rs_multimem"]["tp8"]  # (W-1)/W x eta x link
     assert mm["bus_bw_bytes_per_s"] == pytest.approx(7 / 8 * 0.6 * 900e9, rel=1e-3)
     assert "custom_rs_lamport" not in tree["collectives"]  # a copy: the input tree is left as it was
+
+
+def test_a_gpu_is_one_spec_file(tmp_path, capsys):
+    """Issue 48: a GPU with datasheet values is one spec file and no code. A made-up Hopper part (half the H100's SMs
+    and HBM bandwidth, the H800's link) built from a spec alone, through the builder's own CLI: its profile loads,
+    holds the spec's values, carries the inherited fits marked as such, and the model prices it."""
+    import tomllib
+
+    from costmodel import formulas as F
+    from costmodel import ops
+    from costmodel.profile import profile_from_dict
+
+    specs, out = tmp_path / "specs", tmp_path / "out"
+    specs.mkdir()
+    out.mkdir()
+    (specs / "h50.toml").write_text('''
+name = "h50"
+inherits = "h100-sxm"
+
+[[step]]
+update = "identity"
+[step.values]
+name = "h50"
+display_name = "Made-up H50"
+device_name_patterns = "H50"
+sm_count = 66
+source = "a made-up datasheet"
+
+[[step]]
+set = "memory"
+[step.table]
+hbm_bw_bytes_per_s = 1.675e12
+source = "a made-up datasheet"
+tier = "datasheet"
+
+[[step]]
+update = "interconnect"
+[step.values]
+link_bw_bytes_per_s = 200e9
+source = "a made-up link"
+
+[[step]]
+scale_collectives = "h100-sxm"
+keep = ["nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter"]
+why = "the made-up link over NVLink4"
+
+[[step]]
+one_ring = true
+
+[[step]]
+ring_pull = true
+
+[fused]
+family = "hopper"
+terms = ["sync"]
+carried = "= the H100 fit"
+
+[capacity]
+hbm_capacity_bytes = 40e9
+source = "a made-up datasheet"
+''')
+    assert B.main(["--spec-dir", str(specs), "--out", str(out)]) == 0, capsys.readouterr()
+    prof = profile_from_dict(tomllib.loads((out / "h50.toml").read_text()), "h50")
+    assert prof.identity.sm_count == 66 and prof.memory.hbm_bw_bytes_per_s == 1.675e12
+    assert prof.interconnect.link_bw_bytes_per_s == 200e9 and prof.memory.hbm_capacity_bytes == 40e9
+    h100 = profile_from_dict(tomllib.loads((out / "h100-sxm.toml").read_text()), "h100-sxm")
+    lat, bw = prof.collective("nccl_all_gather", 8)
+    assert bw == pytest.approx(h100.collective("nccl_all_gather", 8)[1] * 200 / 450, rel=1e-3)
+    assert prof.provenance["asynctp.barrier_s"].tier == "assumed"  # the H100 fit, carried and saying so
+    assert "= the H100 fit" in prof.provenance["asynctp.barrier_s"].source
+    assert set(prof.collectives) == {"nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter"}
+    t = float(ops.t_nccl_all_gather_s(ops.Hw(prof, "bf16"), 8, 64 * F.MiB))
+    assert t > float(ops.t_nccl_all_gather_s(ops.Hw(h100, "bf16"), 8, 64 * F.MiB))  # the slower link costs
+    assert B.main(["--check", "--spec-dir", str(specs), "--out", str(out)]) == 0  # and checks as current
+
+
+BAD_SPECS = [
+    ('name = "other"', "name must be the file's stem"),
+    ('name = "x"\ncolour = 1', "unknown keys ['colour']"),
+    ('name = "x"\ninherits = "h100-sxm"\n[[step]]\nset = "memory"\nupdate = "memory"', "exactly one of"),
+    ('name = "x"\ninherits = "h100-sxm"\n[[step]]\nscale_collectives = "h100-sxm"', "needs ['why']"),
+    ('name = "x"\ninherits = "nothing"', "no GPU spec 'nothing'"),
+    ('name = "x"\ninherits = "x"', "inherits from itself"),
+    ('name = "x"\ninherits = "h100-sxm"\n[[step]]\nfit = "made_up"', "no named fit 'made_up'"),
+    ('name = "x"\ninherits = "h100-sxm"\n[[step]]\nupdate = "nowhere.table"\nvalues = {a = 1}', "cannot apply it"),
+    ('name = "x"\ninherits = "h100-sxm"\n[[step]]\nset = "gemm._efficiency"\n'
+     'table = {max_efficiency = {fit = ["no", "such"]}, source = "s", tier = "assumed"}', "no component fit no/such"),
+    ('name = "x"\ninherits = "h100-sxm"\n[[step]]\nset = "memory"\n'
+     'table = {hbm_bw_bytes_per_s = -1.0, source = "s", tier = "datasheet"}', "the profile it builds is refused"),
+    ('name = "x"\ninherits = "h100-sxm"\nfit_inputs = "Z9"', "names no GEMM fit"),
+    ('name = "x"\ninherits = "h100-sxm"\n[fused]\nfamily = "ampere"', "[fused]: cannot apply it"),
+    ('name = "x"\n[[step', "not a readable TOML spec"),
+]
+
+
+@pytest.mark.parametrize("text,needle", BAD_SPECS)
+def test_a_bad_spec_is_one_line_and_exit_2(tmp_path, capsys, text, needle):
+    specs, out = tmp_path / "specs", tmp_path / "out"
+    specs.mkdir()
+    out.mkdir()
+    (specs / "x.toml").write_text(text + "\n")
+    assert B.main(["--spec-dir", str(specs), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
+    assert not (out / "x.toml").exists()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--spec-dir", "."], "--spec-dir needs --out"),
+    (["--out", "/nonexistent/dir"], "not a directory"),
+    (["--refit", "--out", "."], "--refit writes the built-in profiles"),
+])
+def test_builder_flag_misuse_is_one_line_and_exit_2(capsys, argv, needle):
+    assert B.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err
+
+
+def test_the_builtin_profiles_are_their_specs():
+    """Every built-in profile has its spec and every spec its profile; the builder holds no GPU of its own (issue 48:
+    under 300 lines, no per-GPU function), nor does the assembler."""
+    import ast
+
+    from calib import assemble as A
+    from costmodel.profile import builtin_profile_names
+
+    assert sorted(A.load_specs()) == sorted(builtin_profile_names())
+    for mod in (B, A):
+        src = open(mod.__file__).read()
+        assert len(src.splitlines()) < 300, mod.__file__
+        funcs = {n.name for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef)}
+        gpus = {n.replace("-", "_").split("_")[0] for n in builtin_profile_names()}
+        assert not {f for f in funcs if f.split("_")[0] in gpus}, funcs
+
+
+def test_the_family_fits_start_trees_come_from_the_specs():
+    """calib writes the start trees it needs itself (issue 48): the family fit is checked against the specs' trees,
+    and a spec change that moves a start tree makes the committed fit stale, in one line naming the refit."""
+    from calib import assemble as A
+    from calib import results as CR
+    from costmodel.errors import TpcostError
+
+    trees = A.family_trees()
+    assert set(trees) == {"hopper", "blackwell"} and set(trees["blackwell"]) == {"b300", "gb200-nvl72"}
+    CR.load_family_result(trees)  # current
+    trees["hopper"]["h100-sxm"]["asynctp"]["_host"]["host_op_s"] = 5e-6
+    with pytest.raises(TpcostError, match="calib.reference"):
+        CR.load_family_result(trees)

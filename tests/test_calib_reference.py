@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from calib import components as CMP
+from calib.assemble import family_trees
 from calib import reference as R
 from calib import results as CR
 from costmodel.errors import TpcostError
@@ -95,7 +96,7 @@ def test_a_changed_component_row_makes_the_staleness_check_fail(tmp_path, monkey
 def test_committed_family_fit_is_current():
     """Refit every family from the committed start trees and the released rows: the committed result still holds,
     and so do the fits made with it (the B300 reduce-scatter latency, the B200 TP 2 all-reduce)."""
-    raw = CR.load_family_trees()
+    raw = family_trees()
     fits, made = R.fit_families(raw)
     assert _differences(fits, CR.load_family_fits(raw)) == []
     assert _tree_differences(json.loads(json.dumps(made)), CR.load_family_result(raw)["with"]) == []
@@ -105,13 +106,13 @@ def test_a_changed_released_row_makes_the_staleness_check_fail(tmp_path, monkeyp
     """One KRAKEN_PR19 row 30 % slower on the fused arm moves the Hopper fit: the comparison above reports it."""
     monkeypatch.setattr(R, "FUSED_CSV", _one_row_slower(R.FUSED_CSV, tmp_path, "overlap_value",
                                                         lambda r: r["source_id"] == "KRAKEN_PR19"))
-    trees = CR.load_family_trees()
+    trees = family_trees()
     fresh = {"hopper": R.fit_family("hopper", trees["hopper"])}
     assert _differences(fresh, CR.load_family_fits(trees))
 
 
 def test_fits_from_other_trees_are_refused():
-    trees = CR.load_family_trees()
+    trees = family_trees()
     other = {**trees, "hopper": {"h100-sxm": {**trees["hopper"]["h100-sxm"], "schema_version": 1, "x": 1}}}
     with pytest.raises(TpcostError, match="fitted to other start trees"):
         CR.load_family_fits(other)

@@ -77,8 +77,8 @@ def test_profiles_and_models(capsys):
     d = json.loads(out)
     assert d["schema_version"] == 2
     names = {p["name"] for p in d["profiles"]}
-    assert names == {"h100-sxm", "h200-sxm", "h800", "b200", "b300", "gb200-nvl72", "gb300-nvl72", "a100-sxm-80gb", "a800",
-                     "l40s", "mi300x"}
+    assert names == {"h100-sxm", "h200-sxm", "h800", "h20", "b200", "b300", "gb200-nvl72", "gb300-nvl72", "a100-sxm-80gb",
+                     "a800", "l40s", "mi300x"}
     rc, out, _ = run(capsys, "models", "--json")
     assert {m["name"] for m in json.loads(out)["models"]} == {"llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen2.5-32b",
                                                     "qwen2.5-72b", "mistral-large-2", "cpu-tiny"}

@@ -200,3 +200,37 @@ def test_op_and_evaluate_read_one_registry_of_fused_ops():
                         assert refused.endswith(skipped), (refused, skipped)
                     checked += 1
     assert checked > 1000
+
+
+def test_no_second_table_of_fused_ops():
+    """Issue 48 item 2: the fused ops are listed once, in costmodel/fused_ops.py (and vLLM's own kernel ops and switches
+    in its release record, costmodel/vllm_tables.py, which the registry reads). A literal tuple, list, set or dict
+    anywhere else in the code (costmodel, integration, calib, benchmarks, tools) that lists two or more fused ops and
+    nothing else, or pairs an op with an impl, is a second table, and fails here: read the registry instead."""
+    import ast
+    from pathlib import Path
+
+    from costmodel import fused_ops
+
+    root = Path(__file__).resolve().parents[1]
+    ops, impls = set(fused_ops.OPS), set(fused_ops.IMPLS)
+    homes = {root / "costmodel" / "fused_ops.py", root / "costmodel" / "vllm_tables.py"}
+    found = []
+    for pkg in ("costmodel", "integration", "calib", "benchmarks", "tools"):
+        for path in sorted((root / pkg).rglob("*.py")):
+            if path in homes:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                items = (node.keys if isinstance(node, ast.Dict) else node.elts
+                         if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else None)
+                if items is None:
+                    continue
+                strs = [e.value for e in items if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                if len(strs) != len(items) or not strs:
+                    continue
+                if (len(strs) >= 2 and set(strs) <= ops) or (set(strs) & ops and set(strs) & impls):
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {strs}")
+    assert not found, found
+    # and the registry answers what the second tables did: the collective each op fuses
+    assert {(k.op, k.collective) for k in fused_ops.REGISTRY.values()} == {
+        ("ag_gemm", "all_gather"), ("gemm_rs", "reduce_scatter"), ("gemm_ar", "all_reduce")}

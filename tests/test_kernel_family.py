@@ -20,7 +20,7 @@ M = np.unique(np.round(np.geomspace(1, 65536, 120)))
 def test_which_profiles_have_it():
     """Every GPU with NVLink multicast over NVSwitch (NVLS): the SM100 family, where vLLM ships the kernel, and
     Hopper, where it does not."""
-    assert sorted(WITH_KERNEL) == ["b200", "b300", "gb200-nvl72", "gb300-nvl72", "h100-sxm", "h200-sxm", "h800"]
+    assert sorted(WITH_KERNEL) == ["b200", "b300", "gb200-nvl72", "gb300-nvl72", "h100-sxm", "h20", "h200-sxm", "h800"]
     shipped = [n for n in WITH_KERNEL if ops.kernel_shipped(load_profile(n)) is None]
     assert sorted(shipped) == ["b200", "b300", "gb200-nvl72", "gb300-nvl72"]
 

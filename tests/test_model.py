@@ -298,7 +298,8 @@ def test_generator_flags_inconsistent_collectives():
     built-in profiles have none."""
     import copy
 
-    from tools.build_profiles import build_all, inconsistent_collectives, round_tree
+    from calib.derive import round_tree
+    from tools.build_profiles import build_all, inconsistent_collectives
 
     trees = build_all()
     assert all(not inconsistent_collectives(n, round_tree(t)) for n, t in trees.items())

@@ -169,3 +169,18 @@ def test_typed_profile_equals_the_toml_text():
     assert p.collectives["nccl_all_reduce"][4].bus_bw_bytes_per_s == \
         t["collectives"]["nccl_all_reduce"]["tp4"]["bus_bw_bytes_per_s"]
     assert p.asynctp.barrier_s == t["asynctp"]["_sync"]["barrier_s"]
+
+
+@pytest.mark.parametrize("device,want", [
+    ("NVIDIA GB200", "gb200-nvl72"), ("NVIDIA GB300", "gb300-nvl72"),  # "B200" is not in "GB200" as a word
+    ("NVIDIA B200", "b200"), ("NVIDIA B300 SXM6 AC", "b300"),
+    ("NVIDIA H200", "h200-sxm"), ("NVIDIA H20", "h20"),  # nor "H20" in "H200"
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA A100-SXM4-80GB", "a100-sxm-80gb"), ("NVIDIA A800-SXM4-80GB", "a800"),
+    ("AMD Instinct MI300X", "mi300x"),
+])
+def test_a_device_matches_its_own_profile(device, want):
+    """The one matching rule (CLI --gpu auto, the plugin, calib's check): a pattern matches as a whole word. A GB200
+    used to match b200 (its 8-GPU domain, not the NVL72's 72), the first profile whose pattern occurred in the name."""
+    from costmodel.profile import match_profile
+
+    assert match_profile(device) == want

@@ -7,6 +7,7 @@ import sys
 
 from costmodel.defaults import DEFAULT_SEQ_LEN
 from costmodel.io import dumps_json
+from costmodel.vllm_tables import SWITCHES
 
 from .common import (VERSION_HELP, add_shape_args, bounded_int, check_min_confidence, load_workload_arg,
                      resolve_inputs, resolve_profile, run_config_arg, user_choices_arg, vllm_version_arg)
@@ -22,7 +23,7 @@ def register(sub) -> None:
                    help="print a JSON report instead of the value: the compilation config, the kernel switch, the "
                         "vLLM release and, for a model whose code gates a fused op (vLLM >= 0.34), every gate under "
                         "model_gates")
-    p.add_argument("--kernel-op", choices=("gemm_ar", "gemm_rs"),
+    p.add_argument("--kernel-op", choices=tuple(SWITCHES),
                    help="for a model vLLM runs its fused GEMM+RS/AR kernel in (Kimi-K3, DeepSeek-V4.1; vLLM >= 0.31): "
                         "also decide the kernel's switch for this traffic (gemm_ar: VLLM_KIMI_K3_GEMM_AR, on by "
                         "default; gemm_rs: VLLM_ENABLE_GEMM_RS, off by default, model-level SP only)")
