@@ -238,17 +238,16 @@ def sharpness(rows: list[dict], sigma_m: float) -> float:
 KERNEL_KEY = "fused_kernel.time_scale"
 
 
-KERNEL_DRAWS, KERNEL_SEED = 400, 0
-
-
-def kernel_row_bands(grid=GRID, draws: int = KERNEL_DRAWS, seed: int = KERNEL_SEED) -> list[dict]:
+def kernel_row_bands(grid=GRID, draws: int | None = None, seed: int | None = None) -> list[dict]:
     """The single-kernel family's rows, each source at its leave-one-source-out prediction (calib/kernel_fit.py): at
     each model error σ_m of `grid`, the 5-95 % band of the speedup seq / (h + τ·(fused − h)) over the prediction's
     own draws (kernel_fit.held_out_draws: the switch and kernel terms it does not know, as a profile draws them) and
     τ lognormal at σ_m, independent; h the source's harness time on both arms ("lo_model"/"hi_model"); and that
     speedup times one run's noise, lognormal at the row's run_noise_sigma, independent ("lo"/"hi")."""
-    from .kernel_fit import SOURCES, held_out_draws, read_rows
+    from .kernel_fit import HELD_OUT_DRAWS, HELD_OUT_SEED, SOURCES, held_out_draws, read_rows
 
+    draws = HELD_OUT_DRAWS if draws is None else draws  # the draws whose median is the source's nominal
+    seed = HELD_OUT_SEED if seed is None else seed
     rows, out, noise = read_rows(), [], run_noise()
     z = np.random.default_rng(seed + 1).standard_normal(draws)
     z_run = np.random.default_rng(seed + 2).standard_normal(draws)[None, :, None]

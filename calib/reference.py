@@ -292,13 +292,21 @@ FUSED_HARDWARE = {"H100": "h100-sxm", "B300": "b300", "GB200": "gb200-nvl72"}  #
 FUSED_DTYPES = {"bf16": "bf16", "fp8 (scaled_mm)": "fp8", "fp16": "bf16", "bf16 (assumed; not stated in data file)": "bf16"}
 
 
+# the released Hopper kernels without multimem (issue 49 item 2: their own byte paths, not fitted yet)
+HOPPER_P2P_KERNELS = {"TDIST_PR166_GEMMRS_H100": "Triton-distributed's persistent GEMM+RS, H100",
+                      "JAX_PALLAS_MGPU_AGMM_H100": "JAX Pallas:MGPU ring collective matmul, H100",
+                      "TRITONDIST_README_PLOTS": "Triton-distributed's and FLUX's AG+GEMM and GEMM+RS, H800, speedups "
+                                                 "read off the README's plots (±0.03)"}
+
+
 def _row_semantics(r: dict) -> tuple[str, int | None, str]:
     """(impl, per-rank k, how read) of one fused_ops.csv row: which fused arm it times and the GEMM's per-rank
     contraction size k (the README of each source; docs/model.md §6 "Reading the released sweeps")."""
     k = int(r["K"]) if r["K"].isdigit() else None  # PR 53053: "768 or 1536 (not stated)", read by calib/kernel_fit.py
     impl = "kernel" if "CuTe" in r["workload"] else "torch"
-    if r["source_id"] in ("TDIST_PR166_GEMMRS_H100", "JAX_PALLAS_MGPU_AGMM_H100"):
-        return "other_kernel", k, "a Hopper single-kernel design without multimem (put/ring): not one of the modelled kernels"
+    if r["source_id"] in HOPPER_P2P_KERNELS:
+        return "other_kernel", k, ("a Hopper single-kernel design without multimem (put/ring/P2P: "
+                                   f"{HOPPER_P2P_KERNELS[r['source_id']]}): not one of the modelled kernels yet (issue 49)")
     if r["source_id"] == "FLASHINFER_GB200_GEMMRS_MATRIX":  # x[M, K/ws] @ w[K/ws, 2048]: K is the global size
         return impl, k // int(r["num_gpus"]), "K/ws per rank (x[M, K/ws] @ w[K/ws, 2048]); M global, M/ws out per rank"
     if r["source_id"] == "META_AH_H100_ASYNCTP":

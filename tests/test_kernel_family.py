@@ -341,17 +341,22 @@ def test_a_held_out_world_size_never_enters_the_fit():
 
 def test_held_out_draws_centre_on_the_prediction_and_draw_only_what_it_does_not_know():
     """The band's draws of a held-out source (vLLM's two sources, PR 53053 held out): reproducible by seed; the
-    median speedup of each row within 5 % of its leave-one-source-out prediction (lognormal draws about the fitted
-    values); the draws move it (the terms it does not know), and the kernel never below its GEMM."""
+    median speedup of each row within 5 % of the prediction at the central terms (lognormal draws about the fitted
+    values), and the leave-one-source-out nominal is that median itself (issue 49); the draws move it (the terms it
+    does not know), and the kernel never below its GEMM."""
     from calib import kernel_fit as K
 
     rows = [r for r in K.read_rows() if r.source in (K.VLLM_RS, K.VLLM_AR)]
     a = K.held_out_draws(rows, K.VLLM_AR, 40, 3)
     b = K.held_out_draws(rows, K.VLLM_AR, 40, 3)
     assert np.array_equal(a["fused_s"], b["fused_s"]) and np.array_equal(a["seq_s"], b["seq_s"])
-    nominal = np.array([p["speedup_predicted"] for p in K.leave_one_out(rows, K.VLLM_AR)["per_row"]])
     speedup = a["seq_s"] / a["fused_s"]
-    assert np.allclose(np.median(speedup, axis=0), nominal, rtol=0.05)
+    central = np.array([seq / fused for seq, fused in a["central"]])
+    assert np.allclose(np.median(speedup, axis=0), central, rtol=0.05)
+    loo = K.leave_one_out(rows, K.VLLM_AR, 40, 3)
+    nominal = np.array([p["speedup_predicted"] for p in loo["per_row"]])
+    assert np.allclose(nominal, np.median(speedup, axis=0), rtol=1e-3)  # 4 digits in per_row
+    assert loo["nominal"] == "median of 40 draws (seed 3)"
     assert np.all(np.ptp(a["fused_s"], axis=0) > 0.01 * np.median(a["fused_s"], axis=0))
     hw = ops.Hw(load_profile(K.PROFILE_OF[K.VLLM_AR]), "bf16")
     gemm = np.array([float(hw.t_gemm(float(r.m), r.n, r.k)[()]) for r in a["rows"]])
