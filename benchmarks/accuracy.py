@@ -106,6 +106,19 @@ def kernel_results() -> dict:
     return res
 
 
+def p2p_results() -> dict:
+    """The Hopper put/ring kernels without multimem (calib/p2p_fit.py): the NVLink4 hardware terms they share, and each
+    kernel in-sample and left out (its own terms drawn from the other kernels' spread, the draws' median)."""
+    from calib import p2p_fit as P
+
+    res = P.run()
+    for part in ("in_sample", "leave_one_kernel_out"):
+        for sc in res[part].values():
+            sc.pop("per_row", None)
+            sc.pop("band_5_95", None)
+    return res
+
+
 def _loso(family: str, trees: dict, sid: str, fit: dict) -> dict:
     """The source's rows with the GPU-side terms of `fit` (a fit without it), its own host terms refitted on it."""
     loso = score_rows(R.source_rows(family, trees, sid, fit, refit_own=True))
@@ -338,6 +351,13 @@ def main() -> int:
                                              f"{v:.4g}" for k, v in kv.items()) for sid, kv in vals.items()))
     kern = kernel_results()
     _print_kernel(kern)
+    p2p = p2p_results()
+    print(f"\nHopper put/ring kernels (calib/p2p_fit.py): NVLink4 P2P efficiency {p2p['values']['hw:link_efficiency']:.3f}")
+    for k, a in p2p["in_sample"].items():
+        b = p2p["leave_one_kernel_out"][k]
+        print(f"  {k:20s} {a['rows']:3d} rows  in-sample {a['median_abs_speedup_error']:.3f} "
+              f"({a['median_signed_log_error']:+.3f})  left out {b['median_abs_speedup_error']:.3f} "
+              f"({b['median_signed_log_error']:+.3f})")
     table, skipped = evaluated_sets()
     print("\nout-of-sample through `tpcost evaluate` (built-in profiles)")
     print(f"{'source':31s} {'rows':>4s} {'med|err|':>8s} {'bias':>7s} {'acc':>6s} {'vLLM acc':>8s} {'reg%':>6s} "
@@ -383,7 +403,7 @@ def main() -> int:
               f"{'never' if t['band_hi_tokens'] is None else t['band_hi_tokens']}]")
     res = {"schema_version": 2, "families": fams, "kernel": kern, "evaluated": table, "skipped": skipped,
            "excluded": excluded, "band_coverage": cov, "band_calibration": cal, "whatif_band_by_sigma": trade,
-           "collectives": coll, "collective_impls": impls}
+           "collectives": coll, "collective_impls": impls, "p2p_kernels": p2p}
     if a.json:
         atomic_write_text(a.json, dumps_json(res, indent=2, default=str) + "\n")
     return 0

@@ -35,7 +35,6 @@ which of its verdicts the source itself settles.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import functools
@@ -48,11 +47,10 @@ from costmodel.vllm_tables import Vllm
 
 from costmodel import formulas as F
 from costmodel import fused_ops, ops
-from costmodel.io import atomic_write_text, dumps_json
 from costmodel.profile import HardwareProfile, Provenance, profile_from_dict
 
 from .fit import fit_least_squares, worst_unidentified
-from .results import KERNEL_CMD, KERNEL_FIT
+from .results import KERNEL_CMD, KERNEL_FIT, run_and_write
 
 ROOT = Path(__file__).resolve().parent.parent
 FUSED_CSV = ROOT / "data" / "reference" / "fused_ops.csv"
@@ -516,11 +514,7 @@ def fit_records(prior: HardwareProfile, records: list[dict]) -> tuple[dict, dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=OUT, help="where the fit's JSON goes (default: %(default)s)")
-    args = ap.parse_args(argv)
-    res = run()
-    atomic_write_text(args.out, dumps_json(res) + "\n")
+    res = run_and_write(argv, __doc__, OUT, run)
     for sid in SOURCES:
         a, b = res["in_sample"][sid], res["leave_one_source_out"][sid]
         print(f"{sid:32s} {a['rows']:3d} rows  in-sample {a['median_abs_speedup_error']:.3f} ({a['verdicts_outside_5pct']})"

@@ -6,8 +6,9 @@ this module and no fitting code.
     python -m calib.reference         # family_fit.json       (the joint fused-op fits per GPU family, from the
                                       #                        start trees calib/assemble.py builds from the specs)
     python -m calib.kernel_fit        # kernel_fit.json       (the single-kernel GEMM+RS/AR joint fit)
+    python -m calib.p2p_fit           # p2p_fit.json          (Hopper's put/ring kernels: NVLink4 P2P terms)
     python -m calib.band              # band_fit.json         (the model error, nested leave-one-source-out)
-    python tools/build_profiles.py    # the profiles; --refit runs the four fits above first, in this order
+    python tools/build_profiles.py    # the profiles; --refit runs the fits above first, in this order
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ FAMILY_FIT = DATA / "family_fit.json"
 FAMILY_CMD = "python -m calib.reference"  # refits FAMILY_FIT from the specs' start trees (calib.assemble)
 KERNEL_FIT = DATA / "kernel_fit.json"
 KERNEL_CMD = "python -m calib.kernel_fit"
+P2P_FIT = DATA / "p2p_fit.json"  # the Hopper put/ring kernels (calib/p2p_fit.py; not in the profiles yet)
 BAND_FIT = DATA / "band_fit.json"
 BAND_CMD = "python -m calib.band"
 SHARED_KEY = "*"  # the GPU-side (shared) terms' key in the family JSON (None in a fit's dicts)
@@ -98,3 +100,18 @@ def load_family_result(trees: dict | None = None) -> dict:
 def load_family_fits(trees: dict | None = None) -> dict:
     """The committed family fits (family -> FamilyFit result), checked against `trees` as load_family_result."""
     return {family: fit_from_json(f) for family, f in load_family_result(trees)["fits"].items()}
+
+
+def run_and_write(argv: list[str] | None, doc: str, out: Path, run) -> dict:
+    """A fit's command line: `--out PATH` (default `out`), run() once, its JSON written atomically (strict: no NaN);
+    returns the result for the caller to print."""
+    import argparse
+
+    from costmodel.io import atomic_write_text, dumps_json
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=out, help="where the fit's JSON goes (default: %(default)s)")
+    args = ap.parse_args(argv)
+    res = run()
+    atomic_write_text(args.out, dumps_json(res) + "\n")
+    return res

@@ -3,7 +3,7 @@ committed fits (calib/data), through calib/assemble.py.
 
     python tools/build_profiles.py            # rewrite the TOML files
     python tools/build_profiles.py --check    # exit 1 if a file differs (tests run this)
-    python tools/build_profiles.py --refit    # rerun every fit first (components, families, kernel, band), once each
+    python tools/build_profiles.py --refit    # rerun every fit first (components, families, kernels, band), once each
 
 Values come from datasheets (URL, in the spec files), from the committed fits to data/reference (source_id named),
 from this project's GPU runs committed as calib/data/<profile>-gpu-check (every committed one, or those --gpu-check
@@ -30,7 +30,9 @@ from calib import assemble as A  # noqa: E402  (the generic assembler: specs + c
 
 CHECK_REL_TOL = 1e-3  # values are written with 4 significant digits
 OUT = ROOT / "costmodel" / "profiles"
-REFIT = ("calib.components", "calib.reference", "calib.kernel_fit", "calib.band")  # each reads only those before it
+# each reads only those before it (p2p_fit: Hopper's put/ring kernels, not in the profiles yet)
+REFIT = ("calib.components", "calib.reference", "calib.kernel_fit", "calib.p2p_fit", "calib.band")
+READ_BUILT = ("calib.p2p_fit", "calib.band")  # these read the built profiles: written before the first of them
 
 
 def build_all(gpu_checks=None, specs=None) -> dict:
@@ -166,13 +168,15 @@ def write_profiles(checks: dict, specs: dict, out: Path, check: bool) -> list[st
 
 
 def refit() -> int:
-    """Every fit once, in the order each reads the ones before it; the band evaluates built profiles, so they are
-    written before it (and again after, with its model error)."""
+    """Every fit once, in the order each reads the ones before it; the P2P kernel fit and the band read built
+    profiles, so they are written before them (and again after, with the band's model error)."""
     import importlib
 
+    written = False
     for mod in REFIT:
-        if mod == "calib.band":
+        if mod in READ_BUILT and not written:
             write_profiles(gpu_check_args(committed_gpu_checks()), A.load_specs(), OUT, False)
+            written = True
         print(f"build_profiles: python -m {mod}", flush=True)
         rc = importlib.import_module(mod).main([])
         if rc:

@@ -435,6 +435,23 @@ def code_path_noise_table() -> str:
     return "\n".join(lines)
 
 
+def p2p_kernels_table() -> str:
+    """benchmarks/results/accuracy.json: the Hopper put/ring kernels (calib/p2p_fit.py), in-sample and left out."""
+    d = _load("accuracy.json")["p2p_kernels"]
+    v, sg = d["values"], d["sigma_rel"]
+    lines = [f"NVLink4 P2P efficiency η shared by the kernels: **{v['hw:link_efficiency']:.3f}** "
+             f"(σ_rel {_n(sg.get('hw:link_efficiency'), '.3f')}); per-step latency "
+             f"{v['hw:step_latency_s'] * 1e6:.1f} µs ({'prior kept' if sg.get('hw:step_latency_s') is None else 'fitted'})",
+             "", "| kernel | rows | in-sample median \\|speedup err\\| | bias | verdicts | left out: median \\|speedup err\\| "
+             "| bias | verdicts | trained on |", "|---|---|---|---|---|---|---|---|---|"]
+    for k, a in d["in_sample"].items():
+        b = d["leave_one_kernel_out"][k]
+        lines.append(f"| {k} | {a['rows']} | {a['median_abs_speedup_error']:.3f} | {a['median_signed_log_error']:+.3f} "
+                     f"| {a['verdicts_outside_5pct']} | {b['median_abs_speedup_error']:.3f} "
+                     f"| {b['median_signed_log_error']:+.3f} | {b['verdicts_outside_5pct']} | {', '.join(b['trained_on'])} |")
+    return "\n".join(lines)
+
+
 BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample, ("../README.md", "whatif-sample-sp"): _whatif_sample_sp,
           ("vllm-thresholds.md", "kernel-cutoffs"): kernel_cutoffs_table,
           ("vllm-thresholds.md", "model-gates-034"): model_gates_table,
@@ -456,7 +473,8 @@ BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample, ("../README.md", "w
           ("accuracy.md", "collective-impls"): collective_impls_table,
           ("accuracy.md", "replicate-noise"): replicate_noise_table,
           ("accuracy.md", "code-path-noise"): code_path_noise_table,
-          ("accuracy.md", "decode-identifiability"): decode_identifiability_table}
+          ("accuracy.md", "decode-identifiability"): decode_identifiability_table,
+          ("accuracy.md", "p2p-kernels"): p2p_kernels_table}
 
 
 def render(text: str, name: str, body: str) -> str:
