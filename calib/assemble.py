@@ -25,6 +25,7 @@ from costmodel.profile import SCHEMA_VERSION
 
 __all__ = ["Assembler", "SPECS", "SpecError", "committed_fits", "family_trees", "load_specs"]
 
+
 class Assembler:
     """The built-in profile trees from `specs` and the committed results `fits` (each stage cached)."""
 

@@ -47,8 +47,16 @@ def load_spec(path: Path) -> dict:
     unknown = set(spec) - SPEC_KEYS
     if unknown or not isinstance(spec.get("name"), str) or spec["name"] != path.stem:
         raise bad(path, f"unknown keys {sorted(unknown)}" if unknown else f"name must be the file's stem {path.stem!r}")
+    for key in ("fused", "capacity"):
+        if not isinstance(spec.get(key, {}), dict):
+            raise bad(path, f"{key} must be a table ([{key}])")
     if set(spec.get("fused", {})) - FUSED_KEYS:
         raise bad(path, f"unknown [fused] keys {sorted(set(spec['fused']) - FUSED_KEYS)}")
+    cap = spec.get("capacity")
+    if cap is not None and (set(cap) != {"hbm_capacity_bytes", "source"} or not isinstance(cap["source"], str)
+                            or isinstance(cap["hbm_capacity_bytes"], bool)
+                            or not isinstance(cap["hbm_capacity_bytes"], (int, float))):
+        raise bad(path, "[capacity] holds hbm_capacity_bytes (a number) and source (a string), nothing else")
     steps = spec.get("step", [])
     if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
         raise bad(path, "step must be an array of tables ([[step]])")

@@ -264,6 +264,9 @@ BAD_SPECS = [
     ('name = "x"\ninherits = "h100-sxm"\nfit_inputs = "Z9"', "names no GEMM fit"),
     ('name = "x"\ninherits = "h100-sxm"\n[fused]\nfamily = "ampere"', "[fused]: cannot apply it"),
     ('name = "x"\n[[step', "not a readable TOML spec"),
+    ('name = "x"\ninherits = "h100-sxm"\nfused = 3', "fused must be a table"),
+    ('name = "x"\ninherits = "h100-sxm"\n[capacity]\nhbm_capacity_bytes = "lots"\nsource = "s"', "[capacity] holds"),
+    ('name = "x"\ninherits = "h100-sxm"\n[capacity]\nhbm_capacity_bytes = 1e9', "[capacity] holds"),
 ]
 
 
