@@ -67,12 +67,18 @@ NVLINK5_BW = 900e9  # bytes/s per direction (https://www.nvidia.com/en-us/data-c
 
 
 @functools.cache
+def _fit_assembler():
+    """The assembler of the GPUs as this fit sees them: specs and the component and family fits, no kernel fit or band."""
+    from calib.assemble import Assembler, committed_fits, load_specs
+
+    return Assembler(load_specs(), committed_fits(kernel=False, band=False))
+
+
+@functools.cache
 def fit_profile(name: str) -> HardwareProfile:
     """A source's GPU as this fit sees it: assembled from its spec (calib/assemble.py) with the component and family
     fits, before this fit and the band (so a refit reads no profile built from an earlier kernel fit)."""
-    from calib.assemble import Assembler, committed_fits, load_specs
-
-    return profile_from_dict(Assembler(load_specs(), committed_fits(kernel=False, band=False)).profile(name), name)
+    return profile_from_dict(_fit_assembler().profile(name), name)
 
 
 def kernel_of(sid: str) -> str:

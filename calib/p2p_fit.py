@@ -117,17 +117,19 @@ def baseline_s(r: P2pRow) -> float:
 
 
 def fused_s(r: P2pRow, hardware: dict, kernel: dict) -> float:
-    """t = c + P + α·(g' + L − P) of the module docstring (s)."""
+    """t = c + P + α·(g' + L − P) of the module docstring (s): formulas.t_fused_kernel_s, with L the collective's
+    (W−1)/W·S over the links at η·peak plus one λ per step (formulas.t_all_gather_s / t_reduce_scatter_s)."""
     hw = _hw(r.gpu)
-    g = float(hw.t_gemm(float(r.m), r.n, r.k)) * (1.0 + kernel["compute_overhead"])
-    msg = r.m * (r.k if r.op == "ag_gemm" else r.n) * hw.act_bytes
+    g = float(hw.t_gemm(float(r.m), r.n, r.k))
     ring = DESIGN_STEPS[r.kernel] == "ring"
     link = float(hw.p.interconnect.link_bw_bytes_per_s)
-    comm = ((r.tp - 1) / r.tp * msg / (hardware["link_efficiency"] * link)
-            + (r.tp - 1 if ring else 1) * hardware["step_latency_s"])
+    steps_latency = (r.tp - 1 if ring else 1) * hardware["step_latency_s"]
+    t_coll = F.t_all_gather_s if r.op == "ag_gemm" else F.t_reduce_scatter_s
+    msg = r.m * (r.k if r.op == "ag_gemm" else r.n) * hw.act_bytes
+    comm = float(t_coll(msg, steps_latency, hardware["link_efficiency"] * link, r.tp))
     chunks = float(r.tp) if ring else 64.0  # a ring one shard a step; a put many tiles
-    p = float(F.t_wave_pipeline_s(g, comm, chunks))
-    return kernel["fixed_s"] + p + kernel["exposed_fraction"] * (g + comm - p)
+    return float(F.t_fused_kernel_s(g, comm, chunks, kernel["fixed_s"], kernel["compute_overhead"],
+                                    kernel["exposed_fraction"]))
 
 
 def _kernel_key(kernel: str, op: str) -> str:
