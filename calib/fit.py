@@ -79,26 +79,92 @@ def fit_log_space(resid, x0, lo, hi, names):
     return out, res
 
 
+def gemm_time_s(m, n, k, x, prior, dtype, sm_count=None):
+    """The profile's GEMM roofline (formulas.t_gemm_s) at x = (max_efficiency, mem_efficiency, launch_overhead_s), on
+    `sm_count` SMs (None: the GPU's; fewer SMs keep each SM's peak and the HBM bandwidth) (s)."""
+    mode = dtype_mode(dtype)
+    b = mode.gemm_in_bytes
+    eff, mem_eff, launch = x
+    sms = prior["identity.sm_count"]
+    peak = prior[f"compute.peak_flops_per_s.{dtype}"] * (1.0 if sm_count is None else sm_count / sms)
+    return F.t_gemm_s(m, n, k, peak_flops_per_s=peak, max_efficiency=eff,
+                      mem_efficiency=mem_eff, hbm_bw_bytes_per_s=prior["memory.hbm_bw_bytes_per_s"],
+                      tile_m=prior["gemm.tile_m"], tile_n=prior["gemm.tile_n"],
+                      sm_count=sms if sm_count is None else sm_count,
+                      launch_overhead_s=launch, in_bytes=b, w_bytes=b, out_bytes=mode.act_bytes)
+
+
+def _mnkt(rs):
+    return (*(np.array([r[x] for r in rs], float) for x in ("m", "n", "k")), np.array([r["median_s"] for r in rs]))
+
+
 def fit_gemm(records, prior, dtype):
     """gemm.max_efficiency, gemm.mem_efficiency, gemm.launch_overhead_s from the GEMM sweep of one dtype."""
     rs = [r for r in records if r["kind"] == "gemm" and r["dtype"] == dtype]
     if len(rs) < 4:
         return {}, {}
-    m, n, k = (np.array([r[x] for r in rs], float) for x in ("m", "n", "k"))
-    t = np.array([r["median_s"] for r in rs])
-    mode = dtype_mode(dtype)
-    b = mode.gemm_in_bytes
-    peak = prior[f"compute.peak_flops_per_s.{dtype}"]
+    m, n, k, t = _mnkt(rs)
+    return fit_log_space(lambda x: np.log(gemm_time_s(m, n, k, x, prior, dtype) / t), [0.7, 0.8, 3e-6],
+                         [0.05, 0.05, 0.0], [1.0, 1.0, 1e-3],
+                         ["gemm.max_efficiency", "gemm.mem_efficiency", "gemm.launch_overhead_s"])
 
-    def model(x):
-        eff, mem_eff, launch = x
-        return F.t_gemm_s(m, n, k, peak_flops_per_s=peak, max_efficiency=eff, mem_efficiency=mem_eff,
-                          hbm_bw_bytes_per_s=prior["memory.hbm_bw_bytes_per_s"], tile_m=prior["gemm.tile_m"],
-                          tile_n=prior["gemm.tile_n"], sm_count=prior["identity.sm_count"], launch_overhead_s=launch,
-                          in_bytes=b, w_bytes=b, out_bytes=mode.act_bytes)
 
-    return fit_log_space(lambda x: np.log(model(x) / t), [0.7, 0.8, 3e-6], [0.05, 0.05, 0.0], [1.0, 1.0, 1e-3],
-                ["gemm.max_efficiency", "gemm.mem_efficiency", "gemm.launch_overhead_s"])
+def _fitted_gemm_terms(residuals):
+    v = (residuals or {}).get("values", {})
+    names = ("gemm.max_efficiency", "gemm.mem_efficiency", "gemm.launch_overhead_s")
+    return tuple(v[x] for x in names) if all(x in v for x in names) else None
+
+
+def _log_error_summary(log_err):
+    a = np.abs(log_err)
+    return {"rows": int(log_err.size), "median_log_error": float(np.median(log_err)),
+            "median_abs_log_error": float(np.median(a)), "max_abs_log_error": float(np.max(a))}
+
+
+def check_gemm_holdout(records, prior, dtype, gemm_residuals):
+    """The fitted roofline (fit_gemm's terms) against GEMMs it was not fitted on ("gemm_holdout" records: other
+    shapes, small M): ln(pred/meas) per row and their median / |median| / max, by M band (M ≤ 256: one wave of few
+    CTAs; above). Out of sample by construction. {} where either is missing."""
+    x = _fitted_gemm_terms(gemm_residuals)
+    rs = [r for r in records if r["kind"] == "gemm_holdout" and r["dtype"] == dtype]
+    if x is None or not rs:
+        return {}
+    m, n, k, t = _mnkt(rs)
+    err = np.log(gemm_time_s(m, n, k, x, prior, dtype) / t)
+    rows = [{"name": r["name"], "m": r["m"], "n": r["n"], "k": r["k"], "measured_s": r["median_s"],
+             "log_error": float(e)} for r, e in zip(rs, err, strict=True)]
+    out = {"all": _log_error_summary(err), "rows": rows}
+    for band, sel in (("m_le_256", m <= 256), ("m_gt_256", m > 256)):
+        if sel.any():
+            out[band] = _log_error_summary(err[sel])
+    return out
+
+
+def check_sm_budget(records, prior, gemm_residuals):
+    """The GEMM on fewer SMs ("gemm_sm_budget" records, bf16): the measured slowdown t(s)/t(0) against the
+    roofline's on sm_count − s SMs (gemm_time_s), per cuBLAS library; a library whose carveout never moves the time
+    (every ratio within 3 %) is reported as not honouring it. Out of sample. {} where either is missing."""
+    x = _fitted_gemm_terms(gemm_residuals)
+    rs = [r for r in records if r["kind"] == "gemm_sm_budget"]
+    if x is None or not rs:
+        return {}
+    base = {(r["blas"], r["name"], r["m"]): r["median_s"] for r in rs if r["sm_carveout"] == 0}
+    out = {}
+    for lib in sorted({r["blas"] for r in rs}):
+        rows = []
+        for r in rs:
+            t0 = base.get((lib, r["name"], r["m"]))
+            if r["blas"] != lib or not r["sm_carveout"] or t0 is None:
+                continue
+            full, part = (float(gemm_time_s(r["m"], r["n"], r["k"], x, prior, "bf16", sm)) for sm in
+                          (r["sm_count"], r["sm_count"] - r["sm_carveout"]))
+            rows.append({"name": r["name"], "m": r["m"], "sm_carveout": r["sm_carveout"],
+                         "measured_slowdown": r["median_s"] / t0, "model_slowdown": part / full})
+        meas = np.array([q["measured_slowdown"] for q in rows])
+        err = np.log(np.array([q["model_slowdown"] for q in rows]) / meas) if rows else np.zeros(0)
+        out[lib] = {"honoured": bool(rows) and bool(np.any(np.abs(meas - 1.0) > 0.03)), "rows": rows,
+                    **({"slowdown": _log_error_summary(err)} if rows else {})}
+    return out
 
 
 def fit_memory(records, prior):

@@ -31,19 +31,42 @@ def _shapes():
     return out
 
 
+def _kernel_shapes():
+    """Per-rank GEMM shapes (name, n, k) where vLLM's single kernel replaces GEMM + all-reduce: Kimi-K3's gemm_ar call
+    sites at TP 8 (costmodel.shapes.KernelModel.call_sites, the current release), one per distinct (n, k). Timed and
+    never fitted: the held-out GEMM check, at the kernel's small M."""
+    import json
+
+    from costmodel.shapes import read_kernel_model
+    from costmodel.vllm_tables import Parallel, Vllm
+
+    path = Path(__file__).resolve().parent.parent / "data" / "reference" / "models" / "kimi-k3.config.json"
+    km = read_kernel_model(json.loads(path.read_text(encoding="utf-8")), "kimi-k3", str(path))
+    seen: dict = {}
+    for site in km.call_sites("gemm_ar", Parallel(8), Vllm()):
+        seen.setdefault((site.n, site.k), f"k3_tp8_{site.name.split()[0]}")
+    return [(name, n, k) for (n, k), name in seen.items()]
+
+
 SHAPES = _shapes()
+KERNEL_SHAPES = _kernel_shapes()
 GEMM_ROWS = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 # M/W from 32 to 4096 rows: the small-chunk regime (64-512 rows, weights far larger than L2) where every chunk
 # re-streams its weights and two streams can only recover compute quantisation (docs/model.md §6)
 CHUNK_ROWS = [256, 512, 1024, 2048, 4096, 8192]
 WORLDS = [2, 4, 8]
 MEM_SIZES = [2**p for p in range(10, 29, 2)]  # 1 KiB .. 256 MiB
+# the single kernel's small-M regime (issue 49 item 3: one wave of few CTAs) and a few large M beside it
+HOLDOUT_ROWS = [1, 8, 16, 32, 48, 64, 80, 96, 128, 192, 256, 512, 1024, 4096]
+SM_CARVEOUTS = [0, 8, 16, 32, 66]  # SMs withheld from the GEMM (0: all); 66 = half an H100/H200
+SM_BUDGET_ROWS = [64, 1024, 8192]
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckSizes:
     """What the check times: GEMM shapes (name, n, k), their rows, the chunked GEMMs' rows and world sizes, the
-    memory sizes (bytes) and the interference GEMM's rows. The defaults are the GPU check's; tests pass small ones."""
+    memory sizes (bytes), the interference GEMM's rows, the held-out GEMMs (shapes, rows: timed, never fitted) and
+    the SM-budget GEMMs (SMs withheld, rows). The defaults are the GPU check's; tests pass small ones."""
 
     shapes: tuple = tuple(SHAPES)
     gemm_rows: tuple = tuple(GEMM_ROWS)
@@ -51,6 +74,10 @@ class CheckSizes:
     worlds: tuple = tuple(WORLDS)
     mem_sizes: tuple = tuple(MEM_SIZES)
     interference_m: int = 4096
+    holdout_shapes: tuple = tuple(KERNEL_SHAPES)
+    holdout_rows: tuple = tuple(HOLDOUT_ROWS)
+    sm_carveouts: tuple = tuple(SM_CARVEOUTS)
+    sm_budget_rows: tuple = tuple(SM_BUDGET_ROWS)
 
 
 def provenance(device_name=None):
@@ -111,8 +138,9 @@ def run_check(out: Path, device: str, budget_s: float, sizes: CheckSizes = Check
     can run the same pipeline on CPU with small shapes (there the interference phase yields nothing)."""
     shapes, gemm_rows, chunk_rows = list(sizes.shapes), list(sizes.gemm_rows), list(sizes.chunk_rows)
     worlds, mem_sizes, interference_m = list(sizes.worlds), list(sizes.mem_sizes), sizes.interference_m
-    from .fit import fit_single_device
-    from .microbench import bench_chunked, bench_gemms, bench_host_issue, bench_interference, bench_memory, gemm_dtypes
+    from .fit import check_gemm_holdout, check_sm_budget, fit_single_device
+    from .microbench import (bench_chunked, bench_gemms, bench_host_issue, bench_interference, bench_memory,
+                             bench_sm_budget, gemm_dtypes)
     from .timing import Timer
 
     out.mkdir(parents=True, exist_ok=True)
@@ -128,7 +156,11 @@ def run_check(out: Path, device: str, budget_s: float, sizes: CheckSizes = Check
               *[(f"chunked_{d}", (lambda d=d: bench_chunked(timer, shapes[:4], chunk_rows, worlds, device, d)))
                 for d in dtypes],
               *[(f"interference_{d}", (lambda d=d: bench_interference(timer, shapes[:4], interference_m, device, d)))
-                for d in dtypes]]
+                for d in dtypes],
+              ("gemm_holdout", lambda: bench_gemms(timer, list(sizes.holdout_shapes), list(sizes.holdout_rows), device,
+                                                   dtypes, kind="gemm_holdout")),
+              ("sm_budget", lambda: bench_sm_budget(timer, list(sizes.holdout_shapes) + shapes[:1],
+                                                    list(sizes.sm_budget_rows), list(sizes.sm_carveouts), device))]
     with open(out / "samples.jsonl", "w") as f:
         for name, gen in phases:
             if time.perf_counter() - t0 > budget_s:
@@ -147,7 +179,10 @@ def run_check(out: Path, device: str, budget_s: float, sizes: CheckSizes = Check
     fits = {}
     for d in dtypes:
         params, residuals = fit_single_device(records, prior_vals, d)
-        fits[d] = {"params": params, "residuals": residuals}
+        fits[d] = {"params": params, "residuals": residuals,
+                   "gemm_holdout": check_gemm_holdout(records, prior_vals, d, residuals.get("gemm"))}
+        if d == "bf16":
+            fits[d]["sm_budget"] = check_sm_budget(records, prior_vals, residuals.get("gemm"))
     result = {"provenance": {**prov, "prior_profile": prior.name, "wall_s": round(time.perf_counter() - t0, 1),
                              "skipped_phases": skipped, "records": len(records)},
               # profile parameters come from the first GEMM dtype's fit (bf16 on GPU): the model keeps one
@@ -161,6 +196,16 @@ def run_check(out: Path, device: str, budget_s: float, sizes: CheckSizes = Check
             lines.append(f"  [{d}] {k} = {v['value']:.4g} (±{100 * v['uncertainty_rel']:.1f}%)")
         for k, v in fd["residuals"].items():
             lines.append(f"  [{d}] fit {k}: {json.dumps(v)[:160]}")
+        for band, v in fd["gemm_holdout"].items():
+            if band != "rows":
+                lines.append(f"  [{d}] held-out GEMMs {band}: {v['rows']} rows, median ln(pred/meas) "
+                             f"{v['median_log_error']:+.3f}, median |.| {v['median_abs_log_error']:.3f}, "
+                             f"max {v['max_abs_log_error']:.3f}")
+        for lib, v in fd.get("sm_budget", {}).items():
+            sd = v.get("slowdown")
+            lines.append(f"  [{d}] SM budget on {lib}: carveout honoured {v['honoured']}" + (
+                f", slowdown ln(model/meas) median {sd['median_log_error']:+.3f}, max |.| "
+                f"{sd['max_abs_log_error']:.3f} over {sd['rows']} rows" if sd else ""))
     if skipped:
         lines.append(f"  skipped (budget): {', '.join(skipped)}")
     (out / "summary.txt").write_text("\n".join(lines) + "\n")

@@ -43,8 +43,8 @@ def _on(stream):
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
-def bench_gemms(timer: Timer, shapes, ms, device, dtypes=None):
-    """GEMM sweep over M for each per-rank (n, k) shape."""
+def bench_gemms(timer: Timer, shapes, ms, device, dtypes=None, kind="gemm"):
+    """GEMM sweep over M for each per-rank (n, k) shape; `kind` names the records ("gemm_holdout": timed, not fitted)."""
     for dtype in dtypes or gemm_dtypes(device):
         for (name, n, k) in shapes:
             for m in ms:
@@ -55,7 +55,38 @@ def bench_gemms(timer: Timer, shapes, ms, device, dtypes=None):
                     yield {"kind": "gemm_error", "name": name, "m": m, "n": n, "k": k, "dtype": dtype,
                            "error": str(e).splitlines()[0][:200]}
                     continue
-                yield {"kind": "gemm", "name": name, "m": m, "n": n, "k": k, "dtype": dtype, **t}
+                yield {"kind": kind, "name": name, "m": m, "n": n, "k": k, "dtype": dtype, **t}
+
+
+def bench_sm_budget(timer: Timer, shapes, ms, carveouts, device):
+    """The bf16 GEMM with `s` SMs withheld from it (torch._C._set_sm_carveout_experimental: cuBLAS's SM count
+    target, what torch's fused float8 ops set beside a communication kernel), on cuBLAS and on cuBLASLt: the SM
+    budget a communicating kernel leaves its GEMM. CUDA only; the carveout is reset after each shape."""
+    setter = getattr(torch._C, "_set_sm_carveout_experimental", None)
+    if not device.startswith("cuda") or setter is None:
+        return
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    default = torch.backends.cuda.preferred_blas_library()
+    try:
+        for lib in ("cublas", "cublaslt"):
+            try:
+                torch.backends.cuda.preferred_blas_library(lib)
+            except RuntimeError as e:  # a build without cuBLASLt: recorded, not fatal
+                yield {"kind": "gemm_sm_budget_error", "blas": lib, "error": str(e).splitlines()[0][:200]}
+                continue
+            for (name, n, k) in shapes:
+                for m in ms:
+                    g = make_gemm(m, n, k, "bf16", device)
+                    for s in carveouts:
+                        setter(s or None)
+                        try:
+                            t = timer(g).as_dict()
+                        finally:
+                            setter(None)
+                        yield {"kind": "gemm_sm_budget", "blas": lib, "name": name, "m": m, "n": n, "k": k,
+                               "dtype": "bf16", "sm_carveout": s, "sm_count": sms, **t}
+    finally:
+        torch.backends.cuda.preferred_blas_library(default)
 
 
 def bench_chunked(timer: Timer, shapes, ms, worlds, device, dtype):

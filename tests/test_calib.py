@@ -151,17 +151,22 @@ def test_gpu_check_pipeline_runs_on_cpu_and_folds_into_a_profile(tmp_path, capsy
     out = tmp_path / "calib" / "data" / "h200-sxm-gpu-check"
     shapes = [("tiny_qkv", 96, 128), ("tiny_o", 128, 64), ("tiny_gate_up", 256, 128), ("tiny_down", 128, 128)]
     sizes = CheckSizes(shapes=tuple(shapes), gemm_rows=(1, 8, 32, 64, 128, 256), chunk_rows=(64, 128), worlds=(2, 4),
-                       mem_sizes=(2**16, 2**18))
+                       mem_sizes=(2**16, 2**18), holdout_shapes=(("tiny_k", 160, 96),), holdout_rows=(1, 16, 64))
     assert run_check(out, "cpu", 60.0, sizes) == 0
     recs = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     kinds = {r["kind"] for r in recs}
-    assert {"gemm", "chunked_gemm", "copy", "rms_norm", "partial_sum"} <= kinds
+    assert {"gemm", "chunked_gemm", "copy", "rms_norm", "partial_sum", "gemm_holdout"} <= kinds
+    assert "gemm_sm_budget" not in kinds  # cuBLAS's SM carveout: CUDA only
     assert {r["variant"] for r in recs if r["kind"] == "chunked_gemm"} == {"one_stream", "two_streams"}
     assert all(r["median_s"] > 0 for r in recs if "median_s" in r)
     fit = json.loads((out / "fit.json").read_text())
     assert fit["provenance"]["records"] == len(recs) and fit["provenance"]["prior_profile"] == "h200-sxm"
     # under load a fit may reject every parameter (it then keeps the priors): the pipeline still holds together
     assert set(fit["fits_by_dtype"]) == {"fp32"}
+    fd = fit["fits_by_dtype"]["fp32"]
+    if "gemm" in fd["residuals"]:  # the held-out GEMMs are scored against the fit, never part of it
+        assert fd["residuals"]["gemm"]["points"] == sum(r["kind"] == "gemm" for r in recs)
+        assert fd["gemm_holdout"]["all"]["rows"] == 3 and {q["m"] for q in fd["gemm_holdout"]["rows"]} == {1, 16, 64}
     assert (out / "summary.txt").read_text().startswith("gpu_check on ")
     capsys.readouterr()
     p = profile_from_dict(build_all({"h200-sxm": out / "fit.json"})["h200-sxm"], "h200-cpu-fold")
@@ -169,6 +174,38 @@ def test_gpu_check_pipeline_runs_on_cpu_and_folds_into_a_profile(tmp_path, capsy
     assert set(folded) <= set(fit["params"])
     for k in folded:
         assert p.value(k) == pytest.approx(fit["params"][k]["value"], rel=1e-3)  # profiles keep 4 digits
+
+
+def test_gemm_holdout_and_sm_budget_score_the_roofline():
+    """The held-out GEMM check and the SM-budget check score the fitted roofline (calib.fit.gemm_time_s): rows timed
+    at the model's own times score 0, rows 10 % slower score ln(1/1.1); a carveout that never moves the time is
+    reported as not honoured, and the model's slowdown on fewer SMs is its roofline on sm_count − s SMs."""
+    from calib.fit import check_gemm_holdout, check_sm_budget, gemm_time_s
+    from costmodel.profile import load_profile
+
+    prior = load_profile("h200-sxm").values()
+    x = (0.75, 0.8, 5e-6)
+    fitted = {"values": dict(zip(("gemm.max_efficiency", "gemm.mem_efficiency", "gemm.launch_overhead_s"), x,
+                                 strict=True))}
+    rows = [{"kind": "gemm_holdout", "dtype": "bf16", "name": "s", "m": m, "n": 7168, "k": 1536,
+             "median_s": float(gemm_time_s(m, 7168, 1536, x, prior, "bf16")) * (1.1 if m > 256 else 1.0)}
+            for m in (16, 128, 1024, 4096)]
+    h = check_gemm_holdout(rows, prior, "bf16", fitted)
+    assert h["m_le_256"]["max_abs_log_error"] == pytest.approx(0.0, abs=1e-12)
+    assert h["m_gt_256"]["median_log_error"] == pytest.approx(-np.log(1.1))
+    assert check_gemm_holdout(rows, prior, "bf16", None) == {}  # no fit: nothing to score
+
+    def budget(lib, s, t):
+        return {"kind": "gemm_sm_budget", "blas": lib, "name": "s", "m": 8192, "n": 7168, "k": 4224, "dtype": "bf16",
+                "sm_carveout": s, "sm_count": 132, "median_s": t}
+
+    full = float(gemm_time_s(8192, 7168, 4224, x, prior, "bf16", 132))
+    recs = [budget("a", s, float(gemm_time_s(8192, 7168, 4224, x, prior, "bf16", 132 - s))) for s in (0, 16, 66)]
+    recs += [budget("b", s, full) for s in (0, 16, 66)]
+    b = check_sm_budget(recs, prior, fitted)
+    assert b["a"]["honoured"] and b["a"]["slowdown"]["max_abs_log_error"] == pytest.approx(0.0, abs=1e-12)
+    assert [q["model_slowdown"] > 1.5 for q in b["a"]["rows"]] == [False, True]  # half the SMs: about twice
+    assert not b["b"]["honoured"]
 
 
 def test_ctrl_c_keeps_samples_and_writes_no_profile(tmp_path):
