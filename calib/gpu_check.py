@@ -1,6 +1,7 @@
 """Single-GPU check (issue #5 §5): what one GPU can measure of the profile, in ≤ 8 minutes on an H200.
 
     python -m calib.gpu_check OUT_DIR [--budget-s 360]      (or: bash calib/gpu_check.sh OUT_DIR)
+    python -m calib.gpu_check OUT_DIR --combine RUN_DIR --combine RUN_DIR ...   (no GPU: the runs' median)
 
 Measures the GEMM sweep (bf16, fp8 via torch._scaled_mm), the same GEMMs split in W row chunks on one
 and on two streams, memory-bound kernels (copy, RMSNorm, W-way partial sum) and copy/compute
@@ -119,8 +120,31 @@ def prior_for(device_name: str, capability: str | None = None):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="calib.gpu_check", description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
-    ap.add_argument("--budget-s", type=float, default=360.0, help="stop starting new benchmarks after this (s)")
+    ap.add_argument("--budget-s", type=float, default=None, help="stop starting new benchmarks after this (s; 360)")
+    ap.add_argument("--combine", action="append", default=[], metavar="RUN_DIR",
+                    help="write OUT_DIR/fit.json as the median of these runs' fit.json (same GPU; no GPU needed)")
     args = ap.parse_args(argv)
+    if args.combine:
+        if args.budget_s is not None:
+            print("gpu_check: error: --budget-s times a run; --combine runs nothing", file=sys.stderr)
+            return 2
+        try:
+            fit = combine_runs([Path(d) for d in args.combine], Path(args.out_dir))
+        except ValueError as e:
+            print(f"gpu_check: error: {e}", file=sys.stderr)
+            return 2
+        from costmodel.io import atomic_write_text
+
+        from costmodel.errors import TpcostError
+
+        try:
+            atomic_write_text(Path(args.out_dir) / "fit.json", json.dumps(fit, indent=2) + "\n")
+        except TpcostError as e:  # costmodel.io's one line: cannot write PATH: why
+            print(f"gpu_check: error: {e}", file=sys.stderr)
+            return 2
+        for k, v in fit["params"].items():
+            print(f"  {k} = {v['value']:.4g} (±{100 * v['uncertainty_rel']:.1f}%, {v['runs']} runs)")
+        return 0
     try:
         import torch
     except ImportError:
@@ -130,7 +154,46 @@ def main(argv=None) -> int:
         print("gpu_check: error: no CUDA GPU visible (torch.cuda.is_available() is False); run it on a GPU node",
               file=sys.stderr)
         return 2
-    return run_check(Path(args.out_dir), "cuda", args.budget_s)
+    return run_check(Path(args.out_dir), "cuda", 360.0 if args.budget_s is None else args.budget_s)
+
+
+def combine_runs(run_dirs: list[Path], out_dir: Path) -> dict:
+    """One fit.json from several runs of the check on one GPU model: each parameter the median of the runs that fit
+    it, its relative σ the larger of the runs' median fitted σ and half their spread over the median (run-to-run
+    variation is part of what a calibrated value does not know). Raises ValueError, in one line, on a missing or
+    unreadable fit.json, fewer than two runs, or runs of different GPUs."""
+    import numpy as np
+
+    if len(run_dirs) < 2:
+        raise ValueError("--combine needs at least two runs")
+    runs = []
+    for d in run_dirs:
+        try:
+            f = json.loads((d / "fit.json").read_text(encoding="utf-8"))
+            prov, params = f["provenance"], f["params"]
+            name = prov["device_name"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"--combine {d}: no readable fit.json of a gpu check ({type(e).__name__})") from None
+        runs.append((d, prov, params, name))
+    names = {r[3] for r in runs}
+    if len(names) != 1:
+        raise ValueError(f"--combine: runs of different GPUs ({', '.join(sorted(names))})")
+    params = {}
+    for key in dict.fromkeys(k for r in runs for k in r[2]):  # the runs' own order
+        vals = np.array([r[2][key]["value"] for r in runs if key in r[2]], float)
+        sig = np.array([r[2][key]["uncertainty_rel"] for r in runs if key in r[2]], float)
+        med = float(np.median(vals))
+        spread = float((vals.max() - vals.min()) / (2.0 * med)) if med > 0 else 0.0
+        params[key] = {"value": med, "uncertainty_rel": max(float(np.median(sig)), spread), "runs": int(vals.size),
+                       "run_values": vals.tolist()}
+    dates = sorted(str(r[1].get("date")) for r in runs)
+    first = runs[0][1]
+    rel = [str(d.resolve().relative_to(out_dir.resolve())) if d.resolve().is_relative_to(out_dir.resolve())
+           else str(d) for d, *_ in runs]
+    return {"provenance": {"device_name": first["device_name"], "torch": ", ".join(sorted({r[1]["torch"] for r in runs})),
+                           "date": f"{dates[0]} .. {dates[-1]}" if dates[0] != dates[-1] else dates[0],
+                           "combined": f"median of {len(runs)} runs", "runs": dict(zip(rel, (r[1] for r in runs), strict=True))},
+            "params": params}
 
 
 def run_check(out: Path, device: str, budget_s: float, sizes: CheckSizes = CheckSizes()) -> int:

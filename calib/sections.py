@@ -186,7 +186,8 @@ def calibrated_overrides(p: dict, fit_path: Path | None, root: Path, keys=None, 
     prov = fit["provenance"]
     shown = Path(fit_path).resolve()
     shown = shown.relative_to(root) if shown.is_relative_to(root) else shown
-    where = f"calibrated: {shown} ({prov.get('device_name')}, torch {prov.get('torch')}, {prov.get('date')}){note}"
+    runs = f", {prov['combined']}" if prov.get("combined") else ""  # calib.gpu_check --combine: the runs' median
+    where = f"calibrated: {shown} ({prov.get('device_name')}, torch {prov.get('torch')}, {prov.get('date')}{runs}){note}"
     for key, val in fit["params"].items():
         target = _CALIBRATED_TARGET.get(key)
         if target is None or (keys is not None and key not in keys):

@@ -114,6 +114,51 @@ def test_gpu_check_fails_at_once_without_gpu(tmp_path, capsys):
     assert err.count("\n") == 1 and "no CUDA GPU" in err
 
 
+H200_CHECK = Path(__file__).resolve().parents[1] / "calib" / "data" / "h200-sxm-gpu-check"
+
+
+def test_the_committed_h200_fit_is_the_median_of_its_runs(tmp_path):
+    """What build_profiles folds into h200-sxm (calib/data/h200-sxm-gpu-check/fit.json) is --combine of the committed
+    runs 2-4, recomputed here: each value their median, its sigma at least half their spread."""
+    from calib.gpu_check import main as gpu_main
+
+    runs = [H200_CHECK / f"run{i}" for i in (2, 3, 4)]
+    assert gpu_main([str(tmp_path), *[a for r in runs for a in ("--combine", str(r))]]) == 0
+    got = json.loads((tmp_path / "fit.json").read_text())["params"]
+    committed = json.loads((H200_CHECK / "fit.json").read_text())
+    assert committed["params"] == got and committed["provenance"]["combined"] == "median of 3 runs"
+    each = [json.loads((r / "fit.json").read_text())["params"] for r in runs]
+    for key, v in got.items():
+        vals = sorted(e[key]["value"] for e in each if key in e)
+        assert v["value"] == vals[len(vals) // 2] and v["runs"] == len(vals) == 3
+        assert v["uncertainty_rel"] >= (vals[-1] - vals[0]) / (2 * v["value"]) - 1e-12
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--combine", "RUN2"], "at least two runs"),
+    (["--combine", "RUN2", "--combine", "MISSING"], "no readable fit.json"),
+    (["--combine", "RUN2", "--combine", "OTHER"], "different GPUs"),
+    (["--combine", "RUN2", "--combine", "RUN3", "--budget-s", "10"], "--combine runs nothing"),
+    (["--combine", "RUN2", "--combine", "RUN3", "OUT_MISSING"], "cannot write"),
+])
+def test_gpu_check_combine_bad_input_is_one_line(tmp_path, capsys, args, needle):
+    from calib.gpu_check import main as gpu_main
+
+    other = tmp_path / "other"
+    other.mkdir()
+    fit = json.loads((H200_CHECK / "run2" / "fit.json").read_text())
+    fit["provenance"]["device_name"] = "NVIDIA H100 80GB HBM3"
+    (other / "fit.json").write_text(json.dumps(fit))
+    names = {"RUN2": H200_CHECK / "run2", "RUN3": H200_CHECK / "run3", "MISSING": tmp_path / "nope", "OTHER": other}
+    out = tmp_path / "out"
+    out.mkdir()
+    if "OUT_MISSING" in args:  # the out folder is the positional: one that does not exist
+        args, out = args[:-1], tmp_path / "no" / "such"
+    assert gpu_main([str(out), *[str(names.get(a, a)) for a in args]]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err and not (out / "fit.json").exists()
+
+
 def test_cuda_without_torchrun_is_one_line(capsys, monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
         monkeypatch.delenv(k, raising=False)

@@ -48,7 +48,7 @@ def _h200_samples(sub=""):
     import json
     from pathlib import Path
 
-    d = Path(__file__).resolve().parents[1] / "calib" / "data" / "h200-sxm-gpu-check" / sub
+    d = Path(__file__).resolve().parents[1] / "calib" / "data" / "h200-sxm-gpu-check" / (sub or "run2")
     return [json.loads(line) for line in (d / "samples.jsonl").read_text().splitlines() if line.strip()]
 
 
