@@ -108,11 +108,12 @@ def kernel_results() -> dict:
 
 def p2p_results() -> dict:
     """The Hopper put/ring kernels without multimem (calib/p2p_fit.py): the NVLink4 hardware terms they share, and each
-    kernel in-sample and left out (its own terms drawn from the other kernels' spread, the draws' median)."""
+    kernel in-sample, left out (its own terms drawn from the other kernels' spread, the draws' median) and with the
+    hardware terms alone held out (its own terms fitted on its rows)."""
     from calib import p2p_fit as P
 
     res = P.run()
-    for part in ("in_sample", "leave_one_kernel_out"):
+    for part in ("in_sample", "leave_one_kernel_out", "hardware_held_out"):
         for sc in res[part].values():
             sc.pop("per_row", None)
             sc.pop("band_5_95", None)
@@ -327,7 +328,7 @@ def _print_kernel(kern: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="also write the results here")
-    a = ap.parse_args()
+    args = ap.parse_args()
     fams = family_results()
     print("fused-op sources per GPU family: in-sample (joint fit over all of the family's sources) and "
           "leave-one-source-out (GPU-side terms fitted without the source; its own host terms refitted on it)")
@@ -354,10 +355,11 @@ def main() -> int:
     p2p = p2p_results()
     print(f"\nHopper put/ring kernels (calib/p2p_fit.py): NVLink4 P2P efficiency {p2p['values']['hw:link_efficiency']:.3f}")
     for k, a in p2p["in_sample"].items():
-        b = p2p["leave_one_kernel_out"][k]
+        b, h = p2p["leave_one_kernel_out"][k], p2p["hardware_held_out"][k]
         print(f"  {k:20s} {a['rows']:3d} rows  in-sample {a['median_abs_speedup_error']:.3f} "
               f"({a['median_signed_log_error']:+.3f})  left out {b['median_abs_speedup_error']:.3f} "
-              f"({b['median_signed_log_error']:+.3f})")
+              f"({b['median_signed_log_error']:+.3f})  hardware held out {h['median_abs_speedup_error']:.3f} "
+              f"({h['median_signed_log_error']:+.3f})")
     table, skipped = evaluated_sets()
     print("\nout-of-sample through `tpcost evaluate` (built-in profiles)")
     print(f"{'source':31s} {'rows':>4s} {'med|err|':>8s} {'bias':>7s} {'acc':>6s} {'vLLM acc':>8s} {'reg%':>6s} "
@@ -404,8 +406,8 @@ def main() -> int:
     res = {"schema_version": 2, "families": fams, "kernel": kern, "evaluated": table, "skipped": skipped,
            "excluded": excluded, "band_coverage": cov, "band_calibration": cal, "whatif_band_by_sigma": trade,
            "collectives": coll, "collective_impls": impls, "p2p_kernels": p2p}
-    if a.json:
-        atomic_write_text(a.json, dumps_json(res, indent=2, default=str) + "\n")
+    if args.json:
+        atomic_write_text(args.json, dumps_json(res, indent=2, default=str) + "\n")
     return 0
 
 

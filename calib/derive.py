@@ -76,8 +76,11 @@ def one_ring(coll: dict) -> dict:
 # MLENG_NET_SHARP, 8 GPUs, 8 GiB all-reduce with NVLS: busBW = 2(W-1)/(W+1) x the multicast rate per direction
 # (ld_reduce + st move (1 + 1/W)·S each way): H200 473.1 GB/s over 450, B200 838.0 over 900 -> NVLink4 / NVLink5
 SHARP_NVLS_BUSBW = {"nvlink4": (473.1e9, 450e9), "nvlink5": (838.0e9, 900e9)}
-SHARP_NVLS_RATIO = (SHARP_NVLS_BUSBW["nvlink4"][0] / SHARP_NVLS_BUSBW["nvlink4"][1]) / \
-    (SHARP_NVLS_BUSBW["nvlink5"][0] / SHARP_NVLS_BUSBW["nvlink5"][1])
+def nvls_multimem_efficiency(nvlink: str, world: int = 8) -> float:
+    """The multimem rate per direction NCCL's NVLS all-reduce reaches, over the link peak (MLENG_NET_SHARP, 8 GiB):
+    busBW = 2(W−1)/(W+1)·η·link, so η = busBW·(W+1)/(2(W−1)·link) (docs/model.md §6b)."""
+    bus, link = SHARP_NVLS_BUSBW[nvlink]
+    return bus * (world + 1) / (2 * (world - 1) * link)
 
 
 def nccl_regimes(p, fit, tier, note=""):

@@ -27,7 +27,8 @@ FAMILY_FIT = DATA / "family_fit.json"
 FAMILY_CMD = "python -m calib.reference"  # refits FAMILY_FIT from the specs' start trees (calib.assemble)
 KERNEL_FIT = DATA / "kernel_fit.json"
 KERNEL_CMD = "python -m calib.kernel_fit"
-P2P_FIT = DATA / "p2p_fit.json"  # the Hopper put/ring kernels (calib/p2p_fit.py; not in the profiles yet)
+P2P_FIT = DATA / "p2p_fit.json"  # the Hopper put/ring kernels (calib/p2p_fit.py): NVLink4's P2P efficiency
+P2P_CMD = "python -m calib.p2p_fit"
 BAND_FIT = DATA / "band_fit.json"
 BAND_CMD = "python -m calib.band"
 SHARED_KEY = "*"  # the GPU-side (shared) terms' key in the family JSON (None in a fit's dicts)
@@ -56,6 +57,11 @@ def load_components() -> dict:
 def load_kernel_fit() -> dict:
     """The committed single-kernel joint fit (calib/kernel_fit.py)."""
     return _read(KERNEL_FIT, KERNEL_CMD)
+
+
+def load_p2p_fit() -> dict:
+    """The committed fit of Hopper's put/ring kernels (calib/p2p_fit.py)."""
+    return _read(P2P_FIT, P2P_CMD)
 
 
 def load_band_fit() -> dict:

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 from calib import results as CR
-from calib.derive import SHARP_NVLS_RATIO, round_value, sec
+from calib.derive import nvls_multimem_efficiency, round_value, sec
 from costmodel import vllm_tables as T
 
 HOST_OP = (3e-6, "assumed: one eager torch call (Python -> dispatcher -> launch) ~3 us on a current server CPU; the "
@@ -137,8 +137,9 @@ def model_error_table(band: dict, what: str, hopper: bool = False) -> dict:
 
 def kernel_section(p: dict, kern: dict, band: dict | None, nvlink: str) -> dict:
     """[fused_kernel] of a GPU with NVLink multicast: vLLM's gemm_rs_ar terms from the joint fit; NVLink5 hardware terms
-    as fitted, NVLink4 (Hopper) ones scaled by the NVLS/peak ratio MLENG_NET_SHARP measures on H200 against B200 and
-    marked assumed (vLLM ships the kernel on SM100 only; costmodel.ops.kernel_shipped). `band` None: no time_scale."""
+    as fitted; on NVLink4 (Hopper) the multimem rate is NCCL NVLS's measured on H200 where the NVLink5 fit sits at
+    B200's (its floor), else the NVLink5 value scaled by their ratio, and every term is marked assumed (vLLM ships the
+    kernel on SM100 only; costmodel.ops.kernel_shipped). `band` None: no time_scale."""
     over = (f"joint least-squares fit of the single-kernel family over {' + '.join(kern.get('sources', []))} "
             f"({kern['n_rows']} rows, rms of the weighted log residuals {kern['rms_log']}; {K_CMD})")
     out = {}
@@ -147,9 +148,7 @@ def kernel_section(p: dict, kern: dict, band: dict | None, nvlink: str) -> dict:
         key = ("hw:" if leaf in ("link_efficiency", "multicast_latency_s") else "vllm:") + leaf
         v, sg = kern["values"][key], kern["sigma_rel"].get(key)
         if leaf == "link_efficiency" and nvlink == "nvlink4":
-            v = min(1.0, v * SHARP_NVLS_RATIO)
-            t = sec(f"assumed: the NVLink5 value x {SHARP_NVLS_RATIO:.3f}, MLENG_NET_SHARP's NVLS busBW/peak on H200 "
-                    f"over B200 (same multimem reduction, NVLink4 switch): {over}", "assumed", **{leaf: v})
+            t = sec(_hopper_multimem_source(v, over), "assumed", **{leaf: _hopper_multimem(v)})
         elif key in kern.get("design", ()):
             t = sec(f"assumed: vLLM's design, not fitted (calib/kernel_fit.py DESIGN: warp-specialised, a wave's "
                     f"multimem traffic beside the next wave's GEMM): {over}", "assumed", **{leaf: v})
@@ -165,6 +164,26 @@ def kernel_section(p: dict, kern: dict, band: dict | None, nvlink: str) -> dict:
         out["_time_scale"] = model_error_table(band["kernel"], "the single kernel", hopper=nvlink == "nvlink4")
     p["fused_kernel"] = out
     return p
+
+
+def _hopper_multimem(eta5: float) -> float:
+    """The multimem kernel's rate on NVLink4 from the NVLink5 fit's: NCCL NVLS's on H200 where the fit sits at B200's
+    NVLS rate (its floor), else scaled by the H200 / B200 NVLS ratio."""
+    floor5, floor4 = nvls_multimem_efficiency("nvlink5"), nvls_multimem_efficiency("nvlink4")
+    return floor4 if eta5 <= floor5 * (1 + 1e-3) else min(1.0, eta5 * floor4 / floor5)
+
+
+def _hopper_multimem_source(eta5: float, over: str) -> str:
+    floor5, floor4 = nvls_multimem_efficiency("nvlink5"), nvls_multimem_efficiency("nvlink4")
+    how = ("the NVLink5 fit sits at B200's NVLS rate, its floor" if eta5 <= floor5 * (1 + 1e-3) else
+           f"the NVLink5 fit's {eta5:.3f} x {floor4 / floor5:.3f}, H200's NVLS rate over B200's")
+    p2p = CR.load_p2p_fit()
+    eta_p2p, sig_p2p = p2p["values"]["hw:link_efficiency"], p2p["sigma_rel"].get("hw:link_efficiency")
+    return (f"assumed (multimem-specific): NCCL NVLS's multimem rate on H200, {floor4:.3f} of the NVLink4 peak "
+            f"(MLENG_NET_SHARP 8 GPUs 8 GiB: busBW x (W+1)/(2(W-1)) / 450 GB/s), as {how}; the put and ring kernels "
+            f"fitted on Hopper rows move P2P stores over the same links at {eta_p2p:.3f} of the peak (sigma_rel "
+            f"{sig_p2p:.3f}, calib/data/p2p_fit.json), a path multimem's ld_reduce through the switch does not take: "
+            f"{over}")
 
 
 _CALIBRATED_TARGET = {"gemm.max_efficiency": ("gemm", "_efficiency"), "gemm.mem_efficiency": ("gemm", "_small_m"),

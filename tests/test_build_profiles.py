@@ -156,7 +156,11 @@ def test_the_builders_derivations_are_named_and_hold_their_physics():
     D.one_ring(ring)  # a ring all-reduce is a reduce-scatter then an all-gather: the ring's busBW
     assert ring["nccl_all_reduce"]["tp8"]["bus_bw_bytes_per_s"] == 1.5e11
     assert ring["nccl_all_reduce"]["tp8"]["latency_s"] == sc["nccl_all_reduce"]["tp8"]["latency_s"]
-    assert 0.9 < D.SHARP_NVLS_RATIO < 1.2  # MLENG_NET_SHARP: NVLS busBW/peak on H200 over B200
+    # MLENG_NET_SHARP's NVLS multimem rates: B200's is the kernel fit's floor, read from the reference rows there
+    from calib.kernel_fit import ETA_NVLS
+
+    assert D.nvls_multimem_efficiency("nvlink5") == pytest.approx(ETA_NVLS, rel=1e-9)
+    assert 0.9 < D.nvls_multimem_efficiency("nvlink4") / ETA_NVLS < 1.2
     # the custom reduce-scatter backends from physics: never below the one-stage custom AR's latency or a faster
     # Lamport one-shot's, at the ring's link fraction
     tree = {"identity": {"compute_capability": "10.0"},

@@ -49,7 +49,7 @@ def test_the_committed_fit_is_current():
     fresh = json.loads(json.dumps(P.run()))
     assert fresh["values"] == pytest.approx(committed["values"], rel=1e-3)
     assert 0.6 < fresh["values"]["hw:link_efficiency"] <= 1.0
-    for part in ("in_sample", "leave_one_kernel_out"):
+    for part in ("in_sample", "leave_one_kernel_out", "hardware_held_out"):
         for k, e in committed[part].items():
             assert fresh[part][k]["median_abs_speedup_error"] == pytest.approx(e["median_abs_speedup_error"], abs=1e-4)
             assert fresh[part][k]["median_signed_log_error"] == pytest.approx(e["median_signed_log_error"], abs=1e-4)
@@ -68,3 +68,31 @@ def test_a_left_out_kernel_is_predicted_from_the_others_spread():
     assert np.array_equal(pa, pb) and a["trained_on"] == ["jax-ring", "tdist-pr166", "triton-distributed"]
     lo, hi = a["spread"]["gemm_rs:fixed_s"]
     assert lo < hi
+
+
+def test_held_out_hardware_comes_from_the_other_kernels_alone():
+    """With the hardware held out, η and λ are the other kernels' fit, whatever the kernel's own rows say (its rows
+    doubled leave them unchanged), and the kernel's own terms are fitted on its rows (doubled rows move its
+    prediction up)."""
+    rows = P.read_rows()
+    a = P.hardware_held_out(rows, "flux")
+    moved = [P.P2pRow(r.source, r.line, r.kernel, r.op, r.gpu, r.tp, r.m, r.n, r.k, r.speedup * 2)
+             if r.kernel == "flux" else r for r in rows]
+    b = P.hardware_held_out(moved, "flux")
+    others = P.fit([r for r in rows if r.kernel != "flux"])["values"]
+    assert a["hardware"] == b["hardware"] == {k: float(f"{others[k]:.4g}") for k in ("hw:link_efficiency",
+                                                                                      "hw:step_latency_s")}
+    pa = np.array([p["speedup_predicted"] for p in a["per_row"]])
+    pb = np.array([p["speedup_predicted"] for p in b["per_row"]])
+    assert np.median(pb) > np.median(pa) + 0.1 and a["hardware_from"] == ["jax-ring", "tdist-pr166", "triton-distributed"]
+
+
+def test_the_released_baselines_are_set_beside_the_profiles():
+    """Where a source times its baseline (PR 166 in ms, JAX in us), the score sets it beside the profile's GEMM then
+    NCCL; ratio rows (TRITONDIST) have none."""
+    rows = P.read_rows()
+    jax = [r for r in rows if r.kernel == "jax-ring"]
+    assert [r.baseline_s for r in jax] == pytest.approx([147e-6, 290e-6, 565e-6])
+    s = P.score(jax, [1.0] * 3)
+    assert s["baseline_over_profile"] == [round(r.baseline_s / P.baseline_s(r), 3) for r in jax]
+    assert P.score([r for r in rows if r.kernel == "flux"], [1.0] * 12)["baseline_over_profile"] is None
