@@ -29,6 +29,17 @@ def fit_least_squares(resid, x0, lo=-np.inf, hi=np.inf, **kw):
     return r, np.where(flat, np.inf, sig)
 
 
+def correlation(res) -> np.ndarray:
+    """The parameters' correlation matrix at a least-squares solution (scipy result): cov ∝ pinv(JᵀJ), scaled to unit
+    diagonal; a flat column's row and column are 0 (its own entry 1)."""
+    cov = np.linalg.pinv(res.jac.T @ res.jac)
+    sd = np.sqrt(np.clip(np.diag(cov), 0, None))
+    ok = sd > 0
+    out = np.eye(len(sd))
+    out[np.ix_(ok, ok)] = cov[np.ix_(ok, ok)] / np.outer(sd[ok], sd[ok])
+    return np.clip(out, -1.0, 1.0)
+
+
 IDENTIFIED_SIGMA_REL = 1.0  # a term whose fitted relative sigma exceeds this is not identified by the data
 
 

@@ -49,7 +49,7 @@ from costmodel import formulas as F
 from costmodel import fused_ops, ops
 from costmodel.profile import HardwareProfile, Provenance, profile_from_dict
 
-from .fit import fit_least_squares, worst_unidentified
+from .fit import correlation, fit_least_squares, worst_unidentified
 from .results import KERNEL_CMD, KERNEL_FIT, run_and_write
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,6 +124,7 @@ DESIGN = {"vllm": {"exposed_fraction": 0.0, "compute_overhead": KERNEL_PRIOR["co
                    "inflight_scale": 1.0},
           "flashinfer": {"ar_fence_s": KERNEL_PRIOR["ar_fence_s"][0]}}
 OFFSET_PRIOR = (10e-6, 1e-8, 5e-4)
+CORRELATION_SHOWN = 0.3  # a hardware term's fitted partners reported in kernel_fit.json: |correlation| at least this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,7 +263,8 @@ def _fit(rows: list[KernelRow], fixed: dict[str, float] | None = None, arms: str
         if not prob.free:  # every term fixed or unidentified: the rows at the priors
             x = np.zeros(0)
             return {"values": prob.values(x), "sigma_rel": {k: None for k in fixed}, "unidentified": unidentified,
-                    "rms_log": float(np.sqrt(np.mean(prob.residuals(x, arms) ** 2))), "problem": prob}
+                    "rms_log": float(np.sqrt(np.mean(prob.residuals(x, arms) ** 2))), "problem": prob,
+                    "correlation": {}}
         lo = np.log([prob.terms[k][1] for k in prob.free])
         hi = np.log([prob.terms[k][2] for k in prob.free])
         x0 = np.clip(np.log([prob.terms[k][0] for k in prob.free]), lo + 1e-6, hi - 1e-6)
@@ -273,8 +275,13 @@ def _fit(rows: list[KernelRow], fixed: dict[str, float] | None = None, arms: str
         fixed[worst] = prob.terms[worst][0]
         unidentified.append(worst)
     vals = prob.values(res.x)
+    corr = correlation(res)
+    partners = {k: {o: round(float(c), 3) for o, c in sorted(zip(prob.free, corr[i]), key=lambda t: -abs(t[1]))
+                    if o != k and abs(c) >= CORRELATION_SHOWN}
+                for i, k in enumerate(prob.free) if k.startswith("hw:")}
     return {"values": vals, "sigma_rel": {**{k: None for k in fixed}, **dict(zip(prob.free, map(float, sig)))},
-            "unidentified": unidentified, "rms_log": float(np.sqrt(np.mean(res.fun ** 2))), "problem": prob}
+            "unidentified": unidentified, "rms_log": float(np.sqrt(np.mean(res.fun ** 2))), "problem": prob,
+            "correlation": partners}
 
 
 def score(rows: list[KernelRow], pred: list[tuple[float, float]]) -> dict:
@@ -488,6 +495,8 @@ def run(path: Path = FUSED_CSV) -> dict:
             "profiles": PROFILE_OF, "values": {**vals, **design},
             "sigma_rel": {k: (None if v is None else round(v, 4)) for k, v in fit["sigma_rel"].items()},
             "unidentified": fit["unidentified"], "design": sorted(design), "rms_log": round(fit["rms_log"], 4), "n_rows": len(rows),
+            # what the rows pin: each hardware term's free partners it trades against (the fit's correlation)
+            "correlation": fit["correlation"],
             "in_sample": in_sample, "leave_one_source_out": loso,
             "leave_one_world_size_out": {sid: leave_one_world_size_out(rows, sid, pred)
                                          for sid in SOURCES if len({r.tp for r in rows if r.source == sid}) > 1},

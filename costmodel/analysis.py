@@ -235,18 +235,22 @@ def cutoff_band(profile: HardwareProfile, shape: ModelShape, run: RunConfig, gri
         prof = profile.with_values(chunk, None, mark_modified=False)
         pred = predict(prof, shape, tp, dtype, grid, run.regime)
         cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights, below))
-    return band_edges(np.concatenate(cuts))
+    return band_edges(np.concatenate(cuts), vals)
 
 
 class Band(tuple):
     """(5th, 95th percentile) of a decision over the profile's draws, None for "never"; `never_share`: the share of
-    the draws in which the op never pays (what an edge at "never" leaves unsaid)."""
+    the draws in which the op never pays (what an edge at "never" leaves unsaid); `drivers`: the inputs whose draws
+    move the decision most ((quantity, rank correlation), band_drivers; empty where not asked)."""
 
     never_share: float
+    drivers: tuple[tuple[str, float], ...]
 
-    def __new__(cls, lo: int | None, hi: int | None, never_share: float = 0.0):
+    def __new__(cls, lo: int | None, hi: int | None, never_share: float = 0.0,
+                drivers: tuple[tuple[str, float], ...] = ()):
         band = super().__new__(cls, (lo, hi))
         band.never_share = never_share
+        band.drivers = drivers
         return band
 
     def text(self) -> str:
@@ -256,12 +260,57 @@ class Band(tuple):
         return out + (f" (never pays in {self.never_share:.0%} of the draws)" if hi is None else "")
 
 
-def band_edges(cuts: Any) -> Band:
+def band_edges(cuts: Any, draws: Mapping[str, Any] | None = None) -> Band:
     """The 5th and 95th percentile of a decision over the draws (observed values: the lower / higher neighbour), an
-    infinite one ("never") as None, and the share of draws that never pay: the one reading of every band."""
+    infinite one ("never") as None, and the share of draws that never pay: the one reading of every band; with the
+    `draws` the decision was made from, also what drives it (band_drivers)."""
     c = np.atleast_1d(np.asarray(cuts, dtype=float))
     lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
-    return Band(None if np.isinf(lo) else int(lo), None if np.isinf(hi) else int(hi), float(np.mean(np.isinf(c))))
+    return Band(None if np.isinf(lo) else int(lo), None if np.isinf(hi) else int(hi), float(np.mean(np.isinf(c))),
+                band_drivers(draws, c) if draws is not None else ())
+
+
+def band_drivers_json(band: Any) -> list[dict] | None:
+    """A band's drivers as JSON ([{quantity, rank_correlation}]; None where there is no band)."""
+    if band is None:
+        return None
+    return [{"quantity": k, "rank_correlation": r} for k, r in getattr(band, "drivers", ())]
+
+
+def band_drivers_text(band: Any) -> str:
+    """One line naming what moves a band ("" where nothing does): the human tables of op and whatif."""
+    drivers = getattr(band, "drivers", ())
+    return ("what moves the band (rank correlation of a quantity's draws with the cutoff, never counted as the "
+            "largest): " + ", ".join(f"{k} {r:+.2f}" for k, r in drivers)) if drivers else ""
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks (ties share the mean of their positions; +inf ranks last)."""
+    _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    return ((ends - counts + ends - 1) / 2.0)[inv]
+
+
+BAND_DRIVERS_SHOWN, BAND_DRIVER_MIN = 5, 0.1
+
+
+def band_drivers(draws: Mapping[str, Any], cuts: np.ndarray) -> tuple[tuple[str, float], ...]:
+    """The inputs that move a decision across the draws: Spearman's rank correlation of each drawn quantity with the
+    decision (never = +inf, so a quantity that makes the op never pay correlates positively), the largest
+    BAND_DRIVERS_SHOWN with |ρ| ≥ BAND_DRIVER_MIN, largest first. A constant decision has none."""
+    rc = _ranks(np.asarray(cuts, dtype=float).ravel())
+    if np.ptp(rc) == 0:
+        return ()
+    rc = (rc - rc.mean()) / rc.std()
+    out = []
+    for key, v in draws.items():
+        rv = _ranks(np.asarray(v, dtype=float).ravel())
+        if rv.size != rc.size or np.ptp(rv) == 0:
+            continue
+        rho = float(np.mean(rc * (rv - rv.mean()) / rv.std()))
+        if abs(rho) >= BAND_DRIVER_MIN:
+            out.append((key, round(rho, 3)))
+    return tuple(sorted(out, key=lambda t: -abs(t[1]))[:BAND_DRIVERS_SHOWN])
 
 
 def model_inputs(profile: HardwareProfile, tp: int) -> list[str]:
@@ -431,6 +480,7 @@ def analysis_json(a: Analysis) -> dict:
         "cutoff_tokens": a.cutoff_tokens,
         "cutoff_band_tokens": list(a.cutoff_band_tokens) if a.cutoff_band_tokens else None,
         "cutoff_band_never_share": getattr(a.cutoff_band_tokens, "never_share", None),
+        "cutoff_band_drivers": band_drivers_json(a.cutoff_band_tokens),
         "band_resolution_tokens": a.band_resolution_tokens,
         "sp_cutoff_tokens": a.sp_cutoff_tokens,
         "decided_schedule": decided[0], "decided_threshold_tokens": decided[1],

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import formulas as F
 from . import fused_ops, ops, vllm_tables
-from .analysis import (BAND_DRAWS, BAND_SEED, band_edges, crossover_tokens, decide_cutoff, decision_value,
+from .analysis import (BAND_DRAWS, BAND_SEED, band_drivers_json, band_edges, crossover_tokens, decide_cutoff, decision_value,
                        perturbed_values)
 from .workload import weights_on
 from .errors import TpcostError
@@ -135,6 +135,7 @@ class OpAnalysis:
                 "decision_value": self.decision_value, "unfused_impl": self.unfused_impl,
                 "cutoff_band_tokens": None if self.cutoff_band is None else list(self.cutoff_band),
                 "cutoff_band_never_share": getattr(self.cutoff_band, "never_share", None),
+                "cutoff_band_drivers": band_drivers_json(self.cutoff_band),
                 "fused_wins_m_ranges": self.wins_m_ranges(), "crossover_m": self.crossover_m,
                 "events": [{"m": m, "what": w} for m, w in self.events()], "notes": list(self.notes), "rows": rows}
 
@@ -261,7 +262,7 @@ def op_cutoff_band(profile: HardwareProfile, spec: OpSpec, grid: np.ndarray, mar
     prof = profile.with_values(vals, None, mark_modified=False)
     f, u, _, _, _ = op_arms(prof, spec, grid)
     u, f = np.broadcast_arrays(u, f)  # one row of times per draw on both arms
-    return band_edges(decide_cutoff(grid, u, f, margin, weights))
+    return band_edges(decide_cutoff(grid, u, f, margin, weights), vals)
 
 
 def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:

@@ -108,3 +108,31 @@ def test_band_reads_as_an_interval_with_the_share_that_never_pays(capsys):
     assert main(argv) == 0
     if d["cutoff_band_tokens"][1] is None:
         assert f"never pays in {share:.0%} of the draws" in capsys.readouterr().out
+
+
+def test_band_drivers_rank_what_moves_the_decision(capsys):
+    """band_drivers: Spearman's ρ of each drawn quantity with the decision, never (+inf) the largest; a quantity the
+    decision follows ranks first at ρ 1, one that makes the op never pay correlates positively, a constant or
+    unrelated quantity is not listed, and a constant decision has no drivers. `op` prints them and its JSON lists
+    them; on B300 TP 8 at Kimi-K3's o_proj the switch round trip λ leads (docs/model.md §6b)."""
+    import json
+
+    import numpy as np
+
+    from costmodel.analysis import band_drivers, band_edges
+    from integration.cli import main
+
+    a = np.arange(1.0, 101.0)
+    cuts = np.where(a > 90, np.inf, 10.0 * a)  # follows a, never at its top tenth
+    unrelated = np.tile([1.0, 2.0, 2.0, 1.0], 25)  # ρ 0 with any monotone order of a by construction
+    d = band_drivers({"a": a, "minus_a": -a, "flat": np.ones(100), "unrelated": unrelated}, cuts)
+    assert d == (("a", 1.0), ("minus_a", -1.0))
+    assert band_drivers({"a": a}, np.full(100, 7.0)) == ()
+    assert band_edges(cuts, {"a": a}).drivers == (("a", 1.0),) and band_edges(cuts).drivers == ()
+    argv = ["op", "--gpu", "b300", "--tp", "8", "--op", "gemm_ar", "--impl", "kernel", "--n", "7168", "--k", "1536"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["cutoff_band_drivers"]
+    assert out and out[0]["quantity"] == "fused_kernel.multicast_latency_s" and out[0]["rank_correlation"] > 0.3
+    assert all(abs(x["rank_correlation"]) >= 0.1 for x in out)
+    assert main(argv) == 0
+    assert "what moves the band" in capsys.readouterr().out

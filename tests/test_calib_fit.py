@@ -38,6 +38,21 @@ def test_an_unidentified_term_keeps_its_prior_and_the_rest_is_refitted():
     assert res["unconstrained_kept_prior"] == ["unused"] and res["values"]["unused"] == pytest.approx(7.0)
 
 
+def test_correlation_of_collinear_and_independent_parameters():
+    """calib.fit.correlation: two parameters whose sum the data pin tightly and one of them only loosely trade at
+    nearly −1; a parameter with data of its own is independent of them (0); unit diagonal."""
+    x_pts = np.linspace(0.0, 1.0, 20)
+
+    def resid(p):  # a + b on twenty points, a alone on one point at a tenth of the weight, c its own line
+        return np.concatenate([p[0] + p[1] - 5.0 + 0.0 * x_pts, [0.1 * (p[0] - 2.0)], p[2] * x_pts - x_pts])
+
+    r, _ = fit.fit_least_squares(resid, [1.0, 1.0, 3.0], loss="linear")
+    c = fit.correlation(r)
+    assert np.allclose(np.diag(c), 1.0)
+    assert c[0, 1] < -0.95
+    assert c[0, 2] == pytest.approx(0.0, abs=1e-9) and c[1, 2] == pytest.approx(0.0, abs=1e-9)
+
+
 def test_worst_unidentified_takes_the_largest_sigma_and_counts_nan():
     assert fit.worst_unidentified({"a": 0.5, "b": 3.0, "c": 2.0}) == "b"
     assert fit.worst_unidentified({"a": 0.5, "b": float("nan"), "c": 2.0}) == "b"

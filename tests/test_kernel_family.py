@@ -275,6 +275,24 @@ def test_committed_kernel_fit_is_current():
     assert committed["unidentified"] == fit["unidentified"]
     noise = K.code_path_noise(rows, fit["problem"].predict(fit["values"]))
     assert committed["code_path_noise"] == noise
+    assert set(committed["correlation"]) == set(fit["correlation"])
+    for term, partners in fit["correlation"].items():
+        assert committed["correlation"][term] == pytest.approx(partners, abs=2e-3), term
+
+
+def test_the_rows_pin_the_switch_round_trip_only_against_the_baselines_own_latency():
+    """What the released rows pin of the multimem round trip λ (issue 49 item 4): its fitted partners are the
+    sources' forced-protocol NCCL latencies (λ up with them) and the shared harness offset (λ down): its strongest
+    partners are those, each |corr| > 0.7, so the rows fix the kernel's small-M time against the baseline's, not λ
+    alone: its σ_rel stays near 1 and the profiles' band carries it."""
+    from calib.results import load_kernel_fit
+
+    k = load_kernel_fit()
+    lam = k["correlation"]["hw:multicast_latency_s"]
+    top = sorted(lam.items(), key=lambda t: -abs(t[1]))[:3]
+    assert all(t.endswith((":latency_s", ":offset_s")) and abs(c) > 0.7 for t, c in top)
+    assert any(t.endswith(":latency_s") and c > 0 for t, c in top) and lam["vllm-bench:offset_s"] < 0
+    assert k["sigma_rel"]["hw:multicast_latency_s"] > 0.5
 
 
 def test_replicate_noise_by_hand():

@@ -13,7 +13,7 @@ from .common import (DEFAULT_GPU, MAX_TOKENS, add_regime_args, add_vllm_args, bo
 
 def cmd_op(args) -> int:
     """tpcost op: one fused GEMM+collective against vLLM's unfused path over M, and its cutoff."""
-    from costmodel.analysis import provenance_line
+    from costmodel.analysis import band_drivers_text, provenance_line
     from costmodel.model import Regime, RunConfig
     from costmodel.op_analysis import M_STEP, OpQuery, analyse_op
     prof, overrides = resolve_profile(args)
@@ -73,6 +73,8 @@ def cmd_op(args) -> int:
           f"risk premium {args.margin:.0%}): {a.cutoff_tokens if a.cutoff_tokens is not None else never} "
           f"[{a.answer}]{band_s}" + ("" if a.cutoff_per_rank is None else
                                     f"; per rank (vLLM's unit here): ceil(c/{args.tp}) = {a.cutoff_per_rank} rows"))
+    if band_drivers_text(band):
+        print(band_drivers_text(band))
     print(f"vLLM's own rule: {a.vllm_rule}")
     wins = a.wins_m_ranges()
     print("the fused op is faster at M in " + (", ".join(f"[{lo}, {hi}]" for lo, hi in wins) if wins else "no row"))

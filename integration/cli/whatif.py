@@ -156,6 +156,10 @@ def _cutoff_lines(args, r) -> None:
     cut = a.cutoff_tokens if a.cutoff_tokens is not None else "never (null)"
     print(f"\ncutoff (SP+AsyncTP; the threshold minimising the expected forward time over N <= "
           f"{args.max_num_batched_tokens}, {a.workload}, risk premium {args.margin:.0%}): {cut}{band_s}")
+    from costmodel.analysis import band_drivers_text
+
+    if band_drivers_text(band):
+        print(band_drivers_text(band))
     if band is not None:
         cov = band_coverage()
         print("  the band's measured coverage of released op rows, each source held out: " + ", ".join(
