@@ -221,6 +221,22 @@ def test_gpu_check_pipeline_runs_on_cpu_and_folds_into_a_profile(tmp_path, capsy
         assert p.value(k) == pytest.approx(fit["params"][k]["value"], rel=1e-3)  # profiles keep 4 digits
 
 
+def test_gpu_check_without_the_kimi_config_skips_the_held_out_gemms(tmp_path, monkeypatch):
+    """An installed package has no data/reference/models: the check sizes no held-out GEMMs, says the phase was
+    skipped and why, and runs the rest (importing calib.gpu_check never reads the file)."""
+    import calib.gpu_check as G
+
+    monkeypatch.setattr(G, "KIMI_K3_CONFIG", tmp_path / "absent.json")
+    sizes = G.CheckSizes(shapes=(("tiny", 64, 64),), gemm_rows=(1, 8, 32, 64), chunk_rows=(64,), worlds=(2,),
+                         mem_sizes=(2**16,))
+    assert sizes.holdout_shapes == ()
+    assert G.run_check(tmp_path / "out", "cpu", 60.0, sizes) == 0
+    fit = json.loads((tmp_path / "out" / "fit.json").read_text())
+    assert any(x.startswith("gemm_holdout (no absent.json") for x in fit["provenance"]["skipped_phases"])
+    recs = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    assert "gemm_holdout" not in {r["kind"] for r in recs} and fit["fits_by_dtype"]["fp32"]["gemm_holdout"] == {}
+
+
 def test_gemm_holdout_and_sm_budget_score_the_roofline():
     """The held-out GEMM check and the SM-budget check score the fitted roofline (calib.fit.gemm_time_s): rows timed
     at the model's own times score 0, rows 10 % slower score ln(1/1.1); a carveout that never moves the time is
