@@ -51,6 +51,31 @@ def worst_unidentified(sigma_by_term: dict):
     return max(bad, key=lambda t: bad[t]) if bad else None
 
 
+def fit_free_terms(make_problem, fixed: dict, residuals=None, **kw):
+    """calib's one rule over a problem of named terms fitted as logs: least squares over the free terms, bounded and
+    started at their priors; the worst unidentified one (worst_unidentified) fixed at its prior and the rest refitted
+    until every free term is identified. `make_problem(fixed)` builds an object with `terms` {name: (prior, lo, hi)},
+    `free` (names) and `residuals(x)` (or pass `residuals(problem, x)`); `kw` goes to fit_least_squares. Returns
+    (the last problem, its scipy result or None where no term is left free, {free term: σ_rel}, the fixed terms,
+    the unidentified ones in the order they were fixed)."""
+    fixed, unidentified = dict(fixed), []
+    resid = residuals or (lambda prob, x: prob.residuals(x))
+    while True:
+        prob = make_problem(fixed)
+        if not prob.free:
+            return prob, None, {}, fixed, unidentified
+        lo = np.log([prob.terms[k][1] for k in prob.free])
+        hi = np.log([prob.terms[k][2] for k in prob.free])
+        x0 = np.clip(np.log([prob.terms[k][0] for k in prob.free]), lo + 1e-6, hi - 1e-6)
+        res, s = fit_least_squares(lambda x, p=prob: resid(p, x), x0, lo, hi, **kw)
+        sig = dict(zip(prob.free, map(float, s)))
+        worst = worst_unidentified(sig)
+        if worst is None:
+            return prob, res, sig, fixed, unidentified
+        fixed[worst] = prob.terms[worst][0]
+        unidentified.append(worst)
+
+
 def fit_log_space(resid, x0, lo, hi, names):
     """Fit positive parameters in log space (so that scales do not matter); σ_rel = σ of log(param). A parameter the
     data do not identify (worst_unidentified) is fixed at its prior x0 and the rest refitted; one the data drive onto

@@ -49,7 +49,7 @@ from costmodel import formulas as F
 from costmodel import fused_ops, ops
 from costmodel.profile import HardwareProfile, Provenance, profile_from_dict
 
-from .fit import correlation, fit_least_squares, worst_unidentified
+from .fit import correlation, fit_free_terms
 from .results import KERNEL_CMD, KERNEL_FIT, run_and_write
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -256,30 +256,19 @@ def _fit(rows: list[KernelRow], fixed: dict[str, float] | None = None, arms: str
          profiles: dict | None = None) -> dict:
     """Least squares over the free terms; the worst unidentified one (σ_rel > 1) is fixed at its prior and the rest
     refitted until every free term is identified."""
-    fixed = dict(fixed or {})
-    unidentified: list[str] = []
-    while True:
-        prob = _Problem(rows, fixed, profiles)
-        if not prob.free:  # every term fixed or unidentified: the rows at the priors
-            x = np.zeros(0)
-            return {"values": prob.values(x), "sigma_rel": {k: None for k in fixed}, "unidentified": unidentified,
-                    "rms_log": float(np.sqrt(np.mean(prob.residuals(x, arms) ** 2))), "problem": prob,
-                    "correlation": {}}
-        lo = np.log([prob.terms[k][1] for k in prob.free])
-        hi = np.log([prob.terms[k][2] for k in prob.free])
-        x0 = np.clip(np.log([prob.terms[k][0] for k in prob.free]), lo + 1e-6, hi - 1e-6)
-        res, sig = fit_least_squares(lambda x, p=prob: p.residuals(x, arms), x0, lo, hi, diff_step=1e-3)
-        worst = worst_unidentified(dict(zip(prob.free, map(float, sig))))
-        if worst is None:
-            break
-        fixed[worst] = prob.terms[worst][0]
-        unidentified.append(worst)
+    prob, res, sig, fixed, unidentified = fit_free_terms(lambda fx: _Problem(rows, fx, profiles), fixed or {},
+                                                         lambda p, x: p.residuals(x, arms), diff_step=1e-3)
+    if res is None:  # every term fixed or unidentified: the rows at the priors
+        x = np.zeros(0)
+        return {"values": prob.values(x), "sigma_rel": {k: None for k in fixed}, "unidentified": unidentified,
+                "rms_log": float(np.sqrt(np.mean(prob.residuals(x, arms) ** 2))), "problem": prob,
+                "correlation": {}}
     vals = prob.values(res.x)
     corr = correlation(res)
     partners = {k: {o: round(float(c), 3) for o, c in sorted(zip(prob.free, corr[i]), key=lambda t: -abs(t[1]))
                     if o != k and abs(c) >= CORRELATION_SHOWN}
                 for i, k in enumerate(prob.free) if k.startswith("hw:")}
-    return {"values": vals, "sigma_rel": {**{k: None for k in fixed}, **dict(zip(prob.free, map(float, sig)))},
+    return {"values": vals, "sigma_rel": {**{k: None for k in fixed}, **sig},
             "unidentified": unidentified, "rms_log": float(np.sqrt(np.mean(res.fun ** 2))), "problem": prob,
             "correlation": partners}
 

@@ -39,13 +39,12 @@ import numpy as np
 from costmodel import formulas as F
 from costmodel import ops
 
-from .fit import fit_least_squares, worst_unidentified
-from .results import P2P_FIT, run_and_write
+from .fit import fit_free_terms
+from .results import P2P_CMD, P2P_FIT, run_and_write
 
 ROOT = Path(__file__).resolve().parent.parent
 FUSED_CSV = ROOT / "data" / "reference" / "fused_ops.csv"
-OUT = P2P_FIT
-COMMAND = "python -m calib.p2p_fit"
+OUT, COMMAND = P2P_FIT, P2P_CMD  # the committed result (calib/results.py)
 PROFILE_OF_GPU = {"H100": "h100-sxm", "H800": "h800"}
 SOURCES = ("TRITONDIST_README_PLOTS", "TDIST_PR166_GEMMRS_H100", "JAX_PALLAS_MGPU_AGMM_H100")
 # kernel -> its design's transfers per collective: a put reaches every peer at once, a ring W-1 hops
@@ -167,23 +166,9 @@ class _Problem:
 
 def fit(rows: list[P2pRow], fixed: dict[str, float] | None = None) -> dict:
     """Least squares on ln speedup; the worst unidentified term (σ_rel > 1) fixed at its prior and the rest refitted."""
-    fixed, unidentified = dict(fixed or {}), []
-    while True:
-        prob = _Problem(rows, fixed)
-        if not prob.free:
-            vals, sig = prob.values(np.zeros(0)), {}
-            break
-        lo = np.log([prob.terms[k][1] for k in prob.free])
-        hi = np.log([prob.terms[k][2] for k in prob.free])
-        x0 = np.clip(np.log([prob.terms[k][0] for k in prob.free]), lo + 1e-6, hi - 1e-6)
-        res, s = fit_least_squares(prob.residuals, x0, lo, hi, diff_step=1e-3)
-        sig = dict(zip(prob.free, map(float, s)))
-        worst = worst_unidentified(sig)
-        if worst is None:
-            vals = prob.values(res.x)
-            break
-        fixed[worst] = prob.terms[worst][0]
-        unidentified.append(worst)
+    prob, res, sig, fixed, unidentified = fit_free_terms(lambda fx: _Problem(rows, fx), fixed or {},
+                                                         diff_step=1e-3)
+    vals = prob.values(np.zeros(0) if res is None else res.x)
     return {"values": vals, "sigma_rel": {**{k: None for k in fixed}, **sig}, "unidentified": unidentified,
             "problem": prob}
 
@@ -205,12 +190,18 @@ def score(rows: list[P2pRow], pred) -> dict:
                         for r, s, p in zip(rows, meas, pred)]}
 
 
+@functools.lru_cache(maxsize=8)
+def _fit_without(rows: tuple[P2pRow, ...], kernel: str) -> dict:
+    """The fit of every kernel but `kernel`: what both held-out lines take their hardware terms from (one fit each)."""
+    return fit([r for r in rows if r.kernel != kernel])
+
+
 def leave_one_kernel_out(rows: list[P2pRow], kernel: str, draws: int = DRAWS, seed: int = SEED) -> dict:
     """The hardware terms and the other kernels' fitted without `kernel`; its own terms (per op) drawn from the spread
     of the other kernels' fitted terms of the same op, log-uniform between their least and largest (about the prior
     at σ 0.3 where fewer than two kernels fit that op); its nominal the median of the draws."""
     mine = [r for r in rows if r.kernel == kernel]
-    others = fit([r for r in rows if r.kernel != kernel])
+    others = _fit_without(tuple(rows), kernel)
     vals, rng = others["values"], np.random.default_rng(seed)
     prob = _Problem(mine, {})
     spread = {}
@@ -238,7 +229,7 @@ def hardware_held_out(rows: list[P2pRow], kernel: str) -> dict:
     fitted on its own rows under calib/fit.py's one rule: whether the hardware terms carry from kernel to kernel,
     which the unseen-kernel line (leave_one_kernel_out) cannot separate from how kernels differ."""
     mine = [r for r in rows if r.kernel == kernel]
-    others = fit([r for r in rows if r.kernel != kernel])
+    others = _fit_without(tuple(rows), kernel)
     hw = {f"hw:{k}": others["values"][f"hw:{k}"] for k in HARDWARE_PRIOR}
     own = fit(mine, fixed=hw)
     return {**score(mine, own["problem"].predict(own["values"])),

@@ -148,7 +148,8 @@ def kernel_section(p: dict, kern: dict, band: dict | None, nvlink: str) -> dict:
         key = ("hw:" if leaf in ("link_efficiency", "multicast_latency_s") else "vllm:") + leaf
         v, sg = kern["values"][key], kern["sigma_rel"].get(key)
         if leaf == "link_efficiency" and nvlink == "nvlink4":
-            t = sec(_hopper_multimem_source(v, over), "assumed", **{leaf: _hopper_multimem(v)})
+            v, why = _hopper_multimem(v, over)
+            t = sec(why, "assumed", **{leaf: v})
         elif key in kern.get("design", ()):
             t = sec(f"assumed: vLLM's design, not fitted (calib/kernel_fit.py DESIGN: warp-specialised, a wave's "
                     f"multimem traffic beside the next wave's GEMM): {over}", "assumed", **{leaf: v})
@@ -166,20 +167,17 @@ def kernel_section(p: dict, kern: dict, band: dict | None, nvlink: str) -> dict:
     return p
 
 
-def _hopper_multimem(eta5: float) -> float:
-    """The multimem kernel's rate on NVLink4 from the NVLink5 fit's: NCCL NVLS's on H200 where the fit sits at B200's
-    NVLS rate (its floor), else scaled by the H200 / B200 NVLS ratio."""
+def _hopper_multimem(eta5: float, over: str) -> tuple[float, str]:
+    """(rate, source) of the multimem kernel on NVLink4 from the NVLink5 fit's rate: NCCL NVLS's on H200 where the fit
+    sits at B200's NVLS rate (its floor), else scaled by the H200 / B200 NVLS ratio."""
     floor5, floor4 = nvls_multimem_efficiency("nvlink5"), nvls_multimem_efficiency("nvlink4")
-    return floor4 if eta5 <= floor5 * (1 + 1e-3) else min(1.0, eta5 * floor4 / floor5)
-
-
-def _hopper_multimem_source(eta5: float, over: str) -> str:
-    floor5, floor4 = nvls_multimem_efficiency("nvlink5"), nvls_multimem_efficiency("nvlink4")
-    how = ("the NVLink5 fit sits at B200's NVLS rate, its floor" if eta5 <= floor5 * (1 + 1e-3) else
+    at_floor = eta5 <= floor5 * (1 + 1e-3)
+    how = ("the NVLink5 fit sits at B200's NVLS rate, its floor" if at_floor else
            f"the NVLink5 fit's {eta5:.3f} x {floor4 / floor5:.3f}, H200's NVLS rate over B200's")
     p2p = CR.load_p2p_fit()
     eta_p2p, sig_p2p = p2p["values"]["hw:link_efficiency"], p2p["sigma_rel"].get("hw:link_efficiency")
-    return (f"assumed (multimem-specific): NCCL NVLS's multimem rate on H200, {floor4:.3f} of the NVLink4 peak "
+    return (floor4 if at_floor else min(1.0, eta5 * floor4 / floor5),
+            f"assumed (multimem-specific): NCCL NVLS's multimem rate on H200, {floor4:.3f} of the NVLink4 peak "
             f"(MLENG_NET_SHARP 8 GPUs 8 GiB: busBW x (W+1)/(2(W-1)) / 450 GB/s), as {how}; the put and ring kernels "
             f"fitted on Hopper rows move P2P stores over the same links at {eta_p2p:.3f} of the peak (sigma_rel "
             f"{sig_p2p:.3f}, calib/data/p2p_fit.json), a path multimem's ld_reduce through the switch does not take: "

@@ -148,6 +148,8 @@ def _never(x) -> str:
 
 def _cutoff_lines(args, r) -> None:
     """Each schedule's cutoff with its band, the decided schedule and vLLM's own default."""
+    from costmodel.analysis import band_drivers_text
+
     a, vllm = r.analysis, r.vllm
     band = a.cutoff_band_tokens
     band_s = "" if band is None else f"  band (5-95%): {band.text()}"
@@ -156,8 +158,6 @@ def _cutoff_lines(args, r) -> None:
     cut = a.cutoff_tokens if a.cutoff_tokens is not None else "never (null)"
     print(f"\ncutoff (SP+AsyncTP; the threshold minimising the expected forward time over N <= "
           f"{args.max_num_batched_tokens}, {a.workload}, risk premium {args.margin:.0%}): {cut}{band_s}")
-    from costmodel.analysis import band_drivers_text
-
     if band_drivers_text(band):
         print(band_drivers_text(band))
     if band is not None:
