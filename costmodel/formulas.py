@@ -319,3 +319,58 @@ def t_interp_log_s(msg_bytes: Arr, measured_bytes: Arr, measured_s: Arr) -> Arr:
     """Measured times interpolated linearly in log size and log time: a power law between neighbouring points,
     exact at each (s; msg_bytes within the measured range; docs/model.md §4)."""
     return np.exp(np.interp(np.log(msg_bytes), np.log(measured_bytes), np.log(measured_s)))
+
+
+# --------------------------------------------------------------------------- expert parallelism (§11)
+
+
+def p_bin_empty(k: int, num_experts: int, n_group: int, topk_group: int, bin_experts: int) -> float:
+    """P(a token's top-k misses one bin of `bin_experts` contiguous experts) under uniform group-limited routing (§11.1)."""
+    from math import comb
+
+    E, c = num_experts, bin_experts
+    if n_group <= 1 or topk_group >= n_group:
+        return comb(E - c, k) / comb(E, k)
+    g = E // n_group
+    pool = topk_group * g  # experts a token may pick from: its topk_group groups
+    if c <= g and g % c == 0:  # the bin lies inside one group
+        sel = topk_group / n_group
+        return (1.0 - sel) + sel * comb(pool - c, k) / comb(pool, k)
+    if c % g == 0:  # the bin is m whole groups: hypergeometric over how many of them are selected
+        m = c // g
+        tot = comb(n_group, topk_group)
+        return sum(comb(m, j) * comb(n_group - m, topk_group - j) / tot * comb(pool - j * g, k) / comb(pool, k)
+                   for j in range(0, min(m, topk_group) + 1))
+    raise ValueError("a bin that straddles routing groups: use routing_monte_carlo")
+
+
+def expected_bins_hit(k: int, num_experts: int, n_group: int, topk_group: int, bins: int) -> float:
+    """Expected distinct bins (ranks or nodes, E/bins experts each) one token's top-k reaches (count; §11.1)."""
+    return bins * (1.0 - p_bin_empty(k, num_experts, n_group, topk_group, num_experts // bins))
+
+
+def expected_active_experts(total_tokens: Arr, k: int, num_experts: int, local_experts: int, imbalance: Arr = 1.0) -> Arr:
+    """Local experts that receive at least one of all DP ranks' tokens: E_loc·(1 − (1 − ι·k/E)^T) (count; §11.1)."""
+    p = np.minimum(imbalance * k / num_experts, 1.0)
+    return local_experts * (1.0 - (1.0 - p) ** np.asarray(total_tokens, dtype=float))
+
+
+def expected_row_tiles(total_tokens: Arr, p_hit: Arr, tile_m: int) -> Arr:
+    """E[⌈M/tile_m⌉] for one expert's rows M ~ Binomial(T, p): Σ_j P(M > j·tile_m) (tiles; §11.2)."""
+    from scipy.stats import binom
+
+    t = np.atleast_1d(np.asarray(total_tokens, dtype=float))
+    jmax = int(np.max(t) * float(np.max(p_hit)) / tile_m + 12 * np.sqrt(np.max(t) * float(np.max(p_hit)) + 1) / tile_m + 2)
+    j = np.arange(0, jmax + 1)[:, None] * tile_m
+    out = binom.sf(j, t[None, :], p_hit).sum(axis=0)
+    return out if np.ndim(total_tokens) else float(out[0])
+
+
+def a2a_token_bytes(hidden: int, dtype: str) -> float:
+    """Bytes one token copy carries: fp8 with one fp32 scale per 128 elements, or 2·H for bf16 (bytes; §11.3)."""
+    return hidden + hidden / 128 * 4 if dtype == "fp8" else 2.0 * hidden
+
+
+def t_link_bound_s(nbytes: Arr, bw_bytes_per_s: Arr, efficiency: Arr) -> Arr:
+    """Bytes over one link at its achievable rate: bytes / (bw · η) (s; §11.3)."""
+    return nbytes / (bw_bytes_per_s * efficiency)

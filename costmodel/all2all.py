@@ -1,0 +1,183 @@
+"""The MoE all-to-all as vLLM 0.34 runs it: one registry entry per `--all2all-backend`, each carrying its predictor or
+its one-line refusal (docs/model.md §11.3)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import formulas as F
+from .errors import TpcostError
+from .network import Network
+
+ALL2ALL_CITE = "vLLM 0.34 config/parallel.py:45-61 (All2AllBackend), distributed/device_communicators/all2all.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class A2ACall:
+    """One dispatch/combine pair's inputs: tokens per rank, the MoE shape, the EP layout, the dtypes (SI, counts)."""
+
+    tokens: Any  # tokens this rank dispatches per call (array over a sweep)
+    hidden: int
+    top_k: int
+    num_experts: int
+    n_group: int
+    topk_group: int
+    ep: int
+    gpus_per_node: int  # EP ranks that share one NVLink domain
+    dispatch_dtype: str  # "fp8" (block-quantised, with scales) or "bf16"
+    combine_dtype: str = "bf16"
+    imbalance: float = 1.0  # hot rank's receive load / the mean (>= 1)
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.ep // self.gpus_per_node)
+
+
+@dataclasses.dataclass(frozen=True)
+class Links:
+    """The links an all-to-all may use: NVLink inside the domain, the network beyond it."""
+
+    nvlink_bw_bytes_per_s: float
+    network: Network
+    nccl_intra: Callable[[str, Any], Any] | None = None  # (collective, bytes per rank) -> s inside one domain
+
+
+@dataclasses.dataclass(frozen=True)
+class A2ATimes:
+    """One dispatch and one combine (s), the bytes each puts on RDMA and NVLink, and the bound that decides each."""
+
+    t_dispatch_s: Any
+    t_combine_s: Any
+    rdma_dispatch_bytes: Any
+    nvl_dispatch_bytes: Any
+    rdma_combine_bytes: Any
+    nvl_combine_bytes: Any
+    bound_dispatch: str
+    bound_combine: str
+    holds_sms: int  # SMs the kernel occupies while it runs (0: none)
+
+
+def _bound(parts: dict[str, Any]) -> str:
+    """The name of the largest term (at the sweep's largest token count)."""
+    return max(parts, key=lambda k: float(np.max(parts[k])))
+
+
+def _low_latency(c: A2ACall, links: Links) -> A2ATimes:
+    """DeepEP low-latency: one put per (token, expert) copy, RDMA past the node and NVLink inside it, no SMs held
+    while waiting; time = α + β·log2(EP) + max(RDMA bytes / (NICs·line·η), messages·τ, NVLink bytes / (link·η))."""
+    net, T = links.network, np.asarray(c.tokens, dtype=float)
+    remote = max(c.ep - c.gpus_per_node, 0) / c.ep
+    local = (min(c.gpus_per_node, c.ep) - 1) / c.ep
+    copies = T * c.top_k * c.imbalance
+    lat = net.ll_latency_s + net.ll_latency_per_log2_ep_s * np.log2(c.ep)
+    out = {}
+    for phase, dtype, extra in (("dispatch", c.dispatch_dtype, 0.0), ("combine", c.combine_dtype,
+                                                                         net.ll_combine_extra_s)):
+        b = F.a2a_token_bytes(c.hidden, dtype)
+        rdma, nvl = copies * remote * b, copies * local * b
+        parts = {"rdma": F.t_link_bound_s(rdma, net.line_rate_per_gpu_bytes_per_s, net.rdma_efficiency),
+                 "nic messages": copies * remote * net.msg_overhead_s,
+                 "nvlink": F.t_link_bound_s(nvl, links.nvlink_bw_bytes_per_s, net.nvl_efficiency)}
+        t = np.where(T > 0, lat + extra + np.maximum.reduce(list(parts.values())), 0.0)
+        out[phase] = (t, rdma, nvl, _bound(parts))
+    return _times(out, holds_sms=0)
+
+
+def _high_throughput(c: A2ACall, links: Links, comm_sms: int = 20) -> A2ATimes:
+    """DeepEP normal kernels: one RDMA copy per destination node, forwarded over NVLink to the ranks inside it;
+    time = α (notify, CPU-blocking) + max(RDMA bytes / (NICs·line·η), NVLink bytes / (link·η)) on comm_sms SMs."""
+    net, T = links.network, np.asarray(c.tokens, dtype=float) * c.imbalance
+    g = min(c.gpus_per_node, c.ep)
+    ranks_hit = F.expected_bins_hit(c.top_k, c.num_experts, c.n_group, c.topk_group, c.ep)
+    nodes_hit = F.expected_bins_hit(c.top_k, c.num_experts, c.n_group, c.topk_group, c.nodes) if c.nodes > 1 else 1.0
+    out = {}
+    for phase, dtype in (("dispatch", c.dispatch_dtype), ("combine", c.combine_dtype)):
+        b = F.a2a_token_bytes(c.hidden, dtype)
+        rdma = T * nodes_hit * (c.nodes - 1) / c.nodes * b
+        nvl = T * ranks_hit * (g - 1) / g * b if c.nodes > 1 else T * ranks_hit * (c.ep - 1) / c.ep * b
+        parts = {"rdma": F.t_link_bound_s(rdma, net.line_rate_per_gpu_bytes_per_s, net.rdma_efficiency),
+                 "nvlink": F.t_link_bound_s(nvl, links.nvlink_bw_bytes_per_s, net.nvl_efficiency)}
+        t = np.where(T > 0, net.ht_latency_s + np.maximum.reduce(list(parts.values())), 0.0)
+        out[phase] = (t, rdma, nvl, _bound(parts))
+    return _times(out, holds_sms=comm_sms)
+
+
+def _allgather_reducescatter(c: A2ACall, links: Links) -> A2ATimes:
+    """vLLM's default: NCCL all-gather of every rank's tokens (bf16) over the EP group, then a reduce-scatter of the
+    expert outputs; inside a domain the profile's NCCL curves, across nodes a ring whose every step crosses a NIC."""
+    net, T = links.network, np.asarray(c.tokens, dtype=float) * c.imbalance
+    msg = T * c.hidden * 2.0  # bytes per rank in, and out
+    out = {}
+    for phase, coll in (("dispatch", "all_gather"), ("combine", "reduce_scatter")):
+        ring = (c.ep - 1) * msg  # bytes each rank sends and receives in a ring
+        if c.nodes == 1:
+            if links.nccl_intra is None:
+                raise TpcostError("allgather_reducescatter inside a node needs the GPU profile's NCCL curves")
+            t = links.nccl_intra(coll, msg * c.ep)
+            out[phase] = (t, 0.0 * T, ring, "nvlink (NCCL)")
+            continue
+        lat = (c.ep - 1) * net.rdma_latency_s  # a ring's steps, each one network hop
+        parts = {"rdma": F.t_link_bound_s(ring, net.line_rate_per_gpu_bytes_per_s, net.rdma_efficiency)}
+        t = np.where(T > 0, lat + parts["rdma"], 0.0)
+        out[phase] = (t, ring, 0.0 * T, "rdma (NCCL ring)")
+    return _times(out, holds_sms=0)
+
+
+def _times(out: dict, holds_sms: int) -> A2ATimes:
+    d, c = out["dispatch"], out["combine"]
+    return A2ATimes(t_dispatch_s=d[0], t_combine_s=c[0], rdma_dispatch_bytes=d[1], nvl_dispatch_bytes=d[2],
+                    rdma_combine_bytes=c[1], nvl_combine_bytes=c[2], bound_dispatch=d[3], bound_combine=c[3],
+                    holds_sms=holds_sms)
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One `--all2all-backend` value: its predictor, or the one line that says why it is not priced."""
+
+    name: str
+    predict: Callable[[A2ACall, Links], A2ATimes] | None
+    refusal: str = ""
+    microbatches: bool = False  # vLLM 0.34 runs DBO with it on CUDA (config/vllm.py:2090-2116)
+    batched_dp: bool = False  # default token budget 256 per rank under EP, DP > 1 (arg_utils.py:3203-3206)
+    alias_of: str = ""  # vLLM rewrites this value to another backend (config/parallel.py:575-581)
+
+
+_NOT_PRICED = ("not priced: no released timing of this backend on CUDA to fit its terms to "
+               "(data/reference/EP_SOURCES.md); run DeepEP-style tests and pass --from-deepep, or pick deepep_*")
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("deepep_low_latency", _low_latency, microbatches=True, batched_dp=True),
+    Backend("deepep_high_throughput", _high_throughput, microbatches=True),
+    Backend("allgather_reducescatter", _allgather_reducescatter),
+    Backend("naive", _allgather_reducescatter, alias_of="allgather_reducescatter"),
+    Backend("pplx", _allgather_reducescatter, alias_of="allgather_reducescatter"),
+    Backend("nixl_ep", None, "nixl_ep " + _NOT_PRICED, microbatches=True, batched_dp=True),
+    Backend("deepep_v2", None, "deepep_v2 not priced: DeepEP V2's rows give a logical bandwidth (local traffic "
+            "included) at one token count each, too few to fit its terms; they are scored as a transport check"),
+    *(Backend(n, None, f"{n} {_NOT_PRICED}") for n in (
+        "mori_high_throughput", "mori_low_latency", "mori", "moonep", "flashinfer_all2allv",
+        "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided", "passthrough")),
+)}
+
+
+def backend(name: str) -> Backend:
+    """The registry entry of a backend vLLM 0.34 lists, or one line naming them."""
+    b = BACKENDS.get(name)
+    if b is None:
+        raise TpcostError(f"unknown --all2all-backend {name!r}; vLLM 0.34 lists {', '.join(BACKENDS)} "
+                          f"({ALL2ALL_CITE})")
+    return b
+
+
+def predict(name: str, call: A2ACall, links: Links) -> A2ATimes:
+    """One dispatch and one combine of `call` under backend `name` (one line where it is not priced)."""
+    b = backend(name)
+    if b.predict is None:
+        raise TpcostError(b.refusal)
+    if call.ep > call.gpus_per_node and call.ep % call.gpus_per_node:
+        raise TpcostError(f"EP {call.ep} across nodes of {call.gpus_per_node} GPUs: vLLM's EP group fills whole "
+                          "nodes (a multiple of the node size)")
+    return b.predict(call, links)

@@ -1,0 +1,128 @@
+"""The network between nodes as data: NICs per GPU, line rate, RDMA efficiency and latency, transport (docs/model.md §11)."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import TpcostError
+from .io import finite_float, read_text
+
+TRANSPORTS = ("infiniband", "roce", "efa")
+# The built-in network each GPU's EP answers use when no --network is given (the cluster behind its released rows).
+DEFAULT_NETWORK = {"h800": "ib-cx7-400g", "h100-sxm": "ib-cx7-400g", "h200-sxm": "ib-cx7-400g",
+                   "b200": "ib-cx7-400g", "h20": "roce-200g"}
+# (key, lower, upper, unit): every number a network file holds, with its plausible range
+FIELDS = (("nics_per_gpu", 1, 16, "count"),
+          ("nic_line_rate_bytes_per_s", 1e9, 1e12, "bytes/s per NIC"),
+          ("rdma_efficiency", 0.05, 1.0, "share of line rate an all-to-all reaches"),
+          ("rdma_latency_s", 1e-7, 1e-4, "s: one RDMA hop, NIC to NIC"),
+          ("msg_overhead_s", 0.0, 1e-4, "s per RDMA message (the NIC's or proxy's message rate)"),
+          ("ll_latency_s", 0.0, 1e-2, "s: a low-latency call's fixed cost"),
+          ("ll_latency_per_log2_ep_s", 0.0, 1e-3, "s per doubling of the EP size"),
+          ("ll_combine_extra_s", 0.0, 1e-2, "s: the combine's extra fixed cost (its reduction)"),
+          ("ht_latency_s", 0.0, 1e-2, "s: a normal call's fixed cost (notify, CPU sync)"),
+          ("nvl_efficiency", 0.05, 1.0, "share of the NVLink rate an all-to-all reaches inside a node"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """One cluster's scale-out network; every number has a source, a tier and a relative sigma."""
+
+    name: str
+    display_name: str
+    transport: str
+    nics_per_gpu: float
+    nic_line_rate_bytes_per_s: float
+    rdma_efficiency: float
+    rdma_latency_s: float
+    msg_overhead_s: float
+    ll_latency_s: float
+    ll_latency_per_log2_ep_s: float
+    ll_combine_extra_s: float
+    ht_latency_s: float
+    nvl_efficiency: float
+    sources: dict[str, str]
+    tiers: dict[str, str]
+    sigmas: dict[str, float]
+    origin: str
+
+    @property
+    def line_rate_per_gpu_bytes_per_s(self) -> float:
+        """NICs per GPU × line rate (bytes/s): the bound no RDMA transfer beats."""
+        return self.nics_per_gpu * self.nic_line_rate_bytes_per_s
+
+    def with_values(self, **kw: float) -> Network:
+        """A copy with some numbers replaced (a fit, a what-if)."""
+        return dataclasses.replace(self, **kw)
+
+
+def builtin_network_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("costmodel.networks").iterdir() if p.name.endswith(".toml"))
+
+
+def _value(tree: dict, key: str, lo: float, hi: float, where: str) -> tuple[float, str, str, float]:
+    t = tree.get(key)
+    if not isinstance(t, dict):
+        raise TpcostError(f"{where}: [{key}] must be a table with value, source, tier and sigma")
+    raw = t.get("value")
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise TpcostError(f"{where}: {key}.value must be a number, got {raw!r}")
+    v = finite_float(raw, f"{where}: {key}.value")
+    if not lo <= v <= hi:
+        raise TpcostError(f"{where}: {key}.value = {v:g} is outside its plausible range [{lo:g}, {hi:g}]")
+    src, tier = t.get("source"), t.get("tier")
+    if not (isinstance(src, str) and src.strip()) or not (isinstance(tier, str) and tier.strip()):
+        raise TpcostError(f"{where}: {key} needs a non-empty source and tier")
+    sig = finite_float(t.get("sigma", 0.0), f"{where}: {key}.sigma", nonneg=True)
+    return v, src, tier, sig
+
+
+def network_from_dict(tree: Any, origin: str) -> Network:
+    """Check a parsed network file and build the Network (one line per mistake)."""
+    if not isinstance(tree, dict):
+        raise TpcostError(f"{origin}: a network file holds a TOML table")
+    name, disp, transport = tree.get("name"), tree.get("display_name", tree.get("name")), tree.get("transport")
+    if not (isinstance(name, str) and name.strip()):
+        raise TpcostError(f"{origin}: the network needs a non-empty name")
+    if transport not in TRANSPORTS:
+        raise TpcostError(f"{origin}: transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    known = {f[0] for f in FIELDS} | {"name", "display_name", "transport"}
+    extra = sorted(set(tree) - known)
+    if extra:
+        raise TpcostError(f"{origin}: unknown key(s) {', '.join(extra)}; a network holds {', '.join(sorted(known))}")
+    vals, src, tiers, sig = {}, {}, {}, {}
+    for key, lo, hi, _unit in FIELDS:
+        vals[key], src[key], tiers[key], sig[key] = _value(tree, key, lo, hi, origin)
+    return Network(name=name, display_name=str(disp), transport=transport, sources=src, tiers=tiers, sigmas=sig,
+                   origin=origin, **vals)
+
+
+def load_network(name_or_path: str) -> Network:
+    """A built-in network by name, or a TOML file by path (tomllib; never eval)."""
+    if name_or_path in builtin_network_names():
+        text = resources.files("costmodel.networks").joinpath(f"{name_or_path}.toml").read_text()
+        origin = f"built-in:{name_or_path}"
+    else:
+        p = Path(name_or_path)
+        if not p.suffix == ".toml" and not p.exists():
+            raise TpcostError(f"unknown network {name_or_path!r}; built-in: {', '.join(builtin_network_names())} "
+                              "(or a path to a network .toml)")
+        text, origin = read_text(p, "network file"), str(p)
+    try:
+        tree = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise TpcostError(f"{origin}: not valid TOML ({e})") from None
+    return network_from_dict(tree, origin)
+
+
+def default_network(gpu_name: str) -> str:
+    """The built-in network a GPU's EP answers use by default, or a one-line refusal naming --network."""
+    net = DEFAULT_NETWORK.get(gpu_name)
+    if net is None:
+        raise TpcostError(f"no built-in network for {gpu_name}: give --network NAME|FILE "
+                          f"(built-in: {', '.join(builtin_network_names())})")
+    return net
