@@ -192,12 +192,22 @@ def t_attention_s(hw: Hw, s: MoEShape, t: Any, ph: Phase) -> Any:
     kv_a = t_gemm_w(hw, t, L + R, s.hidden, wb)
     o = t_gemm_w(hw, t, s.hidden, N * V, wb)
     if ph.decode:  # absorbed: q_nope·W_UK and o·W_UV as N batched bf16 GEMMs, MQA over the latent cache
-        absorb = N * (t_gemm_w(hw, t, L, P, 2.0) + t_gemm_w(hw, t, V, L, 2.0) - 2 * hw.gemm["launch_overhead_s"])
+        absorb = t_bmm_s(hw, t, N, P, L) + t_bmm_s(hw, t, N, L, V)
         core = _core_s(hw, s, t, ph, qk_dim=L + R, v_dim=L, kv_elems=L + R)
         return q + kv_a + o + absorb + core
     kv_b = t_gemm_w(hw, t, N * (P + V), L, wb)  # not absorbed: the new tokens' K and V up-projected
     core = _core_s(hw, s, t, ph, qk_dim=P + R, v_dim=V, kv_elems=L + R)
     return q + kv_a + kv_b + o + core
+
+
+def t_bmm_s(hw: Hw, t: Any, batch: int, k: int, n: int) -> Any:
+    """One bf16 batched GEMM of `batch` (t × k) @ (k × n): launch + max(FLOPs at GEMM efficiency, bytes at HBM) (s)."""
+    flops = 2.0 * t * batch * k * n
+    byts = batch * (k * n + t * (k + n)) * 2.0
+    g = hw.gemm
+    t_c = flops / (hw.peak_act_flops_per_s * g["max_efficiency"])
+    t_m = byts / (hw.hbm_bw_bytes_per_s * g["mem_efficiency"])
+    return np.where(t > 0, g["launch_overhead_s"] + np.maximum(t_c, t_m), 0.0)
 
 
 def _core_s(hw: Hw, s: MoEShape, t: Any, ph: Phase, qk_dim: int, v_dim: int, kv_elems: int) -> Any:

@@ -1,0 +1,259 @@
+"""One step of an MoE model per DP rank under DP attention + EP, and its dual-batch-overlap schedule
+(docs/model.md §11.4, §12)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from . import moe as M
+from .all2all import A2ACall, A2ATimes, Links, backend, predict
+from .errors import TpcostError
+from .network import Network
+from .ops import Hw
+from .profile import HardwareProfile
+
+BATCHED_DP_BUDGET = 256  # vLLM 0.34 config/scheduler.py:41, set for deepep_low_latency / nixl_ep (arg_utils.py:3203-3206)
+DEFAULT_BUDGET = 2048  # config/scheduler.py:40 DEFAULT_MAX_NUM_BATCHED_TOKENS
+DBO_COMM_SMS = 20  # VLLM_DBO_COMM_SMS default (envs.py:311); DeepEP's own 20 (all2all.py:216-218)
+OPS_PER_LAYER = 24  # torch ops one eager layer issues (MLA ~14, the MoE block ~10): host issue count (assumed)
+THREAD_HANDOFF_S = 5e-6  # one DBO yield: a Python thread switch on the host (assumed, sigma 1.0 relative)
+DBO_CITE = ("vLLM 0.34 v1/worker/ubatch_utils.py:139-179 (thresholds, split), fused_moe/modular_kernel.py:1338, "
+            "1357-1363, 1537-1543 (yields)")
+
+
+@dataclasses.dataclass(frozen=True)
+class EPSetup:
+    """What one EP deployment is: GPU, model, EP size and nodes, backend, network, and the step's kind."""
+
+    prof: HardwareProfile
+    shape: M.MoEShape
+    ep: int
+    gpus_per_node: int
+    backend: str
+    network: Network
+    decode: bool = True
+    context_len: int = 1024
+    seq_len: int = 1024
+    budget_tokens: int = DEFAULT_BUDGET  # max_num_batched_tokens per rank: also the LL dispatch capacity
+    imbalance: float = 1.0
+    comm_sms: int = DBO_COMM_SMS
+    dtype: str = "fp8"
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.ep // self.gpus_per_node)
+
+    @property
+    def graphs(self) -> bool:
+        """Replayed as a FULL CUDA graph: low-latency decode; DP > 1 forces graphs off for high-throughput
+        (config/compilation.py:1401-1417), and prefill steps run eagerly here."""
+        return self.decode and backend(self.backend).batched_dp
+
+
+def check_setup(s: EPSetup) -> None:
+    """One line for what vLLM (or the step) cannot run."""
+    if s.ep < 2:
+        raise TpcostError("expert parallelism over DP needs --data-parallel-size >= 2 (at DP 1 vLLM runs no all-to-all)")
+    s.shape.check_ep(s.ep)
+    dom = int(s.prof.interconnect.domain_size)
+    if s.ep > dom and s.gpus_per_node != dom:
+        raise TpcostError(f"{s.prof.name} has {dom} GPUs per NVLink domain; --data-parallel-size-local must be {dom} "
+                          "when EP spans nodes")
+    if s.ep > s.gpus_per_node and s.ep % s.gpus_per_node:
+        raise TpcostError(f"EP {s.ep} does not fill whole nodes of {s.gpus_per_node} GPUs")
+    M.check_memory(s.shape, s.ep, s.prof.name, s.prof.memory.hbm_capacity_bytes)
+
+
+def _links(s: EPSetup, hw: Hw) -> Links:
+    from .ops import t_nccl_all_gather_s, t_nccl_reduce_scatter_s
+
+    tp = min(s.ep, 8)
+
+    def intra(coll: str, total_bytes: Any) -> Any:
+        fn = t_nccl_all_gather_s if coll == "all_gather" else t_nccl_reduce_scatter_s
+        return fn(hw, tp, total_bytes)
+
+    return Links(float(s.prof.interconnect.link_bw_bytes_per_s), s.network, intra)
+
+
+def a2a(s: EPSetup, tokens: Any, hw: Hw | None = None) -> A2ATimes:
+    """One dispatch and one combine of `tokens` per rank under the setup's backend (s)."""
+    hw = hw or Hw(s.prof, s.dtype)
+    sh = s.shape
+    dd = "fp8" if sh.weight_bytes == 1 and s.backend.startswith("deepep") else "bf16"  # all2all_utils.py:269-273
+    call = A2ACall(tokens=tokens, hidden=sh.hidden, top_k=sh.top_k, num_experts=sh.num_experts, n_group=sh.n_group,
+                   topk_group=sh.topk_group, ep=s.ep, gpus_per_node=min(s.gpus_per_node, s.ep), dispatch_dtype=dd,
+                   imbalance=s.imbalance)
+    return predict(s.backend, call, _links(s, hw))
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One microbatch's per-layer times (s): compute before the dispatch, the dispatch, the experts, the combine."""
+
+    t_attention_s: Any
+    t_dense_s: Any  # a dense layer's MLP
+    t_router_s: Any
+    t_shared_s: Any
+    t_norms_s: Any
+    t_experts_s: Any
+    t_dispatch_s: Any  # all the layer's dispatch calls together
+    t_combine_s: Any
+    calls: Any  # all-to-all calls per layer (the capacity splits a step)
+    active_experts: Any
+    a2a: A2ATimes
+
+
+def block(s: EPSetup, tokens: Any, sm_share: float = 1.0, hw: Hw | None = None) -> Block:
+    """Every per-layer term for `tokens` per rank (s)."""
+    hw = hw or Hw(s.prof, s.dtype)
+    sh = s.shape
+    t = np.asarray(tokens, dtype=float)
+    ph = M.Phase(decode=s.decode, context_len=s.context_len, seq_len=s.seq_len)
+    if backend(s.backend).batched_dp:  # the low-latency buffer holds budget_tokens per call: more tokens, more calls
+        cap = float(s.budget_tokens)
+        full = np.floor(t / cap)
+        rest = t - full * cap
+        x_cap = a2a(s, np.array([cap]), hw)
+        x = a2a(s, rest, hw)
+        disp = x.t_dispatch_s + full * x_cap.t_dispatch_s[0]
+        comb = x.t_combine_s + full * x_cap.t_combine_s[0]
+    else:
+        full, rest = 0 * t, t
+        x = a2a(s, t, hw)
+        disp, comb = x.t_dispatch_s, x.t_combine_s
+    experts, active = M.t_experts_s(hw, sh, t * s.ep, s.ep, s.imbalance, sm_share)
+    shared = M.t_mlp_s(hw, t, sh.hidden, sh.moe_intermediate * sh.n_shared, sh.weight_bytes) if sh.n_shared else 0 * t
+    return Block(t_attention_s=M.t_attention_s(hw, sh, t, ph),
+                 t_dense_s=M.t_mlp_s(hw, t, sh.hidden, sh.dense_intermediate, sh.weight_bytes),
+                 t_router_s=hw.t_gemm(t, sh.num_experts, sh.hidden, fp8_ok=False), t_shared_s=shared,
+                 t_norms_s=M.t_norms_s(hw, t, sh.hidden), t_experts_s=experts, t_dispatch_s=disp,
+                 t_combine_s=comb, calls=full + (rest > 0), active_experts=active, a2a=x)
+
+
+def _lm_head_s(s: EPSetup, hw: Hw, t: Any) -> Any:
+    """lm_head on the step's last tokens (decode: every token; prefill: one per sequence) and sampling (s)."""
+    rows = t if s.decode else np.ceil(t / s.seq_len)
+    return hw.t_gemm(rows, s.shape.vocab, s.shape.hidden, fp8_ok=False) + hw.t_mem(rows * s.shape.vocab * 4.0)
+
+
+def _host_s(s: EPSetup, hw: Hw, microbatches: int) -> float:
+    """Eager host issue time of a step: ops × the profile's per-op host cost, per microbatch, plus DBO's hand-offs."""
+    if s.graphs:
+        return 0.0
+    yields = 2 * s.shape.moe_layers * (3 if s.backend == "deepep_high_throughput" else 2) if microbatches > 1 else 0
+    return microbatches * s.shape.num_layers * OPS_PER_LAYER * float(hw.p.asynctp.host_op_s) + yields * THREAD_HANDOFF_S
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A step per rank (s): its terms summed over layers, and the critical path."""
+
+    tokens: Any
+    t_step_s: Any
+    t_gpu_s: Any
+    t_host_s: Any
+    t_attention_s: Any
+    t_dense_s: Any
+    t_experts_s: Any
+    t_shared_s: Any
+    t_router_s: Any
+    t_norms_s: Any
+    t_dispatch_s: Any  # summed over the MoE layers
+    t_combine_s: Any
+    t_lm_head_s: Any
+    t_exposed_comm_s: Any  # communication the schedule does not hide
+    per_call: Block
+
+
+def step(s: EPSetup, tokens: Any) -> Step:
+    """The step with no overlap: every layer in order, each all-to-all exposed (s; §11.4)."""
+    hw = Hw(s.prof, s.dtype)
+    t = np.asarray(tokens, dtype=float)
+    b = block(s, t, hw=hw)
+    Ld, Lm = s.shape.first_dense, s.shape.moe_layers
+    attn = s.shape.num_layers * b.t_attention_s
+    norms = s.shape.num_layers * b.t_norms_s
+    comm = Lm * (b.t_dispatch_s + b.t_combine_s)
+    lm = _lm_head_s(s, hw, t)
+    gpu = attn + norms + Ld * b.t_dense_s + Lm * (b.t_router_s + b.t_shared_s + b.t_experts_s) + comm + lm
+    host = _host_s(s, hw, 1)
+    return Step(tokens=t, t_step_s=np.maximum(gpu, host), t_gpu_s=gpu, t_host_s=host + 0 * t, t_attention_s=attn,
+                t_dense_s=Ld * b.t_dense_s, t_experts_s=Lm * b.t_experts_s, t_shared_s=Lm * b.t_shared_s,
+                t_router_s=Lm * b.t_router_s, t_norms_s=norms, t_dispatch_s=Lm * b.t_dispatch_s,
+                t_combine_s=Lm * b.t_combine_s, t_lm_head_s=lm, t_exposed_comm_s=comm, per_call=b)
+
+
+def timeline(pre: list, disp: list, exp: list, comb: list, dense: list, n_dense: int, n_moe: int) -> tuple:
+    """Two microbatches on one compute and one comm stream in vLLM's yield order (§12): per MoE layer the compute
+    stream runs pre_a, pre_b, experts_a, experts_b and the comm stream dispatch_a, dispatch_b, combine_a, combine_b;
+    experts wait for their dispatch, the next layer's pre for the combine. Returns (end, compute busy, comm busy)."""
+    comp = comm = 0.0 * pre[0]
+    ready = [comp, comp]  # when each microbatch may run its next compute
+    for _ in range(n_dense):
+        for u in (0, 1):
+            comp = np.maximum(comp, ready[u]) + dense[u]
+            ready[u] = comp
+    for _ in range(n_moe):
+        d_end = [None, None]
+        for u in (0, 1):
+            comp = np.maximum(comp, ready[u]) + pre[u]
+            comm = np.maximum(comm, comp) + disp[u]
+            d_end[u] = comm
+        c_start = [None, None]
+        for u in (0, 1):
+            comp = np.maximum(comp, d_end[u]) + exp[u]
+            c_start[u] = comp
+        for u in (0, 1):
+            comm = np.maximum(comm, c_start[u]) + comb[u]
+            ready[u] = comm
+    return np.maximum(ready[0], ready[1]), comp, comm
+
+
+@dataclasses.dataclass(frozen=True)
+class DboStep:
+    """The microbatched step (s): the timeline's end, each microbatch's compute and comm, what stays exposed, and
+    the weight reads and per-call costs the split doubles."""
+
+    tokens: Any
+    t_step_s: Any
+    t_gpu_s: Any
+    t_host_s: Any
+    t_compute_s: tuple  # per microbatch, summed over layers
+    t_comm_s: tuple
+    t_exposed_comm_s: Any
+    t_doubled_s: Any  # Σ compute(a) + compute(b) − compute(whole): weights read twice, launches twice
+    blocks: tuple
+
+
+def dbo_step(s: EPSetup, tokens: Any, zero_comm: bool = False) -> DboStep:
+    """The step as DBO runs it: split at the midpoint, two microbatches overlapped on the timeline (s; §12)."""
+    b = backend(s.backend)
+    if not b.microbatches:
+        raise TpcostError(f"vLLM 0.34 runs DBO on CUDA only with deepep_low_latency, deepep_high_throughput or "
+                          f"nixl_ep, not {s.backend} (config/vllm.py:2090-2116)")
+    hw = Hw(s.prof, s.dtype)
+    t = np.asarray(tokens, dtype=float)
+    ta = np.floor(t / 2)
+    tb = t - ta
+    share = (hw.gemm["sm_count"] - s.comm_sms) / hw.gemm["sm_count"] if s.backend == "deepep_high_throughput" else 1.0
+    blocks = (block(s, ta, share, hw), block(s, tb, share, hw))
+    z = 0.0 if zero_comm else 1.0
+    pre = [x.t_attention_s + x.t_norms_s + x.t_router_s + x.t_shared_s for x in blocks]
+    dense = [x.t_attention_s + x.t_norms_s + x.t_dense_s for x in blocks]
+    end, _, _ = timeline(pre, [z * x.t_dispatch_s for x in blocks], [x.t_experts_s for x in blocks],
+                         [z * x.t_combine_s for x in blocks], dense, s.shape.first_dense, s.shape.moe_layers)
+    lm = _lm_head_s(s, hw, t)
+    gpu = end + lm
+    Ld, Lm = s.shape.first_dense, s.shape.moe_layers
+    comp = tuple(Ld * d + Lm * (p + x.t_experts_s) for d, p, x in zip(dense, pre, blocks))
+    comm = tuple(z * Lm * (x.t_dispatch_s + x.t_combine_s) for x in blocks)
+    whole = step(s, t)
+    whole_comp = whole.t_gpu_s - whole.t_exposed_comm_s - whole.t_lm_head_s
+    host = _host_s(s, hw, 2)
+    return DboStep(tokens=t, t_step_s=np.maximum(gpu, host), t_gpu_s=gpu, t_host_s=host + 0 * t, t_compute_s=comp,
+                   t_comm_s=comm, t_exposed_comm_s=end - comp[0] - comp[1], t_doubled_s=comp[0] + comp[1] - whole_comp,
+                   blocks=blocks)
