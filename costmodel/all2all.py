@@ -61,6 +61,15 @@ class A2ATimes:
     holds_sms: int  # SMs the kernel occupies while it runs (0: none)
 
 
+def _largest(parts: dict[str, Any]) -> Any:
+    """The elementwise largest of the terms (s)."""
+    vals = list(parts.values())
+    out = np.asarray(vals[0], dtype=float)
+    for v in vals[1:]:
+        out = np.maximum(out, v)
+    return out
+
+
 def _bound(parts: dict[str, Any]) -> str:
     """The name of the largest term (at the sweep's largest token count)."""
     return max(parts, key=lambda k: float(np.max(parts[k])))
@@ -82,7 +91,7 @@ def _low_latency(c: A2ACall, links: Links) -> A2ATimes:
         parts = {"rdma": F.t_link_bound_s(rdma, net.line_rate_per_gpu_bytes_per_s, net.rdma_efficiency),
                  "nic messages": copies * remote * net.msg_overhead_s,
                  "nvlink": F.t_link_bound_s(nvl, links.nvlink_bw_bytes_per_s, net.nvl_efficiency)}
-        t = np.where(T > 0, lat + extra + np.maximum.reduce(list(parts.values())), 0.0)
+        t = np.where(T > 0, lat + extra + _largest(parts), 0.0)
         out[phase] = (t, rdma, nvl, _bound(parts))
     return _times(out, holds_sms=0)
 
@@ -101,7 +110,7 @@ def _high_throughput(c: A2ACall, links: Links, comm_sms: int = 20) -> A2ATimes:
         nvl = T * ranks_hit * (g - 1) / g * b if c.nodes > 1 else T * ranks_hit * (c.ep - 1) / c.ep * b
         parts = {"rdma": F.t_link_bound_s(rdma, net.line_rate_per_gpu_bytes_per_s, net.rdma_efficiency),
                  "nvlink": F.t_link_bound_s(nvl, links.nvlink_bw_bytes_per_s, net.nvl_efficiency)}
-        t = np.where(T > 0, net.ht_latency_s + np.maximum.reduce(list(parts.values())), 0.0)
+        t = np.where(T > 0, net.ht_latency_s + _largest(parts), 0.0)
         out[phase] = (t, rdma, nvl, _bound(parts))
     return _times(out, holds_sms=comm_sms)
 

@@ -198,12 +198,12 @@ def timeline(pre: list, disp: list, exp: list, comb: list, dense: list, n_dense:
             comp = np.maximum(comp, ready[u]) + dense[u]
             ready[u] = comp
     for _ in range(n_moe):
-        d_end = [None, None]
+        d_end: list[Any] = [comp, comp]
         for u in (0, 1):
             comp = np.maximum(comp, ready[u]) + pre[u]
             comm = np.maximum(comm, comp) + disp[u]
             d_end[u] = comm
-        c_start = [None, None]
+        c_start: list[Any] = [comp, comp]
         for u in (0, 1):
             comp = np.maximum(comp, d_end[u]) + exp[u]
             c_start[u] = comp
@@ -257,3 +257,37 @@ def dbo_step(s: EPSetup, tokens: Any, zero_comm: bool = False) -> DboStep:
     return DboStep(tokens=t, t_step_s=np.maximum(gpu, host), t_gpu_s=gpu, t_host_s=host + 0 * t, t_compute_s=comp,
                    t_comm_s=comm, t_exposed_comm_s=end - comp[0] - comp[1], t_doubled_s=comp[0] + comp[1] - whole_comp,
                    blocks=blocks)
+
+
+@dataclasses.dataclass(frozen=True)
+class DboThreshold:
+    """One phase's DBO threshold: the least expected step time over uniform traffic of 1..t_max tokens per rank."""
+
+    threshold_tokens: int | None  # None: DBO never pays on this traffic
+    crossover_tokens: int | None  # from here on DBO is faster at every size (no premium)
+    saving_s: float  # mean step time saved per step on the traffic
+    mean_step_s: float  # mean step time without DBO on the traffic
+    t_max: int
+
+
+def dbo_threshold(s: EPSetup, t_max: int, margin: float) -> DboThreshold:
+    """vLLM's rule (microbatch from `threshold` tokens, ubatch_utils.py:139-147) priced over 1..t_max tokens per rank
+    with uniform weight and every DP rank at the same count; the premium `margin` rides on the DBO side (§12)."""
+    T = np.arange(1, t_max + 1, dtype=float)
+    off = step(s, T).t_step_s
+    on = np.where(T >= 2, dbo_step(s, np.maximum(T, 2)).t_step_s, np.inf)
+    # cost of threshold θ: Σ_{T<θ} off + Σ_{T>=θ} on·(1+margin); θ = t_max+1 is "never"
+    pref_off = np.concatenate([[0.0], np.cumsum(off)])
+    on_m = np.where(np.isfinite(on), on * (1 + margin), np.inf)
+    suf_on = np.concatenate([np.cumsum(on_m[::-1])[::-1], [0.0]])
+    cost = pref_off + suf_on  # index i: θ = i + 1
+    i = int(np.argmin(cost))
+    theta = i + 1 if i < t_max else None
+    chosen = np.where(T >= (theta or t_max + 1), on, off)
+    faster = on < off
+    cross = None
+    if faster[-1]:
+        j = t_max - int(np.argmin(faster[::-1])) if not faster.all() else 0
+        cross = int(T[j]) if j < t_max else None
+    return DboThreshold(threshold_tokens=theta, crossover_tokens=cross, saving_s=float(np.mean(off - chosen)),
+                        mean_step_s=float(np.mean(off)), t_max=t_max)

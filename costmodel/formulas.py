@@ -324,8 +324,10 @@ def t_interp_log_s(msg_bytes: Arr, measured_bytes: Arr, measured_s: Arr) -> Arr:
 # --------------------------------------------------------------------------- expert parallelism (§11)
 
 
-def p_bin_empty(k: int, num_experts: int, n_group: int, topk_group: int, bin_experts: int) -> float:
-    """P(a token's top-k misses one bin of `bin_experts` contiguous experts) under uniform group-limited routing (§11.1)."""
+def p_bin_empty(k: int, num_experts: int, n_group: int, topk_group: int, bin_experts: int, first: int = 0) -> float:
+    """P(a token's top-k misses the bin of experts [first, first + bin_experts)) under uniform group-limited routing:
+    the mean over the equally likely group choices S of C(pool − |bin ∩ S|, k) / C(pool, k) (§11.1)."""
+    from itertools import combinations
     from math import comb
 
     E, c = num_experts, bin_experts
@@ -333,20 +335,15 @@ def p_bin_empty(k: int, num_experts: int, n_group: int, topk_group: int, bin_exp
         return comb(E - c, k) / comb(E, k)
     g = E // n_group
     pool = topk_group * g  # experts a token may pick from: its topk_group groups
-    if c <= g and g % c == 0:  # the bin lies inside one group
-        sel = topk_group / n_group
-        return (1.0 - sel) + sel * comb(pool - c, k) / comb(pool, k)
-    if c % g == 0:  # the bin is m whole groups: hypergeometric over how many of them are selected
-        m = c // g
-        tot = comb(n_group, topk_group)
-        return sum(comb(m, j) * comb(n_group - m, topk_group - j) / tot * comb(pool - j * g, k) / comb(pool, k)
-                   for j in range(0, min(m, topk_group) + 1))
-    raise ValueError("a bin that straddles routing groups: use routing_monte_carlo")
+    in_group = [max(0, min(first + c, (j + 1) * g) - max(first, j * g)) for j in range(n_group)]
+    choices = list(combinations(range(n_group), topk_group))
+    return sum(comb(pool - sum(in_group[j] for j in sel), k) for sel in choices) / (len(choices) * comb(pool, k))
 
 
 def expected_bins_hit(k: int, num_experts: int, n_group: int, topk_group: int, bins: int) -> float:
     """Expected distinct bins (ranks or nodes, E/bins experts each) one token's top-k reaches (count; §11.1)."""
-    return bins * (1.0 - p_bin_empty(k, num_experts, n_group, topk_group, num_experts // bins))
+    size = num_experts // bins
+    return sum(1.0 - p_bin_empty(k, num_experts, n_group, topk_group, size, i * size) for i in range(bins))
 
 
 def expected_active_experts(total_tokens: Arr, k: int, num_experts: int, local_experts: int, imbalance: Arr = 1.0) -> Arr:

@@ -251,7 +251,7 @@ def t_experts_s(hw: Hw, s: MoEShape, total_tokens: Any, ep: int, imbalance: floa
     fp8 = s.weight_bytes == 1
     peak = hw._peak_flops(fp8) * g["max_efficiency"]
     pairs = T * p * e_loc
-    total = 0.0
+    total: Any = 0.0
     for n, k in ((2 * s.moe_intermediate, s.hidden), (s.hidden, s.moe_intermediate)):
         tiles = row_tiles * np.ceil(n / tn)
         t_comp = np.ceil(tiles / sms) * (2.0 * tm * tn * k) / (peak / g["sm_count"])

@@ -55,7 +55,7 @@ class Network:
         """NICs per GPU × line rate (bytes/s): the bound no RDMA transfer beats."""
         return self.nics_per_gpu * self.nic_line_rate_bytes_per_s
 
-    def with_values(self, **kw: float) -> Network:
+    def with_values(self, **kw: Any) -> Network:
         """A copy with some numbers replaced (a fit, a what-if)."""
         return dataclasses.replace(self, **kw)
 
@@ -68,6 +68,9 @@ def _value(tree: dict, key: str, lo: float, hi: float, where: str) -> tuple[floa
     t = tree.get(key)
     if not isinstance(t, dict):
         raise TpcostError(f"{where}: [{key}] must be a table with value, source, tier and sigma")
+    extra = sorted(set(t) - {"value", "source", "tier", "sigma"})
+    if extra:
+        raise TpcostError(f"{where}: [{key}] has unknown key(s) {', '.join(extra)} (value, source, tier, sigma)")
     raw = t.get("value")
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         raise TpcostError(f"{where}: {key}.value must be a number, got {raw!r}")

@@ -17,7 +17,7 @@ import sys
 
 from costmodel.errors import TpcostError
 
-from . import calib_cmds, collective, evaluate, op, profiles, vllm_config, whatif
+from . import calib_cmds, collective, ep, evaluate, op, profiles, vllm_config, whatif
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="tpcost", description="When does SP + AsyncTP pay off? A calibrated cost model for vLLM.")
     ap.add_argument("--version", action="version", version=f"tpcost {_version()}")
     sub = ap.add_subparsers(dest="cmd", parser_class=_Parser)
-    for module in (whatif, op, collective, profiles, evaluate, vllm_config, calib_cmds):
+    for module in (whatif, op, collective, ep, profiles, evaluate, vllm_config, calib_cmds):
         module.register(sub)
     return ap
 
@@ -50,6 +50,8 @@ def main(argv=None) -> int:
         ap = build_parser()
         if not argv:
             argv = ["whatif"]
+        if argv[0] == "whatif" and "--enable-expert-parallel" in argv:  # an MoE under DP+EP: the EP step's command
+            argv = ["ep", *argv[1:]]
         args = ap.parse_args(argv)
         if not getattr(args, "func", None):
             ap.print_help()

@@ -1,0 +1,222 @@
+"""`tpcost ep`: an MoE model under DP attention + expert parallelism: the step per rank over tokens per rank, the
+all-to-all per call (--a2a), and dual-batch overlap decided (--dbo). `whatif --enable-expert-parallel` lands here."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.errors import TpcostError
+from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
+
+from .common import bounded_int, fraction
+
+DEFAULT_EP_GPU = "h200-sxm"
+DEFAULT_EP_MODEL = "deepseek-v3"
+DEFAULT_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+VLLM_DBO = {"decode": 32, "prefill": 512}  # vLLM 0.34 config/parallel.py:281, :286 (printed beside, never fitted)
+
+
+def register(sub) -> None:
+    from costmodel.all2all import BACKENDS
+
+    p = sub.add_parser("ep", help="MoE under DP attention + expert parallelism: step, all-to-all, DBO")
+    p.add_argument("--gpu", default=DEFAULT_EP_GPU, help=f"GPU profile name or .toml (default {DEFAULT_EP_GPU})")
+    p.add_argument("--model", default=DEFAULT_EP_MODEL, help=f"MoE model name or config.json (default {DEFAULT_EP_MODEL})")
+    p.add_argument("--data-parallel-size", type=bounded_int("--data-parallel-size", 1, 1024, "EP groups beyond it"),
+                   default=16, help="DP ranks = EP size with TP 1 (default 16)")
+    p.add_argument("--data-parallel-size-local", type=bounded_int("--data-parallel-size-local", 1, 72, "GPUs per node"),
+                   help="DP ranks per node (default: the GPU's NVLink domain, capped at the DP size)")
+    p.add_argument("--nnodes", type=bounded_int("--nnodes", 1, 128, "nodes"), help="nodes (vLLM's --nnodes; must "
+                   "equal DP / DP-local)")
+    p.add_argument("--enable-expert-parallel", action="store_true", help="vLLM's switch; required here")
+    p.add_argument("--all2all-backend", default="allgather_reducescatter", choices=sorted(BACKENDS),
+                   metavar="BACKEND", help="vLLM 0.34's --all2all-backend (default allgather_reducescatter, vLLM's)")
+    p.add_argument("--network", help="built-in network name or a network .toml (default: the GPU's built-in)")
+    p.add_argument("--phase", choices=("decode", "prefill"), default="decode", help="uniform decode steps, or "
+                   "prefill steps (default decode)")
+    p.add_argument("--context-len", type=bounded_int("--context-len", 1, 2**24, "context"), default=1024,
+                   help="KV tokens each decode reads (default 1024)")
+    p.add_argument("--seq-len", type=bounded_int("--seq-len", 1, 2**24, "sequence"), default=1024,
+                   help="prefill sequence length (default 1024)")
+    p.add_argument("--max-num-batched-tokens", type=bounded_int("--max-num-batched-tokens", 1, 2**20, "tokens"),
+                   help="per rank; default as vLLM 0.34 sets it (256 with deepep_low_latency / nixl_ep under EP, "
+                   "else 2048)")
+    p.add_argument("--imbalance", type=fraction("--imbalance", 1.0, 64.0), default=1.0,
+                   help="hot expert rank's load / the mean, in [1, 64) (default 1: balanced; EPLB narrows it)")
+    p.add_argument("--dbo-comm-sms", type=bounded_int("--dbo-comm-sms", 1, 256, "SMs"), default=20,
+                   help="VLLM_DBO_COMM_SMS for deepep_high_throughput (default 20)")
+    p.add_argument("--tokens", type=bounded_int("--tokens", 1, 2**20, "tokens"), nargs="+",
+                   help="tokens per rank to tabulate (default 1 .. 4096)")
+    p.add_argument("--a2a", action="store_true", help="print the dispatch/combine per call only")
+    p.add_argument("--dbo", action="store_true", help="decide dual-batch overlap: both thresholds and the saving")
+    p.add_argument("--at", type=bounded_int("--at", 2, 2**20, "tokens"), help="break one step down, DBO off and on")
+    p.add_argument("--margin", type=fraction("--margin"), default=None, help="risk premium on the DBO side")
+    p.add_argument("--json", action="store_true", help="machine-readable output (SI units)")
+    p.set_defaults(func=cmd_ep)
+
+
+def setup_from_args(args, phase: str | None = None):
+    """The EPSetup the flags describe, every refusal one line."""
+    from costmodel.all2all import backend
+    from costmodel.ep_step import BATCHED_DP_BUDGET, DEFAULT_BUDGET, EPSetup, check_setup
+    from costmodel.moe import load_moe_model
+    from costmodel.network import default_network, load_network
+    from costmodel.profile import load_profile
+
+    if not args.enable_expert_parallel:
+        raise TpcostError("ep prices vLLM's expert parallelism: add --enable-expert-parallel (without it vLLM "
+                          "shards the experts by TP and runs no all-to-all)")
+    prof = load_profile(args.gpu)
+    shape = load_moe_model(args.model)
+    b = backend(args.all2all_backend)
+    if b.predict is None:
+        raise TpcostError(b.refusal)
+    dom = int(prof.interconnect.domain_size)
+    dp = args.data_parallel_size
+    local = args.data_parallel_size_local or min(dp, dom)
+    if local > dom:
+        raise TpcostError(f"--data-parallel-size-local {local}: {prof.name} has {dom} GPUs per NVLink domain")
+    if dp % local:
+        raise TpcostError(f"--data-parallel-size {dp} is not a multiple of --data-parallel-size-local {local}")
+    if args.nnodes is not None and args.nnodes * local != dp:
+        raise TpcostError(f"--nnodes {args.nnodes} x --data-parallel-size-local {local} != --data-parallel-size {dp}")
+    net = load_network(args.network or default_network(prof.name))
+    budget = args.max_num_batched_tokens or (BATCHED_DP_BUDGET if b.batched_dp else DEFAULT_BUDGET)
+    s = EPSetup(prof=prof, shape=shape, ep=dp, gpus_per_node=local, backend=args.all2all_backend, network=net,
+                decode=(phase or args.phase) == "decode", context_len=args.context_len, seq_len=args.seq_len,
+                budget_tokens=budget, imbalance=args.imbalance, comm_sms=args.dbo_comm_sms)
+    check_setup(s)
+    if args.dbo_comm_sms >= prof.identity.sm_count:
+        raise TpcostError(f"--dbo-comm-sms {args.dbo_comm_sms} leaves no SM of {prof.identity.sm_count} to DeepGEMM")
+    return s
+
+
+def a2a_rows(s, tokens) -> list[dict]:
+    """Per tokens per rank: one dispatch and one combine call (s), their bytes and the bound."""
+    from costmodel.ep_step import a2a
+
+    T = np.asarray(tokens, dtype=float)
+    x = a2a(s, T)
+    out = []
+    for i, t in enumerate(T):
+        d, c = float(x.t_dispatch_s[i]), float(x.t_combine_s[i])
+        rd, nd = float(np.asarray(x.rdma_dispatch_bytes)[i]), float(np.asarray(x.nvl_dispatch_bytes)[i])
+        out.append({"tokens_per_rank": int(t), "t_dispatch_s": d, "t_combine_s": c,
+                    "rdma_dispatch_bytes": rd, "nvl_dispatch_bytes": nd,
+                    "rdma_combine_bytes": float(np.asarray(x.rdma_combine_bytes)[i]),
+                    "nvl_combine_bytes": float(np.asarray(x.nvl_combine_bytes)[i]),
+                    "bound_dispatch": x.bound_dispatch, "bound_combine": x.bound_combine})
+    return out
+
+
+def step_rows(s, tokens) -> list[dict]:
+    """Per tokens per rank: the step's named terms (s), DBO on beside it where the backend microbatches."""
+    from costmodel.all2all import backend
+    from costmodel.ep_step import a2a, dbo_step, step
+
+    T = np.asarray(tokens, dtype=float)
+    st = step(s, T)
+    per_call = a2a(s, np.minimum(T, s.budget_tokens) if backend(s.backend).batched_dp else T)
+    on = dbo_step(s, np.maximum(T, 2)).t_step_s if backend(s.backend).microbatches else None
+    rows = []
+    for i, t in enumerate(T):
+        r = {"tokens_per_rank": int(t), "t_step_s": float(st.t_step_s[i]), "t_gpu_s": float(st.t_gpu_s[i]),
+             "t_host_s": float(st.t_host_s[i]), "t_attention_s": float(st.t_attention_s[i]),
+             "t_dense_s": float(st.t_dense_s[i]), "t_experts_s": float(st.t_experts_s[i]),
+             "t_shared_s": float(st.t_shared_s[i]), "t_router_s": float(st.t_router_s[i]),
+             "t_norms_s": float(st.t_norms_s[i]), "t_lm_head_s": float(st.t_lm_head_s[i]),
+             "t_dispatch_step_s": float(st.t_dispatch_s[i]), "t_combine_step_s": float(st.t_combine_s[i]),
+             "t_dispatch_s": float(per_call.t_dispatch_s[i]), "t_combine_s": float(per_call.t_combine_s[i]),
+             "a2a_calls_per_layer": int(np.asarray(st.per_call.calls)[i]),
+             "active_local_experts": float(np.asarray(st.per_call.active_experts)[i]),
+             "t_step_dbo_s": None if on is None or t < 2 else float(on[i])}
+        rows.append(r)
+    return rows
+
+
+def _header(s) -> dict:
+    from costmodel.moe import MLA_CITE, weight_bytes_per_rank
+
+    return {"gpu": s.prof.name, "model": s.shape.name, "ep": s.ep, "nodes": s.nodes, "gpus_per_node": s.gpus_per_node,
+            "all2all_backend": s.backend, "network": s.network.name, "phase": "decode" if s.decode else "prefill",
+            "context_len": s.context_len, "seq_len": s.seq_len, "max_num_batched_tokens": s.budget_tokens,
+            "imbalance": s.imbalance, "weight_bytes_per_rank": weight_bytes_per_rank(s.shape, s.ep),
+            "cuda_graphs": s.graphs, "attention": ("MLA: " + MLA_CITE) if s.shape.mla else "GQA"}
+
+
+def cmd_ep(args) -> int:
+    tokens = args.tokens or list(DEFAULT_TOKENS)
+    if args.a2a and (args.dbo or args.at):
+        raise TpcostError("--a2a prints the all-to-all alone: drop --dbo / --at")
+    s = setup_from_args(args)
+    out = {"schema_version": JSON_SCHEMA_VERSION, "setup": _header(s)}
+    if args.a2a:
+        out["a2a"] = a2a_rows(s, tokens)
+    elif args.at:
+        out["at"] = at_breakdown(s, args.at)
+    else:
+        out["rows"] = step_rows(s, tokens)
+    if args.dbo:
+        from integration.dbo import decide_dbo
+
+        out["dbo"] = decide_dbo(args, s)
+    if args.json:
+        print(dumps_json(out, indent=2))
+        return 0
+    _render(out)
+    return 0
+
+
+def at_breakdown(s, n: int) -> dict:
+    """One step of n tokens per rank: DBO off and on, each microbatch's compute and comm, the exposed part, and the
+    doubled weight reads (s)."""
+    from costmodel.all2all import backend
+    from costmodel.ep_step import dbo_step, step
+
+    st = step(s, np.array([float(n)]))
+    out = {"tokens_per_rank": n, "off": {"t_step_s": float(st.t_step_s[0]), "t_exposed_comm_s":
+                                        float(st.t_exposed_comm_s[0])}}
+    if backend(s.backend).microbatches:
+        d = dbo_step(s, np.array([float(n)]))
+        out["on"] = {"t_step_s": float(d.t_step_s[0]), "t_compute_a_s": float(d.t_compute_s[0][0]),
+                     "t_compute_b_s": float(d.t_compute_s[1][0]), "t_comm_a_s": float(d.t_comm_s[0][0]),
+                     "t_comm_b_s": float(d.t_comm_s[1][0]), "t_exposed_comm_s": float(d.t_exposed_comm_s[0]),
+                     "t_doubled_s": float(d.t_doubled_s[0]), "t_host_s": float(d.t_host_s[0])}
+    return out
+
+
+def _render(out: dict) -> None:
+    h = out["setup"]
+    print(f"{h['model']} on {h['gpu']}: EP {h['ep']} over {h['nodes']} node(s) of {h['gpus_per_node']}, "
+          f"{h['all2all_backend']}, network {h['network']}, {h['phase']} "
+          f"(budget {h['max_num_batched_tokens']} tokens per rank; weights {h['weight_bytes_per_rank'] / 1e9:.1f} GB "
+          f"per GPU; {'CUDA graphs' if h['cuda_graphs'] else 'eager'})")
+    if "a2a" in out:
+        print(f"{'tokens':>7} {'dispatch us':>12} {'combine us':>11} {'RDMA MB':>8} {'NVLink MB':>10}  bound")
+        for r in out["a2a"]:
+            print(f"{r['tokens_per_rank']:>7} {r['t_dispatch_s'] * 1e6:>12.1f} {r['t_combine_s'] * 1e6:>11.1f} "
+                  f"{r['rdma_dispatch_bytes'] / 1e6:>8.2f} {r['nvl_dispatch_bytes'] / 1e6:>10.2f}  "
+                  f"{r['bound_dispatch']} / {r['bound_combine']}")
+    if "rows" in out:
+        print(f"{'tokens':>7} {'step ms':>9} {'attn':>8} {'dense':>7} {'experts':>8} {'disp+comb':>10} "
+              f"{'per call us':>12} {'DBO on ms':>10}")
+        for r in out["rows"]:
+            on = "-" if r["t_step_dbo_s"] is None else f"{r['t_step_dbo_s'] * 1e3:.3f}"
+            print(f"{r['tokens_per_rank']:>7} {r['t_step_s'] * 1e3:>9.3f} {r['t_attention_s'] * 1e3:>8.3f} "
+                  f"{r['t_dense_s'] * 1e3:>7.3f} {r['t_experts_s'] * 1e3:>8.3f} "
+                  f"{(r['t_dispatch_step_s'] + r['t_combine_step_s']) * 1e3:>10.3f} "
+                  f"{(r['t_dispatch_s'] + r['t_combine_s']) * 1e6:>12.1f} {on:>10}")
+    if "at" in out:
+        a = out["at"]
+        print(f"at {a['tokens_per_rank']} tokens per rank: DBO off {a['off']['t_step_s'] * 1e3:.3f} ms "
+              f"(all-to-all exposed {a['off']['t_exposed_comm_s'] * 1e3:.3f} ms)")
+        if "on" in a:
+            o = a["on"]
+            print(f"  DBO on {o['t_step_s'] * 1e3:.3f} ms: compute {o['t_compute_a_s'] * 1e3:.3f} + "
+                  f"{o['t_compute_b_s'] * 1e3:.3f} ms, comm {o['t_comm_a_s'] * 1e3:.3f} + {o['t_comm_b_s'] * 1e3:.3f} "
+                  f"ms, exposed {o['t_exposed_comm_s'] * 1e3:.3f} ms, doubled weight reads and launches "
+                  f"{o['t_doubled_s'] * 1e3:.3f} ms")
+    if "dbo" in out:
+        from integration.dbo import render_dbo
+
+        render_dbo(out["dbo"])

@@ -1,0 +1,70 @@
+"""DBO decided for vLLM 0.34: both thresholds, the saving, and the arguments to paste (docs/model.md §12)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from costmodel.defaults import DEFAULT_MARGIN
+
+VLLM_DBO = {"decode": 32, "prefill": 512}  # vLLM 0.34 config/parallel.py:281, :286 (printed beside, never fitted)
+UBATCHES = 2  # both thresholds must be at least the microbatch count (config/parallel.py:1271-1280)
+
+
+def decide_dbo(args, s) -> dict:
+    """The DBO decision for the setup: per phase the threshold, crossover and saving; the vLLM arguments; why."""
+    from costmodel.all2all import backend
+    from costmodel.ep_step import dbo_threshold
+
+    b = backend(s.backend)
+    if not b.microbatches:
+        return {"enable": False, "decode_token_threshold": None, "prefill_token_threshold": None, "saving_s": 0.0,
+                "band": None, "why": "vLLM 0.34 runs DBO on CUDA only with deepep_low_latency, "
+                "deepep_high_throughput or nixl_ep (config/vllm.py:2090-2116); {s.backend} cannot microbatch",
+                "vllm_args": []}
+    margin = DEFAULT_MARGIN if args.margin is None else args.margin
+    phases = {}
+    for phase in ("decode", "prefill"):
+        ps = dataclasses.replace(s, decode=phase == "decode")
+        phases[phase] = dbo_threshold(ps, s.budget_tokens, margin)
+    d, p = phases["decode"], phases["prefill"]
+    enable = d.threshold_tokens is not None or p.threshold_tokens is not None
+    never = s.budget_tokens + 1  # a threshold above the budget: that phase never microbatches
+    dt = max(d.threshold_tokens or never, UBATCHES)
+    pt = max(p.threshold_tokens or never, UBATCHES)
+    why = []
+    for name, ph in phases.items():
+        if ph.threshold_tokens is None:
+            why.append(f"{name}: DBO never pays up to {ph.t_max} tokens per rank (the doubled weight reads and "
+                       "per-call costs exceed the hidden all-to-all)")
+        else:
+            why.append(f"{name}: pays from {ph.threshold_tokens} tokens per rank, saving "
+                       f"{ph.saving_s * 1e3:.3f} ms per step ({100 * ph.saving_s / ph.mean_step_s:.1f} %)")
+    if s.budget_tokens < VLLM_DBO["prefill"]:
+        why.append(f"vLLM's prefill threshold {VLLM_DBO['prefill']} is above the budget of {s.budget_tokens} tokens "
+                   "per rank: at vLLM's default it never triggers")
+    out = {"enable": enable, "decode_token_threshold": dt if enable else None,
+           "prefill_token_threshold": pt if enable else None,
+           "saving_s": d.saving_s + 0.0 if enable else 0.0,
+           "saving_share": (d.saving_s / d.mean_step_s) if enable else 0.0,
+           "phases": {k: dataclasses.asdict(v) for k, v in phases.items()},
+           "vllm_defaults": dict(VLLM_DBO), "band": None,
+           "band_why": "not drawn: the EP terms' sigmas are not yet sampled (the thresholds are central values)",
+           "why": "; ".join(why), "assumes": "uniform traffic over 1..budget tokens per rank, every DP rank at the "
+           "same count (the DP vote's minimum equals its maximum)"}
+    out["vllm_args"] = (["--enable-dbo", "--dbo-decode-token-threshold", str(dt), "--dbo-prefill-token-threshold",
+                         str(pt)] if enable else [])
+    return out
+
+
+def render_dbo(d: dict) -> None:
+    """The decision as text, vLLM's defaults beside it."""
+    if not d["enable"]:
+        print(f"DBO: keep it off. {d['why']}")
+        return
+    print(f"DBO: turn it on. decode threshold {d['decode_token_threshold']} (vLLM {d['vllm_defaults']['decode']}), "
+          f"prefill threshold {d['prefill_token_threshold']} (vLLM {d['vllm_defaults']['prefill']})")
+    for k, ph in d["phases"].items():
+        print(f"  {k}: crossover {ph['crossover_tokens']}, threshold {ph['threshold_tokens']}, saving "
+              f"{ph['saving_s'] * 1e3:.3f} ms per step of {ph['mean_step_s'] * 1e3:.3f} ms")
+    print(f"  {d['why']}")
+    print("  vllm serve ... " + " ".join(d["vllm_args"]))

@@ -1,0 +1,277 @@
+"""Expert parallelism: routing expectations against a Monte Carlo, the all-to-all's physics, the EP step, the DBO
+timeline by hand, the fit's files, and the `ep` command's bad input (docs/model.md §11-12)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costmodel import formulas as F
+from costmodel.all2all import BACKENDS, A2ACall, Links, predict
+from costmodel.ep_step import EPSetup, check_setup, dbo_step, dbo_threshold, step, timeline
+from costmodel.errors import TpcostError
+from costmodel.moe import load_moe_model, moe_shape_from_config, t_experts_s
+from costmodel.network import builtin_network_names, load_network, network_from_dict
+from costmodel.ops import Hw
+from costmodel.profile import load_profile
+from integration.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+DSV3 = load_moe_model("deepseek-v3")
+
+
+def _routing_mc(k, E, n_group, topk_group, bins, n=20000, seed=0):
+    rng = np.random.default_rng(seed)
+    g = E // n_group
+    hits = 0.0
+    for _ in range(n):
+        groups = rng.choice(n_group, size=topk_group, replace=False)
+        pool = (groups[:, None] * g + np.arange(g)[None, :]).ravel()
+        experts = rng.choice(pool, size=k, replace=False)
+        hits += len(np.unique(experts // (E // bins)))
+    return hits / n
+
+
+@pytest.mark.parametrize("bins", [8, 16, 24, 32, 48, 64, 256])
+def test_bins_hit_matches_a_routing_monte_carlo(bins):
+    if 256 % bins:  # EP 24 / 48 place E/EP experts unevenly in vLLM; DeepSeek-V3's 256 do not split: check the refusal
+        with pytest.raises(TpcostError):
+            DSV3.check_ep(bins)
+        shape = dict(k=6, E=96 * 4, n_group=8, topk_group=4)  # a model whose experts split 24 and 48 ways
+    else:
+        shape = dict(k=8, E=256, n_group=8, topk_group=4)
+    exact = F.expected_bins_hit(shape["k"], shape["E"], shape["n_group"], shape["topk_group"], bins)
+    mc = _routing_mc(shape["k"], shape["E"], shape["n_group"], shape["topk_group"], bins)
+    assert exact == pytest.approx(mc, rel=0.01)
+
+
+def test_active_experts_is_balls_in_bins():
+    # T tokens, each picks expert e with probability k/E: E_loc(1 - (1 - k/E)^T); the limits are 0 and E_loc
+    assert F.expected_active_experts(0, 8, 256, 16) == 0
+    assert F.expected_active_experts(1e6, 8, 256, 16) == pytest.approx(16)
+    rng = np.random.default_rng(1)
+    T, act = 40, []
+    for _ in range(3000):
+        chosen = np.concatenate([rng.choice(256, 8, replace=False) for _ in range(T)])
+        act.append(len(np.unique(chosen[chosen < 16])))
+    assert F.expected_active_experts(T, 8, 256, 16) == pytest.approx(np.mean(act), rel=0.02)
+
+
+def _setup(gpu="h200-sxm", ep=16, be="deepep_low_latency", net="ib-cx7-400g", **kw):
+    return EPSetup(prof=load_profile(gpu), shape=DSV3, ep=ep, gpus_per_node=min(ep, 8), backend=be,
+                   network=load_network(net), budget_tokens=256 if be == "deepep_low_latency" else 2048, **kw)
+
+
+def _call(ep=32, T=(1, 16, 128, 256, 1024), dtype="fp8"):
+    E = 256 if 256 % ep == 0 else 384  # EP 24 / 48: a model whose experts split that way
+    return A2ACall(tokens=np.array(T, dtype=float), hidden=7168, top_k=8, num_experts=E, n_group=8, topk_group=4,
+                   ep=ep, gpus_per_node=8, dispatch_dtype=dtype)
+
+
+@pytest.mark.parametrize("be", ["deepep_low_latency", "deepep_high_throughput", "allgather_reducescatter"])
+@pytest.mark.parametrize("ep", [16, 24, 48, 64])
+def test_a2a_physics(be, ep):
+    net = load_network("ib-cx7-400g")
+    links = Links(450e9, net)
+    x = predict(be, _call(ep), links)
+    for t, rdma in ((x.t_dispatch_s, x.rdma_dispatch_bytes), (x.t_combine_s, x.rdma_combine_bytes)):
+        assert np.all(np.isfinite(t)) and np.all(t > 0)
+        assert np.all(np.diff(t) >= 0)  # never falls as tokens grow
+        assert np.all(t >= np.asarray(rdma) / net.line_rate_per_gpu_bytes_per_s)  # no transfer beats line rate
+    faster = predict(be, _call(ep), Links(450e9, net.with_values(nic_line_rate_bytes_per_s=2 * net.nic_line_rate_bytes_per_s)))
+    assert np.all(faster.t_dispatch_s <= x.t_dispatch_s) and np.all(faster.t_combine_s <= x.t_combine_s)
+
+
+def test_low_latency_sends_one_copy_per_expert_normal_one_per_node():
+    links = Links(450e9, load_network("ib-cx7-400g"))
+    ll = predict("deepep_low_latency", _call(64, T=(128,)), links)
+    ht = predict("deepep_high_throughput", _call(64, T=(128,)), links)
+    b = F.a2a_token_bytes(7168, "fp8")
+    assert float(ll.rdma_dispatch_bytes[0]) == pytest.approx(128 * 8 * (64 - 8) / 64 * b)
+    nodes_hit = F.expected_bins_hit(8, 256, 8, 4, 8)
+    assert float(ht.rdma_dispatch_bytes[0]) == pytest.approx(128 * nodes_hit * 7 / 8 * b)
+    assert nodes_hit <= 4  # node-limited routing: at most topk_group nodes
+
+
+def test_unpriced_backends_are_refused_in_one_line():
+    for name, b in BACKENDS.items():
+        if b.predict is None:
+            with pytest.raises(TpcostError, match=name):
+                predict(name, _call(), Links(450e9, load_network("ib-cx7-400g")))
+
+
+def test_step_is_finite_monotone_and_a_faster_nic_never_slows_it():
+    T = np.array([1, 4, 32, 128, 256, 600, 2048], dtype=float)
+    for be in ("deepep_low_latency", "deepep_high_throughput", "allgather_reducescatter"):
+        s = _setup(be=be)
+        t = step(s, T).t_step_s
+        assert np.all(np.isfinite(t)) and np.all(t > 0) and np.all(np.diff(t) >= 0)
+        fast = dataclasses.replace(s, network=s.network.with_values(nic_line_rate_bytes_per_s=1e11))
+        assert np.all(step(fast, T).t_step_s <= t + 1e-15)
+        if BACKENDS[be].microbatches:
+            assert np.all(dbo_step(fast, T[1:]).t_step_s <= dbo_step(s, T[1:]).t_step_s + 1e-15)
+
+
+def test_experts_read_the_active_experts_weights_at_decode():
+    hw = Hw(load_profile("h200-sxm"), "fp8")
+    t, active = t_experts_s(hw, DSV3, np.array([16.0]), 16)
+    weights = float(active[0]) * 3 * 7168 * 2048
+    assert float(t[0]) >= weights / hw.hbm_bw_bytes_per_s
+    whole, _ = t_experts_s(hw, DSV3, np.array([4096.0]), 16)
+    half, _ = t_experts_s(hw, DSV3, np.array([2048.0]), 16)
+    assert 2 * float(half[0]) >= float(whole[0])  # a microbatched grouped GEMM is never cheaper than the whole
+
+
+def test_memory_check_refuses_h100_at_ep8_and_fits_h200():
+    with pytest.raises(TpcostError, match="does not fit"):
+        check_setup(_setup(gpu="h100-sxm", ep=8))
+    check_setup(_setup(gpu="h200-sxm", ep=8))
+    check_setup(_setup(gpu="b200", ep=8))
+
+
+def test_timeline_by_hand():
+    # one dense layer and one MoE layer, two microbatches: the schedule written out step by step
+    pre, disp, exp, comb, dense = [2.0, 3.0], [4.0, 1.0], [5.0, 2.0], [1.0, 6.0], [1.0, 1.0]
+    end, comp, comm = timeline(pre, disp, exp, comb, dense, 1, 1)
+    # compute: dense a 0-1, dense b 1-2, pre a 2-4, pre b 4-7; comm: disp a 4-8, disp b 8-9
+    # experts a waits disp a: 8-13; experts b 13-15; combine a 13-14; combine b 15-21
+    assert (float(end), float(comp), float(comm)) == (21.0, 15.0, 21.0)
+
+
+def test_dbo_without_comm_costs_exactly_the_doubled_compute():
+    s = _setup()
+    T = np.array([8.0, 64.0, 256.0, 1000.0])
+    d = dbo_step(s, T, zero_comm=True)
+    st = step(s, T)
+    no_comm = st.t_gpu_s - st.t_exposed_comm_s
+    half = (np.floor(T / 2), T - np.floor(T / 2))
+    halves = sum(step(s, h).t_gpu_s - step(s, h).t_exposed_comm_s - step(s, h).t_lm_head_s for h in half)
+    assert np.allclose(d.t_gpu_s - no_comm, halves - (no_comm - st.t_lm_head_s))
+    assert np.all(d.t_doubled_s >= 0)
+
+
+@pytest.mark.parametrize("be", ["deepep_low_latency", "deepep_high_throughput"])
+def test_dbo_never_beats_its_bounds(be):
+    s = _setup(be=be)
+    T = np.array([2.0, 32.0, 256.0, 2048.0])
+    d = dbo_step(s, T)
+    comp, comm = d.t_compute_s[0] + d.t_compute_s[1], d.t_comm_s[0] + d.t_comm_s[1]
+    assert np.all(d.t_gpu_s >= np.maximum(comp, comm) - 1e-12)
+    off = step(s, T)
+    ratio = off.t_gpu_s / d.t_gpu_s
+    bound = (comp + comm) / np.maximum(comp, comm)
+    assert np.all(ratio <= bound + 1e-9)
+
+
+def test_dbo_threshold_is_the_least_expected_time():
+    s = _setup()
+    th = dbo_threshold(s, 256, 0.02)
+    T = np.arange(1, 257, dtype=float)
+    off = step(s, T).t_step_s
+    on = np.where(T >= 2, dbo_step(s, np.maximum(T, 2)).t_step_s, np.inf)
+    costs = [np.sum(np.where(T >= th_, on * 1.02, off)) for th_ in range(2, 258)]
+    best = int(np.argmin(costs)) + 2
+    assert th.threshold_tokens == (best if best <= 256 else None)
+
+
+def test_fit_files_match_the_fit():
+    fit = json.loads((ROOT / "calib" / "data" / "ep_fit.json").read_text())
+    for name, vals in fit["networks"].items():
+        net = load_network(name)
+        for k, v in vals.items():
+            assert getattr(net, k) == pytest.approx(v, rel=1e-3), (name, k)
+    assert {"AWSLABS_EP_B200", "DEEPEP_V1_README"} <= set(fit["leave_one_source_out"])
+    assert set(builtin_network_names()) >= {"ib-cx7-400g", "efa-p5", "efa-p6-b200", "roce-200g"}
+
+
+def test_mla_config_reads_and_bad_configs_are_one_line():
+    assert DSV3.mla and DSV3.first_dense == 3 and DSV3.weight_bytes == 1
+    cfg = json.loads((ROOT / "costmodel" / "models" / "deepseek-v3.json").read_text())
+    for k, v in (("n_routed_experts", 0), ("num_experts_per_tok", 300), ("topk_group", 9), ("kv_lora_rank", "x"),
+                 ("first_k_dense_replace", 61), ("quantization_config", 3), ("n_group", 7)):
+        with pytest.raises(TpcostError):
+            moe_shape_from_config({**cfg, k: v}, "bad")
+    with pytest.raises(TpcostError):
+        moe_shape_from_config([], "bad")
+
+
+def test_network_file_bad_input(tmp_path):
+    good = (ROOT / "costmodel" / "networks" / "roce-200g.toml").read_text()
+    assert load_network("roce-200g").transport == "roce"
+    cases = {"transport.toml": good.replace('transport = "roce"', 'transport = "pigeon"'),
+             "str.toml": good.replace("value = 25000000000.0", 'value = "25e9"', 1),
+             "range.toml": good.replace("value = 25000000000.0", "value = 25.0", 1),
+             "extra.toml": good + "\nspeed = 3\n", "broken.toml": good + "[[["}
+    for name, text in cases.items():
+        p = tmp_path / name
+        p.write_text(text)
+        with pytest.raises(TpcostError):
+            load_network(str(p))
+    with pytest.raises(TpcostError):
+        load_network("no-such-net")
+    with pytest.raises(TpcostError):
+        network_from_dict([], "x")
+
+
+EP = ["ep", "--enable-expert-parallel"]
+
+
+def test_ep_json_names_each_term(capsys):
+    assert main([*EP, "--all2all-backend", "deepep_low_latency", "--data-parallel-size", "32", "--dbo", "--json",
+                 "--tokens", "1", "64", "512"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    r = out["rows"][1]
+    for k in ("t_dispatch_s", "t_combine_s", "t_experts_s", "t_attention_s", "t_dense_s", "t_step_s"):
+        assert r[k] > 0
+    d = out["dbo"]
+    assert set(d) >= {"enable", "decode_token_threshold", "prefill_token_threshold", "saving_s", "band", "why"}
+    assert out["setup"]["nodes"] == 4
+
+
+@pytest.mark.parametrize("gpu,ep", [("h100-sxm", 16), ("h200-sxm", 32), ("b200", 64), ("h200-sxm", 8), ("b200", 8)])
+@pytest.mark.parametrize("be", ["deepep_low_latency", "deepep_high_throughput", "allgather_reducescatter"])
+def test_done_when_grid_answers(gpu, ep, be, capsys):
+    assert main([*EP, "--gpu", gpu, "--data-parallel-size", str(ep), "--all2all-backend", be, "--json",
+                 "--tokens", "1", "256"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert all(np.isfinite(r["t_step_s"]) for r in rows)
+
+
+def test_whatif_with_expert_parallel_is_the_ep_step(capsys):
+    assert main(["whatif", "--model", "deepseek-v3", "--gpu", "b200", "--enable-expert-parallel",
+                 "--data-parallel-size", "16", "--json", "--tokens", "32"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["ep"] == 16
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["ep"], "--enable-expert-parallel"),
+    ([*EP, "--gpu", "h100-sxm", "--data-parallel-size", "8"], "does not fit"),
+    ([*EP, "--data-parallel-size", "12"], "not a multiple"),
+    ([*EP, "--data-parallel-size", "1"], ">= 2"),
+    ([*EP, "--nnodes", "3"], "--nnodes"),
+    ([*EP, "--data-parallel-size-local", "16"], "NVLink domain"),
+    ([*EP, "--all2all-backend", "mori"], "not priced"),
+    ([*EP, "--all2all-backend", "bogus"], "invalid choice"),
+    ([*EP, "--network", "nope"], "unknown network"),
+    ([*EP, "--gpu", "a100-sxm-80gb"], "network"),
+    ([*EP, "--model", "llama-3.1-70b"], "not an MoE"),
+    ([*EP, "--imbalance", "0.5"], "--imbalance"),
+    ([*EP, "--tokens", "0"], "--tokens"),
+    ([*EP, "--a2a", "--dbo"], "--a2a"),
+    ([*EP, "--dbo-comm-sms", "132", "--all2all-backend", "deepep_high_throughput"], "no SM"),
+    ([*EP, "--at", "1"], "--at"),
+])
+def test_ep_bad_input_is_one_line(argv, msg, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and msg in err, err
+
+
+def test_dbo_refused_backend_says_why(capsys):
+    assert main([*EP, "--dbo", "--json", "--tokens", "8"]) == 0
+    d = json.loads(capsys.readouterr().out)["dbo"]
+    assert d["enable"] is False and "deepep_low_latency" in d["why"]
