@@ -96,8 +96,8 @@ def shape_from_config(cfg: Mapping[str, Any], name: str, where: str | None = Non
         cfg = {**cfg["text_config"], **({"quantization_config": outer_q} if outer_q else {})}
     mla = [f for f in MLA_FIELDS if cfg.get(f) not in (None, 0)]
     if mla:
-        raise TpcostError(f"{where}: DeepSeek-style fields are not modelled yet ({', '.join(mla)}); "
-                          "refusing rather than treating it as a dense llama")
+        raise TpcostError(f"{where}: MLA / DeepSeek-style fields ({', '.join(mla)}) are priced by the EP step, not "
+                          "the TP path: run `tpcost ep --enable-expert-parallel --model ...`")
     hidden = _int(cfg, "hidden_size", where)
     heads = _int(cfg, "num_attention_heads", where)
     defaults = []
@@ -149,8 +149,20 @@ def shape_from_config(cfg: Mapping[str, Any], name: str, where: str | None = Non
     )
 
 
-def builtin_model_names() -> list[str]:
+def all_builtin_model_names() -> list[str]:
+    """Every built-in config: the TP path's and the EP step's (MLA models, `tpcost ep`)."""
     return sorted(p.name[:-5] for p in resources.files("costmodel.models").iterdir() if p.name.endswith(".json"))
+
+
+def builtin_model_names() -> list[str]:
+    """The built-in models the TP path (whatif, op, vllm-config) prices: all but the MLA ones, which `ep` prices."""
+    return [n for n in all_builtin_model_names() if not builtin_model_config(n).get("kv_lora_rank")]
+
+
+def builtin_ep_model_names() -> list[str]:
+    """The built-in MoE models the EP step prices."""
+    return [n for n in all_builtin_model_names() if builtin_model_config(n).get("n_routed_experts")
+            or builtin_model_config(n).get("num_experts") or builtin_model_config(n).get("num_local_experts")]
 
 
 def builtin_model_config(name: str) -> dict:
@@ -159,7 +171,7 @@ def builtin_model_config(name: str) -> dict:
 
 def load_model_config(name_or_path: str) -> tuple[dict, str, str]:
     """(config, model name, where it came from) of a built-in model, a config.json path, or a directory holding one."""
-    if name_or_path in builtin_model_names():
+    if name_or_path in all_builtin_model_names():
         return builtin_model_config(name_or_path), name_or_path, name_or_path
     path = Path(name_or_path)
     if path.is_dir():
@@ -168,7 +180,7 @@ def load_model_config(name_or_path: str) -> tuple[dict, str, str]:
         if "/" in name_or_path or "\\" in name_or_path or name_or_path.endswith(".json"):  # meant as a path
             raise TpcostError(f"model {name_or_path!r}: no such file or directory (the public configs that ship: "
                               "data/reference/models/*.config.json)")
-        raise TpcostError(f"unknown model {name_or_path!r}; built-in: {', '.join(builtin_model_names())} "
+        raise TpcostError(f"unknown model {name_or_path!r}; built-in: {', '.join(all_builtin_model_names())} "
                           "(or a path to a config.json)")
     cfg = read_json(path, "config.json")
     if not isinstance(cfg, dict):

@@ -79,21 +79,30 @@ def cmd_profiles(args) -> int:
 
 
 def cmd_models(args) -> int:
-    from costmodel.shapes import builtin_model_config, builtin_model_names, load_model
+    from costmodel.moe import load_moe_model
+    from costmodel.shapes import builtin_model_config, builtin_model_names, builtin_ep_model_names, load_model
 
     rows = []
     for name in builtin_model_names():
         s = load_model(name)
         rows.append({"name": name, "source": builtin_model_config(name).get("_name_or_path"), "hidden": s.hidden,
                      "intermediate": s.intermediate, "heads": s.num_heads, "kv_heads": s.num_kv_heads,
-                     "head_dim": s.head_dim, "layers": s.num_layers, "vocab": s.vocab, "moe": s.is_moe})
+                     "head_dim": s.head_dim, "layers": s.num_layers, "vocab": s.vocab, "moe": s.is_moe,
+                     "priced_by": "whatif"})
+    for name in sorted(set(builtin_ep_model_names()) - set(builtin_model_names())):
+        m = load_moe_model(name)
+        rows.append({"name": name, "source": builtin_model_config(name).get("_name_or_path"), "hidden": m.hidden,
+                     "intermediate": m.dense_intermediate, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
+                     "head_dim": m.head_dim, "layers": m.num_layers, "vocab": m.vocab, "moe": True,
+                     "priced_by": "ep"})
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "models": rows}, indent=2))
         return 0
     print(f"{'name':16s} {'hidden':>6s} {'inter':>6s} {'heads':>5s} {'kv':>3s} {'hd':>4s} {'layers':>6s} {'vocab':>7s}  config from")
     for r in rows:
         print(f"{r['name']:16s} {r['hidden']:6d} {r['intermediate']:6d} {r['heads']:5d} {r['kv_heads']:3d} "
-              f"{r['head_dim']:4d} {r['layers']:6d} {r['vocab']:7d}  https://huggingface.co/{r['source']}")
+              f"{r['head_dim']:4d} {r['layers']:6d} {r['vocab']:7d}  https://huggingface.co/{r['source']}"
+              + ("  (MLA: tpcost ep)" if r["priced_by"] == "ep" else ""))
     return 0
 
 
