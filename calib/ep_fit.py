@@ -157,7 +157,7 @@ def _unpack(x: np.ndarray, base: dict[str, Network], names: list[str]) -> tuple[
 def fit(rows: list[Row], base: dict[str, Network]) -> tuple[dict[str, Network], dict[str, float]]:
     """Every network's terms by least squares in log space, each tied to the networks' common mean (so a network with
     no rows takes that mean) (§11.3)."""
-    from scipy.optimize import least_squares
+    from calib.fit import fit_least_squares
 
     names = sorted(base)
 
@@ -171,7 +171,7 @@ def fit(rows: list[Row], base: dict[str, Network]) -> tuple[dict[str, Network], 
                 j += 1
         return np.array(r)
 
-    sol = least_squares(resid, _pack(base, names), method="lm" if len(rows) > 60 else "trf", max_nfev=4000)
+    sol, _sigma = fit_least_squares(resid, _pack(base, names), loss="linear", max_nfev=4000)
     nets, mu = _unpack(sol.x, base, names)
     return nets, {f: float(np.exp(m)) for f, m in zip(FITTED, mu)}
 

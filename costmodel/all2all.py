@@ -12,8 +12,9 @@ import numpy as np
 from . import formulas as F
 from .errors import TpcostError
 from .network import Network
+from .vllm_tables import BATCHED_DP_BACKENDS, DBO_BACKENDS, EP_CITES
 
-ALL2ALL_CITE = "vLLM 0.34 config/parallel.py:45-61 (All2AllBackend), distributed/device_communicators/all2all.py"
+ALL2ALL_CITE = EP_CITES["backends"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,20 +151,28 @@ class Backend:
     name: str
     predict: Callable[[A2ACall, Links], A2ATimes] | None
     refusal: str = ""
-    microbatches: bool = False  # vLLM 0.34 runs DBO with it on CUDA (config/vllm.py:2090-2116)
-    batched_dp: bool = False  # default token budget 256 per rank under EP, DP > 1 (arg_utils.py:3203-3206)
-    alias_of: str = ""  # vLLM rewrites this value to another backend (config/parallel.py:575-581)
+    alias_of: str = ""  # vLLM rewrites this value to another backend (EP_CITES['alias'])
+
+    @property
+    def microbatches(self) -> bool:
+        """vLLM 0.34 runs DBO with it on CUDA (EP_CITES['dbo_backends'])."""
+        return self.name in DBO_BACKENDS
+
+    @property
+    def batched_dp(self) -> bool:
+        """Its default token budget is 256 per rank under EP with DP > 1 (EP_CITES['batched_dp'])."""
+        return self.name in BATCHED_DP_BACKENDS
 
 
 _NOT_PRICED = ("not priced: no released timing of this backend on CUDA to fit its terms to "
                "(data/reference/EP_SOURCES.md); run DeepEP-style tests and pass --from-deepep, or pick deepep_*")
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("deepep_low_latency", _low_latency, microbatches=True, batched_dp=True),
-    Backend("deepep_high_throughput", _high_throughput, microbatches=True),
+    Backend("deepep_low_latency", _low_latency),
+    Backend("deepep_high_throughput", _high_throughput),
     Backend("allgather_reducescatter", _allgather_reducescatter),
     Backend("naive", _allgather_reducescatter, alias_of="allgather_reducescatter"),
     Backend("pplx", _allgather_reducescatter, alias_of="allgather_reducescatter"),
-    Backend("nixl_ep", None, "nixl_ep " + _NOT_PRICED, microbatches=True, batched_dp=True),
+    Backend("nixl_ep", None, "nixl_ep " + _NOT_PRICED),
     Backend("deepep_v2", None, "deepep_v2 not priced: DeepEP V2's rows give a logical bandwidth (local traffic "
             "included) at one token count each, too few to fit its terms; they are scored as a transport check"),
     *(Backend(n, None, f"{n} {_NOT_PRICED}") for n in (

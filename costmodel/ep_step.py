@@ -14,14 +14,15 @@ from .errors import TpcostError
 from .network import Network
 from .ops import Hw
 from .profile import HardwareProfile
+from .vllm_tables import BATCHED_DP_BUDGET, DBO_COMM_SMS, DBO_UBATCHES, EP_CITES
+from .vllm_tables import DEFAULT_BATCHED_TOKENS as DEFAULT_BUDGET
 
-BATCHED_DP_BUDGET = 256  # vLLM 0.34 config/scheduler.py:41, set for deepep_low_latency / nixl_ep (arg_utils.py:3203-3206)
-DEFAULT_BUDGET = 2048  # config/scheduler.py:40 DEFAULT_MAX_NUM_BATCHED_TOKENS
-DBO_COMM_SMS = 20  # VLLM_DBO_COMM_SMS default (envs.py:311); DeepEP's own 20 (all2all.py:216-218)
+UBATCH_IDS = range(DBO_UBATCHES)  # the microbatches, in vLLM's order
+
 OPS_PER_LAYER = 24  # torch ops one eager layer issues (MLA ~14, the MoE block ~10): host issue count (assumed)
 THREAD_HANDOFF_S = 5e-6  # one DBO yield: a Python thread switch on the host (assumed, sigma 1.0 relative)
-DBO_CITE = ("vLLM 0.34 v1/worker/ubatch_utils.py:139-179 (thresholds, split), fused_moe/modular_kernel.py:1338, "
-            "1357-1363, 1537-1543 (yields)")
+DBO_CITE = f"vLLM 0.34 {EP_CITES['dbo_rule']}; yields {EP_CITES['yields']}"
+__all__ = ["BATCHED_DP_BUDGET", "DEFAULT_BUDGET", "EPSetup", "step", "dbo_step", "dbo_threshold", "check_setup"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +50,7 @@ class EPSetup:
     @property
     def graphs(self) -> bool:
         """Replayed as a FULL CUDA graph: low-latency decode; DP > 1 forces graphs off for high-throughput
-        (config/compilation.py:1401-1417), and prefill steps run eagerly here."""
+        (EP_CITES['graphs_off']), and prefill steps run eagerly here."""
         return self.decode and backend(self.backend).batched_dp
 
 
@@ -83,7 +84,7 @@ def a2a(s: EPSetup, tokens: Any, hw: Hw | None = None) -> A2ATimes:
     """One dispatch and one combine of `tokens` per rank under the setup's backend (s)."""
     hw = hw or Hw(s.prof, s.dtype)
     sh = s.shape
-    dd = "fp8" if sh.weight_bytes == 1 and s.backend.startswith("deepep") else "bf16"  # all2all_utils.py:269-273
+    dd = "fp8" if sh.weight_bytes == 1 and s.backend.startswith("deepep") else "bf16"  # fp8_dispatch
     call = A2ACall(tokens=tokens, hidden=sh.hidden, top_k=sh.top_k, num_experts=sh.num_experts, n_group=sh.n_group,
                    topk_group=sh.topk_group, ep=s.ep, gpus_per_node=min(s.gpus_per_node, s.ep), dispatch_dtype=dd,
                    imbalance=s.imbalance)
@@ -194,20 +195,20 @@ def timeline(pre: list, disp: list, exp: list, comb: list, dense: list, n_dense:
     comp = comm = 0.0 * pre[0]
     ready = [comp, comp]  # when each microbatch may run its next compute
     for _ in range(n_dense):
-        for u in (0, 1):
+        for u in UBATCH_IDS:
             comp = np.maximum(comp, ready[u]) + dense[u]
             ready[u] = comp
     for _ in range(n_moe):
         d_end: list[Any] = [comp, comp]
-        for u in (0, 1):
+        for u in UBATCH_IDS:
             comp = np.maximum(comp, ready[u]) + pre[u]
             comm = np.maximum(comm, comp) + disp[u]
             d_end[u] = comm
         c_start: list[Any] = [comp, comp]
-        for u in (0, 1):
+        for u in UBATCH_IDS:
             comp = np.maximum(comp, d_end[u]) + exp[u]
             c_start[u] = comp
-        for u in (0, 1):
+        for u in UBATCH_IDS:
             comm = np.maximum(comm, c_start[u]) + comb[u]
             ready[u] = comm
     return np.maximum(ready[0], ready[1]), comp, comm
@@ -234,7 +235,7 @@ def dbo_step(s: EPSetup, tokens: Any, zero_comm: bool = False) -> DboStep:
     b = backend(s.backend)
     if not b.microbatches:
         raise TpcostError(f"vLLM 0.34 runs DBO on CUDA only with deepep_low_latency, deepep_high_throughput or "
-                          f"nixl_ep, not {s.backend} (config/vllm.py:2090-2116)")
+                          f"nixl_ep, not {s.backend} ({EP_CITES['dbo_backends']})")
     hw = Hw(s.prof, s.dtype)
     t = np.asarray(tokens, dtype=float)
     ta = np.floor(t / 2)
@@ -271,7 +272,7 @@ class DboThreshold:
 
 
 def dbo_threshold(s: EPSetup, t_max: int, margin: float) -> DboThreshold:
-    """vLLM's rule (microbatch from `threshold` tokens, ubatch_utils.py:139-147) priced over 1..t_max tokens per rank
+    """vLLM's rule (microbatch from `threshold` tokens, EP_CITES['dbo_rule']) priced over 1..t_max tokens per rank
     with uniform weight and every DP rank at the same count; the premium `margin` rides on the DBO side (§12)."""
     T = np.arange(1, t_max + 1, dtype=float)
     off = step(s, T).t_step_s

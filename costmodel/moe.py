@@ -12,11 +12,11 @@ import numpy as np
 from . import formulas as F
 from .errors import TpcostError
 from .ops import Hw
+from .vllm_tables import EP_CITES
 
 WEIGHT_BLOCK = 128  # block-FP8 checkpoints: one fp32 scale per 128x128 weight block (DeepSeek-V3's weight_block_size)
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of HBM it may use (config/cache.py gpu_memory_utilization)
-MLA_CITE = ("vLLM 0.34 model_executor/layers/attention/mla_attention.py:95-116 (decode: W_UK absorbed into q, MQA over "
-            "the latent cache, W_UV after) and :140-160 (prefill: kv_b_proj up-projects, MHA, not absorbed)")
+MLA_CITE = EP_CITES["mla"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,7 +231,7 @@ def t_mlp_s(hw: Hw, t: Any, hidden: int, inter: int, w_bytes: float) -> Any:
 
 def t_norms_s(hw: Hw, t: Any, hidden: int) -> Any:
     """A layer's two fused add+RMSNorm kernels (memory-bound) (s)."""
-    return 2 * hw.t_mem(F.rms_norm_bytes(np.asarray(t, dtype=float), hidden, hw.act_bytes, hw.act_bytes))
+    return 2 * hw.t_mem(np.asarray(t, dtype=float) * hidden * hw.act_bytes * 3.0)  # read x and residual, write
 
 
 def t_experts_s(hw: Hw, s: MoEShape, total_tokens: Any, ep: int, imbalance: float = 1.0,

@@ -797,3 +797,29 @@ def resolve(flag: str | None, installed: tuple[str, str] | None, limits: tuple[t
         text, how = installed
         return Vllm(parse_version(text, how), limits, how)
     return Vllm(current().version, limits, "the current release: no vLLM installed here and no --vllm-version")
+
+
+# ------------------------------------------------------------ expert parallelism and DBO, as read in the 0.34.0 wheel
+EP_CITES = {
+    "mla": ("vLLM 0.34 model_executor/layers/attention/mla_attention.py:95-116 (decode: W_UK absorbed into q, MQA "
+            "over the latent cache, W_UV after) and :140-160 (prefill: kv_b_proj up-projects, MHA, not absorbed)"),
+    "backends": "vLLM 0.34 config/parallel.py:45-61 (All2AllBackend), distributed/device_communicators/all2all.py",
+    "dbo_backends": "config/vllm.py:2090-2116",
+    "batched_dp": "engine/arg_utils.py:3203-3206, config/scheduler.py:41",
+    "alias": "config/parallel.py:575-581",
+    "graphs_off": "config/compilation.py:1401-1417",
+    "fp8_dispatch": "model_executor/layers/fused_moe/all2all_utils.py:269-273",
+    "dbo_rule": "v1/worker/ubatch_utils.py:139-179 (>= threshold, split at the midpoint)",
+    "yields": "model_executor/layers/fused_moe/modular_kernel.py:1338, 1357-1363, 1537-1543",
+    "dbo_thresholds": "config/parallel.py:281, :286",
+    "ubatches_min": "config/parallel.py:1271-1280",
+    "comm_sms": "envs.py:311, 2184-2193; distributed/device_communicators/all2all.py:216-218",
+    "dp_one": "v1/worker/gpu/ubatch_utils.py:583-603",
+}
+BATCHED_DP_BUDGET = 256  # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP
+DEFAULT_BATCHED_TOKENS = 2048  # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS
+DBO_DEFAULTS = {"decode": 32, "prefill": 512}  # printed beside tpcost's values, never fitted
+DBO_COMM_SMS = 20  # VLLM_DBO_COMM_SMS's default, and DeepEP's own buffer SM count
+DBO_UBATCHES = 2  # both thresholds must be at least the microbatch count
+DBO_BACKENDS = ("deepep_low_latency", "deepep_high_throughput", "nixl_ep")
+BATCHED_DP_BACKENDS = ("deepep_low_latency", "nixl_ep")

@@ -6,8 +6,9 @@ import dataclasses
 
 from costmodel.defaults import DEFAULT_MARGIN
 
-VLLM_DBO = {"decode": 32, "prefill": 512}  # vLLM 0.34 config/parallel.py:281, :286 (printed beside, never fitted)
-UBATCHES = 2  # both thresholds must be at least the microbatch count (config/parallel.py:1271-1280)
+from costmodel.vllm_tables import DBO_DEFAULTS as VLLM_DBO
+from costmodel.vllm_tables import DBO_UBATCHES as UBATCHES
+from costmodel.vllm_tables import EP_CITES
 
 
 def decide_dbo(args, s) -> dict:
@@ -19,7 +20,7 @@ def decide_dbo(args, s) -> dict:
     if not b.microbatches:
         return {"enable": False, "decode_token_threshold": None, "prefill_token_threshold": None, "saving_s": 0.0,
                 "band": None, "why": "vLLM 0.34 runs DBO on CUDA only with deepep_low_latency, "
-                "deepep_high_throughput or nixl_ep (config/vllm.py:2090-2116); {s.backend} cannot microbatch",
+                f"deepep_high_throughput or nixl_ep ({EP_CITES['dbo_backends']}); {s.backend} cannot microbatch",
                 "vllm_args": []}
     margin = DEFAULT_MARGIN if args.margin is None else args.margin
     phases = {}

@@ -13,7 +13,6 @@ from .common import bounded_int, fraction
 DEFAULT_EP_GPU = "h200-sxm"
 DEFAULT_EP_MODEL = "deepseek-v3"
 DEFAULT_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-VLLM_DBO = {"decode": 32, "prefill": 512}  # vLLM 0.34 config/parallel.py:281, :286 (printed beside, never fitted)
 
 
 def register(sub) -> None:
