@@ -264,6 +264,13 @@ def test_whatif_with_expert_parallel_is_the_ep_step(capsys):
     ([*EP, "--a2a", "--dbo"], "--a2a"),
     ([*EP, "--dbo-comm-sms", "132", "--all2all-backend", "deepep_high_throughput"], "no SM"),
     ([*EP, "--at", "1"], "--at"),
+    ([*EP, "--at", "4096"], "above the token budget"),
+    ([*EP, "--at", "64", "--tokens", "8"], "drop --tokens"),
+    ([*EP, "--a2a", "--seq-len", "99", "--margin", "0.2"], "--seq-len 99; --margin 0.2: no effect"),
+    ([*EP, "--seq-len", "4096"], "--seq-len 4096: no effect"),
+    ([*EP, "--phase", "prefill", "--context-len", "8192"], "--context-len 8192: no effect"),
+    ([*EP, "--data-parallel-size", "8", "--network", "efa-p5"], "--network efa-p5: no effect"),
+    ([*EP, "--dbo-comm-sms", "40"], "--dbo-comm-sms 40: no effect"),
 ])
 def test_ep_bad_input_is_one_line(argv, msg, capsys):
     assert main(argv) == 2
@@ -275,3 +282,23 @@ def test_dbo_refused_backend_says_why(capsys):
     assert main([*EP, "--dbo", "--json", "--tokens", "8"]) == 0
     d = json.loads(capsys.readouterr().out)["dbo"]
     assert d["enable"] is False and "deepep_low_latency" in d["why"]
+
+
+@pytest.mark.parametrize("flag,value,extra", [
+    ("--seq-len", "8192", ["--phase", "prefill"]),
+    ("--context-len", "8192", []),
+    ("--network", "efa-p5", ["--all2all-backend", "deepep_low_latency"]),
+    ("--imbalance", "2", []),
+    ("--max-num-batched-tokens", "512", ["--all2all-backend", "deepep_low_latency", "--tokens", "1024"]),
+    ("--dbo-comm-sms", "40", ["--all2all-backend", "deepep_high_throughput"]),
+    ("--margin", "0.3", ["--all2all-backend", "deepep_low_latency", "--dbo"]),
+])
+def test_ep_checked_flags_take_effect_where_accepted(flag, value, extra, capsys):
+    """Each flag the inertness check guards changes the answer where it is accepted."""
+    base = [*EP, *extra, "--json"]
+    assert main(base) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert main([*base, flag, value]) == 0
+    b = json.loads(capsys.readouterr().out)
+    a.pop("setup"), b.pop("setup")
+    assert a != b

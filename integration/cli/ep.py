@@ -8,11 +8,18 @@ import numpy as np
 from costmodel.errors import TpcostError
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
+from costmodel.defaults import DEFAULT_CONTEXT_LEN, DEFAULT_SEQ_LEN
+from costmodel.vllm_tables import DBO_COMM_SMS
+
 from .common import bounded_int, fraction
 
 DEFAULT_EP_GPU = "h200-sxm"
 DEFAULT_EP_MODEL = "deepseek-v3"
 DEFAULT_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+# Flags whose effect depends on the query: each given one is priced again at its default, and refused where the
+# answer is the same (a flag takes effect or is refused).
+_CHECKED = ("--network", "--phase", "--context-len", "--seq-len", "--max-num-batched-tokens", "--imbalance",
+            "--dbo-comm-sms", "--margin")
 
 
 def register(sub) -> None:
@@ -31,19 +38,19 @@ def register(sub) -> None:
     p.add_argument("--all2all-backend", default="allgather_reducescatter", choices=sorted(BACKENDS),
                    metavar="BACKEND", help="vLLM 0.34's --all2all-backend (default allgather_reducescatter, vLLM's)")
     p.add_argument("--network", help="built-in network name or a network .toml (default: the GPU's built-in)")
-    p.add_argument("--phase", choices=("decode", "prefill"), default="decode", help="uniform decode steps, or "
-                   "prefill steps (default decode)")
-    p.add_argument("--context-len", type=bounded_int("--context-len", 1, 2**24, "context"), default=1024,
-                   help="KV tokens each decode reads (default 1024)")
-    p.add_argument("--seq-len", type=bounded_int("--seq-len", 1, 2**24, "sequence"), default=1024,
-                   help="prefill sequence length (default 1024)")
+    p.add_argument("--phase", choices=("decode", "prefill"), help="uniform decode steps, or prefill steps "
+                   "(default decode)")
+    p.add_argument("--context-len", type=bounded_int("--context-len", 1, 2**24, "context"),
+                   help=f"KV tokens each decode reads (default {DEFAULT_CONTEXT_LEN})")
+    p.add_argument("--seq-len", type=bounded_int("--seq-len", 1, 2**24, "sequence"),
+                   help=f"prefill sequence length (default {DEFAULT_SEQ_LEN})")
     p.add_argument("--max-num-batched-tokens", type=bounded_int("--max-num-batched-tokens", 1, 2**20, "tokens"),
                    help="per rank; default as vLLM 0.34 sets it (256 with deepep_low_latency / nixl_ep under EP, "
                    "else 2048)")
-    p.add_argument("--imbalance", type=fraction("--imbalance", 1.0, 64.0), default=1.0,
+    p.add_argument("--imbalance", type=fraction("--imbalance", 1.0, 64.0),
                    help="hot expert rank's load / the mean, in [1, 64) (default 1: balanced; EPLB narrows it)")
-    p.add_argument("--dbo-comm-sms", type=bounded_int("--dbo-comm-sms", 1, 256, "SMs"), default=20,
-                   help="VLLM_DBO_COMM_SMS for deepep_high_throughput (default 20)")
+    p.add_argument("--dbo-comm-sms", type=bounded_int("--dbo-comm-sms", 1, 256, "SMs"),
+                   help=f"VLLM_DBO_COMM_SMS for deepep_high_throughput (default {DBO_COMM_SMS})")
     p.add_argument("--tokens", type=bounded_int("--tokens", 1, 2**20, "tokens"), nargs="+",
                    help="tokens per rank to tabulate (default 1 .. 4096)")
     p.add_argument("--a2a", action="store_true", help="print the dispatch/combine per call only")
@@ -81,12 +88,14 @@ def setup_from_args(args, phase: str | None = None):
         raise TpcostError(f"--nnodes {args.nnodes} x --data-parallel-size-local {local} != --data-parallel-size {dp}")
     net = load_network(args.network or default_network(prof.name))
     budget = args.max_num_batched_tokens or (BATCHED_DP_BUDGET if b.batched_dp else DEFAULT_BUDGET)
+    sms = DBO_COMM_SMS if args.dbo_comm_sms is None else args.dbo_comm_sms
     s = EPSetup(prof=prof, shape=shape, ep=dp, gpus_per_node=local, backend=args.all2all_backend, network=net,
-                decode=(phase or args.phase) == "decode", context_len=args.context_len, seq_len=args.seq_len,
-                budget_tokens=budget, imbalance=args.imbalance, comm_sms=args.dbo_comm_sms)
+                decode=(phase or args.phase or "decode") == "decode",
+                context_len=args.context_len or DEFAULT_CONTEXT_LEN, seq_len=args.seq_len or DEFAULT_SEQ_LEN,
+                budget_tokens=budget, imbalance=1.0 if args.imbalance is None else args.imbalance, comm_sms=sms)
     check_setup(s)
-    if args.dbo_comm_sms >= prof.identity.sm_count:
-        raise TpcostError(f"--dbo-comm-sms {args.dbo_comm_sms} leaves no SM of {prof.identity.sm_count} to DeepGEMM")
+    if sms >= prof.identity.sm_count:
+        raise TpcostError(f"--dbo-comm-sms {sms} leaves no SM of {prof.identity.sm_count} to DeepGEMM")
     return s
 
 
@@ -143,22 +152,50 @@ def _header(s) -> dict:
             "cuda_graphs": s.graphs, "attention": ("MLA: " + MLA_CITE) if s.shape.mla else "GQA"}
 
 
-def cmd_ep(args) -> int:
-    tokens = args.tokens or list(DEFAULT_TOKENS)
-    if args.a2a and (args.dbo or args.at):
-        raise TpcostError("--a2a prints the all-to-all alone: drop --dbo / --at")
+def _body(args) -> tuple[object, dict]:
+    """The setup and the answer the flags ask for (everything but the header)."""
     s = setup_from_args(args)
-    out = {"schema_version": JSON_SCHEMA_VERSION, "setup": _header(s)}
+    out: dict = {}
     if args.a2a:
-        out["a2a"] = a2a_rows(s, tokens)
+        out["a2a"] = a2a_rows(s, args.tokens or list(DEFAULT_TOKENS))
     elif args.at:
         out["at"] = at_breakdown(s, args.at)
     else:
-        out["rows"] = step_rows(s, tokens)
+        out["rows"] = step_rows(s, args.tokens or list(DEFAULT_TOKENS))
     if args.dbo:
         from integration.dbo import decide_dbo
 
         out["dbo"] = decide_dbo(args, s)
+    return s, out
+
+
+def _refuse_inert(args, body: dict) -> None:
+    """Refuse each given flag of _CHECKED whose answer equals the one at its default, naming every such flag."""
+    import argparse
+
+    inert = []
+    for flag in _CHECKED:
+        dest = flag[2:].replace("-", "_")
+        if getattr(args, dest) is None:
+            continue
+        if _body(argparse.Namespace(**{**vars(args), dest: None}))[1] == body:
+            inert.append(f"{flag} {getattr(args, dest)}")
+    if inert:
+        raise TpcostError(f"{'; '.join(inert)}: no effect on this query (the answer is the same at the default; "
+                          "see docs/cli.md for where each takes effect)")
+
+
+def cmd_ep(args) -> int:
+    if args.a2a and (args.dbo or args.at):
+        raise TpcostError("--a2a prints the all-to-all alone: drop --dbo / --at")
+    if args.at and args.tokens:
+        raise TpcostError("--at breaks one step down: drop --tokens")
+    s, body = _body(args)
+    if args.at and args.at > s.budget_tokens:
+        raise TpcostError(f"--at {args.at}: above the token budget of {s.budget_tokens} per rank (vLLM never runs "
+                          "such a step; raise --max-num-batched-tokens)")
+    _refuse_inert(args, body)
+    out = {"schema_version": JSON_SCHEMA_VERSION, "setup": _header(s), **body}
     if args.json:
         print(dumps_json(out, indent=2))
         return 0
