@@ -302,3 +302,12 @@ def test_ep_checked_flags_take_effect_where_accepted(flag, value, extra, capsys)
     b = json.loads(capsys.readouterr().out)
     a.pop("setup"), b.pop("setup")
     assert a != b
+
+
+def test_dbo_thresholds_benchmark_is_current():
+    """benchmarks/results/dbo_thresholds.json (rendered into docs/vllm-thresholds.md) is what
+    benchmarks/dbo_thresholds.py computes now."""
+    from benchmarks import dbo_thresholds as DT
+
+    committed = json.loads((ROOT / "benchmarks" / "results" / "dbo_thresholds.json").read_text())
+    assert json.loads(json.dumps(DT.grid())) == committed

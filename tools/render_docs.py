@@ -456,6 +456,42 @@ def p2p_kernels_table() -> str:
     return "\n".join(lines)
 
 
+def dbo_thresholds_table() -> str:
+    """benchmarks/results/dbo_thresholds.json: tpcost's DBO thresholds beside vLLM 0.34's 32 / 512."""
+    d = _load("dbo_thresholds.json")
+    v = d["vllm_defaults"]
+    lines = [f"| GPU | EP (nodes) | backend | budget | decode threshold (vLLM {v['decode']}) | saving | "
+             f"prefill threshold (vLLM {v['prefill']}) | saving |", "|---|---|---|---|---|---|---|---|"]
+    for c in d["cells"]:
+        head = f"| {c['gpu']} | {c['ep']}"
+        if "refused" in c:
+            lines.append(f"{head} | {c['all2all_backend']} | refused: {c['refused']} | | | | |")
+            continue
+        cells = []
+        for ph in ("decode", "prefill"):
+            x = c["phases"][ph]
+            thr = "never" if x["threshold_tokens"] is None else str(x["threshold_tokens"])
+            save = "" if x["threshold_tokens"] is None else f"{100 * x['saving_s'] / x['mean_step_s']:.1f} %"
+            cells += [thr, save]
+        lines.append(f"{head} ({c['nodes']}) | {c['all2all_backend']} | {c['max_num_batched_tokens']} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def ep_fit_table() -> str:
+    """calib/data/ep_fit.json: the all-to-all fit per released source, in-sample and leave-one-source-out."""
+    import json
+
+    d = json.loads((ROOT / "calib" / "data" / "ep_fit.json").read_text())
+    lines = ["| source | rows | in-sample median \\|ln(pred/meas)\\| | bias | held out median \\|ln\\| | bias |",
+             "|---|---|---|---|---|---|"]
+    for sid, r in d["in_sample"].items():
+        h = d["leave_one_source_out"].get(sid)
+        out = (f"{h['median_abs_ln']:.3f} | {h['bias']:+.3f}" if h else "n/a | n/a")
+        lines.append(f"| {sid} | {len(r['rows'])} | {r['median_abs_ln']:.3f} | {r['bias']:+.3f} | {out} |")
+    return "\n".join(lines)
+
+
 BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample, ("../README.md", "whatif-sample-sp"): _whatif_sample_sp,
           ("vllm-thresholds.md", "kernel-cutoffs"): kernel_cutoffs_table,
           ("vllm-thresholds.md", "model-gates-034"): model_gates_table,
@@ -478,7 +514,9 @@ BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample, ("../README.md", "w
           ("accuracy.md", "replicate-noise"): replicate_noise_table,
           ("accuracy.md", "code-path-noise"): code_path_noise_table,
           ("accuracy.md", "decode-identifiability"): decode_identifiability_table,
-          ("accuracy.md", "p2p-kernels"): p2p_kernels_table}
+          ("accuracy.md", "p2p-kernels"): p2p_kernels_table,
+          ("accuracy.md", "ep-fit"): ep_fit_table,
+          ("vllm-thresholds.md", "dbo-thresholds"): dbo_thresholds_table}
 
 
 def render(text: str, name: str, body: str) -> str:
