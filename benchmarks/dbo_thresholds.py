@@ -46,10 +46,10 @@ def cell(gpu: str, ep: int, backend: str) -> dict:
 
 def grid() -> dict:
     """Every cell of the grid, with the command that made it."""
-    from costmodel.vllm_tables import DBO_DEFAULTS
+    from costmodel.vllm_tables import ep_rules
 
     return {"command": "python benchmarks/dbo_thresholds.py --json benchmarks/results/dbo_thresholds.json",
-            "model": MODEL, "vllm_defaults": dict(DBO_DEFAULTS),
+            "model": MODEL, "vllm_defaults": dict(ep_rules().dbo_thresholds),
             "cells": [cell(g, ep, b) for g in GPUS for ep in EPS for b in BACKENDS]}
 
 

@@ -12,9 +12,10 @@ import numpy as np
 from . import formulas as F
 from .errors import TpcostError
 from .network import Network
-from .vllm_tables import BATCHED_DP_BACKENDS, DBO_BACKENDS, EP_CITES
+from .vllm_tables import ep_rules
 
-ALL2ALL_CITE = EP_CITES["backends"]
+EP = ep_rules()  # the current release's DP+EP and DBO rules
+ALL2ALL_CITE = f"vLLM 0.34 {EP.all2all_backends_cite}, distributed/device_communicators/all2all.py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,17 +152,17 @@ class Backend:
     name: str
     predict: Callable[[A2ACall, Links], A2ATimes] | None
     refusal: str = ""
-    alias_of: str = ""  # vLLM rewrites this value to another backend (EP_CITES['alias'])
+    alias_of: str = ""  # vLLM rewrites this value to another backend (EP.aliases_cite)
 
     @property
     def microbatches(self) -> bool:
-        """vLLM 0.34 runs DBO with it on CUDA (EP_CITES['dbo_backends'])."""
-        return self.name in DBO_BACKENDS
+        """vLLM 0.34 runs DBO with it on CUDA (EP.dbo_backends_cite)."""
+        return self.name in EP.dbo_backends
 
     @property
     def batched_dp(self) -> bool:
-        """Its default token budget is 256 per rank under EP with DP > 1 (EP_CITES['batched_dp'])."""
-        return self.name in BATCHED_DP_BACKENDS
+        """Its default token budget is 256 per rank under EP with DP > 1 (EP.batched_dp_cite)."""
+        return self.name in EP.batched_dp_backends
 
 
 _NOT_PRICED = ("not priced: no released timing of this backend on CUDA to fit its terms to "

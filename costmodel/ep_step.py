@@ -14,14 +14,16 @@ from .errors import TpcostError
 from .network import Network
 from .ops import Hw
 from .profile import HardwareProfile
-from .vllm_tables import BATCHED_DP_BUDGET, DBO_COMM_SMS, DBO_UBATCHES, EP_CITES
-from .vllm_tables import DEFAULT_BATCHED_TOKENS as DEFAULT_BUDGET
+from .vllm_tables import ep_rules
 
-UBATCH_IDS = range(DBO_UBATCHES)  # the microbatches, in vLLM's order
+EP = ep_rules()  # the current release's DP+EP and DBO rules (vllm_tables.EpRules)
+BATCHED_DP_BUDGET = EP.batched_dp_budget
+DEFAULT_BUDGET = EP.default_budget
+UBATCH_IDS = range(EP.ubatches)  # the microbatches, in vLLM's order
 
 OPS_PER_LAYER = 24  # torch ops one eager layer issues (MLA ~14, the MoE block ~10): host issue count (assumed)
 THREAD_HANDOFF_S = 5e-6  # one DBO yield: a Python thread switch on the host (assumed, sigma 1.0 relative)
-DBO_CITE = f"vLLM 0.34 {EP_CITES['dbo_rule']}; yields {EP_CITES['yields']}"
+DBO_CITE = f"vLLM 0.34 {EP.dbo_rule_cite}, {EP.split_cite}; yields {EP.yields_cite}"
 __all__ = ["BATCHED_DP_BUDGET", "DEFAULT_BUDGET", "EPSetup", "step", "dbo_step", "dbo_threshold", "check_setup"]
 
 
@@ -40,7 +42,7 @@ class EPSetup:
     seq_len: int = 1024
     budget_tokens: int = DEFAULT_BUDGET  # max_num_batched_tokens per rank: also the LL dispatch capacity
     imbalance: float = 1.0
-    comm_sms: int = DBO_COMM_SMS
+    comm_sms: int = EP.comm_sms
     dtype: str = "fp8"
 
     @property
@@ -50,7 +52,7 @@ class EPSetup:
     @property
     def graphs(self) -> bool:
         """Replayed as a FULL CUDA graph: low-latency decode; DP > 1 forces graphs off for high-throughput
-        (EP_CITES['graphs_off']), and prefill steps run eagerly here."""
+        (EP.graphs_off_cite), and prefill steps run eagerly here."""
         return self.decode and backend(self.backend).batched_dp
 
 
@@ -235,7 +237,7 @@ def dbo_step(s: EPSetup, tokens: Any, zero_comm: bool = False) -> DboStep:
     b = backend(s.backend)
     if not b.microbatches:
         raise TpcostError(f"vLLM 0.34 runs DBO on CUDA only with deepep_low_latency, deepep_high_throughput or "
-                          f"nixl_ep, not {s.backend} ({EP_CITES['dbo_backends']})")
+                          f"nixl_ep, not {s.backend} ({EP.dbo_backends_cite})")
     hw = Hw(s.prof, s.dtype)
     t = np.asarray(tokens, dtype=float)
     ta = np.floor(t / 2)
@@ -272,7 +274,7 @@ class DboThreshold:
 
 
 def dbo_threshold(s: EPSetup, t_max: int, margin: float) -> DboThreshold:
-    """vLLM's rule (microbatch from `threshold` tokens, EP_CITES['dbo_rule']) priced over 1..t_max tokens per rank
+    """vLLM's rule (microbatch from `threshold` tokens, EP.dbo_rule_cite) priced over 1..t_max tokens per rank
     with uniform weight and every DP rank at the same count; the premium `margin` rides on the DBO side (§12)."""
     T = np.arange(1, t_max + 1, dtype=float)
     off = step(s, T).t_step_s

@@ -12,11 +12,12 @@ import numpy as np
 from . import formulas as F
 from .errors import TpcostError
 from .ops import Hw
-from .vllm_tables import EP_CITES
+from .vllm_tables import ep_rules
 
 WEIGHT_BLOCK = 128  # block-FP8 checkpoints: one fp32 scale per 128x128 weight block (DeepSeek-V3's weight_block_size)
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of HBM it may use (config/cache.py gpu_memory_utilization)
-MLA_CITE = EP_CITES["mla"]
+MLA_CITE = (f"vLLM 0.34 {ep_rules().mla_decode_cite} (decode: W_UK absorbed into q, MQA over the latent "
+            f"cache, W_UV after), {ep_rules().mla_prefill_cite} (prefill: kv_b_proj up-projects, MHA, not absorbed)")
 
 
 @dataclasses.dataclass(frozen=True)

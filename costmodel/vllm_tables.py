@@ -591,6 +591,41 @@ def gate_alignment(gate: ModelGate, tp: int) -> int | None:
 
 
 @dataclasses.dataclass(frozen=True)
+class EpRules:
+    """vLLM's DP attention + expert parallelism and dual-batch overlap rules in one release (docs/model.md §11-12),
+    each value beside the file:line of the wheel it was read from. The DBO thresholds are printed beside tpcost's
+    values, never fitted."""
+
+    all2all_backends: tuple[str, ...]  # --all2all-backend's choices (All2AllBackend)
+    all2all_backends_cite: str
+    aliases: Mapping[str, str]  # a removed backend name -> what vLLM runs instead
+    aliases_cite: str
+    dbo_thresholds: Mapping[str, int]  # {"decode": ..., "prefill": ...}: ParallelConfig's defaults
+    dbo_thresholds_cite: str
+    dbo_rule_cite: str  # check_ubatch_thresholds: microbatch from `threshold` tokens (>=)
+    split_cite: str  # the split at the midpoint of the padded count, the padding to the trailing microbatch
+    ubatches: int  # microbatches per step under DBO (num_ubatches)
+    ubatches_cite: str
+    thresholds_min_cite: str  # both thresholds must be at least the microbatch count (a ValueError below)
+    dbo_backends: tuple[str, ...]  # the all2all backends DBO runs with on CUDA
+    dbo_backends_cite: str
+    dp_one_cite: str  # at DP 1 no microbatch runner is built: DBO silently off
+    yields_cite: str  # the microbatch yields in the MoE kernel's prepare and finalize
+    batched_dp_backends: tuple[str, ...]  # use_batched_dp_moe's backends (with EP and DP > 1)
+    batched_dp_cite: str
+    batched_dp_budget: int  # max_num_batched_tokens' default per rank there
+    default_budget: int  # and elsewhere
+    budget_cite: str
+    budget_default_cite: str  # where the engine picks the batched-DP default
+    comm_sms: int  # VLLM_DBO_COMM_SMS's CUDA default: the SMs DeepEP's kernels hold under DBO
+    comm_sms_cite: str
+    graphs_off_cite: str  # deepep_high_throughput with DP > 1 turns CUDA graphs off
+    fp8_dispatch_cite: str  # DeepEP dispatches block-FP8 activations when the experts are block-FP8
+    mla_decode_cite: str  # MLA decode: W_UK absorbed into q, MQA over the latent cache, W_UV after
+    mla_prefill_cite: str  # MLA prefill: kv_b_proj up-projects the latent, MHA, not absorbed
+
+
+@dataclasses.dataclass(frozen=True)
 class Release:
     """One vLLM release as tpcost reads it, every entry with the file:line of the wheel it was read from."""
 
@@ -612,6 +647,7 @@ class Release:
     shared_expert_cite: str = ""  # can_shard_sequence_parallel_shared_expert
     notes: tuple[str, ...] = ()  # what changed in this release that tpcost reads and does not model
     model_gates: tuple[ModelGate, ...] = ()  # the hand cutoffs in its model code
+    ep: EpRules | None = None  # DP+EP and DBO (None: tpcost has not read them for this release)
 
     def gates_of(self, family: str) -> tuple[ModelGate, ...]:
         """The model gates that apply to a model of `family` (its own, and the common ones it calls)."""
@@ -664,6 +700,32 @@ _GATES_034 = (
               f"deep_gemm_mega_moe, TP in {{4, 8}}, DP = PP = 1 ({_MUSE_MEGA}:65-79), else threshold 0. The switch "
               "between two MoE kernels, which tpcost does not model: printed, not derived", derived=False),
 )
+_PARALLEL = "vllm/config/parallel.py"
+_EP_034 = EpRules(
+    all2all_backends=("naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
+                      "mori_high_throughput", "mori_low_latency", "moonep", "mori", "nixl_ep",
+                      "allgather_reducescatter", "flashinfer_all2allv", "flashinfer_nvlink_two_sided",
+                      "flashinfer_nvlink_one_sided", "passthrough"),
+    all2all_backends_cite=f"{_PARALLEL}:45-61 All2AllBackend",
+    aliases={"naive": "allgather_reducescatter", "pplx": "allgather_reducescatter"},
+    aliases_cite=f"{_PARALLEL}:575-581",
+    dbo_thresholds={"decode": 32, "prefill": 512}, dbo_thresholds_cite=f"{_PARALLEL}:281-286",
+    dbo_rule_cite="vllm/v1/worker/ubatch_utils.py:139-147 check_ubatch_thresholds",
+    split_cite="vllm/v1/worker/ubatch_utils.py:150-176",
+    ubatches=2, ubatches_cite=f"{_PARALLEL}:724-725 num_ubatches", thresholds_min_cite=f"{_PARALLEL}:1271-1280",
+    dbo_backends=("deepep_low_latency", "deepep_high_throughput", "nixl_ep"),
+    dbo_backends_cite="vllm/config/vllm.py:2090-2116",
+    dp_one_cite="vllm/v1/worker/gpu/ubatch_utils.py:583-603 maybe_build_ubatch_runner",
+    yields_cite="vllm/model_executor/layers/fused_moe/modular_kernel.py:1357-1363 (and 1338, 1537-1543)",
+    batched_dp_backends=("deepep_low_latency", "nixl_ep"), batched_dp_cite=f"{_PARALLEL}:888-897 use_batched_dp_moe",
+    batched_dp_budget=256, default_budget=2048, budget_cite="vllm/config/scheduler.py:40-41",
+    budget_default_cite="vllm/engine/arg_utils.py:3203-3206",
+    comm_sms=20, comm_sms_cite="vllm/envs.py:2184-2193 VLLM_DBO_COMM_SMS",
+    graphs_off_cite="vllm/config/compilation.py:1401-1417",
+    fp8_dispatch_cite="vllm/model_executor/layers/fused_moe/all2all_utils.py:269-273",
+    mla_decode_cite="vllm/model_executor/layers/attention/mla_attention.py:95-116",
+    mla_prefill_cite="vllm/model_executor/layers/attention/mla_attention.py:140-160",
+)
 _SP_REMOVED = "vllm 0.32.0: compilation/passes/fusion/sequence_parallelism.py and its PassConfig fields are gone"
 RELEASES: dict[tuple[int, int], Release] = {
     (0, 31): Release(
@@ -694,7 +756,7 @@ RELEASES: dict[tuple[int, int], Release] = {
          "models one node, where nothing changes",
          f"gemm_rs_ar takes a pre-quantised MXFP8 activation without quantising it again ({_GEMM_RS_AR}:1008-1016)",
          "DeepSeek-V4.1 turns GEMM-RS off under LoRA; Kimi-K3 and DeepSeek-V4.1 keep should_run's M >= 128"),
-        _GATES_034),
+        _GATES_034, ep=_EP_034),
 }
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?[A-Za-z0-9.+-]*)?")
 
@@ -799,27 +861,8 @@ def resolve(flag: str | None, installed: tuple[str, str] | None, limits: tuple[t
     return Vllm(current().version, limits, "the current release: no vLLM installed here and no --vllm-version")
 
 
-# ------------------------------------------------------------ expert parallelism and DBO, as read in the 0.34.0 wheel
-EP_CITES = {
-    "mla": ("vLLM 0.34 model_executor/layers/attention/mla_attention.py:95-116 (decode: W_UK absorbed into q, MQA "
-            "over the latent cache, W_UV after) and :140-160 (prefill: kv_b_proj up-projects, MHA, not absorbed)"),
-    "backends": "vLLM 0.34 config/parallel.py:45-61 (All2AllBackend), distributed/device_communicators/all2all.py",
-    "dbo_backends": "config/vllm.py:2090-2116",
-    "batched_dp": "engine/arg_utils.py:3203-3206, config/scheduler.py:41",
-    "alias": "config/parallel.py:575-581",
-    "graphs_off": "config/compilation.py:1401-1417",
-    "fp8_dispatch": "model_executor/layers/fused_moe/all2all_utils.py:269-273",
-    "dbo_rule": "v1/worker/ubatch_utils.py:139-179 (>= threshold, split at the midpoint)",
-    "yields": "model_executor/layers/fused_moe/modular_kernel.py:1338, 1357-1363, 1537-1543",
-    "dbo_thresholds": "config/parallel.py:281, :286",
-    "ubatches_min": "config/parallel.py:1271-1280",
-    "comm_sms": "envs.py:311, 2184-2193; distributed/device_communicators/all2all.py:216-218",
-    "dp_one": "v1/worker/gpu/ubatch_utils.py:583-603",
-}
-BATCHED_DP_BUDGET = 256  # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP
-DEFAULT_BATCHED_TOKENS = 2048  # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS
-DBO_DEFAULTS = {"decode": 32, "prefill": 512}  # printed beside tpcost's values, never fitted
-DBO_COMM_SMS = 20  # VLLM_DBO_COMM_SMS's default, and DeepEP's own buffer SM count
-DBO_UBATCHES = 2  # both thresholds must be at least the microbatch count
-DBO_BACKENDS = ("deepep_low_latency", "deepep_high_throughput", "nixl_ep")
-BATCHED_DP_BACKENDS = ("deepep_low_latency", "nixl_ep")
+def ep_rules() -> EpRules:
+    """The current release's DP+EP and DBO rules (the EP step prices the current release)."""
+    rules = current().ep
+    assert rules is not None, "the current release record carries its EP rules"
+    return rules

@@ -6,9 +6,11 @@ import dataclasses
 
 from costmodel.defaults import DEFAULT_MARGIN
 
-from costmodel.vllm_tables import DBO_DEFAULTS as VLLM_DBO
-from costmodel.vllm_tables import DBO_UBATCHES as UBATCHES
-from costmodel.vllm_tables import EP_CITES
+from costmodel.vllm_tables import ep_rules
+
+EP = ep_rules()
+VLLM_DBO = EP.dbo_thresholds
+UBATCHES = EP.ubatches
 
 
 def decide_dbo(args, s) -> dict:
@@ -20,7 +22,7 @@ def decide_dbo(args, s) -> dict:
     if not b.microbatches:
         return {"enable": False, "decode_token_threshold": None, "prefill_token_threshold": None, "saving_s": 0.0,
                 "band": None, "why": "vLLM 0.34 runs DBO on CUDA only with deepep_low_latency, "
-                f"deepep_high_throughput or nixl_ep ({EP_CITES['dbo_backends']}); {s.backend} cannot microbatch",
+                f"deepep_high_throughput or nixl_ep ({EP.dbo_backends_cite}); {s.backend} cannot microbatch",
                 "vllm_args": []}
     margin = DEFAULT_MARGIN if args.margin is None else args.margin
     phases = {}

@@ -311,3 +311,15 @@ def test_dbo_thresholds_benchmark_is_current():
 
     committed = json.loads((ROOT / "benchmarks" / "results" / "dbo_thresholds.json").read_text())
     assert json.loads(json.dumps(DT.grid())) == committed
+
+
+def test_the_registry_holds_every_backend_of_the_release_record():
+    """One registry entry per --all2all-backend the current release lists, aliases as the record rewrites them, and
+    the DBO and batched-DP flags read from the record."""
+    from costmodel.vllm_tables import ep_rules
+
+    ep = ep_rules()
+    assert set(BACKENDS) == set(ep.all2all_backends)
+    for name, b in BACKENDS.items():
+        assert b.alias_of == ep.aliases.get(name, ""), name
+        assert b.microbatches == (name in ep.dbo_backends) and b.batched_dp == (name in ep.batched_dp_backends)

@@ -76,10 +76,42 @@ def _needles() -> dict[str, list[str]]:
            REC.notes[0]: ["if self.mnnvl_only:"], REC.notes[1]: ["as_quantized_activation"]}
     for name, (_, where) in REC.tables.items():
         out[where] = [name]
+    out.update(_ep_needles())
     for g in REC.model_gates:  # each gate's strings: checked cite by cite in test_every_model_gate_cite_is_in_the_wheel
         for text in (g.where, g.used, g.activates):
             out.setdefault(text, [])
     return out
+
+
+def _ep_needles() -> dict[str, list[str]]:
+    """What stands on the lines the 0.34 record's EP and DBO rules cite, built from the record's own values."""
+    ep = REC.ep
+    d, p = ep.dbo_thresholds["decode"], ep.dbo_thresholds["prefill"]
+    return {ep.all2all_backends_cite: ["All2AllBackend = Literal[", *(f'"{b}",' for b in ep.all2all_backends)],
+            ep.aliases_cite: [*(f'"{k}"' for k in ep.aliases),
+                              *(f'self.all2all_backend = "{v}"' for v in set(ep.aliases.values()))],
+            ep.dbo_thresholds_cite: [f"dbo_decode_token_threshold: int = Field(default={d}",
+                                     f"dbo_prefill_token_threshold: int = Field(default={p}", "TODO(lucas): tune"],
+            ep.dbo_rule_cite: ["def check_ubatch_thresholds", "num_tokens >= config.dbo_decode_token_threshold",
+                               "num_tokens >= config.dbo_prefill_token_threshold"],
+            ep.split_cite: ["def _pad_out_ubatch_slices", "split_point = int(num_tokens_padded) // num_ubatches"],
+            ep.ubatches_cite: [f"return {ep.ubatches} if self.enable_dbo"],
+            ep.thresholds_min_cite: ["< self.num_ubatches", "raise ValueError"],
+            ep.dbo_backends_cite: ["assert a2a_backend in supported_backends",
+                                   *(f'"{b}",' for b in ep.dbo_backends)],
+            ep.dp_one_cite: ["def maybe_build_ubatch_runner", "data_parallel_size <= 1"],
+            ep.yields_cite: ["dbo_register_recv_hook(hook)", "dbo_yield()"],
+            ep.batched_dp_cite: ["def use_batched_dp_moe", *(f'"{b}",' for b in ep.batched_dp_backends),
+                                 "data_parallel_size > 1"],
+            ep.budget_cite: [f"DEFAULT_MAX_NUM_BATCHED_TOKENS: ClassVar[int] = {ep.default_budget}",
+                             f"DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP: ClassVar[int] = {ep.batched_dp_budget}"],
+            ep.budget_default_cite: ["use_batched_dp_moe", "DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP"],
+            ep.comm_sms_cite: ['"VLLM_DBO_COMM_SMS"', f'else "{ep.comm_sms}"'],
+            ep.graphs_off_cite: ['all2all_backend == "deepep_high_throughput"', "data_parallel_size > 1",
+                                 "self.cudagraph_mode = CUDAGraphMode.NONE"],
+            ep.fp8_dispatch_cite: ["use_fp8_dispatch", "DEEPEP_QUANT_BLOCK_SHAPE"],
+            ep.mla_decode_cite: ['einsum("snh,lnh->snl", q_nope, W_UK)', "MQA", 'einsum("snl,lnv->snv"'],
+            ep.mla_prefill_cite: ["new_k_nope = (new_kv_c @ W_UK", "MHA"]}
 
 
 # what stands on the lines each model gate cites (every cite of every string, keyed by file:lines), built from the
@@ -261,3 +293,38 @@ def test_the_plugin_sets_its_switch_and_logs_each_gate_with_034s_classes(monkeyp
     (line,) = plan["gates"]
     assert "minimax_m3.gemm_rs" in line and "_GEMM_RS_MIN_TOKENS = 1024" in line and "tpcost's" in line
     assert "left as vLLM has it" in line and not plan["set"]  # the constant is reported, never patched
+
+
+@pytest.mark.parametrize("backend", ["deepep_low_latency", "deepep_high_throughput"])
+@pytest.mark.parametrize("ep", [8, 16, 32])
+def test_dbo_arguments_parse_and_gate_as_tpcost_decided_in_034(backend, ep):
+    """`tpcost ep --dbo`'s vLLM arguments go through 0.34's own argument parser and ParallelConfig, and 0.34's
+    check_ubatch_thresholds microbatches exactly the steps tpcost decided: from each threshold on, never below, and
+    never inside the budget where tpcost says DBO does not pay there."""
+    from vllm.config import ParallelConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.v1.worker.ubatch_utils import check_ubatch_thresholds
+
+    out, _ = _run("ep", "--enable-expert-parallel", "--data-parallel-size", str(ep), "--all2all-backend", backend,
+                  "--dbo", "--json", "--tokens", "1")
+    d = json.loads(out)
+    dbo, budget = d["dbo"], d["setup"]["max_num_batched_tokens"]
+    args = dbo["vllm_args"]
+    if not dbo["enable"]:
+        assert args == [] and all(dbo["phases"][ph]["threshold_tokens"] is None for ph in ("decode", "prefill"))
+        return
+    ns = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(
+        ["--data-parallel-size", str(ep), "--enable-expert-parallel", "--all2all-backend", backend, *args])
+    assert ns.enable_dbo is True
+    cfg = ParallelConfig(data_parallel_size=ns.data_parallel_size, enable_expert_parallel=True,
+                         all2all_backend=ns.all2all_backend, enable_dbo=ns.enable_dbo,
+                         dbo_decode_token_threshold=ns.dbo_decode_token_threshold,
+                         dbo_prefill_token_threshold=ns.dbo_prefill_token_threshold)
+    for phase, uniform in (("decode", True), ("prefill", False)):
+        thr = dbo["phases"][phase]["threshold_tokens"]
+        on = [n for n in range(1, budget + 1) if check_ubatch_thresholds(cfg, n, uniform_decode=uniform)]
+        if thr is None:
+            assert on == [], (phase, on[:3])
+        else:
+            assert on == list(range(max(thr, REC.ep.ubatches), budget + 1)), phase

@@ -9,7 +9,7 @@ from costmodel.errors import TpcostError
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
 from costmodel.defaults import DEFAULT_CONTEXT_LEN, DEFAULT_SEQ_LEN
-from costmodel.vllm_tables import DBO_COMM_SMS
+from costmodel.vllm_tables import ep_rules
 
 from .common import bounded_int, fraction
 
@@ -50,7 +50,7 @@ def register(sub) -> None:
     p.add_argument("--imbalance", type=fraction("--imbalance", 1.0, 64.0),
                    help="hot expert rank's load / the mean, in [1, 64) (default 1: balanced; EPLB narrows it)")
     p.add_argument("--dbo-comm-sms", type=bounded_int("--dbo-comm-sms", 1, 256, "SMs"),
-                   help=f"VLLM_DBO_COMM_SMS for deepep_high_throughput (default {DBO_COMM_SMS})")
+                   help=f"VLLM_DBO_COMM_SMS for deepep_high_throughput (default {ep_rules().comm_sms})")
     p.add_argument("--tokens", type=bounded_int("--tokens", 1, 2**20, "tokens"), nargs="+",
                    help="tokens per rank to tabulate (default 1 .. 4096)")
     p.add_argument("--a2a", action="store_true", help="print the dispatch/combine per call only")
@@ -88,7 +88,7 @@ def setup_from_args(args, phase: str | None = None):
         raise TpcostError(f"--nnodes {args.nnodes} x --data-parallel-size-local {local} != --data-parallel-size {dp}")
     net = load_network(args.network or default_network(prof.name))
     budget = args.max_num_batched_tokens or (BATCHED_DP_BUDGET if b.batched_dp else DEFAULT_BUDGET)
-    sms = DBO_COMM_SMS if args.dbo_comm_sms is None else args.dbo_comm_sms
+    sms = ep_rules().comm_sms if args.dbo_comm_sms is None else args.dbo_comm_sms
     s = EPSetup(prof=prof, shape=shape, ep=dp, gpus_per_node=local, backend=args.all2all_backend, network=net,
                 decode=(phase or args.phase or "decode") == "decode",
                 context_len=args.context_len or DEFAULT_CONTEXT_LEN, seq_len=args.seq_len or DEFAULT_SEQ_LEN,
