@@ -271,6 +271,10 @@ class DboThreshold:
     saving_s: float  # mean step time saved per step on the traffic
     mean_step_s: float  # mean step time without DBO on the traffic
     t_max: int
+    vllm_threshold_tokens: int  # vLLM's default for this phase (EP.dbo_thresholds), printed beside, never fitted
+    saving_vs_vllm_s: float  # mean step time saved against DBO on at vLLM's default threshold
+    t_off_at_max_s: float  # the largest step (t_max tokens per rank) without DBO
+    t_on_at_max_s: float  # and microbatched: how much DBO wins or loses where it matters most
 
 
 def dbo_threshold(s: EPSetup, t_max: int, margin: float) -> DboThreshold:
@@ -292,5 +296,9 @@ def dbo_threshold(s: EPSetup, t_max: int, margin: float) -> DboThreshold:
     if faster[-1]:
         j = t_max - int(np.argmin(faster[::-1])) if not faster.all() else 0
         cross = int(T[j]) if j < t_max else None
+    v = EP.dbo_thresholds["decode" if s.decode else "prefill"]
+    at_vllm = np.where(T >= v, on, off)
     return DboThreshold(threshold_tokens=theta, crossover_tokens=cross, saving_s=float(np.mean(off - chosen)),
-                        mean_step_s=float(np.mean(off)), t_max=t_max)
+                        mean_step_s=float(np.mean(off)), t_max=t_max, vllm_threshold_tokens=v,
+                        saving_vs_vllm_s=float(np.mean(at_vllm - chosen)), t_off_at_max_s=float(off[-1]),
+                        t_on_at_max_s=float(on[-1]))

@@ -37,11 +37,14 @@ def decide_dbo(args, s) -> dict:
     why = []
     for name, ph in phases.items():
         if ph.threshold_tokens is None:
+            d_s = ph.t_on_at_max_s - ph.t_off_at_max_s
             why.append(f"{name}: DBO never pays up to {ph.t_max} tokens per rank (the doubled weight reads and "
-                       "per-call costs exceed the hidden all-to-all)")
+                       f"per-call costs exceed the hidden all-to-all): at {ph.t_max} tokens it costs "
+                       f"{d_s * 1e3:+.3f} ms per step ({100 * d_s / ph.t_off_at_max_s:+.1f} %)")
         else:
             why.append(f"{name}: pays from {ph.threshold_tokens} tokens per rank, saving "
-                       f"{ph.saving_s * 1e3:.3f} ms per step ({100 * ph.saving_s / ph.mean_step_s:.1f} %)")
+                       f"{ph.saving_s * 1e3:.3f} ms per step ({100 * ph.saving_s / ph.mean_step_s:.1f} %), "
+                       f"{ph.saving_vs_vllm_s * 1e3:.3f} ms against DBO on at vLLM's {ph.vllm_threshold_tokens}")
     if s.budget_tokens < VLLM_DBO["prefill"]:
         why.append(f"vLLM's prefill threshold {VLLM_DBO['prefill']} is above the budget of {s.budget_tokens} tokens "
                    "per rank: at vLLM's default it never triggers")

@@ -323,3 +323,58 @@ def test_the_registry_holds_every_backend_of_the_release_record():
     for name, b in BACKENDS.items():
         assert b.alias_of == ep.aliases.get(name, ""), name
         assert b.microbatches == (name in ep.dbo_backends) and b.batched_dp == (name in ep.batched_dp_backends)
+
+
+V034 = ["vllm-config", "--vllm-version", "0.34", "--gpu", "h200-sxm", "--model", "deepseek-v3"]
+
+
+def test_vllm_config_emits_dbo_for_dp_ep(capsys):
+    """vllm-config on an MoE model under DP+EP: the arguments, the report's dbo key, and the value for
+    --compilation-config left empty (DBO is set by arguments)."""
+    setup = [*V034, "--enable-expert-parallel", "--data-parallel-size", "16", "--all2all-backend",
+             "deepep_low_latency"]
+    assert main([*setup, "--format", "args"]) == 0
+    out, err = capsys.readouterr()
+    args = out.split()
+    assert args[0] == "--enable-dbo" and "pays" in err
+    assert main([*setup, "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    d = rep["dbo"]
+    assert d["vllm_args"] == args and rep["compilation_config"] == {}
+    assert rep["parallel_config"] == {"enable_dbo": True, "dbo_decode_token_threshold": d["decode_token_threshold"],
+                                      "dbo_prefill_token_threshold": d["prefill_token_threshold"]}
+    assert {"enable", "decode_token_threshold", "prefill_token_threshold", "saving_s", "band", "why"} <= set(d)
+    assert main([*setup, "--format", "python"]) == 0
+    assert capsys.readouterr().out.strip().startswith("enable_dbo=True, dbo_decode_token_threshold=")
+
+
+def test_vllm_config_single_node_says_dbo_stays_off_and_by_how_much(capsys):
+    assert main([*V034, "--enable-expert-parallel", "--data-parallel-size", "8", "--all2all-backend",
+                 "deepep_low_latency", "--format", "args"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "" and "keep it off" in err and "ms per step (+" in err
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--data-parallel-size", "1"], "no microbatch runner"),
+    (["--data-parallel-size", "16", "--pipeline-parallel-size", "2"], "pipeline parallelism"),
+    (["--data-parallel-size", "16", "--tp", "8", "--workload", "x.csv"], "--tp, --workload: not read"),
+    (["--data-parallel-size", "16", "--format", "env"], "--format args"),
+    (["--data-parallel-size", "16", "--all2all-backend", "mori"], "not priced"),
+    (["--data-parallel-size", "16", "--network", "nope"], "unknown network"),
+    (["--data-parallel-size", "16", "--data-parallel-size-local", "16"], "NVLink domain"),
+])
+def test_vllm_config_dbo_bad_input_is_one_line(extra, msg, capsys):
+    assert main([*V034, "--enable-expert-parallel", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and msg in err, err
+
+
+def test_vllm_config_dbo_refusals_outside_the_path(capsys):
+    assert main([*V034, "--data-parallel-size", "16"]) == 2
+    assert "add --enable-expert-parallel" in capsys.readouterr().err
+    assert main(["vllm-config", "--vllm-version", "0.31", "--gpu", "h200-sxm", "--model", "deepseek-v3",
+                 "--enable-expert-parallel", "--data-parallel-size", "16"]) == 2
+    assert "0.34 only" in capsys.readouterr().err
+    assert main(["vllm-config", "--gpu", "h200-sxm", "--network", "efa-p5"]) == 2
+    assert "--network" in capsys.readouterr().err

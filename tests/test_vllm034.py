@@ -303,7 +303,6 @@ def test_dbo_arguments_parse_and_gate_as_tpcost_decided_in_034(backend, ep):
     never inside the budget where tpcost says DBO does not pay there."""
     from vllm.config import ParallelConfig
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.v1.worker.ubatch_utils import check_ubatch_thresholds
 
     out, _ = _run("ep", "--enable-expert-parallel", "--data-parallel-size", str(ep), "--all2all-backend", backend,
@@ -311,16 +310,24 @@ def test_dbo_arguments_parse_and_gate_as_tpcost_decided_in_034(backend, ep):
     d = json.loads(out)
     dbo, budget = d["dbo"], d["setup"]["max_num_batched_tokens"]
     args = dbo["vllm_args"]
+    emitted, _ = _run("vllm-config", "--model", "deepseek-v3", "--gpu", "h200-sxm", "--enable-expert-parallel",
+                      "--data-parallel-size", str(ep), "--all2all-backend", backend, "--format", "args")
+    assert emitted.split() == args  # vllm-config emits what ep decided
     if not dbo["enable"]:
         assert args == [] and all(dbo["phases"][ph]["threshold_tokens"] is None for ph in ("decode", "prefill"))
         return
-    ns = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(
-        ["--data-parallel-size", str(ep), "--enable-expert-parallel", "--all2all-backend", backend, *args])
-    assert ns.enable_dbo is True
-    cfg = ParallelConfig(data_parallel_size=ns.data_parallel_size, enable_expert_parallel=True,
-                         all2all_backend=ns.all2all_backend, enable_dbo=ns.enable_dbo,
-                         dbo_decode_token_threshold=ns.dbo_decode_token_threshold,
-                         dbo_prefill_token_threshold=ns.dbo_prefill_token_threshold)
+    # vLLM's parser cannot be built without a device platform (DeviceConfig), so the flags are read as it reads them:
+    # each `--x-y` is an EngineArgs field x_y registered by that name in arg_utils.py
+    src = (_site() / "vllm/engine/arg_utils.py").read_text()
+    kw: dict = {}
+    for i, a in enumerate(args):
+        if a.startswith("--"):
+            field = a[2:].replace("-", "_")
+            assert field in EngineArgs.__dataclass_fields__ and f'"{a}"' in src, a
+            nxt = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None
+            kw[field] = True if nxt is None else int(nxt)
+    assert kw["enable_dbo"] is True
+    cfg = ParallelConfig(data_parallel_size=ep, enable_expert_parallel=True, all2all_backend=backend, **kw)
     for phase, uniform in (("decode", True), ("prefill", False)):
         thr = dbo["phases"][phase]["threshold_tokens"]
         on = [n for n in range(1, budget + 1) if check_ubatch_thresholds(cfg, n, uniform_decode=uniform)]

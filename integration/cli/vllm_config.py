@@ -37,6 +37,11 @@ def register(sub) -> None:
                                                          "SP on with expert parallel)")
     g.add_argument("--all2all-backend", metavar="NAME", help="vLLM's --all2all-backend (0.33: deepep_v2 lets the "
                                                              "shared experts shard under SP)")
+    g.add_argument("--data-parallel-size-local", type=bounded_int("--data-parallel-size-local", 1, 72, "GPUs per node"),
+                   metavar="N", help="vLLM's --data-parallel-size-local: DP ranks per node, for dual-batch overlap "
+                   "across nodes (default: the GPU's NVLink domain)")
+    g.add_argument("--network", metavar="NAME|FILE", help="the NICs between nodes, for dual-batch overlap (a built-in "
+                   "network or a network .toml; default: the GPU's built-in)")
     g.add_argument("--shard-sp-shared-expert", action="store_true", default=None,
                    help="vLLM's VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT=1 (under SP: the shared experts and dense MLP "
                         "reduce-scatter through the kernel)")
@@ -48,7 +53,8 @@ def register(sub) -> None:
 
 
 PARALLEL_FLAGS = ("enable_expert_parallel", "data_parallel_size", "pipeline_parallel_size", "moe_backend",
-                  "all2all_backend", "shard_sp_shared_expert")
+                  "all2all_backend", "shard_sp_shared_expert", "data_parallel_size_local", "network")
+DBO_FLAGS = ("data_parallel_size_local", "network")  # read only by the DP+EP path (dual-batch overlap)
 
 
 def _flag(name: str) -> str:
@@ -62,18 +68,29 @@ def cmd_vllm_config(args) -> int:
     from costmodel.shapes import kernel_family, load_model_config
 
     if args.format == "env" and not args.kernel_op:
-        raise TpcostError("--format env prints the fused kernel's switch (export VLLM_...=0|1); give --kernel-op too")
+        raise TpcostError("--format env prints the fused kernel's switch (export VLLM_...=0|1); give --kernel-op too "
+                          "(dual-batch overlap is set by arguments: --format args)")
     if args.json and args.format != "json":
         raise TpcostError(f"--json prints a report; --format {args.format} prints the value: give one of them")
     vllm = vllm_version_arg(args)
     cfg, name, where = load_model_config(args.model)
     if kernel_family(cfg):
+        given = [_flag(f) for f in DBO_FLAGS if getattr(args, f) is not None]
+        if given:
+            raise TpcostError(f"{', '.join(given)}: read only for dual-batch overlap of an MoE model without vLLM's "
+                              f"fused GEMM+RS/AR kernel; {name} runs the kernel (tpcost ep prices any MoE step)")
         return kernel_model_config(args, cfg, name, where, vllm)
+    if args.enable_expert_parallel:
+        return ep_model_config(args, vllm)
     if args.kernel_op:
         raise TpcostError(f"--kernel-op: the switch has no effect for {name}: vLLM binds its fused GEMM+RS/AR kernel "
                           "only in Kimi-K3 / Kimi-Linear and DeepSeek-V4.1 (give such a config.json; for a what-if on "
                           "any GEMM shape: tpcost op --impl kernel)")
     given = [f for f in PARALLEL_FLAGS if getattr(args, f) is not None]
+    if given and any(k in cfg for k in ("n_routed_experts", "num_experts", "num_local_experts")):
+        raise TpcostError(f"{', '.join(_flag(f) for f in given)}: for {name} (MoE) these decide dual-batch overlap "
+                          "under DP+EP: add --enable-expert-parallel (without it vLLM shards the experts by TP and "
+                          "runs no all-to-all)")
     if given:
         raise TpcostError(f"{_flag(given[0])}: decides the fused kernel's mode, which only --kernel-op on a model that "
                           "runs the kernel reads")
@@ -207,4 +224,78 @@ def kernel_model_config(args, cfg, name, where, vllm) -> int:
         err(line)
     err(f"tpcost: profile {prof.name} ({prof.origin}), weakest provenance tier {prof.tier}"
         + (", MODIFIED by --set" if prof.modified else ""))
+    return 0
+
+
+def ep_model_config(args, vllm) -> int:
+    """vllm-config for an MoE model under DP attention + expert parallelism: vLLM 0.34's dual-batch overlap arguments
+    (--enable-dbo and both thresholds) or that DBO stays off, and why; the step is tpcost ep's."""
+    import argparse
+
+    from costmodel.defaults import DEFAULT_BUDGET_TOKENS
+    from costmodel.errors import TpcostError
+    from costmodel.vllm_tables import current
+    from integration.dbo import decide_dbo
+    from integration.recommend import MIN_CONFIDENCE
+
+    from .common import DEFAULT_DTYPE, DEFAULT_TP
+    from .ep import setup_from_args
+
+    if vllm.release.ep is None:
+        raise TpcostError(f"dual-batch overlap: tpcost has read DP+EP and DBO rules for vLLM {current().label} only, "
+                          f"not {vllm.label} (--vllm-version {current().label})")
+    if (args.data_parallel_size or 1) < 2:
+        raise TpcostError(f"--enable-expert-parallel with --data-parallel-size {args.data_parallel_size or 1}: vLLM "
+                          f"builds no microbatch runner at DP 1 ({vllm.release.ep.dp_one_cite}): DBO stays off")
+    if (args.pipeline_parallel_size or 1) > 1:
+        raise TpcostError("--pipeline-parallel-size > 1: vLLM 0.34 refuses DBO with pipeline parallelism "
+                          "(vllm/config/vllm.py:3378-3408)")
+    unread = [flag for flag, bad in (
+        ("--tp", args.tp != DEFAULT_TP), ("--dtype", args.dtype != DEFAULT_DTYPE),
+        ("--fi-allreduce-fusion-max-size-mb", args.fi_allreduce_fusion_max_size_mb is not None),
+        ("--min-confidence", args.min_confidence != MIN_CONFIDENCE), ("--workload", args.workload is not None),
+        ("--set", bool(args.set)), ("--max-num-seqs", args.max_num_seqs is not None),
+        ("--cudagraph-max-tokens", args.cudagraph_max_tokens is not None), ("--enforce-eager", args.enforce_eager),
+        ("--moe-backend", args.moe_backend is not None), ("--shard-sp-shared-expert", bool(args.shard_sp_shared_expert)),
+        ("--draft-hidden-size", args.draft_hidden_size is not None)) if bad]
+    if unread:
+        raise TpcostError(f"{', '.join(unread)}: not read by the DP+EP step (attention per DP rank at TP 1, the "
+                          "checkpoint's formats, uniform traffic over 1..budget tokens, graphs as vLLM sets them per "
+                          "backend; docs/model.md §11-12)")
+    ns = argparse.Namespace(
+        gpu=args.gpu, model=args.model, data_parallel_size=args.data_parallel_size,
+        data_parallel_size_local=args.data_parallel_size_local, nnodes=None, enable_expert_parallel=True,
+        all2all_backend=args.all2all_backend or "allgather_reducescatter", network=args.network, phase=None,
+        context_len=args.context_len or None, seq_len=args.seq_len,
+        max_num_batched_tokens=None if args.max_num_batched_tokens == DEFAULT_BUDGET_TOKENS
+        else args.max_num_batched_tokens, imbalance=None, dbo_comm_sms=None, margin=args.margin)
+    s = setup_from_args(ns)
+    d = decide_dbo(ns, s)
+    kw = {"enable_dbo": True, "dbo_decode_token_threshold": d["decode_token_threshold"],
+          "dbo_prefill_token_threshold": d["prefill_token_threshold"]} if d["enable"] else {}
+    if args.json:
+        from costmodel.io import JSON_SCHEMA_VERSION
+
+        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "vllm_version": vllm.label,
+                          "vllm_version_source": vllm.source, "compilation_config": {}, "env": {},
+                          "kernel_switch": None, "model_gates": None, "parallel_config": kw, "dbo": d}, indent=2))
+    elif args.format == "args":
+        print(" ".join(d["vllm_args"]))
+    elif args.format == "python":
+        print(", ".join(f"{k}={v!r}" for k, v in kw.items()))
+    else:  # json: the --compilation-config value, which DBO does not touch
+        print(dumps_json({}))
+    err = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    err(f"tpcost: config for {vllm.describe()}")
+    err(f"tpcost: {s.shape.name} on {s.prof.name}: EP {s.ep} over {s.nodes} node(s), {s.backend}, network "
+        f"{s.network.name}, budget {s.budget_tokens} tokens per rank")
+    if d["enable"]:
+        err(f"tpcost: dual-batch overlap pays: {' '.join(d['vllm_args'])} (vLLM's defaults: decode "
+            f"{d['vllm_defaults']['decode']}, prefill {d['vllm_defaults']['prefill']}, DBO off)")
+        if args.format == "json":
+            err("tpcost: DBO is set by vllm serve arguments, not the compilation config: --format args prints them")
+    else:
+        err("tpcost: dual-batch overlap: keep it off")
+    err(f"tpcost: {d['why']}")
+    err(f"tpcost: assumes {d['assumes']}")
     return 0
