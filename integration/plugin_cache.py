@@ -100,9 +100,11 @@ def profile_identity() -> dict:
 
 def decision_key(inputs: dict) -> str:
     """SHA-256 of the decision's inputs (JSON-able), tpcost's code and the profile and workload they name."""
-    wl = os.environ.get("TPCOST_WORKLOAD")
+    wl, nw = os.environ.get("TPCOST_WORKLOAD"), os.environ.get("TPCOST_NETWORK")
     full = {"format": CACHE_FORMAT, "code": code_fingerprint(), "profile": profile_identity(),
-            "workload": None if not wl else {"path": wl, "digest": _file_digest(wl)}, **inputs}
+            "workload": None if not wl else {"path": wl, "digest": _file_digest(wl)},
+            "network_file": {"path": nw, "digest": _file_digest(nw)} if nw and os.path.isfile(nw) else None,
+            **inputs}
     return hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -119,7 +121,8 @@ def load(d: Path | None, key: str) -> dict | None:
 
 
 PLAN_ATTRS = {"fuse_allreduce_rms": (bool,), "fi_allreduce_fusion_max_size_mb": (int, float),
-              "sp_min_token_num": (int,), "enable_sp": (bool,), "fuse_gemm_comms": (bool,)}
+              "sp_min_token_num": (int,), "enable_sp": (bool,), "fuse_gemm_comms": (bool,),
+              "dbo_decode_token_threshold": (int,), "dbo_prefill_token_threshold": (int,)}
 
 
 PLAN_ENV = ("VLLM_KIMI_K3_GEMM_AR", "VLLM_ENABLE_GEMM_RS")  # costmodel.vllm_tables.SWITCHES (not imported here)

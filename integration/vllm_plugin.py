@@ -6,6 +6,9 @@ intermediate, heads, quantisation, tp, max_num_batched_tokens) and sets, for the
   user left it unset and did not turn the fusion off, on every version;
 - on vLLM <= 0.31, also `pass_config.sp_min_token_num` whenever SP/AsyncTP is enabled and it is unset,
   computed with the fusion range vLLM will actually run (the user's own, or the one set here);
+- on vLLM 0.34, when the user turned dual-batch overlap on (`enable_dbo`) and left a threshold at vLLM's default
+  (ParallelConfig does not track what was set, so a value equal to the default counts as unset), that threshold
+  from tpcost's decision for the DP+EP setup; it never turns DBO on by itself;
 - for a model vLLM runs its fused GEMM+RS/AR kernel in (Kimi-K3, DeepSeek-V4.1; vLLM >= 0.31), the switch of the
   mode its workers bind (VLLM_KIMI_K3_GEMM_AR or VLLM_ENABLE_GEMM_RS) in `os.environ`, when the user left it unset:
   the config is built in the engine's process before the workers spawn, and vLLM's envs are read (then cached) only
@@ -90,6 +93,7 @@ def _apply_inner(cfg) -> None:
             raise RuntimeError("injected failure (TPCOST_PLUGIN_FAIL_FOR_TEST=1)")
         pc = cfg.compilation_config.pass_config
         has_sp = hasattr(pc, "sp_min_token_num")  # vLLM <= 0.31
+        _apply_dbo(cfg, has_sp)
         if _kernel_family(cfg) is not None:
             _apply_kernel_model(cfg, has_sp)
             return
@@ -119,6 +123,92 @@ def _apply_inner(cfg) -> None:
     except Exception as e:
         logger.warning("tpcost: could not compute the pass config (%s: %s); vLLM's defaults apply",
                        type(e).__name__, e)
+
+
+_DBO_FIELDS = {"decode": "dbo_decode_token_threshold", "prefill": "dbo_prefill_token_threshold"}
+
+
+def _apply_dbo(cfg, has_sp: bool) -> None:
+    """Where the user turned DBO on: each threshold left at vLLM's default, from tpcost's decision (one log line per
+    value: vLLM's, tpcost's and the saving). A failure is one warning and vLLM's thresholds stand."""
+    par = cfg.parallel_config
+    if getattr(par, "enable_dbo", False) is not True or cfg.model_config is None:
+        return
+    try:
+        from costmodel.vllm_tables import RELEASES
+
+        version = tuple(_vllm_version(has_sp))
+        rules = RELEASES[version].ep
+        if rules is None:
+            logger.info("tpcost: DBO thresholds left as vLLM %d.%d has them (tpcost has read its DP+EP rules for "
+                        "another release only)", *version)
+            return
+        unset = [ph for ph, attr in _DBO_FIELDS.items() if getattr(par, attr) == rules.dbo_thresholds[ph]]
+        if not unset:
+            return
+        inputs = {"hf_text_config": cfg.model_config.hf_text_config.to_dict(), "model": str(cfg.model_config.model),
+                  "tp": par.tensor_parallel_size, "dp": par.data_parallel_size,
+                  "dp_local": getattr(par, "data_parallel_size_local", None),
+                  "expert_parallel": bool(par.enable_expert_parallel), "backend": par.all2all_backend,
+                  "max_tokens": cfg.scheduler_config.max_num_batched_tokens, "unset": unset,
+                  "network": os.environ.get("TPCOST_NETWORK"), "vllm_version": list(version)}
+        plan, hit = _cached_plan(inputs, _dbo_plan)
+        for attr, value in plan["set"]:
+            setattr(par, attr, value)
+        for line in plan["said"]:
+            logger.info("tpcost: %s%s", line, " (cached decision)" if hit else "")
+    except Exception as e:
+        logger.warning("tpcost: could not decide the DBO thresholds (%s: %s); vLLM's thresholds apply",
+                       type(e).__name__, e)
+
+
+def dbo_setup(inputs: dict, prof):
+    """The EP step's setup (costmodel.ep_step.EPSetup) for what vLLM's ParallelConfig holds; one TpcostError for a
+    setup the step does not price."""
+    from costmodel.all2all import backend
+    from costmodel.ep_step import BATCHED_DP_BUDGET, DEFAULT_BUDGET, EPSetup, check_setup
+    from costmodel.errors import TpcostError
+    from costmodel.moe import moe_shape_from_config
+    from costmodel.network import default_network, load_network
+
+    if inputs["tp"] != 1 or not inputs["expert_parallel"]:
+        raise TpcostError("tpcost prices DBO under DP attention + expert parallelism with TP 1 per rank "
+                          f"(here TP {inputs['tp']}, expert parallel {inputs['expert_parallel']})")
+    shape = moe_shape_from_config(inputs["hf_text_config"], inputs["model"])
+    b = backend(inputs["backend"])
+    if b.predict is None:
+        raise TpcostError(b.refusal)
+    dom, dp = int(prof.interconnect.domain_size), inputs["dp"]
+    local = inputs["dp_local"] if inputs["dp_local"] and 1 <= inputs["dp_local"] <= dp else min(dp, dom)
+    net = load_network(inputs["network"] or default_network(prof.name))
+    budget = inputs["max_tokens"] or (BATCHED_DP_BUDGET if b.batched_dp else DEFAULT_BUDGET)
+    s = EPSetup(prof=prof, shape=shape, ep=dp, gpus_per_node=local, backend=inputs["backend"], network=net,
+                budget_tokens=int(budget))
+    check_setup(s)
+    return s
+
+
+def _dbo_plan(inputs: dict) -> dict:
+    """What to set on the parallel config for DBO and what to say (a JSON-able plan; plugin_cache)."""
+    import argparse
+
+    from costmodel.profile import detect_profile
+
+    from .dbo import decide_dbo
+
+    s = dbo_setup(inputs, detect_profile())
+    d = decide_dbo(argparse.Namespace(margin=None), s)
+    sets, said = [], []
+    for ph in inputs["unset"]:
+        x = d["phases"][ph]
+        value = d[f"{ph}_token_threshold"] or s.budget_tokens + 1  # never pays: no step of the budget microbatches
+        sets.append((_DBO_FIELDS[ph], value))
+        what = (f"saves {x['saving_s'] * 1e3:.3f} ms per step ({100 * x['saving_s'] / x['mean_step_s']:.1f} %), "
+                f"{x['saving_vs_vllm_s'] * 1e3:.3f} ms against vLLM's" if x["threshold_tokens"] is not None else
+                "DBO never pays here within the budget, so no step microbatches; set the threshold to force it")
+        said.append(f"{_DBO_FIELDS[ph]}={value} (vLLM's default {x['vllm_threshold_tokens']}, left unset; {what}; "
+                    f"{s.shape.name}, EP {s.ep} over {s.nodes} node(s), {s.backend}, network {s.network.name})")
+    return {"set": sets, "said": said, "profile_name": s.prof.name, "profile_tier": s.prof.tier}
 
 
 def resolved_fuse_allreduce_rms(cfg) -> tuple[bool | None, str]:

@@ -378,3 +378,70 @@ def test_vllm_config_dbo_refusals_outside_the_path(capsys):
     assert "0.34 only" in capsys.readouterr().err
     assert main(["vllm-config", "--gpu", "h200-sxm", "--network", "efa-p5"]) == 2
     assert "--network" in capsys.readouterr().err
+
+
+def _dbo_inputs(**kw):
+    cfg = json.loads((ROOT / "costmodel" / "models" / "deepseek-v3.json").read_text())
+    base = {"hf_text_config": cfg, "model": "deepseek-ai/DeepSeek-V3", "tp": 1, "dp": 16, "dp_local": 8,
+            "expert_parallel": True, "backend": "deepep_low_latency", "max_tokens": 256,
+            "unset": ["decode", "prefill"], "network": None, "vllm_version": [0, 34]}
+    return {**base, **kw}
+
+
+def test_plugin_dbo_plan_sets_what_was_left_unset(monkeypatch, capsys):
+    """The plugin's DBO plan sets each threshold left at vLLM's default to what `tpcost ep --dbo` decides for the same
+    setup, and says vLLM's, tpcost's and the saving; a threshold the user set is not in the plan."""
+    from integration.vllm_plugin import _dbo_plan
+
+    monkeypatch.setenv("TPCOST_PROFILE", "h200-sxm")
+    plan = _dbo_plan(_dbo_inputs())
+    assert main([*EP, "--all2all-backend", "deepep_low_latency", "--dbo", "--json", "--tokens", "1"]) == 0
+    d = json.loads(capsys.readouterr().out)["dbo"]
+    assert dict(plan["set"]) == {"dbo_decode_token_threshold": d["decode_token_threshold"],
+                                 "dbo_prefill_token_threshold": d["prefill_token_threshold"]}
+    assert len(plan["said"]) == 2 and all("vLLM's default" in s and "saves" in s for s in plan["said"])
+    only = _dbo_plan(_dbo_inputs(unset=["prefill"]))
+    assert [a for a, _ in only["set"]] == ["dbo_prefill_token_threshold"]
+    off = _dbo_plan(_dbo_inputs(dp=8, dp_local=8))  # one node: DBO never pays, the thresholds go above the budget
+    assert all(v == 257 for _, v in off["set"]) and all("never pays" in s for s in off["said"])
+    with pytest.raises(TpcostError, match="TP 1"):
+        _dbo_plan(_dbo_inputs(tp=2))
+
+
+def test_plugin_dbo_leaves_vllm_alone_where_it_should(monkeypatch, caplog):
+    """DBO off: nothing; a release tpcost has no EP rules for: one info line, thresholds untouched; a bad
+    TPCOST_NETWORK: one warning, vLLM's thresholds stand."""
+    import logging
+    from types import SimpleNamespace
+
+    from integration import vllm_plugin as P
+
+    cfg = json.loads((ROOT / "costmodel" / "models" / "deepseek-v3.json").read_text())
+
+    def vcfg(enable):
+        par = SimpleNamespace(enable_dbo=enable, dbo_decode_token_threshold=32, dbo_prefill_token_threshold=512,
+                              tensor_parallel_size=1, data_parallel_size=16, data_parallel_size_local=8,
+                              enable_expert_parallel=True, all2all_backend="deepep_low_latency")
+        mc = SimpleNamespace(hf_text_config=SimpleNamespace(to_dict=lambda: cfg), model="deepseek-ai/DeepSeek-V3")
+        return SimpleNamespace(parallel_config=par, model_config=mc,
+                               scheduler_config=SimpleNamespace(max_num_batched_tokens=256))
+
+    monkeypatch.setenv("TPCOST_PROFILE", "h200-sxm")
+    monkeypatch.setenv("TPCOST_CACHE", "0")
+    c = vcfg(False)
+    P._apply_dbo(c, has_sp=False)
+    assert c.parallel_config.dbo_decode_token_threshold == 32
+    for version, has_sp in (((0, 34), False), ((0, 31), True)):
+        monkeypatch.setattr(P, "_vllm_version", lambda has_sp, v=version: list(v))
+        c = vcfg(True)
+        with caplog.at_level(logging.INFO, logger="vllm.tpcost"):
+            P._apply_dbo(c, has_sp=has_sp)
+        moved = c.parallel_config.dbo_decode_token_threshold != 32
+        assert moved == (version == (0, 34)), caplog.text
+    monkeypatch.setattr(P, "_vllm_version", lambda has_sp: [0, 34])
+    monkeypatch.setenv("TPCOST_NETWORK", "no-such-network")
+    c = vcfg(True)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vllm.tpcost"):
+        P._apply_dbo(c, has_sp=False)
+    assert c.parallel_config.dbo_decode_token_threshold == 32 and "unknown network" in caplog.text

@@ -335,3 +335,43 @@ def test_dbo_arguments_parse_and_gate_as_tpcost_decided_in_034(backend, ep):
             assert on == [], (phase, on[:3])
         else:
             assert on == list(range(max(thr, REC.ep.ubatches), budget + 1)), phase
+
+
+def test_the_plugin_sets_the_dbo_thresholds_left_unset_on_034s_parallel_config(monkeypatch, tmp_path):
+    """On 0.34's own ParallelConfig with DBO turned on by the user: the plugin sets each threshold left at vLLM's
+    default to tpcost's value and keeps one the user set; the result passes 0.34's validation and its
+    check_ubatch_thresholds microbatches from tpcost's thresholds. It never turns DBO on."""
+    from types import SimpleNamespace
+
+    from vllm.config import ParallelConfig
+    from vllm.v1.worker.ubatch_utils import check_ubatch_thresholds
+
+    from integration.vllm_plugin import _apply_dbo
+
+    monkeypatch.setenv("TPCOST_PROFILE", "h200-sxm")
+    monkeypatch.setenv("TPCOST_CACHE_DIR", str(tmp_path))
+    hf = json.loads((ROOT / "costmodel" / "models" / "deepseek-v3.json").read_text())
+
+    def cfg(**kw):
+        par = ParallelConfig(data_parallel_size=16, data_parallel_size_local=8, enable_expert_parallel=True,
+                             all2all_backend="deepep_low_latency", **kw)
+        mc = SimpleNamespace(hf_text_config=SimpleNamespace(to_dict=lambda: hf), model="deepseek-ai/DeepSeek-V3")
+        return SimpleNamespace(parallel_config=par, model_config=mc,
+                               scheduler_config=SimpleNamespace(max_num_batched_tokens=256))
+
+    off = cfg()
+    _apply_dbo(off, has_sp=False)
+    assert off.parallel_config.enable_dbo is False and off.parallel_config.dbo_decode_token_threshold == 32
+    out, _ = _run("ep", "--enable-expert-parallel", "--data-parallel-size", "16", "--all2all-backend",
+                  "deepep_low_latency", "--dbo", "--json", "--tokens", "1")
+    d = json.loads(out)["dbo"]
+    on = cfg(enable_dbo=True, dbo_prefill_token_threshold=100)  # the user's prefill value is kept
+    _apply_dbo(on, has_sp=False)
+    p = on.parallel_config
+    assert (p.dbo_decode_token_threshold, p.dbo_prefill_token_threshold) == (d["decode_token_threshold"], 100)
+    again = ParallelConfig(data_parallel_size=16, enable_expert_parallel=True, all2all_backend="deepep_low_latency",
+                           enable_dbo=True, dbo_decode_token_threshold=p.dbo_decode_token_threshold,
+                           dbo_prefill_token_threshold=p.dbo_prefill_token_threshold)
+    thr = d["decode_token_threshold"]
+    assert not check_ubatch_thresholds(again, thr - 1, uniform_decode=True)
+    assert check_ubatch_thresholds(again, thr, uniform_decode=True)
