@@ -36,8 +36,9 @@ def cell(gpu: str, ep: int, backend: str) -> dict:
         return {**row, "refused": err.getvalue().strip().removeprefix("tpcost: error: ")}
     d = json.loads(out.getvalue())
     dbo, setup = d["dbo"], d["setup"]
-    phases = {p: {k: dbo["phases"][p][k] for k in ("threshold_tokens", "crossover_tokens", "saving_s",
-                                                   "mean_step_s")} for p in ("decode", "prefill")}
+    phases = {p: {**{k: dbo["phases"][p][k] for k in ("threshold_tokens", "crossover_tokens", "saving_s",
+                                                      "mean_step_s")}, "band": dbo["band"][p]}
+              for p in ("decode", "prefill")}
     return {**row, "network": setup["network"], "nodes": setup["nodes"],
             "max_num_batched_tokens": setup["max_num_batched_tokens"], "enable": dbo["enable"],
             "decode_token_threshold": dbo["decode_token_threshold"],

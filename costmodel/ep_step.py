@@ -302,3 +302,32 @@ def dbo_threshold(s: EPSetup, t_max: int, margin: float) -> DboThreshold:
                         mean_step_s=float(np.mean(off)), t_max=t_max, vllm_threshold_tokens=v,
                         saving_vs_vllm_s=float(np.mean(at_vllm - chosen)), t_off_at_max_s=float(off[-1]),
                         t_on_at_max_s=float(on[-1]))
+
+
+def dbo_band(s: EPSetup, t_max: int, margin: float, draws: int = 100, seed: int = 0) -> Any:
+    """The 5-95 % band of the DBO threshold over a fixed-seed Monte Carlo of the GPU profile's and the network's
+    numbers (each at its sigma; analysis.band_edges reads it: None = never, with the share that never pays and
+    the quantities that move it most) (§12)."""
+    from .analysis import band_edges, perturbed_values
+    from .profile import recording
+
+    traced, reads = recording(s.prof)  # only what the step reads is drawn, so only that can move the band
+    dbo_step(dataclasses.replace(s, prof=traced), np.array([2.0, float(t_max)]))
+    step(dataclasses.replace(s, prof=traced), np.array([1.0, float(t_max)]))
+    prof_draws = {k: v for k, v in perturbed_values(s.prof, draws, seed).items() if k in reads}
+    probe = np.array([2.0, float(t_max)])
+
+    def times(x: EPSetup) -> np.ndarray:
+        return np.concatenate([step(x, probe).t_step_s, dbo_step(x, probe).t_step_s])
+
+    base = times(s)  # a network number the step does not read (another backend's) is not drawn
+    net_draws = {k: v for k, v in s.network.drawn(draws, seed).items() if not np.array_equal(
+        times(dataclasses.replace(s, network=s.network.with_values(**{k: 1.5 * getattr(s.network, k)}))), base)}
+    cuts = np.empty(draws)
+    for i in range(draws):
+        prof = s.prof.with_values({k: float(v[i, 0]) for k, v in prof_draws.items()}, None, mark_modified=False)
+        net = s.network.with_values(**{k: float(v[i]) for k, v in net_draws.items()})
+        th = dbo_threshold(dataclasses.replace(s, prof=prof, network=net), t_max, margin).threshold_tokens
+        cuts[i] = np.inf if th is None else th
+    named = {**{k: v[:, 0] for k, v in prof_draws.items()}, **{f"network.{k}": v for k, v in net_draws.items()}}
+    return band_edges(cuts, named)

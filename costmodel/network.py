@@ -59,6 +59,22 @@ class Network:
         """A copy with some numbers replaced (a fit, a what-if)."""
         return dataclasses.replace(self, **kw)
 
+    def drawn(self, draws: int, seed: int) -> dict[str, Any]:
+        """Lognormal draws of every number with a sigma (median = its value), clipped into its plausible range, each
+        key from its own stream (seed, crc32 of "network.<key>"), as the profile's band draws are (§11.5)."""
+        import zlib
+
+        import numpy as np
+
+        out = {}
+        for key, lo, hi, _ in FIELDS:
+            sig, v = self.sigmas.get(key, 0.0), float(getattr(self, key))
+            if sig <= 0 or v == 0:
+                continue
+            z = np.random.default_rng([seed, zlib.crc32(f"network.{key}".encode())]).standard_normal(draws)
+            out[key] = np.clip(v * np.exp(sig * z), lo, hi)
+        return out
+
 
 def builtin_network_names() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("costmodel.networks").iterdir() if p.name.endswith(".toml"))

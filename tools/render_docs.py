@@ -460,8 +460,8 @@ def dbo_thresholds_table() -> str:
     """benchmarks/results/dbo_thresholds.json: tpcost's DBO thresholds beside vLLM 0.34's 32 / 512."""
     d = _load("dbo_thresholds.json")
     v = d["vllm_defaults"]
-    lines = [f"| GPU | EP (nodes) | backend | budget | decode threshold (vLLM {v['decode']}) | saving | "
-             f"prefill threshold (vLLM {v['prefill']}) | saving |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| GPU | EP (nodes) | backend | budget | decode threshold [band] (vLLM {v['decode']}) | saving | "
+             f"prefill threshold [band] (vLLM {v['prefill']}) | saving |", "|---|---|---|---|---|---|---|---|"]
     for c in d["cells"]:
         head = f"| {c['gpu']} | {c['ep']}"
         if "refused" in c:
@@ -470,7 +470,9 @@ def dbo_thresholds_table() -> str:
         cells = []
         for ph in ("decode", "prefill"):
             x = c["phases"][ph]
-            thr = "never" if x["threshold_tokens"] is None else str(x["threshold_tokens"])
+            b = x["band"]
+            thr = ("never" if x["threshold_tokens"] is None else str(x["threshold_tokens"])) + \
+                f" [{b['lo_tokens'] or 'never'}, {b['hi_tokens'] or 'never'}]"
             save = "" if x["threshold_tokens"] is None else f"{100 * x['saving_s'] / x['mean_step_s']:.1f} %"
             cells += [thr, save]
         lines.append(f"{head} ({c['nodes']}) | {c['all2all_backend']} | {c['max_num_batched_tokens']} | "
