@@ -113,18 +113,24 @@ def _rows_of(sid: str, r: dict, be: str) -> list[Row]:
         if us is not None:
             out.append(Row(sid, gpu, net, be, call, q, us * 1e-6, f"{q} {us:g} us"))
         elif gbps is not None:
-            b = F.a2a_token_bytes(H, dt)
-            if be == "deepep_low_latency":
-                logical = T * k * b
-            elif intranode or nodes == 1:
-                logical = T * F.expected_bins_hit(k, E, 1, 1, ep) * b
-            else:
-                logical = T * F.expected_bins_hit(k, E, ng, tg, nodes) * b
-            out.append(Row(sid, gpu, net, be, call, q, logical / (gbps * 1e9), f"{q} {gbps:g} GB/s"))
+            out.append(Row(sid, gpu, net, be, call, q, logical_bytes(be, call, dt, intranode) / (gbps * 1e9),
+                           f"{q} {gbps:g} GB/s"))
     tot = _num(r["total_us"])
     if tot is not None:
         out.append(Row(sid, gpu, net, be, call, "total", tot * 1e-6, f"dispatch+combine {tot:g} us"))
     return out
+
+
+def logical_bytes(be: str, call: A2ACall, dtype: str, intranode: bool) -> float:
+    """The bytes per rank DeepEP's tests divide by the time to print a bandwidth: low-latency, every token-expert
+    pair; normal inside a node, one copy per destination rank; across nodes, one per destination node (RDMA)."""
+    T, H, k, E = float(np.asarray(call.tokens).ravel()[0]), call.hidden, call.top_k, call.num_experts
+    b = F.a2a_token_bytes(H, dtype)
+    if be == "deepep_low_latency":
+        return T * k * b
+    if intranode or call.nodes == 1:
+        return float(T * F.expected_bins_hit(k, E, 1, 1, call.ep) * b)
+    return float(T * F.expected_bins_hit(k, E, call.n_group, call.topk_group, call.nodes) * b)
 
 
 def _predict_row(row: Row, net: Network) -> float:

@@ -199,4 +199,38 @@ def predict(name: str, call: A2ACall, links: Links) -> A2ATimes:
     if call.ep > call.gpus_per_node and call.ep % call.gpus_per_node:
         raise TpcostError(f"EP {call.ep} across nodes of {call.gpus_per_node} GPUs: vLLM's EP group fills whole "
                           "nodes (a multiple of the node size)")
-    return b.predict(call, links)
+    return measured_times(b, call, links, b.predict(call, links))
+
+
+def measured_times(b: Backend, call: A2ACall, links: Links, model: A2ATimes) -> A2ATimes:
+    """A measurement beats a prior: where the network carries measured calls of this backend at this EP layout, the
+    model's times scaled by measured / model at each measured point, interpolated in ln(tokens) and held flat past
+    the ends; exact at a measured point's own shape (§11.5)."""
+    name = b.alias_of or b.name
+    pts = [m for m in links.network.measured if m.backend == name and m.ep == call.ep
+           and m.gpus_per_node == call.gpus_per_node]
+    if not pts:
+        return model
+    T = np.log(np.maximum(np.asarray(call.tokens, dtype=float), 1.0))
+    scale = {}
+    for q in ("dispatch", "combine"):
+        own = [m for m in pts if m.quantity in (q, "total")]
+        same = [m for m in own if q == "combine" or m.dispatch_dtype == call.dispatch_dtype]
+        use = same or own  # another dtype's measurement still corrects the model where none of this one exists
+        if not use:
+            continue
+        ratio: dict[int, list[float]] = {}
+        for m in use:
+            at = dataclasses.replace(call, tokens=np.array([float(m.tokens_per_rank)]), hidden=m.hidden,
+                                     top_k=m.top_k, num_experts=m.num_experts, n_group=m.n_group,
+                                     topk_group=m.topk_group, dispatch_dtype=m.dispatch_dtype, imbalance=1.0)
+            x = b.predict(at, links)  # type: ignore[misc]
+            pred = {"dispatch": x.t_dispatch_s, "combine": x.t_combine_s}.get(m.quantity)
+            pred = x.t_dispatch_s + x.t_combine_s if pred is None else pred
+            ratio.setdefault(m.tokens_per_rank, []).append(float(np.log(m.t_s / float(np.asarray(pred)[0]))))
+        xs = sorted(ratio)
+        scale[q] = np.exp(np.interp(T, np.log(np.array(xs, dtype=float)), [float(np.mean(ratio[x])) for x in xs]))
+    return dataclasses.replace(model, t_dispatch_s=model.t_dispatch_s * scale.get("dispatch", 1.0),
+                               t_combine_s=model.t_combine_s * scale.get("combine", 1.0),
+                               bound_dispatch=model.bound_dispatch + ("+measured" if "dispatch" in scale else ""),
+                               bound_combine=model.bound_combine + ("+measured" if "combine" in scale else ""))

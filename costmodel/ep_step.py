@@ -58,6 +58,10 @@ class EPSetup:
 
 def check_setup(s: EPSetup) -> None:
     """One line for what vLLM (or the step) cannot run."""
+    other = sorted({m.gpu for m in s.network.measured} - {s.prof.name})
+    if other:
+        raise TpcostError(f"network {s.network.name} ({s.network.origin}) holds all-to-all calls measured on "
+                          f"{', '.join(other)}, not {s.prof.name}: give that GPU, or a network without them")
     if s.ep < 2:
         raise TpcostError("expert parallelism over DP needs --data-parallel-size >= 2 (at DP 1 vLLM runs no all-to-all)")
     s.shape.check_ep(s.ep)

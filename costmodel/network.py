@@ -28,6 +28,84 @@ FIELDS = (("nics_per_gpu", 1, 16, "count"),
           ("nvl_efficiency", 0.05, 1.0, "share of the NVLink rate an all-to-all reaches inside a node"))
 
 
+MEASURED_QUANTITIES = ("dispatch", "combine", "total")  # total: one dispatch + one combine
+MEASURED_BACKENDS = ("deepep_low_latency", "deepep_high_throughput")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredA2A:
+    """One measured all-to-all call on this cluster (a DeepEP test log's line): its shape and time (SI)."""
+
+    backend: str
+    quantity: str  # dispatch | combine | total
+    gpu: str  # the GPU profile it was measured on: another GPU's step refuses this network
+    ep: int
+    gpus_per_node: int
+    tokens_per_rank: int
+    hidden: int
+    top_k: int
+    num_experts: int
+    n_group: int  # the routing's groups in the test (DeepEP's internode test limits tokens to node groups)
+    topk_group: int
+    dispatch_dtype: str
+    t_s: float
+    source: str
+
+
+_MEASURED_INTS = (("ep", 2, 4096), ("gpus_per_node", 1, 72), ("tokens_per_rank", 1, 2**20), ("hidden", 1, 2**20),
+                  ("top_k", 1, 1024), ("num_experts", 1, 2**16), ("n_group", 1, 2**16), ("topk_group", 1, 2**16))
+
+
+def _measured(tree: Any, where: str) -> tuple[MeasuredA2A, ...]:
+    """The [[measured]] array of a network file, each entry checked (one line per mistake)."""
+    if tree is None:
+        return ()
+    if not isinstance(tree, list):
+        raise TpcostError(f"{where}: measured must be an array of tables ([[measured]])")
+    out = []
+    for i, m in enumerate(tree):
+        at = f"{where}: measured[{i}]"
+        if not isinstance(m, dict):
+            raise TpcostError(f"{at} must be a table")
+        known = {f.name for f in dataclasses.fields(MeasuredA2A)}
+        extra, missing = sorted(set(m) - known), sorted(known - set(m))
+        if extra or missing:
+            raise TpcostError(f"{at}: " + (f"unknown key(s) {', '.join(extra)}" if extra else
+                                           f"missing {', '.join(missing)}") + f" (it holds {', '.join(sorted(known))})")
+        if m["backend"] not in MEASURED_BACKENDS:
+            raise TpcostError(f"{at}: backend must be one of {', '.join(MEASURED_BACKENDS)}, got {m['backend']!r}")
+        if m["quantity"] not in MEASURED_QUANTITIES:
+            raise TpcostError(f"{at}: quantity must be one of {', '.join(MEASURED_QUANTITIES)}, got {m['quantity']!r}")
+        if not (isinstance(m["gpu"], str) and m["gpu"].strip()):
+            raise TpcostError(f"{at}: gpu must name the GPU profile it was measured on")
+        if m["dispatch_dtype"] not in ("fp8", "bf16"):
+            raise TpcostError(f"{at}: dispatch_dtype must be fp8 or bf16, got {m['dispatch_dtype']!r}")
+        for key, lo, hi in _MEASURED_INTS:
+            v = m[key]
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise TpcostError(f"{at}: {key} must be an integer in [{lo}, {hi}], got {v!r}")
+        t_s = finite_float(m["t_s"], f"{at}: t_s")
+        if not 1e-7 <= t_s <= 10.0:
+            raise TpcostError(f"{at}: t_s = {t_s:g} is outside its plausible range [1e-07, 10] s")
+        if not (isinstance(m["source"], str) and m["source"].strip()):
+            raise TpcostError(f"{at}: needs a non-empty source")
+        out.append(MeasuredA2A(**{**m, "t_s": t_s}))
+    return tuple(out)
+
+
+def network_toml(net: Network, header: str = "") -> str:
+    """The network as a network file's text (tomli_w; what load_network reads back)."""
+    import tomli_w
+
+    tree: dict = {"name": net.name, "display_name": net.display_name, "transport": net.transport}
+    for key, *_ in FIELDS:
+        tree[key] = {"value": float(getattr(net, key)), "source": net.sources[key], "tier": net.tiers[key],
+                     "sigma": float(net.sigmas[key])}
+    if net.measured:
+        tree["measured"] = [dataclasses.asdict(m) for m in net.measured]
+    return header + tomli_w.dumps(tree)
+
+
 @dataclasses.dataclass(frozen=True)
 class Network:
     """One cluster's scale-out network; every number has a source, a tier and a relative sigma."""
@@ -49,6 +127,7 @@ class Network:
     tiers: dict[str, str]
     sigmas: dict[str, float]
     origin: str
+    measured: tuple[MeasuredA2A, ...] = ()  # this cluster's own timings: they take effect where they apply (§11.5)
 
     @property
     def line_rate_per_gpu_bytes_per_s(self) -> float:
@@ -109,7 +188,7 @@ def network_from_dict(tree: Any, origin: str) -> Network:
         raise TpcostError(f"{origin}: the network needs a non-empty name")
     if transport not in TRANSPORTS:
         raise TpcostError(f"{origin}: transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
-    known = {f[0] for f in FIELDS} | {"name", "display_name", "transport"}
+    known = {f[0] for f in FIELDS} | {"name", "display_name", "transport", "measured"}
     extra = sorted(set(tree) - known)
     if extra:
         raise TpcostError(f"{origin}: unknown key(s) {', '.join(extra)}; a network holds {', '.join(sorted(known))}")
@@ -117,7 +196,7 @@ def network_from_dict(tree: Any, origin: str) -> Network:
     for key, lo, hi, _unit in FIELDS:
         vals[key], src[key], tiers[key], sig[key] = _value(tree, key, lo, hi, origin)
     return Network(name=name, display_name=str(disp), transport=transport, sources=src, tiers=tiers, sigmas=sig,
-                   origin=origin, **vals)
+                   origin=origin, measured=_measured(tree.get("measured"), origin), **vals)
 
 
 def load_network(name_or_path: str) -> Network:

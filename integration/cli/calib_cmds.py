@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from costmodel.defaults import DEFAULT_MARGIN, DEFAULT_SEQ_LEN
 
+from .common import bounded_int
+
 
 def _common(p):
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -21,7 +23,17 @@ def register(sub):
     c.add_argument("--from-nccl-tests", nargs="+", metavar="FILE", default=None,
                    help="instead of running benchmarks: fit nccl-tests logs (all_reduce_perf, all_gather_perf, "
                         "reduce_scatter_perf output) into --from's collectives (no torch needed)")
-    c.add_argument("--from", dest="source", metavar="PROFILE", help="with --from-nccl-tests: the profile to start from")
+    c.add_argument("--from-deepep", nargs="+", metavar="FILE", default=None,
+                   help="instead of running benchmarks: read DeepEP test logs (test_low_latency.py, test_intranode.py, "
+                        "test_internode.py output) into measured all-to-all calls of --from's network (no torch)")
+    c.add_argument("--from", dest="source", metavar="PROFILE|NETWORK",
+                   help="with --from-nccl-tests: the profile to start from; with --from-deepep: the network")
+    c.add_argument("--gpu", help="with --from-deepep: the GPU profile the logs ran on")
+    for flag, what in (("--num-tokens", "tokens per rank"), ("--hidden", "hidden size"), ("--num-topk", "top-k"),
+                       ("--num-experts", "routed experts"), ("--ep", "EP size: the test's GPUs in all"),
+                       ("--gpus-per-node", "GPUs per node (default min(EP, 8))")):
+        c.add_argument(flag, type=bounded_int(flag, 1, 2**20, "that"), metavar="N",
+                       help=f"with --from-deepep: the test's {what}, where the log has no [config] line")
     c.add_argument("--allow-other-gpu", action="store_true",
                    help="with --from-nccl-tests: take a log whose GPU is not --from's as intended (the profile then "
                         "records 'measured on' that GPU); without it such a log is refused")
@@ -56,6 +68,19 @@ def _calibrate(args):
 
         raise TpcostError("--allow-other-gpu: only --from-nccl-tests reads another GPU's log; a benchmark run measures "
                           "the GPU it runs on")
+    from costmodel.errors import TpcostError
+
+    deepep_only = [f"--{k.replace('_', '-')}" for k in ("gpu", "num_tokens", "hidden", "num_topk", "num_experts", "ep",
+                                                         "gpus_per_node") if getattr(args, k) is not None]
+    if deepep_only and not args.from_deepep:
+        raise TpcostError(f"{', '.join(deepep_only)}: read only with --from-deepep")
+    if args.from_deepep and args.from_nccl_tests:
+        raise TpcostError("--from-deepep and --from-nccl-tests write different files (a network, a profile): one "
+                          "of them per call")
+    if args.from_deepep:
+        from calib.deepep_logs import run as from_deepep
+
+        return from_deepep(args)
     if args.from_nccl_tests:
         from calib.nccl_tests import run as from_logs
 
