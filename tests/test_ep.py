@@ -460,3 +460,12 @@ def test_dbo_band_draws_only_what_the_step_reads():
     a, b = dbo_band(s, 64, 0.02, draws=24), dbo_band(s, 64, 0.02, draws=24)
     assert tuple(a) == tuple(b) and a.drivers == b.drivers
     assert all(not k.startswith(("network.ht_", "collectives.")) for k, _ in a.drivers)
+
+
+def test_tp_beyond_one_domain_gets_one_line(capsys):
+    """vllm-config --tp 16 on 8-GPU nodes: one line says what cannot run across nodes and what tpcost prices there."""
+    assert main(["vllm-config", "--gpu", "h100-sxm", "--tp", "16", "--vllm-version", "0.34"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"pass_config": {}}
+    (line,) = [ln for ln in err.splitlines() if "spans 2 NVLink domains" in ln]
+    assert "nothing fused is set" in line and "tpcost ep" in line

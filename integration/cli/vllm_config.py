@@ -101,6 +101,13 @@ def cmd_vllm_config(args) -> int:
     r = recommend(prof, shape, run, user, min_confidence=args.min_confidence)
     _emit(args, {"pass_config": r.pass_config()}, None, vllm)
     print(f"tpcost: config for {vllm.describe()}", file=sys.stderr)
+    dom = int(prof.interconnect.domain_size)
+    if args.tp > dom:
+        print(f"tpcost: TP {args.tp} spans {-(-args.tp // dom)} NVLink domains of {dom} ({prof.name}): no fused TP op "
+              "runs across nodes (FlashInfer's all-reduce+RMSNorm, the symmetric-memory ops and the GEMM+RS/AR kernel "
+              "need one domain), so nothing fused is set; tpcost prices the TP collectives across nodes only over "
+              "the profile's one inter-node link (no NICs or RDMA); an MoE model across nodes runs DP attention + EP "
+              "instead: tpcost ep", file=sys.stderr)
     for line in explain(r):
         print(line, file=sys.stderr)
     return 0
