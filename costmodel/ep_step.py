@@ -281,34 +281,41 @@ class DboThreshold:
     t_on_at_max_s: float  # and microbatched: how much DBO wins or loses where it matters most
 
 
-def dbo_threshold(s: EPSetup, t_max: int, margin: float) -> DboThreshold:
-    """vLLM's rule (microbatch from `threshold` tokens, EP.dbo_rule_cite) priced over 1..t_max tokens per rank
-    with uniform weight and every DP rank at the same count; the premium `margin` rides on the DBO side (§12)."""
+def dbo_threshold(s: EPSetup, t_max: int, margin: float, weights: Any = None) -> DboThreshold:
+    """vLLM's rule (microbatch from `threshold` tokens, EP.dbo_rule_cite) priced over 1..t_max tokens per rank,
+    weighted by the traffic (`weights` over 1..t_max, sum 1; default uniform), every DP rank at the same count; the
+    premium `margin` rides on the DBO side (§12)."""
     T = np.arange(1, t_max + 1, dtype=float)
+    w = np.full(t_max, 1.0 / t_max) if weights is None else np.asarray(weights, dtype=float)
     off = step(s, T).t_step_s
     on = np.where(T >= 2, dbo_step(s, np.maximum(T, 2)).t_step_s, np.inf)
-    # cost of threshold θ: Σ_{T<θ} off + Σ_{T>=θ} on·(1+margin); θ = t_max+1 is "never"
-    pref_off = np.concatenate([[0.0], np.cumsum(off)])
-    on_m = np.where(np.isfinite(on), on * (1 + margin), np.inf)
+    # cost of threshold θ: Σ_{T<θ} w·off + Σ_{T>=θ} w·on·(1+margin); θ = t_max+1 is "never" (a 1-token step cannot
+    # split: it is never microbatched, whatever its weight)
+    pref_off = np.concatenate([[0.0], np.cumsum(w * off)])
+    on_m = np.where(np.isfinite(on), w * np.where(np.isfinite(on), on, 0.0) * (1 + margin), np.inf)
     suf_on = np.concatenate([np.cumsum(on_m[::-1])[::-1], [0.0]])
     cost = pref_off + suf_on  # index i: θ = i + 1
-    i = int(np.argmin(cost))
-    theta = i + 1 if i < t_max else None
-    chosen = np.where(T >= (theta or t_max + 1), on, off)
     faster = on < off
     cross = None
     if faster[-1]:
         j = t_max - int(np.argmin(faster[::-1])) if not faster.all() else 0
         cross = int(T[j]) if j < t_max else None
+    # a traffic with no steps between two counts leaves every threshold between them at the same cost: of those,
+    # the one nearest the crossover (where DBO starts to be faster), so a step size the traffic did not show is
+    # still decided by the physics
+    tied = np.flatnonzero(cost <= cost.min() * (1 + 1e-12))
+    i = int(tied[np.argmin(np.abs(tied + 1 - (cross or t_max + 1)))])
+    theta = i + 1 if i < t_max else None
+    chosen = np.where(T >= (theta or t_max + 1), on, off)
     v = EP.dbo_thresholds["decode" if s.decode else "prefill"]
     at_vllm = np.where(T >= v, on, off)
-    return DboThreshold(threshold_tokens=theta, crossover_tokens=cross, saving_s=float(np.mean(off - chosen)),
-                        mean_step_s=float(np.mean(off)), t_max=t_max, vllm_threshold_tokens=v,
-                        saving_vs_vllm_s=float(np.mean(at_vllm - chosen)), t_off_at_max_s=float(off[-1]),
+    return DboThreshold(threshold_tokens=theta, crossover_tokens=cross, saving_s=float(np.sum(w * (off - chosen))),
+                        mean_step_s=float(np.sum(w * off)), t_max=t_max, vllm_threshold_tokens=v,
+                        saving_vs_vllm_s=float(np.sum(w * (at_vllm - chosen))), t_off_at_max_s=float(off[-1]),
                         t_on_at_max_s=float(on[-1]))
 
 
-def dbo_band(s: EPSetup, t_max: int, margin: float, draws: int = 100, seed: int = 0) -> Any:
+def dbo_band(s: EPSetup, t_max: int, margin: float, draws: int = 100, seed: int = 0, weights: Any = None) -> Any:
     """The 5-95 % band of the DBO threshold over a fixed-seed Monte Carlo of the GPU profile's and the network's
     numbers (each at its sigma; analysis.band_edges reads it: None = never, with the share that never pays and
     the quantities that move it most) (§12)."""
@@ -331,7 +338,7 @@ def dbo_band(s: EPSetup, t_max: int, margin: float, draws: int = 100, seed: int 
     for i in range(draws):
         prof = s.prof.with_values({k: float(v[i, 0]) for k, v in prof_draws.items()}, None, mark_modified=False)
         net = s.network.with_values(**{k: float(v[i]) for k, v in net_draws.items()})
-        th = dbo_threshold(dataclasses.replace(s, prof=prof, network=net), t_max, margin).threshold_tokens
+        th = dbo_threshold(dataclasses.replace(s, prof=prof, network=net), t_max, margin, weights).threshold_tokens
         cuts[i] = np.inf if th is None else th
     named = {**{k: v[:, 0] for k, v in prof_draws.items()}, **{f"network.{k}": v for k, v in net_draws.items()}}
     return band_edges(cuts, named)

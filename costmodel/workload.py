@@ -28,6 +28,7 @@ METRIC = "vllm:iteration_tokens_total"
 MAX_CONTEXT_LEN = 2**24  # 16 M tokens: beyond any context window served today
 MAX_STEP_TOKENS = 2**40  # tokens of one step (or a finite bucket bound): ~1e12, beyond any token budget by 10^6
 SPREADS = ("uniform", "upper", "lower")
+PHASES = ("decode", "mixed")  # a workload's phase column: vLLM's uniform-decode steps, and every other step
 _SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$')
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 
@@ -40,6 +41,7 @@ class Workload:
     buckets: tuple[tuple[float, float, float], ...] = ()
     points: tuple[tuple[int, float], ...] = ()
     contexts: tuple[tuple[int, float, int], ...] = ()  # (num_tokens, count, context_len) rows of a CSV that has them
+    phases: tuple[tuple[int, float, str], ...] = ()  # (tokens per DP rank, count, decode|mixed): tpcost ep's DBO
 
     @property
     def total(self) -> float:
@@ -108,10 +110,12 @@ def parse_csv(text: str, where: str) -> Workload:
 
     rows = [r for r in csv.reader(text.splitlines()) if any(c.strip() for c in r)]
     header = [c.strip() for c in rows[0]] if rows else []
-    if header not in (["num_tokens", "count"], ["num_tokens", "count", "context_len"]):
-        raise TpcostError(f"{where}: expected a header 'num_tokens,count' or 'num_tokens,count,context_len'")
+    if header not in (["num_tokens", "count"], ["num_tokens", "count", "context_len"], ["num_tokens", "count", "phase"]):
+        raise TpcostError(f"{where}: expected a header 'num_tokens,count', 'num_tokens,count,context_len' or "
+                          "'num_tokens,count,phase'")
     pts: dict[int, float] = {}
     ctx: list[tuple[int, float, int]] = []
+    phs: list[tuple[int, float, str]] = []
     for i, r in enumerate(rows[1:], start=2):
         if len(r) != len(header):
             raise TpcostError(f"{where}:{i}: expected {len(header)} cells, got {len(r)}")
@@ -125,7 +129,13 @@ def parse_csv(text: str, where: str) -> Workload:
             raise TpcostError(f"{where}:{i}: num_tokens {n!r} is not a positive integer")
         cv = finite_float(c, f"{where}:{i}: count", nonneg=True)
         pts[int(n)] = pts.get(int(n), 0.0) + cv
-        if len(header) == 3:
+        if header[-1] == "phase":
+            ph = r[2].strip()
+            if ph not in PHASES:
+                raise TpcostError(f"{where}:{i}: phase {ph[:20]!r} is not one of {', '.join(PHASES)} (a uniform decode "
+                                  "step, or one with prefill tokens)")
+            phs.append((int(n), cv, ph))
+        elif len(header) == 3:
             k = r[2].strip()
             if not (k.isascii() and k.isdigit()) or not 1 <= int(k) <= MAX_CONTEXT_LEN:
                 raise TpcostError(f"{where}:{i}: context_len {k!r} is not an integer in [1, {MAX_CONTEXT_LEN}]")
@@ -137,7 +147,21 @@ def parse_csv(text: str, where: str) -> Workload:
         raise TpcostError(f"{where}: no steps counted")
     cols = ",".join(header)
     return Workload(name=f"{where} ({cols}, {sum(pts.values()):g} steps)", points=tuple(sorted(pts.items())),
-                    contexts=tuple(ctx))
+                    contexts=tuple(ctx), phases=tuple(phs))
+
+
+def phase_workload(w: Workload, phase: str) -> Workload | None:
+    """The steps of one phase of a workload with a phase column (None where it counts none of them); a workload
+    without one is the same traffic for both phases."""
+    if not w.phases:
+        return w
+    pts: dict[int, float] = {}
+    for n, c, ph in w.phases:
+        if ph == phase:
+            pts[n] = pts.get(n, 0.0) + c
+    if sum(pts.values()) <= 0:
+        return None
+    return Workload(name=f"{w.name}, {phase} rows", points=tuple(sorted(pts.items())))
 
 
 def read_workload(path: str) -> Workload:

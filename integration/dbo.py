@@ -13,6 +13,22 @@ VLLM_DBO = EP.dbo_thresholds
 UBATCHES = EP.ubatches
 
 
+def phase_weights(w, phase: str, budget: int):
+    """(the traffic's weights over 1..budget tokens per rank for one phase, what they are): a workload's rows of that
+    phase (decode: its uniform-decode rows; prefill: every other step, vLLM's 'mixed'), the whole workload where it has
+    no phase column, uniform without one or where the workload counts no step of that phase."""
+    import numpy as np
+
+    from costmodel.workload import grid_weights, phase_workload
+
+    if w is None:
+        return None, "uniform over 1..budget"
+    pw = phase_workload(w, "decode" if phase == "decode" else "mixed")
+    if pw is None:
+        return None, f"uniform over 1..budget ({w.name} counts no {phase} step)"
+    return grid_weights(pw, np.arange(1, budget + 1, dtype=float)), pw.name
+
+
 def _band_json(band) -> dict:
     """A phase's threshold band as JSON: its edges (None: never), the share of draws that never pay, the drivers."""
     from costmodel.analysis import band_drivers_json
@@ -34,11 +50,14 @@ def decide_dbo(args, s, band: bool = True) -> dict:
                 "vllm_args": []}
     margin = DEFAULT_MARGIN if args.margin is None else args.margin
     phases, bands = {}, {}
+    traffic = {ph: phase_weights(getattr(args, "workload_obj", None), ph, s.budget_tokens)
+               for ph in ("decode", "prefill")}
     for phase in ("decode", "prefill"):
         ps = dataclasses.replace(s, decode=phase == "decode")
-        phases[phase] = dbo_threshold(ps, s.budget_tokens, margin)
+        w, _ = traffic[phase]
+        phases[phase] = dbo_threshold(ps, s.budget_tokens, margin, w)
         if band:
-            bands[phase] = _band_json(dbo_band(ps, s.budget_tokens, margin))
+            bands[phase] = _band_json(dbo_band(ps, s.budget_tokens, margin, weights=w))
     d, p = phases["decode"], phases["prefill"]
     enable = d.threshold_tokens is not None or p.threshold_tokens is not None
     never = s.budget_tokens + 1  # a threshold above the budget: that phase never microbatches
@@ -66,8 +85,10 @@ def decide_dbo(args, s, band: bool = True) -> dict:
            "vllm_defaults": dict(VLLM_DBO), "band": bands or None,
            "band_why": ("each threshold's 5-95 % over 100 draws of the GPU profile's and the network's numbers the "
                         "step reads, each at its sigma" if band else "not drawn here"),
-           "why": "; ".join(why), "assumes": "uniform traffic over 1..budget tokens per rank, every DP rank at the "
-           "same count (the DP vote's minimum equals its maximum)"}
+           "why": "; ".join(why),
+           "traffic": {ph: what for ph, (_, what) in traffic.items()},
+           "assumes": "every DP rank at the same token count (the DP vote's minimum equals its maximum: a workload's "
+           "num_tokens is tokens per DP rank; a /metrics scrape holds neither the split nor the ranks' spread)"}
     out["vllm_args"] = (["--enable-dbo", "--dbo-decode-token-threshold", str(dt), "--dbo-prefill-token-threshold",
                          str(pt)] if enable else [])
     return out

@@ -469,3 +469,34 @@ def test_tp_beyond_one_domain_gets_one_line(capsys):
     assert json.loads(out) == {"pass_config": {}}
     (line,) = [ln for ln in err.splitlines() if "spans 2 NVLink domains" in ln]
     assert "nothing fused is set" in line and "tpcost ep" in line
+
+
+def test_dbo_decides_on_the_workload_per_phase(tmp_path, capsys):
+    """A workload with a phase column decides each threshold on its own rows: traffic at 250 tokens only makes
+    DBO pay there, traffic at 4 tokens only never reaches it; the traffic is named in the report."""
+    w = tmp_path / "w.csv"
+    w.write_text("num_tokens,count,phase\n250,10,decode\n4,10,mixed\n")
+    base = [*EP, "--all2all-backend", "deepep_low_latency", "--dbo", "--json", "--tokens", "8"]
+    assert main(base) == 0
+    uni = json.loads(capsys.readouterr().out)["dbo"]
+    assert main([*base, "--workload", str(w)]) == 0
+    d = json.loads(capsys.readouterr().out)["dbo"]
+    assert "decode rows" in d["traffic"]["decode"] and "mixed rows" in d["traffic"]["prefill"]
+    dec, pre = d["phases"]["decode"], d["phases"]["prefill"]
+    assert dec["threshold_tokens"] is not None and dec["threshold_tokens"] <= 250 and dec["saving_s"] > 0
+    assert pre["saving_s"] == pytest.approx(0.0, abs=1e-12) and uni["phases"]["prefill"]["saving_s"] > 0
+
+
+@pytest.mark.parametrize("text,argv,msg", [
+    ("num_tokens,count,phase\n8,1,prefill\n", ["ep", "--enable-expert-parallel", "--dbo"], "not one of decode, mixed"),
+    ("num_tokens,count,phase\n8,1,decode\n", ["ep", "--enable-expert-parallel"], "read only by --dbo"),
+    ("num_tokens,count,phase\n8,1,decode\n", ["whatif", "--no-band"], "phase column is read only by tpcost ep"),
+    ("num_tokens,count,phase\n8,1,decode\n", ["op", "--tp", "8", "--op", "gemm_rs", "--impl", "torch", "--n", "8192", "--k",
+                                              "3584", "--vllm-version", "0.31"], "phase column"),
+])
+def test_phase_column_bad_input(tmp_path, capsys, text, argv, msg):
+    w = tmp_path / "w.csv"
+    w.write_text(text)
+    assert main([*argv, "--workload", str(w)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and msg in err, err

@@ -297,7 +297,11 @@ def load_workload_arg(args):
         return None
     from costmodel.workload import read_workload
 
-    return read_workload(args.workload)
+    w = read_workload(args.workload)
+    if w.phases and getattr(args, "func", None) is not None and args.func.__name__ != "cmd_ep":
+        raise TpcostError(f"{w.name}: its phase column is read only by tpcost ep --dbo (dual-batch overlap's two "
+                          "thresholds); give this command num_tokens,count[,context_len]")
+    return w
 
 
 def check_overrides_take_effect(prof, overrides, shape, args) -> None:

@@ -19,7 +19,7 @@ DEFAULT_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # Flags whose effect depends on the query: each given one is priced again at its default, and refused where the
 # answer is the same (a flag takes effect or is refused).
 _CHECKED = ("--network", "--phase", "--context-len", "--seq-len", "--max-num-batched-tokens", "--imbalance",
-            "--dbo-comm-sms", "--margin")
+            "--dbo-comm-sms", "--margin", "--workload")
 
 
 def register(sub) -> None:
@@ -57,6 +57,9 @@ def register(sub) -> None:
     p.add_argument("--dbo", action="store_true", help="decide dual-batch overlap: both thresholds and the saving")
     p.add_argument("--at", type=bounded_int("--at", 2, 2**20, "tokens"), help="break one step down, DBO off and on")
     p.add_argument("--margin", type=fraction("--margin"), default=None, help="risk premium on the DBO side")
+    p.add_argument("--workload", metavar="FILE", help="the traffic --dbo decides for: a CSV num_tokens,count[,phase] "
+                   "(tokens per DP rank; phase decode|mixed splits the two thresholds' traffic) or a /metrics scrape "
+                   "(default: uniform over 1..budget)")
     p.add_argument("--json", action="store_true", help="machine-readable output (SI units)")
     p.set_defaults(func=cmd_ep)
 
@@ -154,7 +157,12 @@ def _header(s) -> dict:
 
 def _body(args) -> tuple[object, dict]:
     """The setup and the answer the flags ask for (everything but the header)."""
+    from .common import load_workload_arg
+
     s = setup_from_args(args)
+    if args.workload and not args.dbo:
+        raise TpcostError("--workload: read only by --dbo (the traffic the thresholds are decided for)")
+    args.workload_obj = load_workload_arg(args)
     out: dict = {}
     if args.a2a:
         out["a2a"] = a2a_rows(s, args.tokens or list(DEFAULT_TOKENS))
