@@ -179,6 +179,8 @@ def check_logs(base, logs: list[dict], allow_other_gpu: bool) -> None:
             raise TpcostError(f"{log['file']}: measured on {log['gpu']}, but --from {base.name} is a "
                               f"{base.identity.display_name or base.name}; give that GPU's profile, or --allow-other-gpu "
                               "if a profile of another GPU is intended")
+    if allow_other_gpu and not any(log["measured_on"] for log in logs):
+        raise TpcostError(f"--allow-other-gpu: no effect (every log ran on {base.name}'s GPU, or does not say which)")
     seen: dict[tuple, str] = {}
     for log in logs:
         key = (log["op"], log["ranks"])

@@ -152,3 +152,19 @@ def test_measured_section_bad_input(tmp_path, capsys, edit, msg):
     assert main(["ep", "--enable-expert-parallel", "--network", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and msg in err, err
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--from-deepep", str(FIX / "low_latency_ep16.log"), "--from", "ib-cx7-400g", "--gpu", "h200-sxm",
+      "--budget-s", "10", "--nproc", "4"], "--budget-s, --nproc: a benchmark run's flags"),
+    (["--from-nccl-tests", "x.txt", "--from", "h100-sxm", "--device", "cpu", "--models", "llama-3.1-70b"],
+     "--models, --device: a benchmark run's flags"),
+    (["--device", "cpu", "--from", "h100-sxm"], "--from: read only with"),
+    (["--from-deepep", str(FIX / "low_latency_ep16.log"), "--from", "ib-cx7-400g", "--gpu", "h200-sxm", "--name",
+      " "], "--name: give a non-empty name"),
+])
+def test_calibrate_refuses_flags_a_mode_does_not_read(tmp_path, capsys, argv, msg):
+    assert main(["calibrate", *argv, "--out", str(tmp_path / "o.toml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and msg in err, err
+    assert not (tmp_path / "o.toml").exists()

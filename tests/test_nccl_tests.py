@@ -141,6 +141,9 @@ def test_a_log_of_another_gpu_is_refused_unless_intended(tmp_path, capsys, one_l
     p = load_profile(str(tmp_path / "out.toml"))
     assert "measured on NVIDIA H100 80GB HBM3" in p.provenance["collectives.nccl_all_gather.tp8.bus_bw_bytes_per_s"].source
     one_line_error("calibrate", "--allow-other-gpu", "--out", str(tmp_path / "x.toml"), needle="--allow-other-gpu")
+    (tmp_path / "out.toml").unlink()  # the log is the H100's own: the flag would change nothing (issue 61)
+    one_line_error(*_calib(tmp_path, synthetic_log("all_gather"), gpu="h100-sxm"), "--allow-other-gpu",
+                   needle="--allow-other-gpu: no effect")
 
 
 def test_collective_log_gives_the_verdict_first_and_draws_it(tmp_path, capsys, one_line_error):

@@ -7,16 +7,21 @@ from costmodel.defaults import DEFAULT_MARGIN, DEFAULT_SEQ_LEN
 from .common import bounded_int
 
 
-def _common(p):
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="cuda: under torchrun, one rank per GPU; cpu: gloo ranks on this host (default cuda)")
-    p.add_argument("--nproc", type=int, default=2, help="CPU ranks to start when not under torchrun (default 2)")
+DEFAULT_DEVICE, DEFAULT_NPROC, DEFAULT_BUDGET_S = "cuda", 2, 480.0  # a benchmark run's, declared once
+
+
+def _common(p, default=True):
+    """--device / --nproc; calibrate leaves them None so that a log mode can refuse them (resolved in _calibrate)."""
+    p.add_argument("--device", choices=("cuda", "cpu"), default=DEFAULT_DEVICE if default else None,
+                   help=f"cuda: under torchrun, one rank per GPU; cpu: gloo ranks on this host (default {DEFAULT_DEVICE})")
+    p.add_argument("--nproc", type=int, default=DEFAULT_NPROC if default else None,
+                   help=f"CPU ranks to start when not under torchrun (default {DEFAULT_NPROC})")
 
 
 def register(sub):
     c = sub.add_parser("calibrate", help="microbenchmark this machine and write a profile (torchrun for GPUs)")
     c.add_argument("--out", default="tpcost-calibrated.toml", help="profile to write (default tpcost-calibrated.toml)")
-    c.add_argument("--budget-s", type=float, default=480.0, help="stop starting new phases after this (default 480)")
+    c.add_argument("--budget-s", type=float, help=f"stop starting new phases after this (default {DEFAULT_BUDGET_S:g})")
     c.add_argument("--models", nargs="+", help="models whose per-rank shapes size the benchmarks (default: built-in; CPU: cpu-tiny)")
     c.add_argument("--name", help="profile name (default calibrated-<host>-<device>-w<world>)")
     c.add_argument("--force", action="store_true", help="replace an existing --out")
@@ -37,7 +42,7 @@ def register(sub):
     c.add_argument("--allow-other-gpu", action="store_true",
                    help="with --from-nccl-tests: take a log whose GPU is not --from's as intended (the profile then "
                         "records 'measured on' that GPU); without it such a log is refused")
-    _common(c)
+    _common(c, default=False)
     c.set_defaults(func=_calibrate)
     v = sub.add_parser("validate", help="run one layer in the three schedules and compare with the model")
     v.add_argument("--gpu", required=True, help="profile: built-in name or .toml path")
@@ -77,6 +82,13 @@ def _calibrate(args):
     if args.from_deepep and args.from_nccl_tests:
         raise TpcostError("--from-deepep and --from-nccl-tests write different files (a network, a profile): one "
                           "of them per call")
+    if args.name is not None and not args.name.strip():
+        raise TpcostError("--name: give a non-empty name (or leave it out for the default)")
+    if args.from_deepep or args.from_nccl_tests:
+        bench = [flag for flag, v in (("--budget-s", args.budget_s), ("--models", args.models),
+                                      ("--nproc", args.nproc), ("--device", args.device)) if v is not None]
+        if bench:
+            raise TpcostError(f"{', '.join(bench)}: a benchmark run's flags; reading logs runs nothing")
     if args.from_deepep:
         from calib.deepep_logs import run as from_deepep
 
@@ -85,6 +97,12 @@ def _calibrate(args):
         from calib.nccl_tests import run as from_logs
 
         return from_logs(args)
+    if args.source is not None:
+        raise TpcostError("--from: read only with --from-nccl-tests or --from-deepep (a benchmark run starts from the "
+                          "built-in profile of the GPU it finds)")
+    args.device = args.device or DEFAULT_DEVICE
+    args.nproc = DEFAULT_NPROC if args.nproc is None else args.nproc
+    args.budget_s = DEFAULT_BUDGET_S if args.budget_s is None else args.budget_s
     _need_torch()
     from calib.calibrate import run
 
