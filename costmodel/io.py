@@ -181,3 +181,20 @@ def savefig_atomic(fig: Any, path: str | os.PathLike, **kw: Any) -> None:
     except ValueError as e:
         raise TpcostError(f"cannot write plot {path}: {e}") from None
     atomic_write_bytes(path, buf.getvalue())
+
+
+def match_builtin(name: str, names: list[str], what: str) -> str | None:
+    """The built-in `name` means (issue 61): itself; else the one equal to it ignoring case; else the one it begins,
+    ignoring case (h100 -> h100-sxm). Several such: one line naming them. None: no built-in (maybe a path)."""
+    if name in names:
+        return name
+    low = name.casefold()
+    same = [n for n in names if n.casefold() == low]
+    if len(same) == 1:
+        return same[0]
+    if not low or "/" in name or "\\" in name or low.endswith((".toml", ".json")):
+        return None
+    begun = [n for n in names if n.casefold().startswith(low)]
+    if len(begun) > 1:
+        raise TpcostError(f"{what} {name!r} matches several built-ins: {', '.join(begun)}; give one of them")
+    return begun[0] if begun else None

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TpcostError
-from .io import finite_float, read_text
+from .io import finite_float, match_builtin, read_text
 
 TRANSPORTS = ("infiniband", "roce", "efa")
 # The built-in network each GPU's EP answers use when no --network is given (the cluster behind its released rows).
@@ -201,9 +201,11 @@ def network_from_dict(tree: Any, origin: str) -> Network:
 
 def load_network(name_or_path: str) -> Network:
     """A built-in network by name, or a TOML file by path (tomllib; never eval)."""
-    if name_or_path in builtin_network_names():
-        text = resources.files("costmodel.networks").joinpath(f"{name_or_path}.toml").read_text()
-        origin = f"built-in:{name_or_path}"
+    match = name_or_path if name_or_path in builtin_network_names() else (
+        None if Path(name_or_path).exists() else match_builtin(name_or_path, builtin_network_names(), "network"))
+    if match is not None:
+        text = resources.files("costmodel.networks").joinpath(f"{match}.toml").read_text()
+        origin = f"built-in:{match}"
     else:
         p = Path(name_or_path)
         if not p.suffix == ".toml" and not p.exists():

@@ -32,7 +32,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from .errors import TpcostError
-from .io import finite_float, read_text
+from .io import finite_float, match_builtin, read_text
 
 SCHEMA_VERSION = 1
 TIERS = ("assumed", "datasheet", "published-measurement", "calibrated")
@@ -742,6 +742,10 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     if name_or_path in names:
         return _builtin_profile(name_or_path)
     path = Path(name_or_path)
+    if not path.exists():
+        match = match_builtin(name_or_path, names, "GPU profile")
+        if match is not None:
+            return _builtin_profile(match)
     if not path.suffix == ".toml" and not path.exists():
         raise TpcostError(f"unknown GPU profile {name_or_path!r}; built-in: {', '.join(names)} (or a path to a .toml)")
     text = read_text(path, "profile")

@@ -13,7 +13,7 @@ import fnmatch
 import re
 
 from .errors import TpcostError
-from .io import read_json
+from .io import match_builtin, read_json
 from .vllm_tables import (MEGA_MOE_NVFP4, NATIVE_MEGA_MOE, SWITCHES, Parallel, Vllm, model_level_sp,
                           model_level_sp_text, shared_expert_can_shard)
 
@@ -174,6 +174,10 @@ def load_model_config(name_or_path: str) -> tuple[dict, str, str]:
     if name_or_path in all_builtin_model_names():
         return builtin_model_config(name_or_path), name_or_path, name_or_path
     path = Path(name_or_path)
+    if not path.exists():
+        match = match_builtin(name_or_path, all_builtin_model_names(), "model")
+        if match is not None:
+            return builtin_model_config(match), match, match
     if path.is_dir():
         path = path / "config.json"
     if not path.exists():

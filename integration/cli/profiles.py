@@ -49,25 +49,24 @@ def cmd_profiles(args) -> int:
             raise TpcostError(f"profiles {flag}: only --new NAME reads it (profiles --new NAME --from PROFILE "
                               "[--set ...] --out FILE.toml)")
 
+    if args.keys is not None:  # a built-in (its name as every --gpu takes it) or a profile file
+        p = load_profile(args.keys)
+        items = sorted(p.values().items())
+        if args.json:
+            print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "profile": p.name, "keys": [
+                {"key": k, "value": v, "tier": p.provenance[k].tier, "sigma_rel": p.provenance[k].sigma_rel,
+                 "source": p.provenance[k].source} for k, v in items]}, indent=2))
+            return 0
+        for k, value in items:
+            prm = p.provenance[k]
+            print(f"{k} = {value:g}  [{prm.tier}] {prm.source}")
+        return 0
     rows: list[dict[str, Any]] = []
     for name in builtin_profile_names():
         p = load_profile(name)
         rows.append({"name": name, "display_name": p.identity.display_name,
                      "compute_capability": p.identity.compute_capability,
                      "interconnect": p.kind, "tier": p.tier, "tier_counts": p.tier_counts()})
-        if args.keys == name:
-            items = sorted(p.values().items())
-            if args.json:
-                print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "profile": name, "keys": [
-                    {"key": k, "value": v, "tier": p.provenance[k].tier, "sigma_rel": p.provenance[k].sigma_rel,
-                     "source": p.provenance[k].source} for k, v in items]}, indent=2))
-                return 0
-            for k, value in items:
-                prm = p.provenance[k]
-                print(f"{k} = {value:g}  [{prm.tier}] {prm.source}")
-            return 0
-    if args.keys:
-        raise TpcostError(f"unknown GPU profile {args.keys!r}; built-in: {', '.join(r['name'] for r in rows)}")
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "profiles": rows}, indent=2))
         return 0

@@ -1,0 +1,57 @@
+"""Built-in names as people type them (issue 61): case does not matter, a unique beginning names one built-in, an
+ambiguous one is one line naming the candidates; a path is never read as a name; profiles --keys takes a file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from costmodel.io import match_builtin
+from costmodel.errors import TpcostError
+from integration.cli import main
+
+
+@pytest.mark.parametrize("typed,meant", [("h100-sxm", "h100-sxm"), ("H100-SXM", "h100-sxm"), ("h100", "h100-sxm"),
+                                         ("H20", "h20"), ("gb300", "gb300-nvl72")])
+def test_gpu_names(typed, meant, capsys):
+    assert main(["whatif", "--gpu", typed, "--no-band", "--json", "--tokens", "64"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpu"] == meant
+
+
+def test_model_and_network_names(capsys):
+    assert main(["whatif", "--model", "Llama-3.1-70B", "--no-band", "--json", "--tokens", "64"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "llama-3.1-70b"
+    assert main(["ep", "--enable-expert-parallel", "--model", "DeepSeek-V3", "--network", "EFA-P5", "--json",
+                 "--tokens", "8"]) == 0
+    s = json.loads(capsys.readouterr().out)["setup"]
+    assert s["model"] == "deepseek-v3" and s["network"] == "efa-p5"
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["whatif", "--gpu", "a", "--no-band"], "matches several built-ins: a100-sxm-80gb, a800"),
+    (["whatif", "--gpu", "h100.toml", "--no-band"], "h100.toml"),
+    (["whatif", "--model", "llama/x.json", "--no-band"], "no such file"),
+    (["profiles", "--keys", "nope"], "unknown GPU profile 'nope'"),
+])
+def test_ambiguous_or_unknown_is_one_line(argv, msg, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and msg in err, err
+
+
+def test_match_builtin_rules():
+    names = ["h20", "h200-sxm", "h100-sxm"]
+    assert match_builtin("h20", names, "GPU") == "h20"  # the exact name wins over a longer one it begins
+    assert match_builtin("H200", names, "GPU") == "h200-sxm"
+    assert match_builtin("x.toml", names, "GPU") is None and match_builtin("", names, "GPU") is None
+    with pytest.raises(TpcostError, match="several"):
+        match_builtin("h", names, "GPU")
+
+
+def test_profiles_keys_takes_a_file(tmp_path, capsys):
+    assert main(["profiles", "--new", "mine", "--from", "h100-sxm", "--out", str(tmp_path / "m.toml")]) == 0
+    capsys.readouterr()
+    assert main(["profiles", "--keys", str(tmp_path / "m.toml"), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["profile"] == "mine" and any(k["key"] == "memory.hbm_bw_bytes_per_s" for k in d["keys"])
