@@ -452,7 +452,9 @@ def provenance_line(profile: HardwareProfile) -> str:
     """One line: the profile, where it came from, its weakest tier and its values by tier (whatif, op)."""
     pv = provenance(profile)
     counts = ", ".join(f"{k} {v}" for k, v in pv["tier_counts"].items() if v)
-    return f"provenance: profile {pv['profile']} ({pv['origin']}), weakest tier used: {pv['tier']}; values by tier: {counts}"
+    mod = f"; MODIFIED by --set: {', '.join(pv['modified'])}" if pv["modified"] else ""
+    return (f"provenance: profile {pv['profile']} ({pv['origin']}), weakest tier used: {pv['tier']}; values by tier: "
+            f"{counts}{mod}")
 
 
 def _finite(x) -> float | None:

@@ -55,3 +55,16 @@ def test_profiles_keys_takes_a_file(tmp_path, capsys):
     assert main(["profiles", "--keys", str(tmp_path / "m.toml"), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["profile"] == "mine" and any(k["key"] == "memory.hbm_bw_bytes_per_s" for k in d["keys"])
+
+
+def test_op_names_its_overrides(capsys):
+    """op --set leaves a trace in its header and JSON, as whatif's does (issue 61)."""
+    argv = ["op", "--tp", "8", "--op", "gemm_rs", "--impl", "torch", "--n", "8192", "--k", "3584", "--vllm-version",
+            "0.31", "--set", "memory.hbm_bw_bytes_per_s=4e12"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "[MODIFIED by --set: memory.hbm_bw_bytes_per_s]" in out.splitlines()[0]
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["modified"] == ["memory.hbm_bw_bytes_per_s"]
+    assert main(argv[:-2] + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["modified"] == []

@@ -42,10 +42,15 @@ def cmd_op(args) -> int:
                               f"--max-num-batched-tokens{', the powers of two to 64' if args.impl == 'kernel' else ''}, or one given by --m)")
         out["breakdown"] = op_breakdown(prof, a.spec, args.at)
     if args.json:
-        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, **out}, indent=2))
+        from costmodel.analysis import provenance
+
+        pv = provenance(prof)
+        print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, **out, "modified": pv["modified"],
+                          "provenance": {k: pv[k] for k in ("profile", "origin", "tier", "tier_counts")}}, indent=2))
         return 0
     print(f"tpcost op: {args.op} ({args.impl}) on {prof.name} x{args.tp}, n={args.n} k={args.k} per rank, {args.dtype}, "
-          f"{args.calls_per_forward} call(s) per forward; unfused: GEMM + {a.unfused_impl}; {regime.vllm.describe()}")
+          f"{args.calls_per_forward} call(s) per forward; unfused: GEMM + {a.unfused_impl}; {regime.vllm.describe()}"
+          + (f"  [MODIFIED by --set: {', '.join(prof.modified)}]" if prof.modified else ""))
     print(provenance_line(prof))
     kernel = args.impl == "kernel"
     print(f"{'M':>7} {'t_fused [us]':>13} {'t_unfused [us]':>15} {'speedup':>8} {'vLLM runs it':>13}"
