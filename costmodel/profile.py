@@ -555,16 +555,39 @@ def with_overrides(profile: HardwareProfile, values: Mapping[str, float],
 _SI_UNITS = (("_bytes_per_s", "bytes/s"), ("_flops_per_s", "FLOP/s"), ("_bytes", "bytes"), ("_s", "s"))
 
 
+@functools.lru_cache(maxsize=256)
+def _typical_log10(key: str) -> float | None:
+    """The median log10 of `key` over the built-in profiles that hold it (what a typed value most likely means)."""
+    import math
+
+    vals = []
+    for name in builtin_profile_names():
+        try:
+            v = _builtin_profile(name).values().get(key)
+        except TpcostError:
+            continue
+        if v is not None and v > 0:
+            vals.append(math.log10(v))
+    return sorted(vals)[len(vals) // 2] if vals else None
+
+
 def _si_hint(key: str, v: float, r: Any) -> str:
     """'; did you mean 900e9 (values are SI: bytes/s)?' where a power of 1000 brings `v` into the range."""
     unit = next((u for suffix, u in _SI_UNITS if key.endswith(suffix)), None)
     if unit is None or v == 0:
         return ""
-    for exp in (9, 12, 6, 3, -6, -9, -3, 15):
-        if r.contains(v * 10.0 ** exp):
-            typed = f"{v:g}"  # 900 -> 900e9; a value typed with its own exponent -> the value itself (9e+09)
-            return f"; did you mean {typed + f'e{exp}' if 'e' not in typed else f'{v * 10.0 ** exp:g}'} (values are SI: {unit})?"
-    return ""
+    import math
+
+    fits = [e for e in (3, 6, 9, 12, 15, -3, -6, -9) if r.contains(v * 10.0 ** e)]
+    if not fits:
+        return ""
+    mid = _typical_log10(key)
+    if mid is None:
+        lo, hi = max(r.lo, 1e-30), r.hi
+        mid = 0.5 * (math.log10(lo) + math.log10(hi)) if math.isfinite(hi) and hi > 0 else math.log10(lo) + 1
+    exp = min(fits, key=lambda e: abs(math.log10(abs(v) * 10.0 ** e) - mid))  # 9.6 HBM -> 9.6e12, not 9.6e9
+    typed = f"{v:g}"  # 900 -> 900e9; a value typed with its own exponent -> the value itself (9e+09)
+    return f"; did you mean {typed + f'e{exp}' if 'e' not in typed else f'{v * 10.0 ** exp:g}'} (values are SI: {unit})?"
 
 
 def check_params(values: Mapping[str, Any], where: str) -> None:

@@ -148,8 +148,10 @@ def test_set_error_names_the_typed_key_and_the_si_value(one_line_error):
     assert "did you mean 900e9" in err and "copy_engine" not in err
     one_line_error("whatif", "--set", "interconnect.latency_s=5", needle="did you mean 5e-6")
     # issue 50 item 14: a value typed with an exponent gets the corrected value, not "9e+15e-6"
-    err = one_line_error("whatif", "--set", "interconnect.link_bw_bytes_per_s=9e15", needle="did you mean 9e+09 ")
+    err = one_line_error("whatif", "--set", "interconnect.link_bw_bytes_per_s=9e15", needle="did you mean 9e+12 ")
     assert "e+15e" not in err
+    # issue 61 item 9: the power of 1000 that lands nearest the built-ins' values (TB/s for HBM), not the first
+    one_line_error("whatif", "--set", "memory.hbm_bw_bytes_per_s=9.6", needle="did you mean 9.6e12 ")
 
 
 ROOT = Path(__file__).resolve().parents[1]
