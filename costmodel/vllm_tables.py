@@ -758,7 +758,10 @@ RELEASES: dict[tuple[int, int], Release] = {
          "DeepSeek-V4.1 turns GEMM-RS off under LoRA; Kimi-K3 and DeepSeek-V4.1 keep should_run's M >= 128"),
         _GATES_034, ep=_EP_034),
 }
-_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?[A-Za-z0-9.+-]*)?")
+# PEP 440 as vLLM's wheels write it (0.34.0, 0.34.0rc1, 0.31.0+cpu, 0.33.1.dev12+g4ba787ec9), ASCII digits only:
+# "0.34.x" or fullwidth / Arabic-Indic digits are not a version
+_VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\.[0-9]+)?(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+)?"
+                      r"(?:\+[A-Za-z0-9]+(?:[.-][A-Za-z0-9]+)*)?", re.ASCII)
 
 
 def current() -> Release:

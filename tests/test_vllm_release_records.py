@@ -168,3 +168,15 @@ def test_no_version_literal_or_gate_constant_outside_the_vllm_home():
                 if _LITERAL.search(code) and "(0, 0)" not in code or _GATES.search(code):
                     bad.append(f"{p.relative_to(ROOT)}:{i}: {line.strip()}")
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("text,ok", [("0.34.0", True), ("0.34.0rc1", True), ("0.31.0+cpu", True),
+                                     ("0.33.1.dev12+g4ba787ec9", True), ("0.34", True), ("0.34.x", False),
+                                     ("０.３４", False), ("٠.٣٤", False), ("0.34.0 beta", False), ("v0.34", False)])
+def test_version_strings_are_pep440_with_ascii_digits(text, ok):
+    """Issue 61: '0.34.x' and non-ASCII digits are not read as 0.34."""
+    if ok:
+        assert T.parse_version(text, "src")[1] in (31, 33, 34)
+    else:
+        with pytest.raises(TpcostError, match="is not a vLLM version"):
+            T.parse_version(text, "src")
