@@ -166,16 +166,19 @@ def measured_or_fitted(hw: Hw, impl: str, tp: int, msg_bytes: Arr, fitted) -> Ar
     between the smallest and the largest measured size, the measurement interpolated linearly in log size and log
     time (formulas.t_interp_log_s); above the largest, its last point plus the fitted curve's growth beyond it (the
     measured line extended, continuous and never falling); below the smallest, the fitted curve `fitted(S)`, which
-    the calibration says. Without points: the fitted curve (s)."""
+    the calibration says. Without points: the fitted curve (s). More bytes never take less time: the measured times
+    are read as their running maximum (a point timed faster than a smaller one is noise), and below the smallest
+    point the fitted curve is capped at the smallest measured time (issue 61)."""
     m = hw.p.measured.get(impl, {}).get(tp)
     t_fit = fitted(msg_bytes)
     if m is None:
         return t_fit
     S = np.asarray(msg_bytes, dtype=float)
-    s_lo, s_hi, t_hi = m.msg_bytes[0], m.msg_bytes[-1], m.time_s[-1]
-    inside = F.t_interp_log_s(np.clip(S, s_lo, s_hi), np.asarray(m.msg_bytes), np.asarray(m.time_s))
+    times = np.maximum.accumulate(np.asarray(m.time_s, dtype=float))
+    s_lo, s_hi, t_lo, t_hi = m.msg_bytes[0], m.msg_bytes[-1], times[0], times[-1]
+    inside = F.t_interp_log_s(np.clip(S, s_lo, s_hi), np.asarray(m.msg_bytes), times)
     above = t_hi + t_fit - fitted(np.full(np.shape(S), s_hi))
-    return np.where(S < s_lo, t_fit, np.where(S > s_hi, above, inside))
+    return np.where(S < s_lo, np.minimum(t_fit, t_lo), np.where(S > s_hi, above, inside))
 
 
 def t_nccl_all_gather_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:

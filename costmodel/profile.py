@@ -656,6 +656,8 @@ def _measured(tree: Any, where: str) -> dict[str, dict[int, MeasuredCurve]]:
                                   f"{MEASURED_MAX_POINTS} points")
             if not isinstance(src, str) or not src.strip():
                 raise TpcostError(f"{where}: {name} needs a source string")
+            if any(isinstance(x, bool) or not isinstance(x, int | float) for x in (*S, *T)):
+                raise TpcostError(f"{where}: {name} msg_bytes and time_s hold numbers (not strings or booleans)")
             sizes = [finite_float(x, f"{where}: {name} msg_bytes", nonneg=True) for x in S]
             times = [finite_float(x, f"{where}: {name} time_s", nonneg=True) for x in T]
             if any(b <= a for a, b in zip(sizes, sizes[1:])) or sizes[0] <= 0 or min(times) <= 0:

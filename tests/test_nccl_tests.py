@@ -383,3 +383,31 @@ def test_bad_measured_tables_one_line(tmp_path, one_line_error, table, needle):
     p = tmp_path / "bad.toml"
     p.write_text(text + "\n" + table)
     one_line_error("whatif", "--gpu", str(p), "--no-band", needle=needle)
+
+
+def test_measured_points_hold_numbers_and_more_bytes_never_take_less_time(tmp_path, capsys, one_line_error):
+    """Issue 61: a measured curve's sizes and times are numbers (a string or a boolean is one line), and a curve
+    whose time dips as the size grows (noise) never makes a collective cheaper with more bytes, at the lower edge
+    of the measured range included."""
+    import re
+
+    import numpy as np
+
+    from costmodel.ops import Hw, t_nccl_all_gather_s
+
+    sizes = tuple(2**p for p in range(20, 29))
+    times = [20e-6 + 8 * s / 100e9 for s in sizes]
+    times[1] = times[0] * 0.5  # a dip: the second size timed faster than the first
+    log = render_log("all_gather", list(zip(sizes, times, strict=True)), "NVIDIA H100 80GB HBM3", 8)
+    assert main(_calib(tmp_path, log)) == 0
+    capsys.readouterr()
+    out = tmp_path / "out.toml"
+    prof = load_profile(str(out))
+    S = np.geomspace(1e3, 2**29, 400)
+    t = t_nccl_all_gather_s(Hw(prof, "bf16"), 8, S)
+    assert np.all(np.diff(t) >= -1e-15)
+    text = out.read_text()
+    for bad in ('"1048576"', "true"):
+        m = re.search(r"msg_bytes = \[\s*([0-9_.e+]+)", text)
+        (tmp_path / "bad.toml").write_text(text[:m.start(1)] + bad + text[m.end(1):])
+        one_line_error("whatif", "--gpu", str(tmp_path / "bad.toml"), "--no-band", needle="hold numbers")
