@@ -255,8 +255,8 @@ def ep_model_config(args, vllm) -> int:
         raise TpcostError(f"--enable-expert-parallel with --data-parallel-size {args.data_parallel_size or 1}: vLLM "
                           f"builds no microbatch runner at DP 1 ({vllm.release.ep.dp_one_cite}): DBO stays off")
     if (args.pipeline_parallel_size or 1) > 1:
-        raise TpcostError("--pipeline-parallel-size > 1: vLLM 0.34 refuses DBO with pipeline parallelism "
-                          "(vllm/config/vllm.py:3378-3408)")
+        raise TpcostError(f"--pipeline-parallel-size > 1: vLLM {vllm.label} refuses DBO with pipeline parallelism "
+                          f"({vllm.release.ep.unsupported_cite})")
     unread = [flag for flag, bad in (
         ("--tp", args.tp != DEFAULT_TP), ("--dtype", args.dtype != DEFAULT_DTYPE),
         ("--fi-allreduce-fusion-max-size-mb", args.fi_allreduce_fusion_max_size_mb is not None),
