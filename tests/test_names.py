@@ -68,3 +68,13 @@ def test_op_names_its_overrides(capsys):
     assert json.loads(capsys.readouterr().out)["modified"] == ["memory.hbm_bw_bytes_per_s"]
     assert main(argv[:-2] + ["--json"]) == 0
     assert json.loads(capsys.readouterr().out)["modified"] == []
+
+
+def test_vllm_config_json_carries_the_saving(capsys):
+    """Issue 61 item 3: the report says what the emitted config saves per forward, and as a share of it."""
+    assert main(["vllm-config", "--gpu", "h100-sxm", "--json", "--vllm-version", "0.31"]) == 0
+    s = json.loads(capsys.readouterr().out)["saving"]
+    sp = s["sp"]
+    assert sp["saving_vs_never_s"] > 0 and 0 < sp["share_of_forward"] < 1
+    assert sp["share_of_forward"] == pytest.approx(sp["saving_vs_never_s"] / sp["expected_forward_s"])
+    assert s["fusion"]["saving_vs_off_s"] >= 0

@@ -99,7 +99,7 @@ def cmd_vllm_config(args) -> int:
     run, user = run_config_arg(args, vllm, workload), user_choices_arg(args)
     check_min_confidence(args, lambda p: decide_fusion(prof, shape, run, user, min_confidence=p))
     r = recommend(prof, shape, run, user, min_confidence=args.min_confidence)
-    _emit(args, {"pass_config": r.pass_config()}, None, vllm)
+    _emit(args, {"pass_config": r.pass_config()}, None, vllm, saving=_saving_json(r))
     print(f"tpcost: config for {vllm.describe()}", file=sys.stderr)
     dom = int(prof.interconnect.domain_size)
     if args.tp > dom:
@@ -113,7 +113,26 @@ def cmd_vllm_config(args) -> int:
     return 0
 
 
-def _emit(args, cc: dict, switch, vllm=None, gates=None) -> None:
+def _saving_json(r) -> dict:
+    """What the emitted config saves per forward on the traffic, in s and as a share of the forward (issue 61): the SP
+    threshold against never (and vLLM's default), and the fusion range against off and vLLM's limit."""
+    out: dict = {"sp": None, "fusion": None}
+    dv = r.decision_value or {}
+    if r.has_sp and dv:
+        fwd = dv.get("expected_forward_s")
+        out["sp"] = {"expected_forward_s": fwd, "saving_vs_never_s": dv.get("saving_vs_never_s"),
+                     "saving_vs_vllm_default_s": dv.get("saving_vs_vllm_default_s"),
+                     "share_of_forward": (dv["saving_vs_never_s"] / fwd) if fwd and dv.get("saving_vs_never_s")
+                     is not None else None}
+    f = r.fusion
+    if f is not None and f.value:
+        v = f.value
+        out["fusion"] = {"all_reduce_norm_per_forward_s": v["expected_s"], "saving_vs_off_s": v["off_s"] - v["expected_s"],
+                         "saving_vs_vllm_default_s": v["vllm_default_s"] - v["expected_s"]}
+    return out
+
+
+def _emit(args, cc: dict, switch, vllm=None, gates=None, saving=None) -> None:
     """The compilation config (and, with --format env, the kernel's switch) on stdout; with --json the report."""
     text = json.dumps(cc, separators=(",", ":"))
     if args.json:
@@ -123,7 +142,8 @@ def _emit(args, cc: dict, switch, vllm=None, gates=None) -> None:
                           "vllm_version_source": vllm.source, "compilation_config": cc,
                           "env": {} if switch is None else {switch.env: int(switch.set_on)},
                           "kernel_switch": None if switch is None else switch.to_json(),
-                          "model_gates": None if gates is None else [g.to_json() for g in gates]}, indent=2))
+                          "model_gates": None if gates is None else [g.to_json() for g in gates],
+                          "saving": saving}, indent=2))
     elif args.format == "env":  # eval "$(tpcost vllm-config ... --format env)"
         print(f"export {switch.env}={int(switch.set_on)}")
         print(f"tpcost: --compilation-config '{text}'", file=sys.stderr)
