@@ -288,7 +288,7 @@ def test_a_bad_spec_is_one_line_and_exit_2(tmp_path, capsys, text, needle):
 
 @pytest.mark.parametrize("argv,needle", [
     (["--spec-dir", "."], "--spec-dir needs --out"),
-    (["--out", "/nonexistent/dir"], "not a directory"),
+    (["--out", __file__], "not a directory"),  # a missing --out is made (issue 61); a file is not one
     (["--refit", "--out", "."], "--refit writes the built-in profiles"),
 ])
 def test_builder_flag_misuse_is_one_line_and_exit_2(capsys, argv, needle):
@@ -327,3 +327,21 @@ def test_the_family_fits_start_trees_come_from_the_specs():
     trees["hopper"]["h100-sxm"]["asynctp"]["_host"]["host_op_s"] = 5e-6
     with pytest.raises(TpcostError, match="calib.reference"):
         CR.load_family_result(trees)
+
+
+def test_a_failed_build_writes_nothing_and_out_is_made(tmp_path, monkeypatch, capsys):
+    """Issue 61 item 6: a build with an inconsistent profile exits 1 and leaves OUT empty; a good build creates a
+    missing --out; --help keeps its whole first sentence."""
+    specs, out = tmp_path / "specs", tmp_path / "new" / "out"
+    specs.mkdir()
+    monkeypatch.setattr(B, "inconsistent_collectives",
+                        lambda name, tree: [f"{name} tp8: ratio 0.43: the spec's nccl_all_reduce tp8 ... to change"]
+                        if name == "h100-sxm" else [])
+    assert B.main(["--spec-dir", str(specs), "--out", str(out)]) == 1
+    assert "to change" in capsys.readouterr().out and not out.exists()
+    monkeypatch.undo()
+    assert B.main(["--spec-dir", str(specs), "--out", str(out)]) == 0
+    assert (out / "h100-sxm.toml").exists()
+    with pytest.raises(SystemExit):
+        B.main(["--help"])
+    assert "the committed fits (calib/data)" in " ".join(capsys.readouterr().out.split())

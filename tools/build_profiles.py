@@ -78,7 +78,8 @@ def inconsistent_collectives(name, tree) -> list[str]:
             cap = link * (2.0 * (tp - 1) / (tp + 1) if nvls else 1.0)
             if c.bus_bw_bytes_per_s > cap * (1 + 1e-9):
                 out.append(f"{name} {impl} tp{tp}: busBW {c.bus_bw_bytes_per_s / 1e9:.0f} GB/s above the link's "
-                           f"{link / 1e9:.0f} GB/s")
+                           f"{link / 1e9:.0f} GB/s (lower collectives.{impl}.tp{tp}.bus_bw_bytes_per_s, or raise "
+                           "interconnect.link_bw_bytes_per_s, in the spec)")
     s = float(CONSISTENCY_MSG_BYTES)
     for tp in prof.collective_tps("nccl_all_reduce"):
         if tp not in prof.collective_tps("nccl_reduce_scatter") or tp not in prof.collective_tps("nccl_all_gather"):
@@ -88,8 +89,11 @@ def inconsistent_collectives(name, tree) -> list[str]:
         ag = F.t_all_gather_s(s, *prof.collective("nccl_all_gather", tp), tp)
         ratio = float(ar / (rs + ag))
         if not CONSISTENCY_BAND[0] <= ratio <= CONSISTENCY_BAND[1]:
+            which = "nccl_all_reduce" if ratio < CONSISTENCY_BAND[0] else "nccl_reduce_scatter / nccl_all_gather"
             out.append(f"{name} tp{tp}: all-reduce {ar * 1e6:.0f} us vs reduce-scatter + all-gather "
-                       f"{(rs + ag) * 1e6:.0f} us at 64 MiB (ratio {ratio:.2f})")
+                       f"{(rs + ag) * 1e6:.0f} us at 64 MiB (ratio {ratio:.2f}, outside {CONSISTENCY_BAND[0]:g}-"
+                       f"{CONSISTENCY_BAND[1]:g}): the spec's {which} tp{tp} bus_bw_bytes_per_s (or its "
+                       "scale_collectives) is the one to change")
     return out
 
 
@@ -144,7 +148,7 @@ def committed_gpu_checks() -> list[Path]:
 def write_profiles(checks: dict, specs: dict, out: Path, check: bool) -> list[str]:
     """Assemble every spec's profile and write it to `out` (atomically), or with `check` compare it with the file there;
     the problems found (stale files, inconsistent collectives)."""
-    bad = []
+    bad, texts = [], {}
     for name, tree in build_all(checks, specs).items():
         spec = Path(specs[name]["_path"]).resolve()
         spec = spec.relative_to(ROOT) if spec.is_relative_to(ROOT) else spec
@@ -162,6 +166,10 @@ def write_profiles(checks: dict, specs: dict, out: Path, check: bool) -> list[st
             if diff:
                 bad.append(f"out of date: {name} ({diff}) (run python tools/build_profiles.py)")
         else:
+            texts[path] = text
+    if texts and not bad:  # a failed build writes nothing (issue 61)
+        out.mkdir(parents=True, exist_ok=True)
+        for path, text in texts.items():
             atomic_write_text(path, text)
     if check and out == OUT:
         bad += [f"no spec: {p.name} (calib/gpus/{p.stem}.toml is gone: delete the profile)"
@@ -187,7 +195,7 @@ def refit(checks: dict) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))  # the whole first sentence
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true",
                       help=f"exit 1 if a file's parsed values differ from the generator's (relative tolerance {CHECK_REL_TOL:g})")
@@ -206,9 +214,13 @@ def main(argv=None) -> int:
             raise ValueError("--spec-dir needs --out DIR: the built-in profiles are built from calib/gpus alone")
         if args.out and args.refit:
             raise ValueError("--refit writes the built-in profiles; --out cannot take it elsewhere")
-        for d in args.spec_dir + ([args.out] if args.out else []):
+        for d in args.spec_dir:
             if not Path(d).is_dir():
                 raise ValueError(f"{d}: not a directory")
+        if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+            raise ValueError(f"--out {args.out}: not a directory")
+        if args.check and args.out and not Path(args.out).is_dir():
+            raise ValueError(f"--out {args.out}: no such directory to check")
         checks = gpu_check_args(args.gpu_check or committed_gpu_checks())
         specs = A.load_specs([A.SPECS, *args.spec_dir])
     except (ValueError, TpcostError) as e:
