@@ -83,3 +83,20 @@ def plot_collective_log(rows: list[dict], title: str, path: str) -> None:
     ax.set_ylabel("busBW (GB/s, nccl-tests' convention)")
     ax.set_title(title, fontsize=9)
     _finish(plt, fig, ax, path)
+
+
+def plot_dbo(tokens: Any, t_off_s: Any, t_on_s: Any, crossover: int | None, threshold: int | None, title: str,
+             path: str) -> None:
+    """One phase's step time over tokens per rank, DBO off and on, its crossover and its decided threshold."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    ax.plot(tokens, np.asarray(t_off_s) * 1e3, label="DBO off")
+    ax.plot(tokens, np.asarray(t_on_s) * 1e3, label="DBO on (two microbatches)")
+    if crossover is not None:
+        ax.axvline(crossover, color="C2", ls=":", label=f"crossover {crossover}")
+    if threshold is not None:
+        ax.axvline(threshold, color="C3", ls="--", label=f"decided threshold {threshold}")
+    ax.set_xlabel("tokens per DP rank")
+    ax.set_ylabel("step time per rank [ms]")
+    ax.set_title(title, fontsize=9)
+    _finish(plt, fig, ax, path)

@@ -500,3 +500,22 @@ def test_phase_column_bad_input(tmp_path, capsys, text, argv, msg):
     assert main([*argv, "--workload", str(w)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and msg in err, err
+
+
+def test_ep_plot_and_its_refusals(tmp_path, capsys):
+    """--plot with --dbo writes the DBO off/on curve; without --dbo, for a backend that cannot microbatch, with an
+    empty name or over an existing file: one line each, nothing written (issue 59 item 5, issue 61)."""
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "dbo.png"
+    base = [*EP, "--all2all-backend", "deepep_low_latency", "--tokens", "8"]
+    assert main([*base, "--dbo", "--plot", str(png)]) == 0 and png.stat().st_size > 1000
+    capsys.readouterr()
+    for argv, msg in (([*base, "--plot", str(tmp_path / "a.png")], "give --dbo too"),
+                      ([*EP, "--tokens", "8", "--dbo", "--plot", str(tmp_path / "b.png")], "cannot microbatch"),
+                      ([*base, "--dbo", "--plot", ""], "give a file name"),
+                      ([*base, "--dbo", "--plot", str(png)], "--force")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and msg in err, err
+    assert not (tmp_path / "a.png").exists() and not (tmp_path / "b.png").exists()
+    assert main(["whatif", "--no-band", "--plot", ""]) == 2 and "give a file name" in capsys.readouterr().err

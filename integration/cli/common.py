@@ -166,7 +166,9 @@ def check_plot_args(args, protect: tuple = ()) -> None:
     """--plot FILE.png (an existing file only with --force, never an input) and --force, which alone is refused."""
     from costmodel.io import check_output_path
 
-    if args.plot:
+    if args.plot is not None:
+        if not args.plot.strip():
+            raise TpcostError("--plot: give a file name (FILE.png)")
         check_output_path(args.plot, args.force, "--plot", protect=protect)
     elif args.force:
         raise TpcostError("--force: replaces an existing --plot file; give --plot too")

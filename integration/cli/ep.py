@@ -61,6 +61,9 @@ def register(sub) -> None:
                    "(tokens per DP rank; phase decode|mixed splits the two thresholds' traffic) or a /metrics scrape "
                    "(default: uniform over 1..budget)")
     p.add_argument("--json", action="store_true", help="machine-readable output (SI units)")
+    p.add_argument("--plot", metavar="FILE.png", help="with --dbo: the step time over tokens per rank, DBO off and "
+                   "on, for --phase, with its crossover and decided threshold")
+    p.add_argument("--force", action="store_true", help="replace an existing --plot file")
     p.set_defaults(func=cmd_ep)
 
 
@@ -198,17 +201,39 @@ def cmd_ep(args) -> int:
         raise TpcostError("--a2a prints the all-to-all alone: drop --dbo / --at")
     if args.at and args.tokens:
         raise TpcostError("--at breaks one step down: drop --tokens")
+    from .common import check_plot_args
+
+    check_plot_args(args, protect=tuple(x for x in (args.network, args.model, args.workload) if x))
+    if args.plot is not None and not args.dbo:
+        raise TpcostError("--plot draws DBO off and on with its thresholds: give --dbo too")
     s, body = _body(args)
     if args.at and args.at > s.budget_tokens:
         raise TpcostError(f"--at {args.at}: above the token budget of {s.budget_tokens} per rank (vLLM never runs "
                           "such a step; raise --max-num-batched-tokens)")
     _refuse_inert(args, body)
     out = {"schema_version": JSON_SCHEMA_VERSION, "setup": _header(s), **body}
+    if args.plot is not None:
+        _plot(s, out["dbo"], args.plot)
     if args.json:
         print(dumps_json(out, indent=2))
         return 0
     _render(out)
     return 0
+
+
+def _plot(s, dbo: dict, path: str) -> None:
+    """--plot: the setup's phase, DBO off and on over 2..budget tokens per rank, with the decision's two numbers."""
+    from costmodel.all2all import backend
+    from costmodel.ep_step import dbo_step, step
+    from costmodel.plot import plot_dbo
+
+    if not backend(s.backend).microbatches:
+        raise TpcostError(f"--plot: {s.backend} cannot microbatch in vLLM 0.34: there is no DBO curve to draw")
+    T = np.arange(2, s.budget_tokens + 1, dtype=float)
+    ph = dbo["phases"]["decode" if s.decode else "prefill"]
+    plot_dbo(T, step(s, T).t_step_s, dbo_step(s, T).t_step_s, ph["crossover_tokens"], ph["threshold_tokens"],
+             f"{s.shape.name} on {s.prof.name}, EP {s.ep} ({s.nodes} node(s)), {s.backend}, "
+             f"{'decode' if s.decode else 'prefill'}", path)
 
 
 def at_breakdown(s, n: int) -> dict:
