@@ -611,6 +611,7 @@ class EpRules:
     dbo_backends_cite: str
     dp_one_cite: str  # at DP 1 no microbatch runner is built: DBO silently off
     unsupported_cite: str  # what DBO does not run with (LoRA, PP, prefill CP, multimodal, hybrid, PIECEWISE graphs)
+    spec_decode_cite: str  # under speculative decoding both thresholds are raised to ubatches x (1 + k)
     yields_cite: str  # the microbatch yields in the MoE kernel's prepare and finalize
     batched_dp_backends: tuple[str, ...]  # use_batched_dp_moe's backends (with EP and DP > 1)
     batched_dp_cite: str
@@ -718,6 +719,7 @@ _EP_034 = EpRules(
     dbo_backends_cite="vllm/config/vllm.py:2090-2116",
     dp_one_cite="vllm/v1/worker/gpu/ubatch_utils.py:583-603 maybe_build_ubatch_runner",
     unsupported_cite="vllm/config/vllm.py:3378-3408 _get_dbo_unsupported_features",
+    spec_decode_cite="vllm/config/vllm.py:3356-3376 _raise_dbo_thresholds_for_spec_decode",
     yields_cite="vllm/model_executor/layers/fused_moe/modular_kernel.py:1357-1363 (and 1338, 1537-1543)",
     batched_dp_backends=("deepep_low_latency", "nixl_ep"), batched_dp_cite=f"{_PARALLEL}:888-897 use_batched_dp_moe",
     batched_dp_budget=256, default_budget=2048, budget_cite="vllm/config/scheduler.py:40-41",

@@ -61,8 +61,10 @@ def decide_dbo(args, s, band: bool = True) -> dict:
     d, p = phases["decode"], phases["prefill"]
     enable = d.threshold_tokens is not None or p.threshold_tokens is not None
     never = s.budget_tokens + 1  # a threshold above the budget: that phase never microbatches
-    dt = max(d.threshold_tokens or never, UBATCHES)
-    pt = max(p.threshold_tokens or never, UBATCHES)
+    k = getattr(args, "num_speculative_tokens", None) or 0
+    floor = UBATCHES * (1 + k)  # vLLM raises both thresholds to this under speculative decoding (EP.spec_decode_cite)
+    dt = max(d.threshold_tokens or never, floor)
+    pt = max(p.threshold_tokens or never, floor)
     why = []
     for name, ph in phases.items():
         if ph.threshold_tokens is None:
@@ -74,6 +76,9 @@ def decide_dbo(args, s, band: bool = True) -> dict:
             why.append(f"{name}: pays from {ph.threshold_tokens} tokens per rank, saving "
                        f"{ph.saving_s * 1e3:.3f} ms per step ({100 * ph.saving_s / ph.mean_step_s:.1f} %), "
                        f"{ph.saving_vs_vllm_s * 1e3:.3f} ms against DBO on at vLLM's {ph.vllm_threshold_tokens}")
+    if k and floor > min(d.threshold_tokens or never, p.threshold_tokens or never):
+        why.append(f"with {k} speculative tokens vLLM raises a threshold below {floor} (microbatches x the decode "
+                   f"query length) to {floor} ({EP.spec_decode_cite}): emitted as {floor}")
     if s.budget_tokens < VLLM_DBO["prefill"]:
         why.append(f"vLLM's prefill threshold {VLLM_DBO['prefill']} is above the budget of {s.budget_tokens} tokens "
                    "per rank: at vLLM's default it never triggers")

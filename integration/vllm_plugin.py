@@ -151,7 +151,9 @@ def _apply_dbo(cfg, has_sp: bool) -> None:
                   "dp_local": getattr(par, "data_parallel_size_local", None),
                   "expert_parallel": bool(par.enable_expert_parallel), "backend": par.all2all_backend,
                   "max_tokens": cfg.scheduler_config.max_num_batched_tokens, "unset": unset,
-                  "network": os.environ.get("TPCOST_NETWORK"), "vllm_version": list(version)}
+                  "network": os.environ.get("TPCOST_NETWORK"), "vllm_version": list(version),
+                  "num_speculative_tokens": int(getattr(getattr(cfg, "speculative_config", None),
+                                                        "num_speculative_tokens", 0) or 0)}
         plan, hit = _cached_plan(inputs, _dbo_plan)
         for attr, value in plan["set"]:
             setattr(par, attr, value)
@@ -197,7 +199,8 @@ def _dbo_plan(inputs: dict) -> dict:
     from .dbo import decide_dbo
 
     s = dbo_setup(inputs, detect_profile())
-    d = decide_dbo(argparse.Namespace(margin=None), s, band=False)  # the band is for people, not the engine
+    d = decide_dbo(argparse.Namespace(margin=None, num_speculative_tokens=inputs.get("num_speculative_tokens")), s,
+                   band=False)  # the band is for people, not the engine
     sets, said = [], []
     for ph in inputs["unset"]:
         x = d["phases"][ph]

@@ -519,3 +519,18 @@ def test_ep_plot_and_its_refusals(tmp_path, capsys):
         assert len(err.splitlines()) == 1 and msg in err, err
     assert not (tmp_path / "a.png").exists() and not (tmp_path / "b.png").exists()
     assert main(["whatif", "--no-band", "--plot", ""]) == 2 and "give a file name" in capsys.readouterr().err
+
+
+def test_speculative_decoding_raises_the_emitted_thresholds(capsys):
+    """vLLM 0.34 raises both DBO thresholds to ubatches x (1 + K) under speculative decoding: what tpcost emits is
+    what vLLM then runs, and says so."""
+    base = [*EP, "--gpu", "b200", "--data-parallel-size", "64", "--all2all-backend", "deepep_low_latency", "--dbo",
+            "--json", "--tokens", "8"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)["dbo"]
+    assert main([*base, "--num-speculative-tokens", "15"]) == 0
+    d = json.loads(capsys.readouterr().out)["dbo"]
+    assert min(plain["decode_token_threshold"], plain["prefill_token_threshold"]) < 32
+    assert d["decode_token_threshold"] >= 32 and d["prefill_token_threshold"] >= 32 and "raises" in d["why"]
+    assert main(["vllm-config", "--gpu", "h100-sxm", "--num-speculative-tokens", "2"]) == 2
+    assert "read only for dual-batch overlap" in capsys.readouterr().err

@@ -100,6 +100,8 @@ def _ep_needles() -> dict[str, list[str]]:
             ep.dbo_backends_cite: ["assert a2a_backend in supported_backends",
                                    *(f'"{b}",' for b in ep.dbo_backends)],
             ep.dp_one_cite: ["def maybe_build_ubatch_runner", "data_parallel_size <= 1"],
+            ep.spec_decode_cite: ["def _raise_dbo_thresholds_for_spec_decode",
+                                  "parallel_config.num_ubatches * self.uniform_decode_query_len"],
             ep.unsupported_cite: ["def _get_dbo_unsupported_features", "dual batch overlap with LoRA",
                                   "dual batch overlap with pipeline parallelism",
                                   "dual batch overlap with PIECEWISE CUDA graphs"],

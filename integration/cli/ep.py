@@ -19,7 +19,7 @@ DEFAULT_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # Flags whose effect depends on the query: each given one is priced again at its default, and refused where the
 # answer is the same (a flag takes effect or is refused).
 _CHECKED = ("--network", "--phase", "--context-len", "--seq-len", "--max-num-batched-tokens", "--imbalance",
-            "--dbo-comm-sms", "--margin", "--workload")
+            "--dbo-comm-sms", "--margin", "--workload", "--num-speculative-tokens")
 
 
 def register(sub) -> None:
@@ -57,6 +57,8 @@ def register(sub) -> None:
     p.add_argument("--dbo", action="store_true", help="decide dual-batch overlap: both thresholds and the saving")
     p.add_argument("--at", type=bounded_int("--at", 2, 2**20, "tokens"), help="break one step down, DBO off and on")
     p.add_argument("--margin", type=fraction("--margin"), default=None, help="risk premium on the DBO side")
+    p.add_argument("--num-speculative-tokens", type=bounded_int("--num-speculative-tokens", 1, 64, "draft tokens"),
+                   metavar="K", help="with --dbo: vLLM's speculative decoding (the thresholds are at least 2 x (1+K))")
     p.add_argument("--workload", metavar="FILE", help="the traffic --dbo decides for: a CSV num_tokens,count[,phase] "
                    "(tokens per DP rank; phase decode|mixed splits the two thresholds' traffic) or a /metrics scrape "
                    "(default: uniform over 1..budget)")

@@ -45,6 +45,9 @@ def register(sub) -> None:
     g.add_argument("--shard-sp-shared-expert", action="store_true", default=None,
                    help="vLLM's VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT=1 (under SP: the shared experts and dense MLP "
                         "reduce-scatter through the kernel)")
+    p.add_argument("--num-speculative-tokens", type=bounded_int("--num-speculative-tokens", 1, 64, "draft tokens"),
+                   metavar="K", help="dual-batch overlap under speculative decoding: vLLM raises both thresholds to at "
+                   "least 2 x (1+K)")
     p.add_argument("--draft-hidden-size", type=bounded_int("--draft-hidden-size", 1, 2**20,
                    "a hidden size"), metavar="H",
                    help="speculative decoding: the draft model's hidden size (vLLM >= 0.32 sizes the fused all-reduce "
@@ -76,12 +79,17 @@ def cmd_vllm_config(args) -> int:
     cfg, name, where = load_model_config(args.model)
     if kernel_family(cfg):
         given = [_flag(f) for f in DBO_FLAGS if getattr(args, f) is not None]
+        if args.num_speculative_tokens is not None:
+            given.append("--num-speculative-tokens")
         if given:
             raise TpcostError(f"{', '.join(given)}: read only for dual-batch overlap of an MoE model without vLLM's "
                               f"fused GEMM+RS/AR kernel; {name} runs the kernel (tpcost ep prices any MoE step)")
         return kernel_model_config(args, cfg, name, where, vllm)
     if args.enable_expert_parallel:
         return ep_model_config(args, vllm)
+    if args.num_speculative_tokens is not None:
+        raise TpcostError("--num-speculative-tokens: read only for dual-batch overlap (an MoE model with "
+                          "--enable-expert-parallel); the fusion range's draft is --draft-hidden-size")
     if args.kernel_op:
         raise TpcostError(f"--kernel-op: the switch has no effect for {name}: vLLM binds its fused GEMM+RS/AR kernel "
                           "only in Kimi-K3 / Kimi-Linear and DeepSeek-V4.1 (give such a config.json; for a what-if on "
@@ -295,7 +303,8 @@ def ep_model_config(args, vllm) -> int:
         all2all_backend=args.all2all_backend or "allgather_reducescatter", network=args.network, phase=None,
         context_len=args.context_len or None, seq_len=args.seq_len,
         max_num_batched_tokens=None if args.max_num_batched_tokens == DEFAULT_BUDGET_TOKENS
-        else args.max_num_batched_tokens, imbalance=None, dbo_comm_sms=None, margin=args.margin)
+        else args.max_num_batched_tokens, imbalance=None, dbo_comm_sms=None, margin=args.margin,
+        num_speculative_tokens=args.num_speculative_tokens)
     s = setup_from_args(ns)
     d = decide_dbo(ns, s)
     kw = {"enable_dbo": True, "dbo_decode_token_threshold": d["decode_token_threshold"],
