@@ -342,3 +342,92 @@ def dbo_band(s: EPSetup, t_max: int, margin: float, draws: int = 100, seed: int 
         cuts[i] = np.inf if th is None else th
     named = {**{k: v[:, 0] for k, v in prof_draws.items()}, **{f"network.{k}": v for k, v in net_draws.items()}}
     return band_edges(cuts, named)
+
+
+def _gemms_work(t: float, mats: list[tuple[int, int, float]], act_bytes: float) -> tuple[float, float]:
+    """(FLOPs, bytes) of GEMMs on t rows: each (n, k, bytes per weight element) reads its weights once, its input and
+    output rows once."""
+    flops = sum(2.0 * t * n * k for n, k, _ in mats)
+    byts = sum(n * k * wb + t * (n + k) * act_bytes for n, k, wb in mats)
+    return flops, byts
+
+
+def _attention_work(s: EPSetup, t: float) -> tuple[float, float]:
+    """(FLOPs, bytes) of one layer's attention at t tokens per rank, in the form vLLM runs it (moe.t_attention_s)."""
+    sh, wb, a = s.shape, s.shape.weight_bytes, 2.0
+    if not sh.mla:
+        mats = [((sh.num_heads + 2 * sh.num_kv_heads) * sh.head_dim, sh.hidden, wb),
+                (sh.hidden, sh.num_heads * sh.head_dim, wb)]
+        qk = v = sh.head_dim
+        kv = 2 * sh.num_kv_heads * sh.head_dim
+    else:
+        N, L, R, P, V = sh.num_heads, sh.kv_lora_rank, sh.qk_rope, sh.qk_nope, sh.v_head_dim
+        q = [(sh.q_lora_rank, sh.hidden, wb), (N * (P + R), sh.q_lora_rank, wb)] if sh.q_lora_rank else \
+            [(N * (P + R), sh.hidden, wb)]
+        mats = [*q, (L + R, sh.hidden, wb), (sh.hidden, N * V, wb)]
+        if s.decode:
+            mats += [(N * L, P, a), (N * V, L, a)]  # the absorbed W_UK / W_UV, batched per head (bf16)
+            qk, v, kv = L + R, L, L + R
+        else:
+            mats += [(N * (P + V), L, wb)]
+            qk, v, kv = P + R, V, L + R
+    flops, byts = _gemms_work(t, mats, a)
+    if s.decode:
+        flops += 2.0 * t * sh.num_heads * s.context_len * (qk + v)
+        byts += t * s.context_len * kv * a
+    else:
+        flops += 2.0 * t * sh.num_heads * (s.seq_len + 1) / 2 * (qk + v)
+        byts += t * kv * a * 2
+    return flops, byts
+
+
+def ops_at(s: EPSetup, n: int) -> list[dict]:
+    """Every op of a step at n tokens per rank (§11.4): per call its time, FLOPs, bytes, achieved TFLOP/s or GB/s
+    and the bound it hits, and how many times the step runs it (times from the step's own terms)."""
+    hw = Hw(s.prof, s.dtype)
+    sh, t = s.shape, float(n)
+    b = block(s, np.array([t]), hw=hw)
+    wb, a = sh.weight_bytes, 2.0
+    peak_w, peak_a = float(hw._peak_flops(wb == 1)), float(hw.peak_act_flops_per_s)
+    bw = float(hw.hbm_bw_bytes_per_s)
+    T_all = t * s.ep
+    pairs = T_all * min(s.imbalance * sh.top_k / sh.num_experts, 1.0) * (sh.num_experts // s.ep)
+    act = float(b.active_experts[0])
+    moe_w = 3 * sh.hidden * sh.moe_intermediate
+    rows = [("attention", sh.num_layers, b.t_attention_s, *_attention_work(s, t), peak_a, "moe.t_attention_s"),
+            ("dense MLP", sh.first_dense, b.t_dense_s,
+             *_gemms_work(t, [(2 * sh.dense_intermediate, sh.hidden, wb), (sh.hidden, sh.dense_intermediate, wb)], a),
+             peak_w, "moe.t_mlp_s"),
+            ("router", sh.moe_layers, b.t_router_s, *_gemms_work(t, [(sh.num_experts, sh.hidden, a)], a), peak_a,
+             "ops.Hw.t_gemm"),
+            ("shared experts", sh.moe_layers if sh.n_shared else 0, b.t_shared_s,
+             *_gemms_work(t, [(2 * sh.moe_intermediate * sh.n_shared, sh.hidden, wb),
+                              (sh.hidden, sh.moe_intermediate * sh.n_shared, wb)], a), peak_w, "moe.t_mlp_s"),
+            ("routed experts (grouped)", sh.moe_layers, b.t_experts_s,
+             2.0 * pairs * moe_w, act * moe_w * wb + pairs * 2 * sh.hidden * a, peak_w, "moe.t_experts_s"),
+            ("norms", sh.num_layers, b.t_norms_s, 0.0, 2 * t * sh.hidden * a * 3.0, peak_a, "moe.t_norms_s")]
+    out = []
+    for name, count, ts, flops, byts, peak, fn in rows:
+        ts = float(np.asarray(ts).ravel()[0])
+        if count == 0 or ts <= 0:
+            continue
+        bound = "compute" if flops / peak > byts / bw else "memory"
+        out.append({"op": name, "count_per_step": int(count), "t_s": ts, "flops": flops, "bytes": byts,
+                    "achieved_tflops": flops / ts / 1e12, "achieved_gbps": byts / ts / 1e9, "bound": bound,
+                    "formula": fn})
+    x = b.a2a
+    for q, ts, r, v, bound in (("dispatch", b.t_dispatch_s, x.rdma_dispatch_bytes, x.nvl_dispatch_bytes,
+                                x.bound_dispatch),
+                               ("combine", b.t_combine_s, x.rdma_combine_bytes, x.nvl_combine_bytes, x.bound_combine)):
+        ts = float(np.asarray(ts).ravel()[0])
+        byts = float(np.asarray(r).ravel()[0]) + float(np.asarray(v).ravel()[0])
+        out.append({"op": f"{q} ({s.backend}, {int(b.calls[0])} call(s))", "count_per_step": sh.moe_layers,
+                    "t_s": ts, "flops": 0.0, "bytes": byts, "achieved_tflops": 0.0, "achieved_gbps": byts / ts / 1e9,
+                    "bound": bound, "formula": "all2all.predict"})
+    lm = float(np.asarray(_lm_head_s(s, hw, np.array([t]))).ravel()[0])
+    rows_lm = t if s.decode else float(np.ceil(t / s.seq_len))
+    f_lm, b_lm = _gemms_work(rows_lm, [(sh.vocab, sh.hidden, a)], a)
+    out.append({"op": "lm_head + sampling", "count_per_step": 1, "t_s": lm, "flops": f_lm, "bytes": b_lm,
+                "achieved_tflops": f_lm / lm / 1e12, "achieved_gbps": b_lm / lm / 1e9,
+                "bound": "compute" if f_lm / peak_a > b_lm / bw else "memory", "formula": "ep_step._lm_head_s"})
+    return out

@@ -534,3 +534,25 @@ def test_speculative_decoding_raises_the_emitted_thresholds(capsys):
     assert d["decode_token_threshold"] >= 32 and d["prefill_token_threshold"] >= 32 and "raises" in d["why"]
     assert main(["vllm-config", "--gpu", "h100-sxm", "--num-speculative-tokens", "2"]) == 2
     assert "read only for dual-batch overlap" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("be,phase,n", [("deepep_low_latency", "decode", 128), ("deepep_high_throughput", "prefill",
+                                                                              2048)])
+def test_ops_add_up_to_the_step_and_none_beats_its_roofline(be, phase, n, capsys):
+    """ep --ops: the ops times their counts are the step's GPU time exactly, and no compute op runs above the
+    GPU's peak FLOP/s or its HBM rate (issue 58 item 5)."""
+    from costmodel.ops import Hw
+
+    ph = ["--phase", phase] if phase != "decode" else []  # decode is the default: giving it is refused as inert
+    assert main([*EP, "--all2all-backend", be, *ph, "--ops", str(n), "--json"]) == 0
+    ops = json.loads(capsys.readouterr().out)["ops"]["ops"]
+    s = _setup(ep=16, be=be, decode=phase == "decode")
+    st = step(s, np.array([float(n)]))
+    assert sum(o["count_per_step"] * o["t_s"] for o in ops) == pytest.approx(float(st.t_gpu_s[0]), rel=1e-9)
+    hw = Hw(s.prof, s.dtype)
+    for o in ops:
+        assert o["bound"] in ("compute", "memory") or o["formula"] == "all2all.predict", o
+        if o["flops"]:
+            assert o["achieved_tflops"] * 1e12 <= float(hw._peak_flops(True)) * (1 + 1e-9), o
+            assert o["achieved_gbps"] * 1e9 <= float(hw.hbm_bw_bytes_per_s) * (1 + 1e-9), o
+    assert main([*EP, "--ops", "64", "--dbo"]) == 2 and "--ops lists one step" in capsys.readouterr().err

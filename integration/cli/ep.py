@@ -56,6 +56,8 @@ def register(sub) -> None:
     p.add_argument("--a2a", action="store_true", help="print the dispatch/combine per call only")
     p.add_argument("--dbo", action="store_true", help="decide dual-batch overlap: both thresholds and the saving")
     p.add_argument("--at", type=bounded_int("--at", 2, 2**20, "tokens"), help="break one step down, DBO off and on")
+    p.add_argument("--ops", type=bounded_int("--ops", 1, 2**20, "tokens"), metavar="N",
+                   help="every op of a step at N tokens per rank: count, time, TFLOP/s or GB/s, the bound it hits")
     p.add_argument("--margin", type=fraction("--margin"), default=None, help="risk premium on the DBO side")
     p.add_argument("--num-speculative-tokens", type=bounded_int("--num-speculative-tokens", 1, 64, "draft tokens"),
                    metavar="K", help="with --dbo: vLLM's speculative decoding (the thresholds are at least 2 x (1+K))")
@@ -169,7 +171,11 @@ def _body(args) -> tuple[object, dict]:
         raise TpcostError("--workload: read only by --dbo (the traffic the thresholds are decided for)")
     args.workload_obj = load_workload_arg(args)
     out: dict = {}
-    if args.a2a:
+    if args.ops:
+        from costmodel.ep_step import ops_at
+
+        out["ops"] = {"tokens_per_rank": args.ops, "ops": ops_at(s, args.ops)}
+    elif args.a2a:
         out["a2a"] = a2a_rows(s, args.tokens or list(DEFAULT_TOKENS))
     elif args.at:
         out["at"] = at_breakdown(s, args.at)
@@ -201,6 +207,8 @@ def _refuse_inert(args, body: dict) -> None:
 def cmd_ep(args) -> int:
     if args.a2a and (args.dbo or args.at):
         raise TpcostError("--a2a prints the all-to-all alone: drop --dbo / --at")
+    if args.ops and (args.a2a or args.at or args.dbo or args.tokens or args.plot is not None):
+        raise TpcostError("--ops lists one step's ops: drop --a2a / --at / --dbo / --tokens / --plot")
     if args.at and args.tokens:
         raise TpcostError("--at breaks one step down: drop --tokens")
     from .common import check_plot_args
@@ -209,6 +217,8 @@ def cmd_ep(args) -> int:
     if args.plot is not None and not args.dbo:
         raise TpcostError("--plot draws DBO off and on with its thresholds: give --dbo too")
     s, body = _body(args)
+    if args.ops and args.ops > s.budget_tokens:
+        raise TpcostError(f"--ops {args.ops}: above the token budget of {s.budget_tokens} per rank")
     if args.at and args.at > s.budget_tokens:
         raise TpcostError(f"--at {args.at}: above the token budget of {s.budget_tokens} per rank (vLLM never runs "
                           "such a step; raise --max-num-batched-tokens)")
@@ -277,6 +287,13 @@ def _render(out: dict) -> None:
                   f"{r['t_dense_s'] * 1e3:>7.3f} {r['t_experts_s'] * 1e3:>8.3f} "
                   f"{(r['t_dispatch_step_s'] + r['t_combine_step_s']) * 1e3:>10.3f} "
                   f"{(r['t_dispatch_s'] + r['t_combine_s']) * 1e6:>12.1f} {on:>10}")
+    if "ops" in out:
+        o = out["ops"]
+        print(f"every op at {o['tokens_per_rank']} tokens per rank (times per call):")
+        print(f"{'op':44s} {'x/step':>6} {'us':>9} {'TFLOP/s':>8} {'GB/s':>8}  bound")
+        for r in o["ops"]:
+            print(f"{r['op']:44s} {r['count_per_step']:>6} {r['t_s'] * 1e6:>9.1f} {r['achieved_tflops']:>8.1f} "
+                  f"{r['achieved_gbps']:>8.0f}  {r['bound']}")
     if "at" in out:
         a = out["at"]
         print(f"at {a['tokens_per_rank']} tokens per rank: DBO off {a['off']['t_step_s'] * 1e3:.3f} ms "
