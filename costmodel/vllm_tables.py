@@ -590,6 +590,41 @@ def gate_alignment(gate: ModelGate, tp: int) -> int | None:
     return None if gate.align is None else gate.align.get(tp)
 
 
+GATE_KINDS = {"comm": "a gate on a communication path", "compute_stream": "compute beside compute on a second stream",
+              "capacity": "what a kernel or buffer is built for", "kernel_choice": "one compute kernel or another",
+              "not_a_gate": "named like a gate, not one"}
+
+
+@dataclasses.dataclass(frozen=True)
+class GateEntry:
+    """One constant of a release's model, layer or communicator code named like a token, row or byte gate, as read in
+    the wheel: where it is set, its value as written, its kind (GATE_KINDS), what it switches, and for a gate on a
+    communication path its unit, the measurement its comment names, what vLLM exposes, and whether tpcost prices it."""
+
+    where: str  # file:line in the wheel
+    name: str
+    value: str  # as written
+    kind: str
+    what: str
+    unit: str = "tokens"
+    measured: str = ""  # the GPU, TP and nodes its comment names ("" : none named)
+    exposed: str = "module constant (not exposed)"
+    status: str = ""  # comm: "priced: ..." or "not modelled: ..."
+    scanned: bool = True  # found by tools/read_vllm_tables.scan_gates (False: listed by hand, outside its pattern)
+
+    def __post_init__(self):
+        if self.kind not in GATE_KINDS:
+            raise ValueError(f"{self.name}: kind {self.kind!r} is not one of {', '.join(GATE_KINDS)}")
+
+    @property
+    def priced(self) -> bool:
+        return self.status.startswith("priced")
+
+    def status_line(self) -> str:
+        """The one-line status: a communication gate's own, else what kind of constant it is."""
+        return self.status or f"not a communication gate: {GATE_KINDS[self.kind]}"
+
+
 @dataclasses.dataclass(frozen=True)
 class EpRules:
     """vLLM's DP attention + expert parallelism and dual-batch overlap rules in one release (docs/model.md §11-12),
@@ -650,6 +685,7 @@ class Release:
     notes: tuple[str, ...] = ()  # what changed in this release that tpcost reads and does not model
     model_gates: tuple[ModelGate, ...] = ()  # the hand cutoffs in its model code
     ep: EpRules | None = None  # DP+EP and DBO (None: tpcost has not read them for this release)
+    gate_inventory: tuple[GateEntry, ...] = ()  # every gate-named constant of its model code, classified
 
     def gates_of(self, family: str) -> tuple[ModelGate, ...]:
         """The model gates that apply to a model of `family` (its own, and the common ones it calls)."""
@@ -730,6 +766,121 @@ _EP_034 = EpRules(
     mla_decode_cite="vllm/model_executor/layers/attention/mla_attention.py:95-116",
     mla_prefill_cite="vllm/model_executor/layers/attention/mla_attention.py:140-160",
 )
+_INVENTORY_034 = (
+    GateEntry('vllm/models/beam/nvidia/allreduce.py:14', '_ONESHOT_MAX_BYTES', '1024 * 1024', "comm", "Beam's MNNVL all-reduce: one-shot up to it, two-shot above (bytes of the BF16 payload)",
+              unit='bytes', measured="FlashInfer's MNNVL one-shot cutoff (no GPU named)", status="not modelled: Beam's multi-node NVLink (MNNVL) Lamport all-reduce; tpcost prices all-reduces inside one NVLink domain, and no Beam config ships"),
+    GateEntry('vllm/models/common/ops/sequence_parallel.py:48', '_FUSED_AG_MATMUL_MIN_TOKENS_PER_RANK', '1024', "comm", "torch's fused_all_gather_matmul at model level from it per rank, else all-gather then GEMM",
+              unit='tokens per rank', measured='B300 TP4, K 8192', status="priced: model gate common.ag_gemm (vllm-config's model_gates; op --op ag_gemm --impl torch)"),
+    GateEntry('vllm/models/deepseek_v4/amd/mono/dims.py:26', 'MAX_TOKENS', '64', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/deepseek_v41/amd/mhc.py:16', 'MHC_OVERLAP_MAX_TOKENS', '128', "comm", 'ROCm: the TP all-reduce overlapped with mHC up to it',
+              unit='tokens', measured='', status="not modelled: ROCm's all-reduce + mHC overlap; mHC mixing is not in tpcost's all-reduce + norm model"),
+    GateEntry('vllm/models/deepseek_v41/amd/mono/attention/plan.py:32', 'MAX_TOKENS', '48', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/deepseek_v41/amd/mono/layer.py:57', 'MAX_TOKENS', '48', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/deepseek_v41/amd/mono_decode.py:57', 'MAX_ROWS', '48', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/deepseek_v41/amd/ops/fused_markov.py:52', 'MAX_ROWS', '8', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/deepseek_v41/amd/ops/swa_decode_meta.py:40', 'MAX_ROWS', '32', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/deepseek_v41/amd/ops/topk_pack.py:32', 'MAX_ROWS', '16', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/deepseek_v41/attention.py:99', '_SHARD_FUSED_WQA_WKV_MIN_TOKENS', '2048', "comm", 'from it, one token shard per TP rank projects and all-gathers; below, every rank projects all',
+              unit='tokens', measured='', status="not modelled: DeepSeek-V4.1's forward (its sharded wq_a/wkv projection and all-gather) is not modelled"),
+    GateEntry('vllm/models/deepseek_v41/attention.py:107', '_Q_PAD_COPY_MIN_TOKENS', '2048', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/deepseek_v41/nvidia/flash_mla_mega_attn.py:115', '_SWAPAB_MAX_TOKENS', '16', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/deepseek_v41/nvidia/ops/cute_dsl/all_reduce_mhc.py:120', 'BT_MIN_ROWS', '64', "comm", "fused all-reduce + mHC: the two-shot (BT) protocol's kernels exist from it; below, LL only",
+              unit='rows', measured='', status="not modelled: the LL / two-shot protocols inside DeepSeek-V4.1's fused all-reduce + mHC kernel"),
+    GateEntry('vllm/models/deepseek_v41/nvidia/ops/mhc.py:38', 'MHC_OVERLAP_MAX_TOKENS', '16', "comm", 'fused TP all-reduce + mHC + RMSNorm up to it, else all-reduce then mHC',
+              unit='tokens', measured='GB200 TP4 (FlashInfer)', status="not modelled: mHC mixing (hc_mult) is not in tpcost's all-reduce + norm model, and no DeepSeek-V4.1 config with hc_mult ships"),
+    GateEntry('vllm/models/deepseek_v41/nvidia/specialized_decode/__init__.py:34', 'FUSED_MHC_MAX_ROWS', '384', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/deepseek_v41/nvidia/specialized_decode/__init__.py:37', 'LOW_BATCH_MAX_ROWS', '8', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/deepseek_v41/nvidia/specialized_decode/__init__.py:40', 'WIDE_LOW_LATENCY_MAX_ROWS', '48', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/deepseek_v41/nvidia/specialized_decode/attention/indexer.py:91', 'ROW_SHARD_MIN_ROWS', '12', "comm", 'row-sharded decode attention (slices + all-gathers) from it',
+              unit='rows', measured='', status="not modelled: DeepSeek-V4.1's row-sharded decode attention and its all-gathers"),
+    GateEntry('vllm/models/deepseek_v41/nvidia/specialized_decode/attention/mxfp8.py:70', '_PINNED_MIN_ROWS', 'LOW_BATCH_MAX_ROWS // 2 + 1', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/deepseek_v41/nvidia/specialized_decode/logits/lm_head.py:29', 'LM_HEAD_MAX_ROWS', '16', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/deepseek_v41/nvidia/specialized_decode/moe/routed_expert_gemm.py:91', 'MAX_ROWS', '192', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/flint/ops/moe.py:49', 'DECODE_MAX_TOKENS', '6', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/flint/ops/moe.py:51', 'BF16_DECODE_MAX_TOKENS', '12', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/flint/ops/moe.py:53', 'ROUTE_GEMV_MAX_TOKENS', '64', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/flint/ops/moe.py:979', 'LL_MOE_MAX_TOKENS', '2', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/inkling/amd/moe.py:57', '_INKLING_LL_BF16_MAX_TOKENS', '64', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/inkling/amd/ops/qkvr_prep.py:16', 'SMALL_TOKEN_THRESHOLD', '128', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/inkling/nvidia/moe.py:56', '_INKLING_LL_BF16_MAX_TOKENS', '64', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/inkling/nvidia/ops/lamport.py:58', '_MAX_TOKENS', '16384', 'capacity', 'Lamport all-reduce buffer: tokens it holds'),
+    GateEntry('vllm/models/inkling/nvidia/ops/qkvr_prep.py:16', 'SMALL_TOKEN_THRESHOLD', '128', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/kimi_k3/amd/specialized_decode/runtime/__init__.py:26', 'MAX_TOKENS', '64', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/kimi_k3/amd/specialized_decode/runtime/__init__.py:28', 'MAX_ROWS', '16', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/kimi_k3/nvidia/low_latency_gemm.py:60', 'KDA_PROJECTION_OVERLAP_MAX_TOKENS', '14', 'compute_stream', 'the overlapped KDA projection sweep up to it'),
+    GateEntry('vllm/models/kimi_k3/nvidia/low_latency_gemm.py:61', 'KDA_SKINNY_N_MAX_TOKENS', 'KDA_PROJECTION_OVERLAP_MAX_TOKENS', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/kimi_k3/nvidia/low_latency_gemm.py:62', 'KDA_SKINNY_K_MAX_TOKENS', 'KDA_PROJECTION_OVERLAP_MAX_TOKENS', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/kimi_k3/nvidia/mla.py:121', '_GATE_MULTI_STREAM_TOKEN_THRESHOLD', '512', 'compute_stream', 'the gate projection beside attention on the aux stream below it'),
+    GateEntry('vllm/models/kimi_k3/nvidia/model.py:142', '_ROUTED_DOWN_PROJ_STREAM_TOKEN_THRESHOLD', '256', 'compute_stream', 'the routed down-projection on a second stream up to it'),
+    GateEntry('vllm/models/kimi_k3/nvidia/ops/dcp_topk_merge/__init__.py:85', '_MERGE_MAX_ROWS', '{}', 'not_a_gate', 'a cache (a dict), not a bound'),
+    GateEntry('vllm/models/kimi_k3/nvidia/ops/latent_moe_tail.py:18', '_MAX_NUM_TOKENS', '128', 'capacity', "Kimi-K3's fused latent-MoE tail (Lamport TP collective + GEMM): tokens it is built for"),
+    GateEntry('vllm/models/kimi_k3/nvidia/ops/latent_moe_tail.py:19', '_SKINNY_MAX_NUM_TOKENS', '5', 'kernel_choice', "the skinny-M GEMM inside Kimi-K3's latent-MoE tail up to it"),
+    GateEntry('vllm/models/kimi_k3/nvidia/specialized_decode/drafter/attention.py:45', 'CAKE_WORKSPACE_MAX_BYTES', '2 << 30', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/kimi_k3/nvidia/specialized_decode/runtime/dep.py:41', 'DEP_MAX_ROWS', '320', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/minimax_m3/amd/mono/config.py:50', 'MAX_TOKENS', '16', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/minimax_m3/amd/mono/drafter/layout.py:31', 'MAX_ROWS', '16', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/minimax_m3/amd/ops/nvfp4_index_decode/host.py:19', 'BUFFER_MIN_BYTES', '8 << 20', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/minimax_m3/amd/ops/nvfp4_index_decode/kernel.py:44', 'MAX_ROWS', '32', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/minimax_m3/amd/ops/nvfp4_index_decode/kernel_cp_push.py:42', 'MAX_ROWS', '1024', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/minimax_m3/amd/specialized_decode/mono/ffn.py:89', 'MAX_TOKENS', '16', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/minimax_m3/nvidia/model.py:152', 'FUSED_MOE_FINALIZE_MAX_TOKENS', '32', "comm", "MoE top-k finalize inside the next layer's fused all-reduce + norm + MXFP8 quantisation up to it",
+              unit='tokens', measured='', status='not modelled: the all-reduce + norm model has no MoE top-k finalize tail or MXFP8 quantisation bytes'),
+    GateEntry('vllm/models/minimax_m3/nvidia/model.py:154', '_QKV_FUSED_EPILOGUE_MIN_TOKENS', '512', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/minimax_m3/nvidia/model.py:159', '_GEMM_RS_MIN_TOKENS', '1024', "comm", "MiniMax-M3's fused GEMM-RS from it, else GEMM then sp_reduce_scatter",
+              unit='tokens', measured='GB300 TP4', status="priced: model gate minimax_m3.gemm_rs (vllm-config's model_gates)"),
+    GateEntry('vllm/models/minimax_m3/nvidia/ops/dense_gemm1_mxfp8.py:548', 'MIN_TOKENS', '1024', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/mistral/mistral_large4/amd/specialized_decode/runtime/spec.py:14', 'MAX_ROWS', '12', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/muse_spark/amd/model.py:89', '_ROUTER_BF16X3_MIN_TOKENS', '16', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/muse_spark/amd/muse_moe_runner.py:71', '_TOKEN_SHARDED_MIN_TOKENS', '256', "comm", 'ROCm: one custom all-reduce below it, RCCL reduce-scatter + all-gather from it',
+              unit='tokens', measured='', status="not modelled: ROCm's custom all-reduce against RCCL's reduce-scatter + all-gather"),
+    GateEntry('vllm/models/muse_spark/nvidia/model.py:168', '_ROUTER_MULTI_STREAM_TOKEN_THRESHOLD', '256', 'compute_stream', 'the router on a second stream below it'),
+    GateEntry('vllm/models/muse_spark/nvidia/model.py:170', '_SHARDED_PROJECTION_MAX_TOKENS', '256', "comm", 'sharded projections (and their gather) at decode sizes up to it; prefill replicated',
+              unit='tokens', measured='', status="not modelled: Muse Spark's sharded projections (its forward is not modelled)"),
+    GateEntry('vllm/models/muse_spark/nvidia/model.py:172', '_FUSED_ATTN_ALL_REDUCE_MAX_TOKENS', '48', "comm", 'one-shot o_proj all-reduce fused with the boundary norms up to it',
+              unit='tokens', measured='', status="priced: model gate muse_spark.oneshot_ar (vllm-config's model_gates)"),
+    GateEntry('vllm/models/muse_spark/nvidia/model.py:175', '_MULTI_NODE_SHARDED_UNPOOLER_MIN_TOKENS', '32', "comm", 'two nodes: the cross-node gather + smaller unpooler GEMM from it',
+              unit='tokens', measured='GB300 TP8, two nodes', status="not modelled: a cross-node gather on TP's path (tpcost prices TP collectives inside one domain)"),
+    GateEntry('vllm/models/muse_spark/nvidia/model.py:176', '_PREPARED_NVFP4_MAX_TOKENS', '256', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/models/muse_spark/nvidia/model.py:278', '_FLASHINFER_DUAL_NORM_MAX_TOKENS', '1024', 'kernel_choice', "FlashInfer's cluster-per-row dual norm up to it, a Triton kernel above (no communication)"),
+    GateEntry('vllm/models/muse_spark/nvidia/muse_moe_runner.py:151', '_FUSED_ALL_REDUCE_MAX_TOKENS', '256', "comm", 'MoE finalize fused with the all-reduce up to it (one node)',
+              unit='tokens', measured='GB300 TP4', status='not modelled: the all-reduce + norm model has no MoE finalize tail'),
+    GateEntry('vllm/models/muse_spark/nvidia/muse_moe_runner.py:152', '_MULTI_NODE_FUSED_ALL_REDUCE_MAX_TOKENS', '128', "comm", 'the same fusion across two nodes up to it',
+              unit='tokens', measured='GB300 TP8, two nodes', status='not modelled: a cross-node fused all-reduce (MNNVL across two trays)'),
+    GateEntry('vllm/models/muse_spark/nvidia/specialized_decode/cutedsl/attention/qkv_front.py:73', 'MAX_TOKENS', '16', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/muse_spark/nvidia/specialized_decode/cutedsl/moe/routing.py:68', 'MAX_TOKENS', '8', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/muse_spark/nvidia/specialized_decode/runtime/cute_ops.py:88', 'ROUTING_MAX_TOKENS', 'routing.MAX_TOKENS', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/models/muse_spark/nvidia/specialized_decode/runtime/markov.py:85', 'STEP_PDL_MAX_ROWS', '2', 'compute_stream', 'markov_step with programmatic dependent launch up to it'),
+    GateEntry('vllm/model_executor/kernels/attention/dsa/fused_mqa_topk.py:26', 'FUSED_MQA_TOPK_MAX_ROWS', '16384', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/model_executor/kernels/mhc/tilelang_kernels.py:64', '_FUSED_POST_PRE_MAX_TOKENS', '32', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/model_executor/kernels/mhc/tilelang_kernels.py:70', '_FUSED_POST_PRE_SINGLE_PASS_MAX_TOKENS', '4', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/model_executor/layers/attention/sparse_mla_attention.py:69', 'GLOBAL_TOPK_MASK_MAX_BYTES', '128 * 1024 * 1024', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
+    GateEntry('vllm/model_executor/layers/fused_moe/router/bf16x3_router_gemm_rocm.py:37', 'MIN_TOKENS', '2048', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/model_executor/layers/fused_moe/router/fused_topk_router.py:61', '_AITER_TOPK_GATING_MAX_TOKENS', '4096', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/model_executor/layers/fused_moe/router/gate_linear.py:61', 'FP32_MAX_TOKENS', '32', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/model_executor/layers/fused_moe/router/gate_linear.py:64', 'LL_BF16_MAX_TOKENS', '16', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/model_executor/layers/fused_moe/router/gate_linear.py:441', '_FP32_ROUTER_GEMM_MAX_TOKENS', 'GateLinear.FP32_MAX_TOKENS', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/model_executor/layers/fused_moe/router/gate_linear.py:444', '_SM90_FP32_ROUTER_GEMM_MAX_TOKENS', '24', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/model_executor/layers/fused_moe/router/rocm_fp32_router_gemm.py:11', '_MAX_TOKENS', '32', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/model_executor/layers/fused_moe/router/rocm_sigmoid_bias_flat_topk.py:39', '_MAX_TOKENS', '1', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/model_executor/layers/indexer_topk.py:21', 'AUTO_COOPERATIVE_MAX_ROWS', '64', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
+    GateEntry('vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:129', '_BA_PROJ_OVERLAP_MAX_TOKENS', '256', 'compute_stream', 'in_proj_ba on the aux stream beside in_proj_qkvz up to it'),
+    GateEntry('vllm/distributed/device_communicators/shm_tensor_arena.py:58', '_ARENA_MIN_BYTES', '8 * 1024 * 1024', 'not_a_gate', 'host IPC: tensors from it go to the shared-memory arena'),
+    GateEntry('vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/worker.py:2779', 'LOOKUP_BREAKER_FAILURE_THRESHOLD', '3', 'not_a_gate', 'KV-store lookup failures before its breaker opens'),
+    GateEntry('vllm/distributed/weight_transfer/sharded_rdt_trainer.py:86', '_EXPORT_RING_MAX_BYTES', '64 << 20', 'not_a_gate', "weight transfer: the export ring's size"),
+)
+
+_INVENTORY_034_BY_HAND = (  # gates on a communication path that the name pattern does not catch
+    GateEntry("vllm/models/deepseek_v41/nvidia/ops/cute_dsl/all_reduce_mhc.py:121", "BT_MIN_FINALIZE_ROWS", "64", "comm",
+              "fused all-reduce + mHC: the two-shot (BT) finalize kernels exist from it", unit="rows",
+              status="not modelled: the LL / two-shot protocols inside DeepSeek-V4.1's fused all-reduce + mHC kernel",
+              scanned=False),
+    GateEntry("vllm/distributed/device_communicators/all2all.py:999-1003", "VLLM_MORI_DISPATCH_INTER_KERNEL_SWITCH_THRESHOLD",
+              "256", "comm", "--all2all-backend mori across nodes: the low-latency kernel up to it tokens per rank, the "
+              "normal one above (chosen at init)", unit="tokens per rank",
+              exposed="VLLM_MORI_DISPATCH_INTER_KERNEL_SWITCH_THRESHOLD=256 (vllm/envs.py:2159-2161)",
+              status="not modelled: MoRI is not priced (no released MoRI timing; tpcost ep refuses the backend)",
+              scanned=False),
+)
 _SP_REMOVED = "vllm 0.32.0: compilation/passes/fusion/sequence_parallelism.py and its PassConfig fields are gone"
 RELEASES: dict[tuple[int, int], Release] = {
     (0, 31): Release(
@@ -760,7 +911,7 @@ RELEASES: dict[tuple[int, int], Release] = {
          "models one node, where nothing changes",
          f"gemm_rs_ar takes a pre-quantised MXFP8 activation without quantising it again ({_GEMM_RS_AR}:1008-1016)",
          "DeepSeek-V4.1 turns GEMM-RS off under LoRA; Kimi-K3 and DeepSeek-V4.1 keep should_run's M >= 128"),
-        _GATES_034, ep=_EP_034),
+        _GATES_034, ep=_EP_034, gate_inventory=_INVENTORY_034 + _INVENTORY_034_BY_HAND),
 }
 # PEP 440 as vLLM's wheels write it (0.34.0, 0.34.0rc1, 0.31.0+cpu, 0.33.1.dev12+g4ba787ec9), ASCII digits only:
 # "0.34.x" or fullwidth / Arabic-Indic digits are not a version

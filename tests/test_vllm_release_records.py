@@ -180,3 +180,29 @@ def test_version_strings_are_pep440_with_ascii_digits(text, ok):
     else:
         with pytest.raises(TpcostError, match="is not a vLLM version"):
             T.parse_version(text, "src")
+
+
+def test_an_unclassified_gate_in_a_wheel_is_caught(tmp_path):
+    """Issue 60: a made-up wheel tree with one new gate-named constant (and one of the record's gone) fails the
+    inventory check; keyword arguments and lower-case names are not constants."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from read_vllm_tables import unclassified_gates
+
+    rec = T.RELEASES[(0, 34)]
+    g = next(x for x in rec.gate_inventory if x.scanned)
+    f, line = g.where.rsplit(":", 1)
+    path = tmp_path / f
+    path.parent.mkdir(parents=True)
+    path.write_text("\n" * (int(line) - 1) + f"{g.name} = {g.value}\n")
+    new_file = tmp_path / "vllm" / "models" / "made_up" / "ops.py"
+    new_file.parent.mkdir(parents=True)
+    new_file.write_text("x = f(SOFTPLUS_THRESHOLD=20.0,\n)\nlower_max_tokens = 3\n_FUSED_FOO_MAX_TOKENS = 64  # new\n")
+    new, gone = unclassified_gates(str(tmp_path), (g,))
+    assert new == ["vllm/models/made_up/ops.py:4 _FUSED_FOO_MAX_TOKENS"] and gone == []
+    new, gone = unclassified_gates(str(tmp_path), rec.gate_inventory)
+    assert len(gone) == sum(x.scanned for x in rec.gate_inventory) - 1
+    for x in rec.gate_inventory:
+        assert x.status_line() and (x.kind != "comm" or x.status.startswith(("priced", "not modelled")))

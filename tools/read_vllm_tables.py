@@ -13,6 +13,7 @@ import argparse
 import ast
 import json
 import sys
+import re
 import zipfile
 from pathlib import Path
 
@@ -96,3 +97,34 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------ the hand gates of a release's model code
+GATE_SCAN_DIRS = ("vllm/models", "vllm/model_executor", "vllm/distributed")
+GATE_NAME = re.compile(r"^\s*(?P<name>_?[A-Z0-9_]*(?:(?:MAX|MIN)_(?:NUM_)?(?:TOKENS|ROWS|BYTES)(?:_PER_RANK)?|THRESHOLD))"
+                       r"\s*(?::[^=]+)?=\s*(?P<value>[^#\n]*?)\s*(?:#.*)?$")
+
+
+def scan_gates(site: str) -> list[tuple[str, int, str, str]]:
+    """Every constant named like a token, row or byte gate (*_MAX_TOKENS, *_MIN_ROWS, *_MAX_BYTES, *_THRESHOLD, ...)
+    assigned in the wheel's model, layer and communicator code: (file, line, name, value as written). Keyword
+    arguments (a value ending in a comma) are not constants."""
+    out = []
+    root = Path(site)
+    for d in GATE_SCAN_DIRS:
+        for path in sorted((root / d).rglob("*.py")):
+            for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                m = GATE_NAME.match(line)
+                if m and not m.group("value").endswith(",") and m.group("value"):
+                    out.append((str(path.relative_to(root)), i, m.group("name"), m.group("value")))
+    return out
+
+
+def unclassified_gates(site: str, inventory) -> tuple[list[str], list[str]]:
+    """(gate-named constants of the wheel the release record does not classify, record entries the wheel no longer
+    holds where the record says): what makes a new release's new gate impossible to slip in unlisted."""
+    found = {f"{f}:{line}": name for f, line, name, _ in scan_gates(site)}
+    listed = {g.where: g.name for g in inventory if g.scanned}
+    new = sorted(f"{w} {n}" for w, n in found.items() if listed.get(w) != n)
+    gone = sorted(f"{w} {n}" for w, n in listed.items() if found.get(w) != n)
+    return new, gone
