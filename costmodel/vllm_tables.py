@@ -687,6 +687,10 @@ class Release:
     ep: EpRules | None = None  # DP+EP and DBO (None: tpcost has not read them for this release)
     gate_inventory: tuple[GateEntry, ...] = ()  # every gate-named constant of its model code, classified
 
+    def inventory_of(self, family: str) -> tuple[GateEntry, ...]:
+        """The gate-named constants of a model family's own code (vllm/models/<family>/), every kind."""
+        return tuple(g for g in self.gate_inventory if g.where.startswith(f"vllm/models/{family}/"))
+
     def gates_of(self, family: str) -> tuple[ModelGate, ...]:
         """The model gates that apply to a model of `family` (its own, and the common ones it calls)."""
         uses = {"muse_spark": ("muse_spark", "common")}.get(family, (family,))

@@ -267,3 +267,22 @@ def test_published_torch_rows_are_scored_against_the_sp_table_whatever_the_relea
         new = vllm_rule(prof, op, "torch", 8, n, k, V034)
         assert new[:2] == old[:2] and "sp_min_token_num" in new[0]
         assert np.array_equal(new[2](m), old[2](m))
+
+
+def test_vllm_config_lists_every_gate_of_the_family(capsys):
+    """Issue 60: the report carries every gate-named constant of the model family's code under gate_inventory,
+    each with its kind and status; the text names the communication gates tpcost does not price, with why."""
+    import json as _json
+
+    argv = ["vllm-config", "--model", str(ROOT / "data/reference/models/minimax-m3.config.json"), "--vllm-version",
+            "0.34", "--gpu", "gb300-nvl72", "--tp", "4", "--enable-expert-parallel", "--moe-backend",
+            "deep_gemm_mega_moe", "--kernel-op", "gemm_rs"]
+    assert main([*argv, "--json"]) == 0
+    inv = _json.loads(capsys.readouterr().out)["gate_inventory"]
+    names = {g["name"]: g for g in inv}
+    assert names["_GEMM_RS_MIN_TOKENS"]["status"].startswith("priced")
+    assert names["FUSED_MOE_FINALIZE_MAX_TOKENS"]["status"].startswith("not modelled")
+    assert all(g["where"].startswith("vllm/models/minimax_m3/") and g["status"] for g in inv)
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "FUSED_MOE_FINALIZE_MAX_TOKENS = 32" in err and "not modelled" in err

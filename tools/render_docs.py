@@ -494,6 +494,25 @@ def ep_fit_table() -> str:
     return "\n".join(lines)
 
 
+def gate_inventory_table() -> str:
+    """costmodel.vllm_tables: every gate on a communication path in vLLM 0.34's model code, and the count by kind."""
+    from collections import Counter
+
+    from costmodel.vllm_tables import GATE_KINDS, RELEASES
+
+    inv = RELEASES[(0, 34)].gate_inventory
+    lines = ["| constant | where | value | unit | switches | measured on | exposed | tpcost |",
+             "|---|---|---|---|---|---|---|---|"]
+    for g in inv:
+        if g.kind == "comm":
+            lines.append(f"| `{g.name}` | {g.where} | {g.value} | {g.unit} | {g.what} | {g.measured or '-'} | "
+                         f"{g.exposed} | {g.status} |")
+    n = Counter(g.kind for g in inv)
+    lines += ["", "Every gate-named constant, by kind: " + "; ".join(f"{GATE_KINDS[k]}: {n[k]}" for k in GATE_KINDS)
+              + f" ({len(inv)} in all; `vllm-config --json` lists a model family's under `gate_inventory`)."]
+    return "\n".join(lines)
+
+
 BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample, ("../README.md", "whatif-sample-sp"): _whatif_sample_sp,
           ("vllm-thresholds.md", "kernel-cutoffs"): kernel_cutoffs_table,
           ("vllm-thresholds.md", "model-gates-034"): model_gates_table,
@@ -518,7 +537,8 @@ BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample, ("../README.md", "w
           ("accuracy.md", "decode-identifiability"): decode_identifiability_table,
           ("accuracy.md", "p2p-kernels"): p2p_kernels_table,
           ("accuracy.md", "ep-fit"): ep_fit_table,
-          ("vllm-thresholds.md", "dbo-thresholds"): dbo_thresholds_table}
+          ("vllm-thresholds.md", "dbo-thresholds"): dbo_thresholds_table,
+          ("vllm-thresholds.md", "gate-inventory-034"): gate_inventory_table}
 
 
 def render(text: str, name: str, body: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -140,7 +141,7 @@ def _saving_json(r) -> dict:
     return out
 
 
-def _emit(args, cc: dict, switch, vllm=None, gates=None, saving=None) -> None:
+def _emit(args, cc: dict, switch, vllm=None, gates=None, saving=None, inventory=None) -> None:
     """The compilation config (and, with --format env, the kernel's switch) on stdout; with --json the report."""
     text = json.dumps(cc, separators=(",", ":"))
     if args.json:
@@ -151,7 +152,7 @@ def _emit(args, cc: dict, switch, vllm=None, gates=None, saving=None) -> None:
                           "env": {} if switch is None else {switch.env: int(switch.set_on)},
                           "kernel_switch": None if switch is None else switch.to_json(),
                           "model_gates": None if gates is None else [g.to_json() for g in gates],
-                          "saving": saving}, indent=2))
+                          "saving": saving, "gate_inventory": inventory}, indent=2))
     elif args.format == "env":  # eval "$(tpcost vllm-config ... --format env)"
         print(f"export {switch.env}={int(switch.set_on)}")
         print(f"tpcost: --compilation-config '{text}'", file=sys.stderr)
@@ -196,6 +197,19 @@ def _kernel_parallel_args(args, km, name):
                     bool(args.shard_sp_shared_expert))
 
 
+def _inventory_lines(inventory, prof, family: str, vllm) -> list[str]:
+    """The gates of the family's code on a communication path or a second stream that tpcost does not price, for this
+    GPU's platform (vLLM's amd/ or nvidia/ code), each with why; the JSON's gate_inventory holds every kind."""
+    amd = prof.kind == "xgmi"
+    shown = [g for g in inventory if g.kind in ("comm", "compute_stream") and not g.priced
+             and (("/amd/" in g.where) == amd if ("/amd/" in g.where or "/nvidia/" in g.where) else True)]
+    if not shown:
+        return []
+    return [f"tpcost: the other gates on a communication path or a second stream in {family}'s code for this GPU "
+            f"(vLLM {vllm.label}; --json: gate_inventory, every kind and platform):"] + [
+        f"tpcost:   {g.name} = {g.value} ({g.where}): {g.what}; {g.status_line()}" for g in shown]
+
+
 def kernel_model_config(args, cfg, name, where, vllm) -> int:
     """vllm-config for a model that runs vLLM's fused kernel: the fusion range and (--kernel-op) the switch, from its
     call sites (costmodel.vllm_tables); its forward is not modelled, so the flags only a forward reads are refused."""
@@ -228,7 +242,9 @@ def kernel_model_config(args, cfg, name, where, vllm) -> int:
         if key not in reads and key not in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s"):
             raise TpcostError(f"--set {key}: no effect for {name} at tp={args.tp} (the fused kernel and the fusion "
                               "range do not read it)")
-    _emit(args, {"pass_config": d.pass_config()}, d.switch, vllm, d.gates)
+    inventory = vllm.release.inventory_of(km.family)
+    _emit(args, {"pass_config": d.pass_config()}, d.switch, vllm, d.gates,
+          inventory=[dataclasses.asdict(g) | {"status": g.status_line()} for g in inventory])
     err = lambda line: print(line, file=sys.stderr)  # noqa: E731
     err(f"tpcost: config for {vllm.describe()}")
     err(f"tpcost: {name} ({km.family}): tpcost reads its fused-op call sites from config.json; its forward "
@@ -256,6 +272,8 @@ def kernel_model_config(args, cfg, name, where, vllm) -> int:
             + ", ".join(sorted({f"{g.key} from {r.label}" for r in RELEASES.values() for g in r.gates_of(km.family)}))
             + ")")
     for line in gl:
+        err(line)
+    for line in _inventory_lines(inventory, prof, km.family, vllm):
         err(line)
     err(f"tpcost: profile {prof.name} ({prof.origin}), weakest provenance tier {prof.tier}"
         + (", MODIFIED by --set" if prof.modified else ""))
