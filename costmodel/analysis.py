@@ -47,6 +47,15 @@ class Analysis:
     sp_decision_value: dict | None = None  # decision_value() for SP alone at sp_cutoff_tokens
     grid_speedup_sp: np.ndarray | None = None  # SP alone's speedup on the grid
 
+    def crossover(self, schedule: str = "sp_asynctp") -> int | None:
+        """The grid point from which the schedule is faster than plain TP at every N to the budget (no premium, any
+        traffic), apart from the cutoff, which weighs the traffic and the premium (issue 61 item 13)."""
+        s = self.grid_speedup_sp_asynctp if schedule == "sp_asynctp" else self.grid_speedup_sp
+        if s is None:
+            return None
+        s = np.nan_to_num(np.asarray(s, dtype=float), nan=0.0)
+        return crossover_tokens(self.grid_tokens, np.ones_like(s), 1.0 / np.maximum(s, 1e-30))
+
 
 def curve(a: Analysis, num_tokens: Any) -> Prediction:
     """The prediction of analysis `a` (same profile, model, TP, dtype, fusion range and regime) at other N."""
@@ -485,6 +494,7 @@ def analysis_json(a: Analysis) -> dict:
         "cutoff_band_drivers": band_drivers_json(a.cutoff_band_tokens),
         "band_resolution_tokens": a.band_resolution_tokens,
         "sp_cutoff_tokens": a.sp_cutoff_tokens,
+        "crossover_tokens": a.crossover("sp_asynctp"), "sp_crossover_tokens": a.crossover("sp"),
         "decided_schedule": decided[0], "decided_threshold_tokens": decided[1],
         "breakdown_at_cutoff_s": a.breakdown_at_cutoff,
         "cutoff_sensitivity": a.sensitivity,

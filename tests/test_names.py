@@ -78,3 +78,20 @@ def test_vllm_config_json_carries_the_saving(capsys):
     assert sp["saving_vs_never_s"] > 0 and 0 < sp["share_of_forward"] < 1
     assert sp["share_of_forward"] == pytest.approx(sp["saving_vs_never_s"] / sp["expected_forward_s"])
     assert s["fusion"]["saving_vs_off_s"] >= 0
+
+
+def test_whatif_prints_the_crossover_beside_the_cutoff(capsys):
+    """Issue 61 item 13: the crossover (no premium, any traffic) is named apart from the traffic-weighted cutoff."""
+    import numpy as np
+
+    argv = ["whatif", "--no-band", "--vllm-version", "0.31", "--tp", "2", "--json", "--tokens", "512", "1024",
+            "2048", "4096", "8192"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    c = d["crossover_tokens"]
+    assert c is not None and c != d["cutoff_tokens"]
+    rows = [r for r in d["rows"] if r["num_tokens"] >= c]
+    assert rows and all(r["speedup_sp_asynctp"] > 1 for r in rows)
+    assert main(argv[:-11] + ["--tp", "2"]) == 0
+    assert "crossover (faster than plain TP" in capsys.readouterr().out
+    assert np.isfinite(c)

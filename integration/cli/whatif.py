@@ -168,6 +168,8 @@ def _cutoff_lines(args, r) -> None:
         print("  the same decision with each histogram bucket spread otherwise: " +
               ", ".join(f"{k} {_never(v)}" for k, v in a.cutoff_by_spread.items()))
     print(f"cutoff (SP alone): {a.sp_cutoff_tokens if a.sp_cutoff_tokens is not None else 'never (null)'}")
+    print(f"crossover (faster than plain TP at every N from here to {args.max_num_batched_tokens}, no premium, any "
+          f"traffic): SP+AsyncTP {_never(a.crossover('sp_asynctp'))}, SP alone {_never(a.crossover('sp'))}")
     print(f"decided: {r.schedule_name}" + (f" from {r.cutoff_tokens} tokens" if r.cutoff_tokens is not None else "")
           + " (the schedule with the least expected forward time at its own cutoff, premium included; what "
             "vllm-config emits)")
