@@ -57,6 +57,14 @@ class Analysis:
         return crossover_tokens(self.grid_tokens, np.ones_like(s), 1.0 / np.maximum(s, 1e-30))
 
 
+def _host_bound(s: Any, i: int) -> bool:
+    """Row i of a schedule runs eagerly and its host issue time exceeds its GPU time: the step waits on the host, so
+    the time stays flat over N (issue 61 item 14)."""
+    eager = np.ravel(np.broadcast_to(s.eager, np.shape(s.t_gpu_forward_s)))[i]
+    host = np.ravel(np.broadcast_to(s.t_host_forward_s, np.shape(s.t_gpu_forward_s)))[i]
+    return bool(eager) and bool(host > np.ravel(s.t_gpu_forward_s)[i])
+
+
 def curve(a: Analysis, num_tokens: Any) -> Prediction:
     """The prediction of analysis `a` (same profile, model, TP, dtype, fusion range and regime) at other N."""
     return predict(a.profile, a.shape, a.run.tp, a.run.dtype, num_tokens, a.run.regime)
@@ -484,7 +492,8 @@ def analysis_json(a: Analysis) -> dict:
                      "decode_context_from": "none: every token prefill" if dec is None else dec.context_source(int(n)),
                      **{f"t_{s}_s": _finite(t.t_forward_s(s)[i]) for s in SCHEDULES},
                      **{f"t_{s}_layer_s": _finite(t.schedules[s].t_layer_s[i]) for s in SCHEDULES},
-                     **{f"speedup_{s}": _finite(v[i]) for s, v in speedups.items()}})
+                     **{f"speedup_{s}": _finite(v[i]) for s, v in speedups.items()},
+                     "host_bound": [s for s in SCHEDULES if _host_bound(t.schedules[s], i)]})
     return {
         "gpu": a.profile.name, "model": a.shape.name, "tp": a.run.tp, "dtype": a.run.dtype, "seq_len": a.run.regime.seq_len,
         "max_num_batched_tokens": a.run.max_num_batched_tokens, "margin": a.run.margin,

@@ -130,12 +130,15 @@ def _header_and_table(args, prof, shape, r, out) -> None:
 
     for row in out["rows"]:
         mark = "  <- cutoff" if r.has_sp and row["num_tokens"] == a.cutoff_tokens else ""
+        if row["host_bound"]:
+            mark += "  host-bound: " + ", ".join(row["host_bound"])
         c = (f" {row['decode_context_len']:7.0f}" + ("*" if row["decode_context_from"] == "workload mean" else " ")
              if per_row else "")
         print(f"{row['num_tokens']:9d} {_fmt_ms(row['t_tp_s'])} {cell(row['t_sp_s'], _fmt_ms):>10} "
               f"{cell(row['t_sp_asynctp_s'], _fmt_ms):>16} {cell(row['speedup_sp'], '{:.3f}'.format):>11} "
               f"{cell(row['speedup_sp_asynctp'], '{:.3f}'.format):>17}{c}{mark}")
-    print("(times per forward pass; speedup = t_tp / t_schedule)")
+    print("(times per forward pass; speedup = t_tp / t_schedule" + ("; host-bound: the eager step waits on the host's "
+          "issue time, so it stays flat over N" if any(row["host_bound"] for row in out["rows"]) else "") + ")")
     if per_row:
         print(f"(ctx: the KV context each decode of that row is priced at, the count-weighted mean of {a.workload}'s "
               f"steps that pad to it; * no step of the workload pads there, so the workload's mean context over all "
