@@ -465,6 +465,20 @@ def provenance(profile: HardwareProfile) -> dict:
             "modified": list(profile.modified), "tier_counts": profile.tier_counts(), "sources": profile.sources()}
 
 
+def calibration_note(profile: HardwareProfile, tp: int) -> str | None:
+    """One line where the profile's collectives were calibrated (measured points, or fitted values of tier
+    calibrated) at other TP sizes only: the answer at this TP is the prior's (issue 61 item 10)."""
+    import re
+
+    tps = {int(m.group(1)) for k, p in profile.provenance.items() if p.tier == "calibrated"
+           for m in [re.match(r"collectives\.[a-z0-9_]+\.tp(\d+)\.", k)] if m}
+    tps |= {w for per in profile.measured.values() for w in per}
+    if not tps or tp in tps:
+        return None
+    return (f"{profile.name}'s collectives were calibrated at TP {', '.join(str(x) for x in sorted(tps))} only: at "
+            f"TP {tp} they are the prior's, and the answer is the same as the built-in's (calibrate at TP {tp} too)")
+
+
 def provenance_line(profile: HardwareProfile) -> str:
     """One line: the profile, where it came from, its weakest tier and its values by tier (whatif, op)."""
     pv = provenance(profile)
@@ -515,7 +529,7 @@ def analysis_json(a: Analysis) -> dict:
         "memory": a.memory,
         "asynctp_available": a.asynctp_available,
         "unavailable": dict(t.unavailable),
-        "notes": list(t.notes),
+        "notes": list(t.notes) + [n for n in (calibration_note(a.profile, a.run.tp),) if n],
         "provenance": provenance(a.profile),
         "rows": rows,
     }

@@ -411,3 +411,18 @@ def test_measured_points_hold_numbers_and_more_bytes_never_take_less_time(tmp_pa
         m = re.search(r"msg_bytes = \[\s*([0-9_.e+]+)", text)
         (tmp_path / "bad.toml").write_text(text[:m.start(1)] + bad + text[m.end(1):])
         one_line_error("whatif", "--gpu", str(tmp_path / "bad.toml"), "--no-band", needle="hold numbers")
+
+
+def test_a_tp8_calibration_says_it_holds_at_tp8_only(tmp_path, capsys):
+    """Issue 61 item 10: a profile calibrated from a TP 8 log answers at TP 4 as the built-in does, and says so in
+    one note (text and JSON); at TP 8 no such note."""
+    assert main(_calib(tmp_path, synthetic_log("all_gather"))) == 0
+    capsys.readouterr()
+    prof = str(tmp_path / "out.toml")
+    assert main(["whatif", "--gpu", prof, "--tp", "4", "--no-band", "--json", "--tokens", "64"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("calibrated at TP 8 only" in n for n in notes)
+    assert main(["whatif", "--gpu", prof, "--tp", "8", "--no-band", "--json", "--tokens", "64"]) == 0
+    assert not any("calibrated at TP" in n for n in json.loads(capsys.readouterr().out)["notes"])
+    assert main(["whatif", "--gpu", prof, "--tp", "4", "--no-band", "--tokens", "64"]) == 0
+    assert "note: " in capsys.readouterr().out

@@ -231,7 +231,11 @@ def _notes_and_provenance(a, prof) -> None:
         print(f"note: {n}")
     if a.memory and a.memory.get("note"):
         print(f"note: {a.memory['note']}")
-    from costmodel.analysis import provenance_line
+    from costmodel.analysis import calibration_note, provenance_line
+
+    cal = calibration_note(prof, a.run.tp)
+    if cal:
+        print(f"note: {cal}")
 
     print("\n" + provenance_line(prof))
 
