@@ -158,7 +158,7 @@ def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: 
     table of the newest release with the SP passes, the dispatch those rows' NCCL arm stands for (`tpcost op` asks
     `vllm`'s own use instead: torch_rule)."""
     if impl == "kernel":
-        return vllm_tables.kernel_rule(vllm, op, profile.identity.compute_capability, tp)
+        return vllm_tables.kernel_rule(vllm, op, profile.identity.compute_capability, tp, n, k)
     return torch_rule(profile, op, tp, n, k, Vllm(vllm_tables.newest_sp_release().version))[:3]
 
 
@@ -198,7 +198,8 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
                                   "only), so no row runs it and no saving is priced against a rule"), None
         runs, baseline = (lambda m: np.zeros(np.shape(m), dtype=bool)), "nccl"
     elif impl == "kernel":  # vLLM's rule for the op, and (torch's ops) the collective its unfused arm runs
-        rule_text, rule_tokens, runs = vllm_tables.kernel_rule(vllm, op, profile.identity.compute_capability, tp)
+        rule_text, rule_tokens, runs = vllm_tables.kernel_rule(vllm, op, profile.identity.compute_capability, tp, n,
+                                                               k)
         baseline = "nccl"
     else:
         rule_text, rule_tokens, runs, baseline = torch_rule(profile, op, tp, n, k, vllm)

@@ -385,13 +385,14 @@ def should_run_rule(vllm: Vllm) -> tuple[str, int, Any]:
     return f"gemm_rs_ar should_run: M >= {lo} (vLLM {vllm.label} {k.should_run})", lo, lambda m: np.asarray(m) >= lo
 
 
-def kernel_rule(vllm: Vllm, op: str, compute_capability: str, tp: int) -> tuple[str, int, Any]:
+def kernel_rule(vllm: Vllm, op: str, compute_capability: str, tp: int, n: int | None = None,
+                k: int | None = None) -> tuple[str, int, Any]:
     """(description, threshold rows, runs(m) -> bool array) of `vllm`'s own dispatch of a single-kernel op on raw
-    shapes (tpcost op): Muse Spark's gate for GEMM+RS on its GPU at its TPs where the release has it, else
-    gemm_rs_ar's should_run."""
+    shapes (tpcost op): Muse Spark's gate for a GEMM+RS of its o_proj's shape on its GPU at its TPs where the release
+    has it (MuseSparkGemmRs.applies), else gemm_rs_ar's should_run."""
     rule = should_run_rule(vllm)
     ms = vllm.release.muse_spark_gemm_rs
-    if op == "gemm_rs" and ms is not None and compute_capability == ms.capability and tp in ms.align:
+    if op == "gemm_rs" and ms is not None and ms.applies(compute_capability, tp, n, k):
         a, lo = ms.align[tp], ms.min_m
         return (f"Muse Spark's B300 GEMM+RS: {lo} <= M, M % {a} == 0 (vLLM {vllm.label} {ms.where})", lo,
                 lambda m: (np.asarray(m) >= lo) & (np.asarray(m) % a == 0))
@@ -549,6 +550,14 @@ class MuseSparkGemmRs:
     align: Mapping[int, int]
     capability: str
     where: str  # file:line of should_run and maybe_create_gemm_rs
+    n: int = 8192  # its o_proj: N 8192 and K 8192 / TP per rank (the one GEMM it is built for)
+    k_total: int = 8192
+
+    def applies(self, capability: str, tp: int, n: int | None, k: int | None) -> bool:
+        """Its gate, not gemm_rs_ar's, decides a GEMM+RS of this shape on this GPU: Muse Spark's o_proj on SM 10.3
+        at TP 4/8 (vLLM's rule follows the model and the capability, never a profile's name; issue 61 item 8)."""
+        return (capability == self.capability and tp in self.align and n == self.n
+                and k is not None and k * tp == self.k_total)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -391,3 +391,17 @@ def test_calibration_times_the_kernel_at_ms_vllm_can_run(world):
     assert all(m % world == 0 for m in ms) and ms == sorted(set(ms))
     assert min(ms) < 128 <= max(ms) and 32768 - world < max(ms) <= 32768
     assert list(bench_vllm_gemm_rs_ar(None, ms, "cpu", 0, world)) == []
+
+
+def test_muse_spark_rule_follows_its_shape_not_the_profile(tmp_path, capsys):
+    """Issue 61 item 8: on SM 10.3 Muse Spark's own gate decides only its o_proj's shape (N 8192, K 8192/TP per rank);
+    any other GEMM+RS there is gemm_rs_ar's should_run (M >= 128), on b300 and on a profile derived from it alike."""
+    assert main(["profiles", "--new", "mine", "--from", "b300", "--set", "memory.hbm_bw_bytes_per_s=6e12", "--out",
+                 str(tmp_path / "mine.toml")]) == 0
+    capsys.readouterr()
+    for gpu in ("b300", str(tmp_path / "mine.toml")):
+        base = ["op", "--gpu", gpu, "--op", "gemm_rs", "--impl", "kernel", "--vllm-version", "0.34", "--json"]
+        assert main([*base, "--tp", "8", "--n", "8192", "--k", "2048"]) == 0
+        assert json.loads(capsys.readouterr().out)["vllm_rule_tokens"] == 128
+        assert main([*base, "--tp", "4", "--n", "8192", "--k", "2048"]) == 0
+        assert json.loads(capsys.readouterr().out)["vllm_rule_tokens"] == 512
