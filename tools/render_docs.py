@@ -498,9 +498,9 @@ def gate_inventory_table() -> str:
     """costmodel.vllm_tables: every gate on a communication path in vLLM 0.34's model code, and the count by kind."""
     from collections import Counter
 
-    from costmodel.vllm_tables import GATE_KINDS, RELEASES
+    from costmodel.vllm_tables import GATE_KINDS, current
 
-    inv = RELEASES[(0, 34)].gate_inventory
+    inv = current().gate_inventory  # the current release's (0.34's)
     lines = ["| constant | where | value | unit | switches | measured on | exposed | tpcost |",
              "|---|---|---|---|---|---|---|---|"]
     for g in inv:
