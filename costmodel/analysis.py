@@ -47,6 +47,16 @@ class Analysis:
     sp_decision_value: dict | None = None  # decision_value() for SP alone at sp_cutoff_tokens
     grid_speedup_sp: np.ndarray | None = None  # SP alone's speedup on the grid
 
+    def cutoff_mib(self, tokens: int | None = None) -> float | None:
+        """The cutoff (or `tokens`) as the residual-stream message per GPU in MiB (formulas.mib_per_gpu)."""
+        from . import formulas as F
+        from .ops import DTYPE_MODES
+
+        n = self.cutoff_tokens if tokens is None else tokens
+        if n is None:
+            return None
+        return float(F.mib_per_gpu(n, self.shape.hidden, DTYPE_MODES[self.run.dtype].act_bytes, self.run.tp))
+
     def crossover(self, schedule: str = "sp_asynctp") -> int | None:
         """The grid point from which the schedule is faster than plain TP at every N to the budget (no premium, any
         traffic), apart from the cutoff, which weighs the traffic and the premium (issue 61 item 13)."""
@@ -512,6 +522,7 @@ def analysis_json(a: Analysis) -> dict:
         "gpu": a.profile.name, "model": a.shape.name, "tp": a.run.tp, "dtype": a.run.dtype, "seq_len": a.run.regime.seq_len,
         "max_num_batched_tokens": a.run.max_num_batched_tokens, "margin": a.run.margin,
         "cutoff_tokens": a.cutoff_tokens,
+        "cutoff_mib_per_gpu": a.cutoff_mib(),
         "cutoff_band_tokens": list(a.cutoff_band_tokens) if a.cutoff_band_tokens else None,
         "cutoff_band_never_share": getattr(a.cutoff_band_tokens, "never_share", None),
         "cutoff_band_drivers": band_drivers_json(a.cutoff_band_tokens),

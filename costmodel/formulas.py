@@ -371,3 +371,9 @@ def a2a_token_bytes(hidden: int, dtype: str) -> float:
 def t_link_bound_s(nbytes: Arr, bw_bytes_per_s: Arr, efficiency: Arr) -> Arr:
     """Bytes over one link at its achievable rate: bytes / (bw · η) (s; §11.3)."""
     return nbytes / (bw_bytes_per_s * efficiency)
+
+
+def mib_per_gpu(tokens: Arr, hidden: int, elem_bytes: float, tp: int) -> Arr:
+    """A step's residual-stream message per GPU (MiB): elem_bytes · hidden · N / tp, the unit vLLM #27700 argued
+    SP thresholds in (docs/model.md §9)."""
+    return np.asarray(tokens, dtype=float) * hidden * elem_bytes / tp / 2**20

@@ -107,3 +107,12 @@ def test_whatif_marks_host_bound_rows(capsys):
     assert rows[1024]["t_sp_asynctp_s"] == pytest.approx(rows[1652]["t_sp_asynctp_s"])
     assert main(argv) == 0
     assert "host-bound: sp_asynctp" in capsys.readouterr().out
+
+
+def test_the_cutoff_in_mib_per_gpu(capsys):
+    """Issue 61 item 12: the cutoff in vLLM #27700's unit, 2 B x hidden x N / tp, in text and JSON."""
+    assert main(["whatif", "--no-band", "--vllm-version", "0.31", "--json", "--tokens", "64"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["cutoff_mib_per_gpu"] == pytest.approx(d["cutoff_tokens"] * 8192 * 2 / 4 / 2**20)
+    assert main(["whatif", "--no-band", "--vllm-version", "0.31", "--tokens", "64"]) == 0
+    assert "MiB per GPU" in capsys.readouterr().out

@@ -219,14 +219,19 @@ def fits_table() -> str:
 
 def sp_cutoffs_table() -> str:
     """benchmarks/results/vllm_thresholds.json: tpcost's SP+AsyncTP cutoff beside vLLM 0.31's table."""
+    from costmodel import formulas as F
+    from costmodel.shapes import load_model
+
     d = _load("vllm_thresholds.json")
-    lines = ["| GPU | model | TP | vLLM 0.31 `sp_min_token_num` | tpcost cutoff | band 5–95 % | ratio | token budget |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| GPU | model | TP | vLLM 0.31 `sp_min_token_num` | tpcost cutoff | MiB per GPU | band 5–95 % | ratio "
+             "| token budget |", "|---|---|---|---|---|---|---|---|---|"]
     for r in d["sp_cutoffs"]:
         band = r["band"] or [None, None]
         vllm = r["vllm_threshold"] if r["vllm_threshold"] is not None else "SP off (hidden < 8192)"
         cut = r["cutoff_tokens"] if r["cutoff_tokens"] is not None else "never"
-        lines.append(f"| {r['gpu']} | {r['model']} | {r['tp']} | {vllm} | {cut} "
+        mib = ("-" if r["cutoff_tokens"] is None else
+               f"{float(F.mib_per_gpu(r['cutoff_tokens'], load_model(r['model']).hidden, 2.0, r['tp'])):.1f}")
+        lines.append(f"| {r['gpu']} | {r['model']} | {r['tp']} | {vllm} | {cut} | {mib} "
                      f"| [{'never' if band[0] is None else band[0]}, {'never' if band[1] is None else band[1]}] "
                      f"| {_n(r.get('ratio'), '.2f')} | {r.get('max_num_batched_tokens', 8192)} |")
     return "\n".join(lines)

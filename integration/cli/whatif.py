@@ -158,7 +158,8 @@ def _cutoff_lines(args, r) -> None:
     band_s = "" if band is None else f"  band (5-95%): {band.text()}"
     if band is not None and a.band_resolution_tokens != args.tp:
         band_s += f" (band and sensitivity decided every {a.band_resolution_tokens} tokens)"
-    cut = a.cutoff_tokens if a.cutoff_tokens is not None else "never (null)"
+    cut = (f"{a.cutoff_tokens} ({a.cutoff_mib():.1f} MiB per GPU: the residual stream x N / tp)"
+           if a.cutoff_tokens is not None else "never (null)")
     print(f"\ncutoff (SP+AsyncTP; the threshold minimising the expected forward time over N <= "
           f"{args.max_num_batched_tokens}, {a.workload}, risk premium {args.margin:.0%}): {cut}{band_s}")
     if band_drivers_text(band):
