@@ -178,7 +178,15 @@ def load_model_config(name_or_path: str) -> tuple[dict, str, str]:
         match = match_builtin(name_or_path, all_builtin_model_names(), "model")
         if match is not None:
             return builtin_model_config(match), match, match
+    if not path.exists() and HUB_ID.fullmatch(name_or_path) and not name_or_path.endswith(".json"):  # a hub id
+        path, rev = hf_cache_config(name_or_path)
+        cfg = read_json(path, "config.json")
+        if not isinstance(cfg, dict):
+            raise TpcostError(f"{path}: config.json must hold a JSON object at its top level")
+        return cfg, name_or_path, f"{name_or_path} (Hugging Face cache, snapshot {rev[:12]})"
     if path.is_dir():
+        if not (path / "config.json").exists():
+            raise TpcostError(f"model {name_or_path!r}: the directory holds no config.json")
         path = path / "config.json"
     if not path.exists():
         if "/" in name_or_path or "\\" in name_or_path or name_or_path.endswith(".json"):  # meant as a path
@@ -194,6 +202,48 @@ def load_model_config(name_or_path: str) -> tuple[dict, str, str]:
         stem = path.name.removesuffix(".json").removesuffix(".config")
         name = (path.parent.name or str(path)) if path.name == "config.json" else stem
     return cfg, name, str(path)
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")  # org/name, as vLLM's --model takes it
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face hub cache, by its own conventions: $HF_HUB_CACHE, else $HF_HOME/hub, else
+    ~/.cache/huggingface/hub."""
+    import os
+
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
+    return Path(home) / "hub"
+
+
+def hf_cache_config(hub_id: str) -> tuple[Path, str]:
+    """(the config.json of `hub_id` in the local cache, its snapshot revision), offline: models--org--name,
+    refs/main's revision (else the one snapshot there); one line naming what to do where it is not cached."""
+    cache = hf_hub_cache()
+    repo = cache / ("models--" + hub_id.replace("/", "--"))
+    rev = ""
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        rev = ref.read_text(encoding="utf-8", errors="replace").strip()
+        if not re.fullmatch(r"[\w.-]+", rev) or rev in (".", ".."):
+            raise TpcostError(f"{ref}: not a snapshot revision ({rev[:40]!r})")
+    elif (repo / "snapshots").is_dir():
+        snaps = sorted(p.name for p in (repo / "snapshots").iterdir() if (p / "config.json").exists())
+        if len(snaps) > 1:
+            raise TpcostError(f"model {hub_id!r}: {len(snaps)} snapshots in {repo / 'snapshots'} and no refs/main; "
+                              "give the path of the one meant")
+        rev = snaps[0] if snaps else ""
+    cfg = repo / "snapshots" / rev / "config.json"
+    if not rev or not cfg.is_file():
+        same = [n for n in all_builtin_model_names()
+                if str(builtin_model_config(n).get("_name_or_path", "")).casefold() == hub_id.casefold()]
+        hint = f"the built-in {same[0]!r} is that model" if same else \
+            f"built-in: {', '.join(all_builtin_model_names())}"
+        raise TpcostError(f"model {hub_id!r}: not in the local Hugging Face cache ({cache}); {hint}; or give the "
+                          "path of its config.json (tpcost reads the cache offline, never the network)")
+    return cfg, rev
 
 
 def load_model(name_or_path: str) -> ModelShape:

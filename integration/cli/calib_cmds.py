@@ -46,7 +46,7 @@ def register(sub):
     c.set_defaults(func=_calibrate)
     v = sub.add_parser("validate", help="run one layer in the three schedules and compare with the model")
     v.add_argument("--gpu", required=True, help="profile: built-in name or .toml path")
-    v.add_argument("--model", required=True, help="built-in model name or config.json path")
+    v.add_argument("--model", required=True, help="built-in name, config.json path, or cached Hugging Face id org/name")
     v.add_argument("--tokens", nargs="+", type=int, help="token counts N (default: a sweep per device)")
     v.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN,
                    help=f"prefill sequence length (default {DEFAULT_SEQ_LEN})")

@@ -60,7 +60,7 @@ tokens_arg = bounded_int("token count", 1, MAX_TOKENS, f"at most 2^20 = {MAX_TOK
 def add_shape_args(p, gpu_help="built-in GPU profile name, a profile .toml path, or 'auto' (the local GPU; "
                                 "$TPCOST_PROFILE overrides)", default_gpu=DEFAULT_GPU):
     p.add_argument("--gpu", default=default_gpu, help=f"{gpu_help} (default {default_gpu})")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in model name or a config.json path (default {DEFAULT_MODEL})")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in name, config.json path, or cached Hugging Face id org/name (default {DEFAULT_MODEL})")
     p.add_argument("--tp", type=bounded_int("--tp", 1, MAX_TP, "tensor-parallel sizes beyond that are not built"),
                    default=DEFAULT_TP, help=f"tensor-parallel size (default {DEFAULT_TP})")
     from costmodel.shapes import DTYPES

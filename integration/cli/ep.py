@@ -27,7 +27,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("ep", help="MoE under DP attention + expert parallelism: step, all-to-all, DBO")
     p.add_argument("--gpu", default=DEFAULT_EP_GPU, help=f"GPU profile name or .toml (default {DEFAULT_EP_GPU})")
-    p.add_argument("--model", default=DEFAULT_EP_MODEL, help=f"MoE model name or config.json (default {DEFAULT_EP_MODEL})")
+    p.add_argument("--model", default=DEFAULT_EP_MODEL, help=f"MoE model: built-in, config.json, or cached Hugging Face id (default {DEFAULT_EP_MODEL})")
     p.add_argument("--data-parallel-size", type=bounded_int("--data-parallel-size", 1, 1024, "EP groups beyond it"),
                    default=16, help="DP ranks = EP size with TP 1 (default 16)")
     p.add_argument("--data-parallel-size-local", type=bounded_int("--data-parallel-size-local", 1, 72, "GPUs per node"),
