@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from costmodel import formulas as F  # noqa: E402
-from costmodel.vllm_tables import RELEASES, Vllm, current  # noqa: E402
+from costmodel.vllm_tables import RELEASES, Vllm, current, should_run_rule  # noqa: E402
 
 
 def main():
@@ -78,8 +78,8 @@ KIMI_CONFIG = ROOT / "tests/fixtures/kimi-k3.config.json"
 
 
 def kernel_matrix() -> list[dict]:
-    """Every (GPU, TP, mode, call site): tpcost's per-site cutoff beside vLLM's M >= 128, the switch decided over
-    all sites (vllm-config's decision path), and the kernel's named terms at M = 128: waves, multicast bandwidth,
+    """Every (GPU, TP, mode, call site): tpcost's per-site cutoff beside vLLM's rule (M >= its min_m), the switch
+    decided over all sites (vllm-config's decision path), and the kernel's named terms at that M: waves, multicast bandwidth,
     bound, the collective vLLM dispatches for the unfused arm."""
     import numpy as np
 
@@ -91,6 +91,7 @@ def kernel_matrix() -> list[dict]:
 
     cfg, name, where = load_model_config(str(KIMI_CONFIG))
     km = read_kernel_model(cfg, name, where)
+    rule_m = should_run_rule(Vllm())[1]  # vLLM's should_run: M >= it (the current release's record)
     out = []
     for gpu in KERNEL_GPUS:
         prof = load_profile(gpu)
@@ -103,16 +104,16 @@ def kernel_matrix() -> list[dict]:
                 for sd in ks.sites:
                     s = sd.site
                     hw = ops.Hw(prof, "bf16")
-                    m = np.array([128.0])
+                    m = np.array([float(rule_m)])
                     kop = ops.fused_kernel(hw, op, m, s.n, s.k, tp)
                     fi = None if ks.fi_tokens is None else float(ks.fi_tokens * s.n * hw.act_bytes)
                     pair = ops.kernel_pair(hw, ops.KernelGemm(op, s.n, s.k, tp, norm_after=s.norm_after), m,
                                            vllm=Vllm(), fi_max_bytes=fi)
-                    grid = np.arange(128.0, 8193.0, 128.0)  # where vLLM's rule runs the kernel, to the budget
+                    grid = np.arange(float(rule_m), 8193.0, 128.0)  # where vLLM's rule runs the kernel, to the budget
                     over = ops.kernel_pair(hw, ops.KernelGemm(op, s.n, s.k, tp, norm_after=s.norm_after), grid,
                                            vllm=Vllm(), fi_max_bytes=fi)
                     out.append({"gpu": gpu, "tp": tp, "op": op, "site": s.name, "n": s.n, "k": s.k,
-                                "calls_per_forward": s.calls_per_forward, "vllm_rule_tokens": 128,
+                                "calls_per_forward": s.calls_per_forward, "vllm_rule_tokens": rule_m,
                                 "cutoff_tokens": sd.cutoff_tokens, "switch_env": ks.env, "switch_set_on": ks.set_on,
                                 "switch_vllm_default_on": ks.vllm_default_on,
                                 "switch_saving_vs_vllm_s_per_forward": ks.saving_vs_vllm_default_s,
@@ -120,7 +121,7 @@ def kernel_matrix() -> list[dict]:
                                 "fi_fusion_tokens": ks.fi_tokens,
                                 "kernel_faster_at_m": _runs(grid, over.unfused_s / over.fused_s > 1.0),
                                 "unfused_impl_from_m": _edges(grid, over.unfused_impls),
-                                "terms_m128": {"waves": int(kop.waves[0]), "ctas": int(kop.ctas[0]),
+                                "terms_at_vllm_rule": {"waves": int(kop.waves[0]), "ctas": int(kop.ctas[0]),
                                                "multicast_gb_per_s": round(float(kop.multicast_bw_bytes_per_s[0]) / 1e9, 1),
                                                "bound": str(kop.bound[0]), "unfused_impl": str(pair.unfused_impls[0]),
                                                "speedup": round(float(pair.unfused_s[0] / pair.fused_s[0]), 3)}})
@@ -145,13 +146,15 @@ def _edges(m, impls) -> list[list]:
 
 
 def main_kernel():
-    """tpcost's per-site answer for vLLM's fused kernel at Kimi-K3's call sites beside vLLM's M >= 128."""
-    print("\nKimi-K3's fused-kernel call sites (vLLM 0.33), uniform workload over 1..8192 tokens, 2 % premium:")
+    """tpcost's per-site answer for vLLM's fused kernel at Kimi-K3's call sites beside vLLM's rule."""
+    m = should_run_rule(Vllm())[1]
+    print(f"\nKimi-K3's fused-kernel call sites (vLLM {current().label}, its rule M >= {m}), uniform workload over "
+          "1..8192 tokens, 2 % premium:")
     print(f"  {'gpu':12s} {'tp':>3s} {'op':8s} {'site':26s} {'k':>5s} {'x':>3s} {'cutoff':>7s} {'switch':>7s} "
-          f"{'waves@128':>9s} {'mc GB/s@128':>11s} {'unfused@128':>18s} {'saves [ms/fwd]':>14s}")
+          f"{f'waves@{m}':>9s} {f'mc GB/s@{m}':>11s} {f'unfused@{m}':>18s} {'saves [ms/fwd]':>14s}")
     out = kernel_matrix()
     for r in out:
-        t = r["terms_m128"]
+        t = r["terms_at_vllm_rule"]
         print(f"  {r['gpu']:12s} {r['tp']:3d} {r['op']:8s} {r['site']:26s} {r['k']:5d} {r['calls_per_forward']:3d} "
               f"{str(r['cutoff_tokens']) if r['cutoff_tokens'] is not None else 'never':>7s} "
               f"{int(r['switch_set_on']):>7d} {t['waves']:9d} {t['multicast_gb_per_s']:11.0f} {t['unfused_impl']:>18s} "
@@ -222,7 +225,7 @@ def gates_matrix() -> list[dict]:
                         continue
                     row = {"gpu": gpu, "tp": tp, "model": name, **gd.to_json()}
                     m_at = None if gd.vllm_tokens is None else gd.vllm_tokens * (tp if g.per_rank else 1)
-                    if g.op in fused_ops.OPS and gd.sites and m_at is not None:  # a fused op's gate
+                    if g.op in fused_ops.op_names() and gd.sites and m_at is not None:  # a fused op's gate
                         row["terms_at_vllm"] = {s.name: _gate_terms(prof, g.op, s, float(m_at), tp, vllm)
                                                 for s in gd.sites}
                     out.append(row)

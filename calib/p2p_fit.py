@@ -36,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel import formulas as F
 from costmodel import ops
 
 from .fit import fit_free_terms
@@ -120,19 +119,9 @@ def baseline_s(r: P2pRow) -> float:
 
 
 def fused_s(r: P2pRow, hardware: dict, kernel: dict) -> float:
-    """t = c + P + α·(g' + L − P) of the module docstring (s): formulas.t_fused_kernel_s, with L the collective's
-    (W−1)/W·S over the links at η·peak plus one λ per step (formulas.t_all_gather_s / t_reduce_scatter_s)."""
-    hw = _hw(r.gpu)
-    g = float(hw.t_gemm(float(r.m), r.n, r.k))
-    ring = DESIGN_STEPS[r.kernel] == "ring"
-    link = float(hw.p.interconnect.link_bw_bytes_per_s)
-    steps_latency = (r.tp - 1 if ring else 1) * hardware["step_latency_s"]
-    t_coll = F.t_all_gather_s if r.op == "ag_gemm" else F.t_reduce_scatter_s
-    msg = r.m * (r.k if r.op == "ag_gemm" else r.n) * hw.act_bytes
-    comm = float(t_coll(msg, steps_latency, hardware["link_efficiency"] * link, r.tp))
-    chunks = float(r.tp) if ring else 64.0  # a ring one shard a step; a put many tiles
-    return float(F.t_fused_kernel_s(g, comm, chunks, kernel["fixed_s"], kernel["compute_overhead"],
-                                    kernel["exposed_fraction"]))
+    """The row's kernel at its shape (s): costmodel.ops.t_p2p_fused_s, the model of the module docstring."""
+    kern = ops.P2pKernel(DESIGN_STEPS[r.kernel] == "ring", **hardware, **kernel)
+    return float(np.ravel(ops.t_p2p_fused_s(_hw(r.gpu), kern, r.op, float(r.m), r.n, r.k, r.tp))[0])
 
 
 def _kernel_key(kernel: str, op: str) -> str:

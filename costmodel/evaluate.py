@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from . import fused_ops, ops
+from . import fused_ops
 from .errors import TpcostError
 from .io import read_text
 from .io import savefig_atomic
@@ -164,8 +164,8 @@ def read_rows(path: str) -> tuple[str, list]:  # noqa: C901 (one pass of per-cel
             if r.get(c, "") != "":
                 r[c] = _int_cell(path, line, c, r[c])
         if schema == "op":
-            if r.get("impl", "") not in ("",) + fused_ops.IMPLS:
-                raise TpcostError(f"{path}:{line}: impl must be one of {', '.join(fused_ops.IMPLS)}, got "
+            if r.get("impl", "") not in ("",) + fused_ops.impl_names():
+                raise TpcostError(f"{path}:{line}: impl must be one of {', '.join(fused_ops.impl_names())}, got "
                                   f"{r['impl']!r}")
             if r.get("baseline_impl", "") not in ("",) + BASELINE_IMPLS:
                 raise TpcostError(f"{path}:{line}: baseline_impl must be one of {', '.join(BASELINE_IMPLS)}, "
@@ -181,6 +181,12 @@ def read_rows(path: str) -> tuple[str, list]:  # noqa: C901 (one pass of per-cel
 
 class _Skip(Exception):
     pass
+
+
+def _impl_label(r) -> str:
+    """' <impl>' in a row's label where the row names an implementation other than the default."""
+    impl = r.get("impl") or fused_ops.DEFAULT_IMPL
+    return "" if impl == fused_ops.DEFAULT_IMPL else f" {impl}"
 
 
 def _need(r, *cols):
@@ -222,9 +228,9 @@ def predict_op_row(prof: Any, row: Mapping[str, Any], vllm: Vllm, eager: bool = 
     host issue time). impl "kernel": the single-kernel family; baseline_impl "vllm": the GEMM then vLLM's dispatched
     collective of `vllm`. `all_draws`: the speedup of every Monte Carlo draw of a drawn profile (an array)
     instead of one float."""
-    op, dtype, tp, m = row["op"], row["dtype"], row["tp"], row["m"]
+    op, dtype, tp = row["op"], row["dtype"], row["tp"]
     n, k = row.get("n") or None, row.get("k") or None
-    impl, baseline_impl = row.get("impl") or "torch", row.get("baseline_impl") or "nccl"
+    impl, baseline_impl = row.get("impl") or fused_ops.DEFAULT_IMPL, row.get("baseline_impl") or "nccl"
     h = float(row.get("harness_us") or 0.0) * 1e-6  # the benchmark's own time, on both arms
     try:
         kind = fused_ops.kind(op, impl)
@@ -235,18 +241,11 @@ def predict_op_row(prof: Any, row: Mapping[str, Any], vllm: Vllm, eager: bool = 
         raise _Skip(why)
     if n is None or k is None:
         raise _Skip(f"missing {'n' if n is None else 'k'}")
-    if impl == "kernel":
-        hw = ops.Hw(prof, "fp8" if dtype == "mxfp8" else "bf16")
-        pair = ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp, dtype), float(m),
-                               baseline="vllm" if baseline_impl == "vllm" else "nccl", vllm=vllm)
-        s_k = np.ravel((pair.unfused_s + h) / (pair.fused_s + h))
-        return (s_k if all_draws else float(s_k[0])), n
-    if m % tp:
-        raise _Skip(f"m={m} not divisible by tp={tp}")
-    hw = ops.Hw(prof, dtype)
-    p = ops.torch_pair(hw, op, float(m), n, k, tp)
-    hidden = k if op == "ag_gemm" else n
-    s_all = np.ravel((p.unfused_s + h) / ((p.fused_eager_s if eager else p.fused_graph_s) + h))
+    try:
+        s_all, hidden = kind.published_speedup(prof, {**row, "n": n, "k": k, "baseline_impl": baseline_impl}, vllm,
+                                               eager, h)
+    except TpcostError as e:  # a row the op cannot run (the entry says why)
+        raise _Skip(str(e)) from None
     return (s_all if all_draws else float(s_all[0])), hidden
 
 
@@ -321,7 +320,7 @@ def evaluate_files(paths: list[str], vllm: Vllm, cudagraph_max_tokens: int | Non
         if "op" in r:  # an op row: vLLM's own rule for that op and implementation (its SP table, gemm_rs_ar's M >= 128)
             from .op_analysis import vllm_rule
 
-            runs = vllm_rule(prof, r["op"], r.get("impl") or "torch", r["tp"], r["n"], r["k"], vllm)[2]
+            runs = vllm_rule(prof, r["op"], r.get("impl") or fused_ops.DEFAULT_IMPL, r["tp"], r["n"], r["k"], vllm)[2]
             v_vllm = bool(runs(float(tokens)))
         else:
             v_vllm = vllm_verdict(prof, hidden, r["tp"], tokens)
@@ -341,7 +340,7 @@ def evaluate_files(paths: list[str], vllm: Vllm, cudagraph_max_tokens: int | Non
                 except _Skip as e:
                     skipped.append({"where": f"{path}:{line}", "reason": str(e)})
                     continue
-                label = (f"{r['hardware']} tp{r['tp']} {r['op']}{' kernel' if r.get('impl') == 'kernel' else ''} "
+                label = (f"{r['hardware']} tp{r['tp']} {r['op']}{_impl_label(r)} "
                          f"{r['dtype']} m={r['m']} n={r['n']} k={r['k']}")
                 add(path, line, r, label, prof, s_hat, hidden, r["m"], band_of(prof, r, eager) if band else (None, None))
             continue

@@ -21,10 +21,10 @@ from .workload import weights_on
 from .errors import TpcostError
 from .model import RunConfig
 from .profile import HardwareProfile
+from .fused_ops import SMALL_M, OpSpec  # noqa: F401  (OpSpec: re-exported)
 from .vllm_tables import Vllm
 
 M_STEP = 128  # M runs over the multiples of 128 (vLLM's gemm_rs_ar tiles M by 128)
-SMALL_M = np.exp2(np.arange(7.0))  # 1, 2, ..., 64: the decode rows below one M tile, for the single kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,21 +35,6 @@ class OpQuery:
     impl: str  # torch | kernel
     n: int
     k: int
-
-
-@dataclasses.dataclass(frozen=True)
-class OpSpec:
-    """One fused op and its regime: what op_arms needs besides the profile and the rows."""
-
-    op: str
-    impl: str
-    tp: int
-    n: int
-    k: int
-    dtype: str
-    cudagraph_max_tokens: int  # torch's pipelined ops pay host issue time above it
-    vllm: Vllm = dataclasses.field(default_factory=Vllm)
-    baseline: str = "nccl"  # torch's ops: "nccl", or "vllm_sp" (model-level SP's collective; issued eagerly)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +57,11 @@ class OpAnalysis:
     waves_per_m: np.ndarray | None = None  # the single kernel's waves, ceil(tiles / SMs), at each M (torch: None)
 
     @property
+    def kind(self) -> fused_ops.FusedOpKind:
+        """The registry's entry of this op and implementation."""
+        return fused_ops.kind(self.spec.op, self.spec.impl)
+
+    @property
     def crossover_m(self) -> int | None:
         """The M from which the fused op wins for good (speedup > 1 at every row from it to the budget), None where it
         does not win at the largest M: where the curves cross, apart from the decided threshold (issue 50 item 8)."""
@@ -81,7 +71,7 @@ class OpAnalysis:
         """(M, what changes there) for every step in M that explains a jump in a row: the kernel's wave count, the
         unfused collective vLLM dispatches, and torch's switch from CUDA-graph replay to eager host issue."""
         out: list[tuple[int, str]] = []
-        m, cap = self.m.astype(int), self.spec.cudagraph_max_tokens
+        m = self.m.astype(int)
         for i in range(1, m.size):
             if self.waves_per_m is not None and self.waves_per_m[i] != self.waves_per_m[i - 1]:
                 out.append((int(m[i]), f"waves {int(self.waves_per_m[i - 1])} -> {int(self.waves_per_m[i])} "
@@ -89,9 +79,9 @@ class OpAnalysis:
             if self.unfused_impl_per_m[i] != self.unfused_impl_per_m[i - 1]:
                 out.append((int(m[i]), f"unfused collective {self.unfused_impl_per_m[i - 1]} -> "
                                        f"{self.unfused_impl_per_m[i]} (vLLM's dispatch limit)"))
-            if self.spec.impl == "torch" and self.spec.baseline == "nccl" and m[i - 1] <= cap < m[i]:
-                out.append((int(m[i]), f"eager from here (M > {cap}, vLLM's largest CUDA-graph capture size): "
-                                       "torch's pipeline pays the host's issue time per call"))
+            host = self.kind.event(self.spec, int(m[i - 1]), int(m[i]))
+            if host:
+                out.append((int(m[i]), host))
         return out
 
     def wins_m_ranges(self) -> list[list[int]]:
@@ -154,19 +144,8 @@ def check_combination(profile: HardwareProfile, op: str, impl: str, tp: int, dty
 
 def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int, vllm: Vllm) -> tuple[str, int | None, Any]:
     """(description, threshold tokens or None, runs(m) -> bool array) of vLLM's own rule for a published row of this
-    op (tpcost evaluate, benchmarks/accuracy.py): the single kernel's in `vllm`; torch's pipelined op's is the SP
-    table of the newest release with the SP passes, the dispatch those rows' NCCL arm stands for (`tpcost op` asks
-    `vllm`'s own use instead: torch_rule)."""
-    if impl == "kernel":
-        return vllm_tables.kernel_rule(vllm, op, profile.identity.compute_capability, tp, n, k)
-    return torch_rule(profile, op, tp, n, k, Vllm(vllm_tables.newest_sp_release().version))[:3]
-
-
-def torch_rule(profile: HardwareProfile, op: str, tp: int, n: int, k: int, vllm: Vllm) -> tuple:
-    """vLLM's use of torch's op on these shapes (costmodel.vllm_tables.torch_op_rule; hidden = the gathered K or the
-    scattered N)."""
-    hidden = n if op == "gemm_rs" else k
-    return vllm_tables.torch_op_rule(vllm, op, profile.identity.vendor, profile.identity.compute_capability, hidden, tp)
+    op (tpcost evaluate, benchmarks/accuracy.py): the registry entry's published_rule."""
+    return tuple(fused_ops.kind(op, impl).published_rule(profile, tp, n, k, vllm)[:3])  # type: ignore[return-value]
 
 
 def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, calls_per_forward: int = 1,
@@ -179,54 +158,18 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
                                                            run.workload)
     cudagraph_max_tokens, vllm = run.regime.cudagraph_max_tokens, run.regime.vllm
     check_combination(profile, op, impl, tp, dtype, n)
+    entry = fused_ops.kind(op, impl)
     if max_num_batched_tokens < M_STEP:
         raise TpcostError(f"--max-num-batched-tokens must be >= {M_STEP} (M runs over the multiples of {M_STEP})")
     grid = np.arange(M_STEP, max_num_batched_tokens // M_STEP * M_STEP + 1, M_STEP, dtype=float)
-    if impl == "kernel":  # the kernel runs at any M (decode steps included); vLLM's rule gates it at 128
-        grid = np.concatenate([SMALL_M, grid])
+    grid = np.concatenate([np.asarray(entry.small_rows, dtype=float), grid])  # decode rows the op runs at
     m_all = np.union1d(grid, np.asarray(list(extra_m), dtype=float))
-    if impl == "torch" and np.any(m_all % tp):
-        bad = [int(x) for x in extra_m if x % tp]
-        if bad:
-            raise TpcostError(f"--m {bad[0]}: torch's fused ops split M into tp={tp} chunks; every M must be a "
-                              "multiple of tp")
-        raise TpcostError(f"--tp {tp}: torch's fused ops split M into tp chunks, and M runs over the multiples of "
-                          f"{M_STEP}, which {tp} does not divide; use a tp that divides {M_STEP}")
+    entry.check_rows(m_all, extra_m, tp, M_STEP)
     cap = vllm_tables.capture_size(cudagraph_max_tokens, profile.identity.compute_capability)
-    if impl == "kernel" and not vllm_tables.kernel_ships_on(profile.identity.compute_capability):
-        rule_text, rule_tokens = (f"none: vLLM {vllm.label} does not run gemm_rs_ar on {profile.name} (SM100 family "
-                                  "only), so no row runs it and no saving is priced against a rule"), None
-        runs, baseline = (lambda m: np.zeros(np.shape(m), dtype=bool)), "nccl"
-    elif impl == "kernel":  # vLLM's rule for the op, and (torch's ops) the collective its unfused arm runs
-        rule_text, rule_tokens, runs = vllm_tables.kernel_rule(vllm, op, profile.identity.compute_capability, tp, n,
-                                                               k)
-        baseline = "nccl"
-    else:
-        rule_text, rule_tokens, runs, baseline = torch_rule(profile, op, tp, n, k, vllm)
+    rule_text, rule_tokens, runs, baseline = entry.rule(profile, tp, n, k, vllm)
     spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm, baseline)
     f_all, u_all, unfused_impl, unfused_per_m, waves = op_arms(profile, spec, m_all)
-    notes = []
-    if impl == "kernel" and dtype == "mxfp8":
-        notes.append("mxfp8: the fused kernel adds its activation-quantise kernel (m·k·(2+1) bytes)")
-    shipped = ops.kernel_shipped(profile) if impl == "kernel" else None
-    if shipped:
-        notes.append(shipped)
-    if op == "gemm_rs" and impl == "kernel":
-        notes.append("unfused arm: the GEMM, then the reduce-scatter model-level SP runs (vLLM's custom backends: "
-                     "Lamport up to 16 MiB, multimem to 64 MiB on SM100, else NCCL; their curves are physics, tier "
-                     "assumed: no released row times them)")
-    elif baseline == "vllm_sp":
-        notes.append("model-level SP (vLLM >= 0.34's sp_all_gather_matmul): issued eagerly at every M (vLLM cannot "
-                     "run it while a CUDA graph is captured, so it runs only above the capture size or with "
-                     "--enforce-eager); unfused arm: sp_all_gather (vLLM's custom all-gather where the profile times "
-                     "it, else NCCL), then the GEMM; vLLM's constant counts rows per rank, ceil(M/tp)")
-    elif op == "gemm_rs":
-        notes.append("unfused arm: the GEMM, then NCCL reduce-scatter (vLLM <= 0.31's compile-pass SP calls the "
-                     "generic reduce_scatter, which goes to NCCL)")
-    if impl == "torch" and baseline == "nccl" and m_all[-1] > cap:
-        notes.append(f"M > {cap} runs eagerly (vLLM's largest CUDA-graph capture size; --cudagraph-max-tokens, "
-                     "--enforce-eager): torch's Python pipeline pays the host's issue time per call there, so the "
-                     "fused time jumps at the first eager row; below, graphs replay with no host cost")
+    notes = entry.notes(profile, spec, m_all)
     f_all, u_all = f_all * calls_per_forward, u_all * calls_per_forward
     on_grid = np.isin(m_all, grid)
     t_on, t_off = f_all[on_grid], u_all[on_grid]
@@ -238,22 +181,11 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
                       runs(m_all), value, unfused_impl, tuple(notes), unfused_per_m, band, waves)
 
 
-def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> tuple[Any, Any, str, np.ndarray, Any]:
+def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> fused_ops.Arms:
     """(fused s, unfused s, the unfused collective, its implementation per row, the kernel's waves per row or None)
-    of one call over rows `m`; the profile's values may be Monte Carlo draws of shape (D, 1)."""
-    hw = ops.Hw(profile, "fp8" if spec.dtype == "mxfp8" else spec.dtype)
-    op, n, k, tp = spec.op, spec.n, spec.k, spec.tp
-    if spec.impl == "kernel":
-        pair = ops.kernel_pair(hw, ops.KernelGemm(op, n, k, tp, spec.dtype), m, vllm=spec.vllm)
-        name = "vLLM's model-level-SP reduce-scatter" if op == "gemm_rs" else "vLLM's dispatched all-reduce"
-        waves = np.broadcast_to(pair.kernel.waves, np.shape(m))
-        return pair.fused_s, pair.unfused_s, name, pair.unfused_impls, waves if waves.ndim == 1 else None
-    p = ops.torch_pair(hw, op, m, n, k, tp, baseline=spec.baseline)
-    if spec.baseline == "vllm_sp":
-        return p.fused_eager_s, p.unfused_s, "vLLM's sp_all_gather", p.unfused_impls, None
-    name = "NCCL all-gather" if op == "ag_gemm" else "NCCL reduce-scatter"
-    fused = np.where(vllm_tables.runs_eagerly(m, spec.cudagraph_max_tokens), p.fused_eager_s, p.fused_graph_s)
-    return fused, p.unfused_s, name, np.full(np.shape(m), p.unfused_impl), None
+    of one call over rows `m` (the registry entry's predictor pair); the profile's values may be Monte Carlo draws
+    of shape (D, 1)."""
+    return fused_ops.kind(spec.op, spec.impl).arms(profile, spec, m)
 
 
 def op_cutoff_band(profile: HardwareProfile, spec: OpSpec, grid: np.ndarray, margin: float, weights: Any,
@@ -289,25 +221,6 @@ def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:
                "collective": {"impl": str(np.asarray(impls).ravel()[0]), "t_s": t_coll, "msg_bytes": msg,
                               "achieved_bus_bytes_per_s": factor * msg / t_coll if t_coll > 0 else None},
                "bound": "collective" if t_coll > t_gemm else "GEMM"}
-    if spec.impl == "kernel":
-        kern = ops.fused_kernel(hw, spec.op, rows, n, k, tp)
-        t_comm = one(kern.t_comm_s)
-        fused = {"t_s": float(f[0]), "t_gemm_whole_s": one(kern.t_gemm_s), "t_comm_s": t_comm,
-                 "waves": int(one(kern.waves)), "ctas": int(one(kern.ctas)), "tiles": int(one(kern.tiles)),
-                 "multicast_bw_bytes_per_s": one(kern.multicast_bw_bytes_per_s),
-                 "egress_bytes": one(kern.egress_bytes), "t_fixed_s": one(kern.t_fixed_s), "t_copy_s": one(kern.t_copy_s),
-                 "bound": "multimem traffic" if t_comm > one(kern.t_gemm_s) else "GEMM"}
-    else:
-        eager = bool(vllm_tables.runs_eagerly(rows, spec.cudagraph_max_tokens)[0]) or spec.baseline == "vllm_sp"
-        fo = (ops.fused_ag_gemm(hw, rows, n, k, tp, hw.mode.ag_bytes, eager) if spec.op == "ag_gemm" else
-              ops.fused_gemm_rs(hw, rows, n, k, tp, eager))
-        parts = {"t_chunk_gemms_contended_s": one(fo.t_chunks_contended_s), "t_pulls_s": one(fo.t_pulls_s),
-                 "t_barriers_s": one(fo.t_sync_s), "t_copies_reduction_s": one(fo.t_memory_s)}
-        bound = {"t_chunk_gemms_contended_s": "chunk GEMMs", "t_pulls_s": "pulls", "t_barriers_s": "barriers",
-                 "t_copies_reduction_s": "copies / reduction"}[max(parts, key=lambda p: parts[p])]
-        host = one(fo.t_host_s)
-        fused = {"t_s": float(f[0]), "t_gpu_s": one(fo.t_gpu_s), "t_host_s": host, "eager": eager,
-                 "t_gemm_whole_s": t_gemm, "t_chunk_gemms_alone_s": one(fo.t_chunks_s), **parts,
-                 "bound": "host issue" if host + one(fo.t_tail_s) > one(fo.t_gpu_s) else bound}
+    fused = fused_ops.kind(spec.op, spec.impl).fused_breakdown(hw, spec, rows, float(f[0]))
     return {"m": int(m), "fused": fused, "unfused": unfused}
 

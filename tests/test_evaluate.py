@@ -181,9 +181,9 @@ def test_op_and_evaluate_read_one_registry_of_fused_ops():
     checked = 0
     for name in builtin_profile_names():
         prof = load_profile(name)
-        for (op, impl) in [(o, i) for o in fused_ops.OPS for i in fused_ops.IMPLS]:
+        for (op, impl) in [(o, i) for o in fused_ops.op_names() for i in fused_ops.impl_names()]:
             for tp in (2, 4, 8, 16):
-                for dtype in fused_ops.DTYPES:
+                for dtype in fused_ops.dtype_names():
                     row = {"op": op, "dtype": dtype, "tp": tp, "m": 1024, "n": 7168, "k": 1536, "impl": impl}
                     try:
                         check_combination(prof, op, impl, tp, dtype, 7168)
@@ -213,7 +213,7 @@ def test_no_second_table_of_fused_ops():
     from costmodel import fused_ops
 
     root = Path(__file__).resolve().parents[1]
-    ops, impls = set(fused_ops.OPS), set(fused_ops.IMPLS)
+    ops, impls = set(fused_ops.op_names()), set(fused_ops.impl_names())
     homes = {root / "costmodel" / "fused_ops.py", root / "costmodel" / "vllm_tables.py"}
     found = []
     for pkg in ("costmodel", "integration", "calib", "benchmarks", "tools"):

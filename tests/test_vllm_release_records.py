@@ -97,8 +97,9 @@ def test_a_new_record_is_used_by_every_command_with_no_other_change(monkeypatch,
     op = _json(capsys, *OP, "--vllm-version", rec.label)
     assert op["vllm_version"] == rec.label and op["vllm_rule_tokens"] == 256
     assert [r["vllm_runs_kernel"] for r in op["rows"] if r["m"] in (128, 256)] == [False, True]
-    old = _json(capsys, *OP, "--vllm-version", "0.34")
-    assert old["vllm_rule_tokens"] == 128
+    before = T.RELEASES[max(v for v in T.RELEASES if v < rec.version)]
+    old = _json(capsys, *OP, "--vllm-version", before.label)
+    assert old["vllm_rule_tokens"] == before.kernel.min_m != 256
     # the fused kernel's switch on Kimi-K3: vLLM's rule at the sites is the record's
     kimi = str(ROOT / "tests" / "fixtures" / "kimi-k3.config.json")
     assert main(["vllm-config", "--model", kimi, "--gpu", "b200", "--tp", "8", "--kernel-op", "gemm_ar",

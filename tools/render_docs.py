@@ -303,15 +303,16 @@ def _whatif_sample_sp() -> str:
 
 
 def kernel_cutoffs_table() -> str:
-    """benchmarks/results/vllm_thresholds.json: tpcost's per-site answer for Kimi-K3 beside vLLM's M >= 128."""
+    """benchmarks/results/vllm_thresholds.json: tpcost's per-site answer for Kimi-K3 beside vLLM's rule."""
     d = _load("vllm_thresholds.json")
+    rule = "/".join(str(m) for m in sorted({r["vllm_rule_tokens"] for r in d["kernel_cutoffs"]}))
     lines = ["| GPU | TP | mode | call site | k | × / fwd | vLLM's rule | tpcost's cutoff | switch (vLLM's default) | "
-             "saves vs vLLM [ms/fwd] | at M = 128: waves · multicast GB/s · bound · unfused · speedup | "
-             "kernel faster at M (128-8192) | unfused arm from M |",
+             f"saves vs vLLM [ms/fwd] | at M = {rule}: waves · multicast GB/s · bound · unfused · speedup | "
+             f"kernel faster at M ({rule}-8192) | unfused arm from M |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["kernel_cutoffs"]:
         cut = "never" if r["cutoff_tokens"] is None else str(r["cutoff_tokens"])
-        t = r["terms_m128"]
+        t = r["terms_at_vllm_rule"]
         sw = f"{r['switch_env']}={int(r['switch_set_on'])} ({int(r['switch_vllm_default_on'])})"
         lines.append(f"| {r['gpu']} | {r['tp']} | {r['op']} | {r['site']} | {r['k']} | {r['calls_per_forward']} "
                      f"| M ≥ {r['vllm_rule_tokens']} | {cut} | {sw} | {r['switch_saving_vs_vllm_s_per_forward'] * 1e3:.3f} "

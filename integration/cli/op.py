@@ -39,7 +39,7 @@ def cmd_op(args) -> int:
 
         if args.at not in set(int(x) for x in a.m):
             raise TpcostError(f"--at {args.at}: not a row of this op's sweep (the multiples of {M_STEP} up to "
-                              f"--max-num-batched-tokens{', the powers of two to 64' if args.impl == 'kernel' else ''}, or one given by --m)")
+                              f"--max-num-batched-tokens{_small_rows_text(a, ',')}, or one given by --m)")
         out["breakdown"] = op_breakdown(prof, a.spec, args.at)
     if args.json:
         from costmodel.analysis import provenance
@@ -52,7 +52,7 @@ def cmd_op(args) -> int:
           f"{args.calls_per_forward} call(s) per forward; unfused: GEMM + {a.unfused_impl}; {regime.vllm.describe()}"
           + (f"  [MODIFIED by --set: {', '.join(prof.modified)}]" if prof.modified else ""))
     print(provenance_line(prof))
-    kernel = args.impl == "kernel"
+    kernel = a.waves_per_m is not None  # the op has waves to show
     print(f"{'M':>7} {'t_fused [us]':>13} {'t_unfused [us]':>15} {'speedup':>8} {'vLLM runs it':>13}"
           + (f" {'waves':>5}" if kernel else "") + "  unfused collective")
     events: dict[int, list[str]] = {}
@@ -70,7 +70,7 @@ def cmd_op(args) -> int:
                   f"{'yes' if r['vllm_runs_kernel'] else 'no':>13}" + (f" {r['waves']:5d}" if kernel else "")
                   + f"  {r['unfused_impl']}{mark}")
     print(f"(rows trimmed to powers of two, --m, the cutoff, the crossover and the steps marked (wave steps to 4 waves): {len(out['rows'])} "
-          f"rows in all, every multiple of {M_STEP}{' and the powers of two to 64' if kernel else ''}; --json lists them)")
+          f"rows in all, every multiple of {M_STEP}{_small_rows_text(a, ' and')}; --json lists them)")
     never = "never (null)"
     band = a.cutoff_band
     band_s = "" if band is None else f" (5-95 % band over the profile's uncertainty: {band.text()})"
@@ -92,7 +92,7 @@ def cmd_op(args) -> int:
               f"per forward of this op's {args.calls_per_forward} call(s) only (--calls-per-forward), on the "
               "workload; the rest of the forward is not modelled here, so this is not a share of a step")
     if args.at is not None:
-        _print_breakdown(out["breakdown"])
+        _print_breakdown(out["breakdown"], a.kind)
     for n in a.notes:
         print(f"note: {n}")
     return 0
@@ -127,7 +127,13 @@ def check_op_inputs_take_effect(args, prof, query, run, kw) -> None:
         run, regime=dataclasses.replace(run.regime, vllm=v))), f"{args.op} ({args.impl}) at tp={args.tp}", base)
 
 
-def _print_breakdown(b: dict) -> None:
+def _small_rows_text(a, sep: str) -> str:
+    """The rows below one M tile the op's sweep also runs, in words, after `sep` ('' where none)."""
+    small = [int(x) for x in a.kind.small_rows]
+    return f"{sep} the powers of two to {small[-1]}" if small else ""
+
+
+def _print_breakdown(b: dict, kind) -> None:
     """`op --at M`: each arm part by part, with the rates and the bound that explain it."""
     us = lambda x: f"{x * 1e6:.2f} us"  # noqa: E731
     u, f = b["unfused"], b["fused"]
@@ -137,35 +143,23 @@ def _print_breakdown(b: dict) -> None:
           f"{g['achieved_flops_per_s'] / 1e12:.1f} TFLOP/s ({g['bound']}-bound: compute {us(g['t_compute_s'])}, HBM "
           f"{us(g['t_hbm_s'])}); {c['impl']} {us(c['t_s'])} of {c['msg_bytes'] / 1e6:.3g} MB"
           + ("" if c["achieved_bus_bytes_per_s"] is None else f" at {c['achieved_bus_bytes_per_s'] / 1e9:.1f} GB/s bus"))
-    if "waves" in f:
-        print(f"  fused {us(f['t_s'])} (bound: {f['bound']}): GEMM alone {us(f['t_gemm_whole_s'])}, multimem traffic "
-              f"{us(f['t_comm_s'])} ({f['egress_bytes'] / 1e6:.3g} MB egress at "
-              f"{f['multicast_bw_bytes_per_s'] / 1e9:.1f} GB/s), {f['tiles']} tiles on {f['ctas']} CTAs in "
-              f"{f['waves']} wave(s), fixed {us(f['t_fixed_s'])}, copy {us(f['t_copy_s'])}")
-    else:
-        parts = ", ".join(f"{name} {us(f[k])}" for name, k in (
-            ("chunk GEMMs (contended)", "t_chunk_gemms_contended_s"), ("pulls", "t_pulls_s"),
-            ("barriers", "t_barriers_s"), ("copies / reduction", "t_copies_reduction_s")))
-        print(f"  fused {us(f['t_s'])} (bound: {f['bound']}; {'eager' if f['eager'] else 'CUDA-graph replay'}): GPU "
-              f"{us(f['t_gpu_s'])}, host issue {us(f['t_host_s'])}; whole GEMM {us(f['t_gemm_whole_s'])}, chunk GEMMs "
-              f"alone {us(f['t_chunk_gemms_alone_s'])}; {parts}")
+    print("  " + kind.breakdown_text(f))
 
 
 def register(sub) -> None:
     """Add `op` to the CLI root's subparsers."""
-    from costmodel.fused_ops import DTYPES, IMPLS, OPS
+    from costmodel.fused_ops import DEFAULT_IMPL, dtype_names, impl_help, impl_names, op_names
 
     o = sub.add_parser("op", help="one fused GEMM+collective against vLLM's unfused path over M, and its cutoff")
     o.add_argument("--gpu", default=DEFAULT_GPU, help=f"built-in GPU profile, a .toml path, or 'auto' (default {DEFAULT_GPU})")
     o.add_argument("--tp", type=bounded_int("--tp", 2, 64, "a collective needs 2 ranks; fused ops stay in one domain"),
                    required=True, help="tensor-parallel size")
-    o.add_argument("--op", required=True, choices=OPS, help="the fused operation")
-    o.add_argument("--impl", default="torch", choices=IMPLS,
-                   help="torch: torch's pipelined symm-mem op (vLLM <= 0.31); kernel: the single-kernel fused "
-                        "GEMM+RS/AR (vLLM's gemm_rs_ar from 0.31, SM100 family; with --vllm-version 0.34 --op ag_gemm, torch's op at model level) (default torch)")
+    o.add_argument("--op", required=True, choices=op_names(), help="the fused operation")
+    o.add_argument("--impl", default=DEFAULT_IMPL, choices=impl_names(),
+                   help=f"{impl_help()} (default {DEFAULT_IMPL})")
     o.add_argument("--n", type=bounded_int("--n", 1, 2**20, "a GEMM width"), required=True, help="GEMM N per rank")
     o.add_argument("--k", type=bounded_int("--k", 1, 2**20, "a GEMM depth"), required=True, help="GEMM K per rank")
-    o.add_argument("--dtype", default="bf16", choices=DTYPES, help="weights (default bf16; which op takes which: "
+    o.add_argument("--dtype", default="bf16", choices=dtype_names(), help="weights (default bf16; which op takes which: "
                    "costmodel.fused_ops)")
     o.add_argument("--calls-per-forward", type=bounded_int("--calls-per-forward", 1, 10**6, "calls of one slot"),
                    default=1, metavar="C", help="how often the slot runs per forward (layers x slots; default 1)")

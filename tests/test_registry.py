@@ -1,0 +1,142 @@
+"""The fused-op registry carries its callables (issue 57 item 1): a made-up implementation is one entry plus its
+predictor, and `tpcost op` and `tpcost evaluate` use it with no other file touched; nothing outside the registry
+tests which implementation it holds; costmodel has no import circle."""
+
+import ast
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costmodel import fused_ops, ops
+from integration.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+T_FIXED_S = 7e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class MadeUp(fused_ops.FusedOpKind):
+    """A made-up GEMM+RS: the GEMM and NCCL's reduce-scatter overlapped whole, 10 % slower, plus a fixed cost."""
+
+    def arms(self, profile, spec, m):
+        hw = ops.Hw(profile, spec.dtype)
+        gemm = hw.t_gemm(m, spec.n, spec.k)
+        rs = ops.t_nccl_reduce_scatter_s(hw, spec.tp, np.asarray(m, dtype=float) * (spec.n * hw.act_bytes))
+        return fused_ops.Arms(np.maximum(gemm, rs) * 1.1 + T_FIXED_S, gemm + rs, "NCCL reduce-scatter",
+                              np.full(np.shape(m), "nccl_reduce_scatter"), None)
+
+
+@pytest.fixture
+def made_up(monkeypatch):
+    k = MadeUp("gemm_rs", "made_up", "reduce_scatter", ("bf16",), "a made-up overlap (tests/test_registry.py)")
+    monkeypatch.setitem(fused_ops.REGISTRY, ("gemm_rs", "made_up"), k)
+    return k
+
+
+def _predicted(k, tp, m, n, kk):
+    from costmodel.profile import load_profile
+
+    spec = fused_ops.OpSpec("gemm_rs", "made_up", tp, n, kk, "bf16", 0)
+    return k.arms(load_profile("h100-sxm"), spec, np.asarray(m, dtype=float))
+
+
+def test_op_prices_a_made_up_implementation(made_up, capsys):
+    argv = ["op", "--gpu", "h100-sxm", "--tp", "4", "--op", "gemm_rs", "--impl", "made_up", "--n", "8192",
+            "--k", "2048", "--calls-per-forward", "3", "--at", "256"]
+    assert main([*argv, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    m = np.array([r["m"] for r in d["rows"]], dtype=float)
+    assert m[0] == 128 and np.all(m % 128 == 0)  # no small rows: the entry declares none
+    a = _predicted(made_up, 4, m, 8192, 2048)
+    assert [r["t_fused_s"] for r in d["rows"]] == pytest.approx(list(3 * a.fused_s), rel=1e-12)
+    assert [r["t_unfused_s"] for r in d["rows"]] == pytest.approx(list(3 * a.unfused_s), rel=1e-12)
+    assert d["impl"] == "made_up" and d["vllm_rule_tokens"] is None and "does not run gemm_rs (made_up)" in d["vllm_rule"]
+    assert not any(r["vllm_runs_kernel"] for r in d["rows"])
+    wins = a.unfused_s > a.fused_s
+    assert d["cutoff_tokens"] is None or wins[m == d["cutoff_tokens"]][0]
+    assert d["breakdown"]["fused"] == {"t_s": pytest.approx(float(_predicted(made_up, 4, [256.0], 8192, 2048)
+                                                                     .fused_s[0]), rel=1e-12), "bound": "fused op"}
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "op: gemm_rs (made_up)" in out and "\n  fused " in out and "vLLM runs it  unfused collective" in out
+
+
+def test_evaluate_scores_a_made_up_implementation(made_up, tmp_path, capsys):
+    csv = tmp_path / "rows.csv"
+    csv.write_text("hardware,tp,op,impl,dtype,m,n,k,baseline_us,overlap_us,source\n"
+                   "h100-sxm,8,gemm_rs,made_up,bf16,4096,8192,3584,500,450,hand-made\n")
+    assert main(["evaluate", str(csv), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    a = _predicted(made_up, 8, [4096.0], 8192, 3584)
+    assert row["s_predicted"] == pytest.approx(float(a.unfused_s[0] / a.fused_s[0]), rel=1e-12)
+    assert " made_up " in row["label"]
+
+
+def test_a_made_up_implementation_keeps_the_bad_input_contract(made_up, one_line_error, tmp_path):
+    one_line_error("op", "--gpu", "h100-sxm", "--tp", "4", "--op", "gemm_rs", "--impl", "made_up", "--n", "8192",
+                   "--k", "2048", "--dtype", "fp8", needle="gemm_rs (made_up) takes bf16, not fp8")
+    one_line_error("op", "--gpu", "h100-sxm", "--tp", "4", "--op", "ag_gemm", "--impl", "made_up", "--n", "8192",
+                   "--k", "2048", needle="no fused ag_gemm in made_up")
+
+
+def test_unregistered_implementation_is_refused(one_line_error, tmp_path):
+    one_line_error("op", "--gpu", "h100-sxm", "--tp", "4", "--op", "gemm_rs", "--impl", "made_up", "--n", "8192",
+                   "--k", "2048", needle="--impl")
+    csv = tmp_path / "rows.csv"
+    csv.write_text("hardware,tp,op,impl,dtype,m,n,k,baseline_us,overlap_us,source\n"
+                   "h100-sxm,8,gemm_rs,made_up,bf16,4096,8192,3584,500,450,hand-made\n")
+    one_line_error("evaluate", str(csv), needle="impl must be one of torch, kernel")
+
+
+_DISPATCH = re.compile(r"""impl\w*\s*[!=]=\s*["'](torch|kernel)["']|["'](torch|kernel)["']\s*[!=]=\s*\w*impl"""
+                       r"""|isinstance\([^)]*\b(TorchPipelined|SingleKernel)\b""")
+
+
+def _dispatch_sites(text: str) -> list[str]:
+    return [m.group(0) for m in _DISPATCH.finditer(text)]
+
+
+def test_no_implementation_test_outside_the_registry():
+    found = []
+    for pkg in ("costmodel", "integration", "calib", "benchmarks", "tools"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            if path != ROOT / "costmodel" / "fused_ops.py":
+                found += [f"{path.relative_to(ROOT)}: {s}" for s in _dispatch_sites(path.read_text())]
+    assert not found, found
+    assert _dispatch_sites('if spec.impl == "kernel":') and _dispatch_sites("isinstance(k, fused_ops.SingleKernel)")
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle of `graph` (module -> the modules it imports), each once, by depth-first search."""
+    out, seen = [], set()
+    for start in sorted(graph):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for dep in sorted(graph.get(node, ())):
+                if dep == start and frozenset(path) not in seen:
+                    seen.add(frozenset(path))
+                    out.append(path + [start])
+                elif dep not in path and dep > start:
+                    stack.append((dep, path + [dep]))
+    return out
+
+
+def test_costmodel_has_no_import_circle():
+    """Imports inside functions count: a lazy import is still a circle."""
+    mods = {p.stem for p in (ROOT / "costmodel").glob("*.py")}
+    graph = {}
+    for p in (ROOT / "costmodel").glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                deps |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("costmodel."):
+                deps.add(node.module.split(".")[1])
+        graph[p.stem] = deps & mods - {p.stem}
+    assert not _cycles(graph), _cycles(graph)
+    assert _cycles({"fused_ops": {"ops"}, "ops": {"fused_ops"}}) == [["fused_ops", "ops", "fused_ops"]]
