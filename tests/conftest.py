@@ -1,3 +1,4 @@
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -7,6 +8,22 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import pytest  # noqa: E402
+
+
+def need(module: str):
+    """Import `module` for a test that needs it (torch, vLLM). Where it is not installed the test skips; under
+    CI=true, which installs everything, a missing dependency fails the run instead."""
+    if os.environ.get("CI") == "true":
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
+
+
+def sp_release_flag() -> list[str]:
+    """`--vllm-version` of the newest release with the SP passes: what a test of the SP cutoff pins, so that it
+    asks the same question with or without a vLLM installed."""
+    from costmodel.vllm_tables import newest_sp_release
+
+    return ["--vllm-version", newest_sp_release().label]
 
 # the vLLM plugin's decision cache (integration/plugin_cache.py) of every test and every child process goes to a
 # fresh directory, never the user's ~/.cache

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import sp_release_flag
 
 from costmodel.analysis import perturbed
 from costmodel.model import predict
@@ -68,7 +69,7 @@ def test_band_on_a_2_20_token_budget_fits_under_rlimit_as_4gib():
     """whatif --max-num-batched-tokens 1048576 with the band, address space limited to 4 GiB (benchmarks time it)."""
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); "
             "from integration.cli import main; sys.exit(main(['whatif', '--max-num-batched-tokens', '1048576', "
-            "'--json']))")
+            f"'--json', *{sp_release_flag()!r}]))")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

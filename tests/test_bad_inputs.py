@@ -5,6 +5,7 @@ import json
 import os
 
 import pytest
+from conftest import need
 
 from integration.cli import main
 
@@ -200,7 +201,7 @@ def test_outputs_are_never_overwritten_without_force(tmp_path, capsys, one_line_
 
 
 def test_calibrate_and_validate_check_arguments_before_starting(tmp_path, capsys, monkeypatch, one_line_error):
-    pytest.importorskip("torch")
+    need("torch")
     prof = tmp_path / "p.toml"
     one_line_error("calibrate", "--device", "cpu", "--nproc", "64", "--out", str(prof), needle="--nproc")
     one_line_error("calibrate", "--device", "cpu", "--budget-s", "nan", "--out", str(prof), needle="--budget-s")

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import need
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 
 from integration.cli import main  # noqa: E402
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from conftest import sp_release_flag
 
 from integration.cli import main
 from pathlib import Path
@@ -15,7 +16,7 @@ def run(capsys, *argv):
 
 
 def test_whatif_default_table(capsys):
-    rc, out, err = run(capsys, "whatif", "--no-band")
+    rc, out, err = run(capsys, "whatif", "--no-band", *sp_release_flag())
     assert rc == 0 and "cutoff (SP+AsyncTP" in out and "llama-3.1-70b on h100-sxm x4" in out
 
 
@@ -37,7 +38,7 @@ def test_whatif_json_fields(capsys, tp):
 
 
 def test_tokens_choose_the_rows(capsys):
-    rc, out, _ = run(capsys, "whatif", "--no-band", "--json", "--tokens", "100", "3000")
+    rc, out, _ = run(capsys, "whatif", "--no-band", "--json", "--tokens", "100", "3000", *sp_release_flag())
     d = json.loads(out)
     assert rc == 0 and {r["num_tokens"] for r in d["rows"]} == {100, 3000, d["cutoff_tokens"]}
 

@@ -1,5 +1,7 @@
 """Generated docs tables are what tools/render_docs.py renders from their sources (never retyped)."""
 
+from conftest import sp_release_flag
+
 import importlib.util
 from pathlib import Path
 
@@ -63,9 +65,9 @@ def test_the_band_coverage_whatif_states_is_the_measured_one(capsys):
     assert all(want[s] == {"rows": c["rows"], "covered": c["coverage"]} for s, c in acc["per_source"].items()
                if s in want) and "META_AH_H100_ASYNCTP" not in want
     assert set(want) == set(acc["calibration_sources"])
-    assert main(["whatif", "--json"]) == 0
+    assert main(["whatif", "--json", *sp_release_flag()]) == 0
     assert json.loads(capsys.readouterr().out)["band_measured_coverage"] == want
-    assert main(["whatif"]) == 0
+    assert main(["whatif", *sp_release_flag()]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "measured coverage" in ln)
     assert all(f"{s} {c['covered']:.0%} of {c['rows']}" in line for s, c in want.items())
 
@@ -93,3 +95,37 @@ def test_flag_table_names_every_flag_of_every_command():
                 if flag.startswith("--") and flag != "--help":
                     have.setdefault(flag, set()).add(cmd)
     assert rows == have, {f: (rows.get(f), have.get(f)) for f in set(rows) | set(have) if rows.get(f) != have.get(f)}
+
+
+def test_a_made_up_release_moving_the_gate_regenerates_the_thresholds_doc(tmp_path, monkeypatch):
+    """Issue 57 item 2: a record for a made-up next release that moves gemm_rs_ar's should_run to 256 changes the
+    benchmark's rows and the rendered docs/vllm-thresholds.md, with no other file touched."""
+    import dataclasses
+    import json
+    import shutil
+
+    from costmodel import vllm_tables as T
+
+    cur = T.current()
+    v = (cur.version[0], cur.version[1] + 1)
+    monkeypatch.setitem(T.RELEASES, v, dataclasses.replace(
+        cur, version=v, serves_from=v, wheel="made up for the test",
+        kernel=dataclasses.replace(cur.kernel, min_m=256, should_run="gemm_rs_ar.py:1-2")))
+    spec = importlib.util.spec_from_file_location("vllm_thresholds", ROOT / "benchmarks" / "vllm_thresholds.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.kernel_matrix()
+    assert rows and {r["vllm_rule_tokens"] for r in rows} == {256}
+    rd = _render_docs()
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "benchmarks" / "results", results)
+    d = json.loads((results / "vllm_thresholds.json").read_text())
+    (results / "vllm_thresholds.json").write_text(json.dumps({**d, "kernel_cutoffs": rows}))
+    monkeypatch.setattr(rd, "RESULTS", results)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for (fname, _), _fn in rd.BLOCKS.items():
+        (docs / fname).write_text((ROOT / "docs" / fname).read_text())
+    new = {p.name: n for p, (o, n) in rd.rendered(docs).items() if o != n}
+    table = new["vllm-thresholds.md"].split("<!-- generated:kernel-cutoffs -->")[1].split("<!-- /generated")[0]
+    assert "| M ≥ 256 |" in table and "at M = 256:" in table and "(256-8192)" in table and "M ≥ 128" not in table

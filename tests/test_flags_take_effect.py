@@ -4,6 +4,7 @@ typed; the refusal is one line, exit 2; where the flag does take effect, the ans
 import json
 
 import pytest
+from conftest import sp_release_flag
 
 from integration.cli import main
 
@@ -195,7 +196,7 @@ def test_whatif_sensitivity_heading_says_how_many_move_it(capsys, tmp_path):
     workload of a few step sizes."""
     w = tmp_path / "w.csv"
     w.write_text("num_tokens,count\n8,100\n2048,20\n8192,5\n")
-    assert main(["whatif", "--gpu", "h100-sxm", "--tp", "4", "--workload", str(w)]) == 0
+    assert main(["whatif", "--gpu", "h100-sxm", "--tp", "4", "--workload", str(w), *sp_release_flag()]) == 0
     out = capsys.readouterr().out
     head = next(ln for ln in out.splitlines() if ln.startswith("what moves the cutoff"))
     listed = []

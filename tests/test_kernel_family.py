@@ -6,6 +6,7 @@ import json
 import numpy as np
 from costmodel.vllm_tables import Vllm
 import pytest
+from conftest import need
 
 from costmodel import formulas as F
 from costmodel import ops
@@ -385,6 +386,7 @@ def test_held_out_draws_centre_on_the_prediction_and_draw_only_what_it_does_not_
 def test_calibration_times_the_kernel_at_ms_vllm_can_run(world):
     """The M the calibration job times gemm_rs_ar at: multiples of the world size (vLLM pads to it), below and above
     vLLM's gate (M >= 128), up to 32768; on a CPU device the phase records nothing."""
+    need("torch")
     from calib.distbench import bench_vllm_gemm_rs_ar, kernel_ms
 
     ms = kernel_ms(world)

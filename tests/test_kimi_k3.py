@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import need
 
 from costmodel import ops
 from costmodel.shapes import read_kernel_model
@@ -43,6 +44,7 @@ def test_call_sites_as_vllm_builds_them():
     """GEMM-AR without SP: o_proj in all 93 layers (24 MLA + 69 KDA, K 12288/tp) and the dense layer 0's down_proj
     (K 33792/tp); the shared experts never all-reduce. GEMM-RS under SP: o_proj, plus the shared experts (K 6144/tp)
     and the dense MLP only when sharded; 0.33 lets DeepEP v2 shard the shared experts, 0.31 only MegaMoE."""
+    need("vllm")
     from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
 
     km = _kimi()
@@ -208,6 +210,7 @@ def test_plugin_sets_the_switch_when_unset_and_keeps_the_users(tmp_path, capsys)
     """Real vLLM 0.31 (EngineArgs -> VllmConfig, the plugin through its entry point): the switch set in os.environ
     to vllm-config's decision when unset, an explicit user value kept (whichever it is), GEMM-RS's switch under
     model-level SP."""
+    need("vllm")
     model = tmp_path / "kimi"
     model.mkdir()
     (model / "config.json").write_text(Path(KIMI).read_text())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import sp_release_flag
 
 from costmodel.io import match_builtin
 from costmodel.errors import TpcostError
@@ -84,7 +85,7 @@ def test_whatif_prints_the_crossover_beside_the_cutoff(capsys):
     """Issue 61 item 13: the crossover (no premium, any traffic) is named apart from the traffic-weighted cutoff."""
     import numpy as np
 
-    argv = ["whatif", "--no-band", "--vllm-version", "0.31", "--tp", "2", "--json", "--tokens", "512", "1024",
+    argv = ["whatif", "--no-band", *sp_release_flag(), "--tp", "2", "--json", "--tokens", "512", "1024",
             "2048", "4096", "8192"]
     assert main(argv) == 0
     d = json.loads(capsys.readouterr().out)
@@ -92,7 +93,7 @@ def test_whatif_prints_the_crossover_beside_the_cutoff(capsys):
     assert c is not None and c != d["cutoff_tokens"]
     rows = [r for r in d["rows"] if r["num_tokens"] >= c]
     assert rows and all(r["speedup_sp_asynctp"] > 1 for r in rows)
-    assert main(argv[:-11] + ["--tp", "2"]) == 0
+    assert main(["whatif", "--no-band", *sp_release_flag(), "--tp", "2"]) == 0
     assert "crossover (faster than plain TP" in capsys.readouterr().out
     assert np.isfinite(c)
 

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import sp_release_flag
 
 from costmodel import formulas as F
 from costmodel import load_model, load_profile
@@ -55,7 +56,7 @@ def test_new_profile_from_builtin_with_faster_link(tmp_path, capsys):
     assert p.provenance["gemm.max_efficiency"].source == base.provenance["gemm.max_efficiency"].source  # untouched
     cut = {}
     for gpu in ("h100-sxm", str(out)):
-        assert main(["whatif", "--gpu", gpu, "--no-band", "--json"]) == 0
+        assert main(["whatif", "--gpu", gpu, "--no-band", "--json", *sp_release_flag()]) == 0
         cut[gpu] = json.loads(capsys.readouterr().out)["cutoff_tokens"]
     assert cut["h100-sxm"] != cut[str(out)]
     rc = main(["profiles", "--new", "again", "--from", "h100-sxm", "--out", str(out)])

@@ -20,6 +20,34 @@ def _readme_block(name):
     return m.group(1)
 
 
+def _readme_and_commands():
+    return (ROOT / "README.md").read_text() + (ROOT / "docs" / "commands.md").read_text()
+
+
+def _prose_sentences(text: str) -> list[str]:
+    """The README's sentences: fenced blocks and HTML comments out, each table cell one sentence."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    parts = []
+    for para in re.split(r"\n\s*\n", text):
+        if para.lstrip().startswith("|"):
+            parts += [c for line in para.splitlines() for c in line.split("|") if c.strip(" -")]
+        else:
+            parts += re.split(r"(?<=[.!?])\s+", " ".join(para.split()))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def test_readme_reads_in_five_minutes():
+    """Issue 57 item 6: at most 120 lines, and no sentence over 25 words (the test-command block exempt)."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 120
+    long = [s for s in _prose_sentences(text) if len(s.split()) > 25]
+    assert not long, long
+    assert _prose_sentences("One two.\n\n```\nx y z\n```\nThree four five. Six.") == ["One two.", "Three four five.",
+                                                                                          "Six."]
+    assert any(len(s.split()) > 25 for s in _prose_sentences("word " * 26 + "end."))
+
+
 def test_readme_serve_form_runs_as_typed(tmp_path):
     """Issue 50 item 2: the README's serve form, run by bash with a stand-in `vllm` that records its arguments, on a
     host with no GPU. The real tpcost hands vLLM the JSON; a failing tpcost (a stand-in that exits 2) never reaches
@@ -48,9 +76,9 @@ def test_readme_serve_form_runs_as_typed(tmp_path):
 
 
 def test_readme_model_paths_ship_and_a_missing_one_says_so(capsys):
-    """Issue 50 item 6: every config.json path the README passes to --model is in the repository, and a path that
-    does not exist gets "no such file", not "unknown model"."""
-    text = (ROOT / "README.md").read_text()
+    """Issue 50 item 6: every config.json path the README and docs/commands.md pass to --model is in the repository,
+    and a path that does not exist gets "no such file", not "unknown model"."""
+    text = _readme_and_commands()
     paths = set(re.findall(r"--model ([\w./-]+\.json)", text))
     assert paths and all((ROOT / p).is_file() for p in paths), paths
     assert main(["whatif", "--model", "kimi-k3/config.json", "--tp", "8"]) == 2
@@ -59,7 +87,7 @@ def test_readme_model_paths_ship_and_a_missing_one_says_so(capsys):
 
 
 def test_readme_commands_name_what_they_need():
-    text = (ROOT / "README.md").read_text()
+    text = _readme_and_commands()
     for line in text.splitlines():
         if "tpcost validate" in line and line.strip().startswith("torchrun"):
             assert "--model" in line, line

@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import need
 
 from integration.cli import main
 
-vllm = pytest.importorskip("vllm")
+vllm = need("vllm")
 from integration.recommend import installed_version  # noqa: E402
 
 if (installed_version() or (0, 0)) >= (0, 32):
@@ -295,8 +296,8 @@ def test_plugin_sets_what_its_doc_says(scenarios, capsys):
     assert _plugin_sets_rows() == list(checks)
     for check in checks.values():
         check()
-    # the README's sentences are the table's first and third rows, and point to it
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    # docs/commands.md's sentences are the table's first and third rows, and point to it
+    readme = " ".join((ROOT / "docs" / "commands.md").read_text().split())
     assert "With nothing set, SP stays off." in readme and '"What the plugin sets"' in readme
     assert "`enable_sp: true` gets SP alone's cutoff" in readme
     # the fusion-on row and the CPU default decide differently here, so the resolution is what moved the cutoff

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import need
 
 from costmodel import vllm_tables as T
 from costmodel.errors import TpcostError
@@ -109,7 +110,7 @@ def test_a_new_record_is_used_by_every_command_with_no_other_change(monkeypatch,
     # the plugin resolves the running vLLM by the same rule
     from integration import vllm_plugin
 
-    pytest.importorskip("vllm")
+    need("vllm")
     monkeypatch.setattr(sys.modules["vllm"], "__version__", f"{rec.label}.0", raising=False)
     assert vllm_plugin._vllm_version(rec.sp_passes) == list(rec.version)
 
@@ -117,7 +118,7 @@ def test_a_new_record_is_used_by_every_command_with_no_other_change(monkeypatch,
 def test_the_plugin_refuses_an_unknown_or_disagreeing_version(monkeypatch):
     from integration import vllm_plugin
 
-    pytest.importorskip("vllm")
+    need("vllm")
     monkeypatch.setattr(sys.modules["vllm"], "__version__", "0.99.1", raising=False)
     with pytest.raises(TpcostError, match="the running vLLM 0.99.1: tpcost has no record of vLLM 0.99"):
         vllm_plugin._vllm_version(False)

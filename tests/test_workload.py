@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import need, sp_release_flag
 
 from costmodel import load_model, load_profile, predict
 from costmodel.analysis import decide_cutoff, token_grid
@@ -15,8 +16,8 @@ import os
 
 def _scrape(tmp_path, observations):
     """Render vllm:iteration_tokens_total as vLLM 0.31's PrometheusStatLogger would (two engines)."""
-    prometheus_client = pytest.importorskip("prometheus_client")
-    pytest.importorskip("vllm")
+    prometheus_client = need("prometheus_client")
+    need("vllm")
     from vllm.v1.metrics.buckets import histogram_buckets
     from vllm.v1.metrics.loggers import PrometheusStatLogger
 
@@ -34,7 +35,7 @@ def _scrape(tmp_path, observations):
 
 
 def _whatif(capsys, *argv):
-    assert main(["whatif", "--no-band", "--json", *argv]) == 0
+    assert main(["whatif", "--no-band", "--json", *sp_release_flag(), *argv]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -109,7 +110,7 @@ def test_steps_above_the_budget_are_chunked(capsys, tmp_path):
     assert chunked_note(Workload("w", points=((64, 1.0),)), 8192) is None
     f = tmp_path / "w.csv"
     f.write_text("num_tokens,count\n64,100\n20000,10\n")
-    assert main(["whatif", "--no-band", "--workload", str(f)]) == 0
+    assert main(["whatif", "--no-band", "--workload", str(f), *sp_release_flag()]) == 0
     assert "each counted as the ceil(n/8192) chunked steps vLLM runs" in capsys.readouterr().out
 
 

@@ -519,7 +519,7 @@ def gate_inventory_table() -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample, ("../README.md", "whatif-sample-sp"): _whatif_sample_sp,
+BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample, ("commands.md", "whatif-sample-sp"): _whatif_sample_sp,
           ("vllm-thresholds.md", "kernel-cutoffs"): kernel_cutoffs_table,
           ("vllm-thresholds.md", "model-gates-034"): model_gates_table,
           ("vllm-thresholds.md", "all-gather-check"): all_gather_check_table,
