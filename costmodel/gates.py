@@ -184,7 +184,7 @@ def _why_not(profile, gate: ModelGate, km, par: Parallel, run: RunConfig) -> str
     tp = run.tp
     vllm = run.regime.vllm
     if gate.op in ("gemm_rs", "ag_gemm", "oneshot_ar", "sp_floor") and not km.model_level_sp(par):
-        return (f"model-level SP is off in this setup (it needs {vllm_tables.model_level_sp_text(km.family)}), so "
+        return (f"model-level SP is off in this setup (it needs {km.sp_text()}), so "
                 "the stream is never sharded and the gate is not reached")
     refused = km.vllm_refuses(par)
     if refused:

@@ -14,8 +14,8 @@ import re
 
 from .errors import TpcostError
 from .io import match_builtin, read_json
-from .vllm_tables import (MEGA_MOE_NVFP4, NATIVE_MEGA_MOE, SWITCHES, Parallel, Vllm, model_level_sp,
-                          model_level_sp_text, shared_expert_can_shard)
+from .vllm_tables import (FLASHINFER_MOE_EP_PREFIX, MEGA_MOE_NVFP4, NATIVE_MEGA_MOE, SWITCHES, Parallel, Vllm,
+                          shared_expert_can_shard)
 
 DTYPES = ("bf16", "fp8", "fp8-dynamic", "fp32")  # the model's dtype modes (ops.DTYPE_MODES); fp32: CPU runs
 
@@ -284,6 +284,41 @@ class CallSite:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpCondition:
+    """When a family's model code turns model-level SP on: PP 1 (where it asks) ∧ expert parallel ∧ TP > 1 ∧ (a
+    MegaMoE backend ∨, where it counts, DP > 1)."""
+
+    backends: tuple[str, ...]  # the MoE backends that turn it on ("prefix*": every backend starting so)
+    needs_pp1: bool
+    dp_enables: bool  # DP > 1 turns it on with any MoE backend
+    where: str  # the function in vLLM's model code
+
+    def on(self, par: Parallel) -> bool:
+        """Model-level SP in this setup."""
+        mega = any(par.moe_backend.startswith(b[:-1]) if b.endswith("*") else par.moe_backend == b
+                   for b in self.backends)
+        return ((par.pipeline_parallel_size == 1 or not self.needs_pp1) and par.enable_expert_parallel and par.tp > 1
+                and (mega or (self.dp_enables and par.data_parallel_size > 1)))
+
+    def text(self) -> str:
+        """The condition in vLLM's flag names."""
+        mega = " or ".join(self.backends)
+        if self.dp_enables:
+            return f"PP 1, --enable-expert-parallel, TP > 1, and --moe-backend {mega} or --data-parallel-size > 1"
+        return f"--moe-backend {mega}, " + ("PP 1, " if self.needs_pp1 else "") + "--enable-expert-parallel and TP > 1"
+
+
+# model-level SP per family, as its model code decides it (vLLM 0.33-0.34); another family reads as Kimi-K3
+MODEL_LEVEL_SP = {
+    "kimi_k3": SpCondition((NATIVE_MEGA_MOE,), True, True, "kimi_k3 model.py (vllm_tables.MODEL_LEVEL_SP_CITE)"),
+    "deepseek_v41": SpCondition((NATIVE_MEGA_MOE, FLASHINFER_MOE_EP_PREFIX + "*"), True, True,
+                                "deepseek_v41 model.py (the FlashInfer MoE-EP megakernels too)"),
+    "minimax_m3": SpCondition((NATIVE_MEGA_MOE,), False, False, "minimax_m3 _use_sequence_parallel (no DP or PP term)"),
+    "muse_spark": SpCondition((NATIVE_MEGA_MOE,), True, False, "muse_spark is_sequence_parallel_enabled (no DP term)"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class KernelModel:
     """What the kernel's decision needs from a config.json of a family that binds it (the call sites; vLLM's gates
     that decide which run are costmodel.vllm_tables')."""
@@ -296,8 +331,8 @@ class KernelModel:
     _cfg: Mapping[str, Any] = dataclasses.field(repr=False)
 
     def model_level_sp(self, par: Parallel) -> bool:
-        """vLLM's model-level SP for this family and setup (costmodel.vllm_tables.model_level_sp)."""
-        return model_level_sp(self.family, par)
+        """vLLM's model-level SP for this family and setup (MODEL_LEVEL_SP)."""
+        return MODEL_LEVEL_SP.get(self.family, MODEL_LEVEL_SP["kimi_k3"]).on(par)
 
     def mode(self, par: Parallel) -> str | None:
         """The one mode a worker binds: "gemm_rs" under model-level SP, else "gemm_ar" (Kimi-K3; DeepSeek-V4.1 has
@@ -318,16 +353,17 @@ class KernelModel:
         if mode != op:
             if op == "gemm_ar" and mode is None:  # no SP flag given: the family has no GEMM-AR site at all
                 return (f"{sw} has no effect: {self.name} has no GEMM-AR call site; its kernel runs as GEMM-RS, "
-                        f"only under model-level SP ({self._sp_text()})")
+                        f"only under model-level SP ({self.sp_text()})")
             if op == "gemm_ar":
-                return (f"{sw} has no effect: with model-level SP ({self._sp_text()}) the worker binds the kernel "
+                return (f"{sw} has no effect: with model-level SP ({self.sp_text()}) the worker binds the kernel "
                         "to GEMM-RS (VLLM_ENABLE_GEMM_RS)")
-            return (f"{sw} has no effect: {self.name} runs GEMM-RS only under model-level SP ({self._sp_text()}), "
+            return (f"{sw} has no effect: {self.name} runs GEMM-RS only under model-level SP ({self.sp_text()}), "
                     "which this parallel setup does not give")
         return None
 
-    def _sp_text(self) -> str:
-        return model_level_sp_text(self.family)
+    def sp_text(self) -> str:
+        """When model-level SP is on for this family, in vLLM's flag names."""
+        return MODEL_LEVEL_SP.get(self.family, MODEL_LEVEL_SP["kimi_k3"]).text()
 
     def nvfp4(self) -> bool:
         """The checkpoint is ModelOpt NVFP4 (quantization_config quant_algo NVFP4: vLLM's ModelOptNvFp4Config)."""

@@ -23,7 +23,7 @@ here; no other module of costmodel/, calib/ or integration/ cites vLLM's code, s
   shared experts shard, and notes on what a release changed that tpcost reads and does not model.
 - The single kernel's design (tiles, warps, bytes in flight) as the physics reads it (`gemm_rs_ar.py`, the same in
   0.31, 0.33 and 0.34 but for line shifts and 0.34's pre-quantised MXFP8 activations).
-- Where that kernel runs, and vLLM's gates there: model-level SP and the mode a worker binds (`model_level_sp`),
+- Where that kernel runs, and vLLM's gates there (model-level SP per family: costmodel.shapes.MODEL_LEVEL_SP),
   the call sites' citations (`KERNEL_SITES_CITE`); the config.json reader itself is costmodel.shapes.KernelModel.
 """
 
@@ -461,6 +461,11 @@ KERNEL_SITES_CITE = (
     "o_groups·o_lora_rank")
 
 
+# model-level SP in the models' own code (costmodel.shapes.MODEL_LEVEL_SP holds the conditions per family)
+MODEL_LEVEL_SP_CITE = ("kimi_k3 model.py l. 954-959; deepseek_v41 model.py l. 261-271; minimax_m3 "
+                       "_use_sequence_parallel; muse_spark is_sequence_parallel_enabled")
+
+
 def kernel_missing(vllm: Vllm) -> str:
     """Why `vllm` has no single-kernel fused GEMM+collective (for a version its record serves from before it)."""
     since = vllm.release.kernel.since if vllm.release.kernel is not None else None
@@ -478,31 +483,6 @@ def gate_rule(vllm: Vllm, family: str, op: str) -> tuple[str, int, Any, ModelGat
             return (f"{g.constant} = {lo}: N >= {lo} (vLLM {vllm.label} {g.where})", lo,
                     lambda m, lo=lo: np.asarray(m) >= lo, g)
     return (*should_run_rule(vllm), None)
-
-
-def model_level_sp(family: str, par: Parallel) -> bool:
-    """Model-level SP in the models that bind the kernel: PP 1 ∧ expert parallel ∧ TP > 1 ∧ (a MegaMoE backend ∨
-    DP > 1) (kimi_k3 model.py l. 954-959, deepseek_v41 model.py l. 261-271: DeepSeek-V4.1 also takes the FlashInfer
-    MoE-EP megakernels)."""
-    if family == "minimax_m3":  # _use_sequence_parallel: MegaMoE, expert parallel, TP > 1 (no DP or PP term)
-        return par.moe_backend == NATIVE_MEGA_MOE and par.enable_expert_parallel and par.tp > 1
-    if family == "muse_spark":  # is_sequence_parallel_enabled: MegaMoE, PP 1, expert parallel, TP > 1 (no DP term)
-        return (par.moe_backend == NATIVE_MEGA_MOE and par.pipeline_parallel_size == 1 and par.enable_expert_parallel
-                and par.tp > 1)
-    mega = par.moe_backend == NATIVE_MEGA_MOE or (
-        family == "deepseek_v41" and par.moe_backend.startswith(FLASHINFER_MOE_EP_PREFIX))
-    return (par.pipeline_parallel_size == 1 and par.enable_expert_parallel and par.tp > 1
-            and (mega or par.data_parallel_size > 1))
-
-
-def model_level_sp_text(family: str) -> str:
-    """The condition of model_level_sp in vLLM's flag names."""
-    if family == "minimax_m3":
-        return "--moe-backend deep_gemm_mega_moe, --enable-expert-parallel and TP > 1"
-    if family == "muse_spark":
-        return "--moe-backend deep_gemm_mega_moe, PP 1, --enable-expert-parallel and TP > 1"
-    mega = "deep_gemm_mega_moe" + (" or flashinfer_moe_ep*" if family == "deepseek_v41" else "")
-    return f"PP 1, --enable-expert-parallel, TP > 1, and --moe-backend {mega} or --data-parallel-size > 1"
 
 
 def shared_expert_can_shard(vllm: Vllm, par: Parallel) -> bool:
