@@ -74,14 +74,14 @@ def published_ops_csv(path: Path, sources) -> list[dict]:
     off = harness_offsets_s()
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(OP_COLUMNS + ("harness_us",))
+    w.writerow(OP_COLUMNS + ("harness_us", "impl"))
     rows = []
     for sid in sources:
         for r in R.fused_op_rows(sid):
             h = off.get(sid)
             w.writerow([r["hardware"], r["tp"], r["op"], r["dtype"], r["m"], r["n"] or "", r["k"] or "",
                         f"{r['baseline_s'] * 1e6:.3f}", f"{r['overlap_s'] * 1e6:.3f}", r["source"],
-                        "" if h is None else f"{h * 1e6:.3f}"])
+                        "" if h is None else f"{h * 1e6:.3f}", r["impl"]])
             rows.append(r)
     atomic_write_text(path, buf.getvalue())
     return rows

@@ -278,7 +278,7 @@ def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgete
         if r["kind"] == "fused_op":
             rows.append(f"{os.path.relpath(out, ops_path.parent)},{world},{r['op']},{r['dtype']},{r['m']},{r['n']},{r['k']},"
                         f"{r['baseline_s'] * 1e6:.3f},{r['overlap_s'] * 1e6:.3f},"
-                        f"tpcost calibrate {r['impl']} {prov['host']} {prov['date']}")
+                        f"tpcost calibrate {r['impl']} {prov['host']} {prov['date']},torch")
     atomic_write_text(ops_path, "\n".join(rows) + "\n")
     print(f"tpcost calibrate: {len(records)} records in {prov['wall_s']} s on {world} rank(s) ({prov['backend']})")
     print(f"  profile: {out}\n  raw samples: {samples_path}\n  fused-vs-sequential ops: {ops_path}")

@@ -32,8 +32,15 @@ INT_LIMITS = {"tp": 4096, "m": 2**24, "n": 2**20, "k": 2**20, "num_tokens": 2**2
 
 
 def op_csv_header() -> str:
-    """The header calibrate writes for its fused-vs-sequential ops (the op-level schema)."""
-    return ",".join(OP_COLUMNS)
+    """The header calibrate writes for its fused-vs-sequential ops (the op-level schema, impl named)."""
+    return ",".join(OP_COLUMNS + ("impl",))
+
+
+def schemas_text() -> str:
+    """Both schemas' columns in one line (the error of a header neither fits; docs/commands.md "CSV formats")."""
+    return (f"an op CSV has {','.join(OP_COLUMNS)} (optional: {','.join(OPTIONAL_OP_COLUMNS)}); a model CSV has "
+            f"{','.join(MODEL_COLUMNS)} (optional: {','.join(OPTIONAL_MODEL_COLUMNS)}); docs/commands.md, "
+            "\"CSV formats\"")
 
 
 def model_csv_header() -> str:
@@ -138,7 +145,8 @@ def read_rows(path: str) -> tuple[str, list]:  # noqa: C901 (one pass of per-cel
     header = [h.strip() for h in parsed[0]]
     schema = "model" if "model" in header else "op" if "op" in header else None
     if schema is None:
-        raise TpcostError(f"{path}: header has neither an 'op' nor a 'model' column: cannot tell the schema")
+        raise TpcostError(f"{path}: header has neither an 'op' nor a 'model' column: cannot tell the schema; "
+                          + schemas_text())
     cols = OP_COLUMNS if schema == "op" else MODEL_COLUMNS
     allowed = cols + (OPTIONAL_MODEL_COLUMNS if schema == "model" else OPTIONAL_OP_COLUMNS)
     dup = sorted({h for h in header if header.count(h) > 1})
@@ -183,9 +191,19 @@ class _Skip(Exception):
     pass
 
 
+def _implied_impl(op: str) -> str:
+    """The implementation of a row whose impl cell is empty: the op's one registered implementation; where the op
+    has several (gemm_rs: torch's and the single kernel), the row is refused, never scored as one of them silently."""
+    impls = [i for o, i in fused_ops.REGISTRY if o == op]
+    if len(impls) > 1:
+        raise _Skip(f"impl is empty, and {op} has {len(impls)} implementations ({', '.join(impls)}): name the one the "
+                    "row timed in an impl column")
+    return impls[0] if impls else fused_ops.DEFAULT_IMPL
+
+
 def _impl_label(r) -> str:
     """' <impl>' in a row's label where the row names an implementation other than the default."""
-    impl = r.get("impl") or fused_ops.DEFAULT_IMPL
+    impl = r.get("impl") or _implied_impl(r["op"])
     return "" if impl == fused_ops.DEFAULT_IMPL else f" {impl}"
 
 
@@ -230,7 +248,7 @@ def predict_op_row(prof: Any, row: Mapping[str, Any], vllm: Vllm, eager: bool = 
     instead of one float."""
     op, dtype, tp = row["op"], row["dtype"], row["tp"]
     n, k = row.get("n") or None, row.get("k") or None
-    impl, baseline_impl = row.get("impl") or fused_ops.DEFAULT_IMPL, row.get("baseline_impl") or "nccl"
+    impl, baseline_impl = row.get("impl") or _implied_impl(op), row.get("baseline_impl") or "nccl"
     h = float(row.get("harness_us") or 0.0) * 1e-6  # the benchmark's own time, on both arms
     try:
         kind = fused_ops.kind(op, impl)
@@ -320,7 +338,7 @@ def evaluate_files(paths: list[str], vllm: Vllm, cudagraph_max_tokens: int | Non
         if "op" in r:  # an op row: vLLM's own rule for that op and implementation (its SP table, gemm_rs_ar's M >= 128)
             from .op_analysis import vllm_rule
 
-            runs = vllm_rule(prof, r["op"], r.get("impl") or fused_ops.DEFAULT_IMPL, r["tp"], r["n"], r["k"], vllm)[2]
+            runs = vllm_rule(prof, r["op"], r.get("impl") or _implied_impl(r["op"]), r["tp"], r["n"], r["k"], vllm)[2]
             v_vllm = bool(runs(float(tokens)))
         else:
             v_vllm = vllm_verdict(prof, hidden, r["tp"], tokens)

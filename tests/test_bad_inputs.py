@@ -9,8 +9,8 @@ from conftest import need
 
 from integration.cli import main
 
-H = "hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source\n"
-ROW = "h100-sxm,8,gemm_rs,bf16,4096,8192,3584,500,450,x\n"
+H = "hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,impl\n"
+ROW = "h100-sxm,8,gemm_rs,bf16,4096,8192,3584,500,450,x,torch\n"
 LLAMA = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
          "num_hidden_layers": 32, "vocab_size": 128256}
 
@@ -138,7 +138,7 @@ def test_bounded_work(capsys, argv, needle, one_line_error):
 
 @pytest.mark.parametrize("text,needle", [
     (H.replace("tp,", "tp,tp,", 1) + ROW, "duplicate column 'tp'"),
-    (H + ROW.strip() + ",extra\n", "11 cells for 10 columns"),
+    (H + ROW.strip() + ",extra\n", "12 cells for 11 columns"),
     (H + ROW.replace(",8,", ",8.5,", 1), "tp '8.5' is not a positive integer"),
     (H + ROW.replace(",8,", ",８,", 1), "tp '８' is not a positive integer"),  # a non-ASCII digit
     (H + ROW.replace(",4096,", ",nan,", 1), "m 'nan'"),

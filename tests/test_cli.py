@@ -163,6 +163,6 @@ def test_minor(one_line_error, tmp_path, capsys):
     from costmodel.evaluate import op_csv_header
 
     f = tmp_path / "ops.csv"
-    f.write_text(op_csv_header() + "\nh100-sxm,4.0,gemm_rs,bf16,4096,8192,3584,500,450,x\n")
+    f.write_text(op_csv_header() + "\nh100-sxm,4.0,gemm_rs,bf16,4096,8192,3584,500,450,x,torch\n")
     assert main(["evaluate", str(f), "--json"]) == 0  # an integral float, as pandas writes it
     assert json.loads(capsys.readouterr().out)["rows_scored"] == 1

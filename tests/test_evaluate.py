@@ -67,7 +67,7 @@ def test_table_and_plot(tmp_path, capsys):
     ("hardware,tp,model,dtype,num_tokens,baseline_us,overlap_us,scope,source\nh100-sxm,8,llama-3.1-70b,bf16,1,abc,1,layer,x\n", "not a number"),
     ("hardware,tp,model,dtype,num_tokens,baseline_us,overlap_us,scope,source\nh100-sxm,8,llama-3.1-70b,bf16,1,0,1,layer,x\n", "> 0"),
     ("hardware,tp,model,dtype,num_tokens,baseline_us,overlap_us,scope,source\nh100-sxm,8,llama-3.1-70b,bf16,1,-3,1,layer,x\n", "> 0"),
-    ("a,b\n1,2\n", "cannot tell the schema"),
+    ("a,b\n1,2\n", "cannot tell the schema; an op CSV has hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source"),
     ("hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,harness_us\nh100-sxm,4,gemm_rs,bf16,4096,8192,3584,"
      "500,450,x,-1\n", "harness_us must be a finite time >= 0"),
     ("hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,harness_us\nh100-sxm,4,gemm_rs,bf16,4096,8192,3584,"
@@ -87,10 +87,10 @@ def test_band_coverage_of_op_rows(tmp_path, capsys):
     from integration.cli import main
 
     f = tmp_path / "ops.csv"
-    f.write_text("hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source\n"
-                 "h100-sxm,8,gemm_rs,bf16,512,4096,14336,133.653,613.784,x\n"
-                 "h100-sxm,8,gemm_rs,bf16,2048,4096,14336,422.704,755.246,x\n"
-                 "h100-sxm,8,gemm_rs,bf16,2048,4096,14336,422.704,40.0,x\n")  # a 10x speedup no band holds
+    f.write_text("hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,impl\n"
+                 "h100-sxm,8,gemm_rs,bf16,512,4096,14336,133.653,613.784,x,torch\n"
+                 "h100-sxm,8,gemm_rs,bf16,2048,4096,14336,422.704,755.246,x,torch\n"
+                 "h100-sxm,8,gemm_rs,bf16,2048,4096,14336,422.704,40.0,x,torch\n")  # a 10x speedup no band holds
     assert main(["evaluate", str(f), "--band", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     for r in d["rows"]:
@@ -101,12 +101,12 @@ def test_band_coverage_of_op_rows(tmp_path, capsys):
 
 def test_evaluate_with_every_row_skipped_is_an_error(tmp_path, capsys, one_line_error):
     f = tmp_path / "ops.csv"
-    f.write_text("source,hardware,op,dtype,tp,m,n,k,baseline_us,overlap_us\n"
-                 "x,no-such-gpu,gemm_rs,bf16,4,4096,8192,2048,100,90\n"
-                 "x,no-such-gpu,gemm_rs,bf16,4,8192,8192,2048,200,180\n")
+    f.write_text("source,hardware,op,dtype,tp,m,n,k,baseline_us,overlap_us,impl\n"
+                 "x,no-such-gpu,gemm_rs,bf16,4,4096,8192,2048,100,90,torch\n"
+                 "x,no-such-gpu,gemm_rs,bf16,4,8192,8192,2048,200,180,torch\n")
     one_line_error("evaluate", str(f), "--json", needle="nothing to score: all 2 row(s) skipped (unknown GPU profile")
     g = tmp_path / "partial.csv"  # a partial skip stays a report, exit 0
-    g.write_text(f.read_text() + "x,h100-sxm,gemm_rs,bf16,4,8192,8192,2048,200,180\n")
+    g.write_text(f.read_text() + "x,h100-sxm,gemm_rs,bf16,4,8192,8192,2048,200,180,torch\n")
     assert main(["evaluate", str(g), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["rows_scored"] == 1 and d["rows_skipped"] == 2
@@ -123,7 +123,7 @@ def test_evaluate_resolves_paths_beside_the_csv(tmp_path, capsys, monkeypatch):
     shutil.copy(ROOT / "costmodel" / "profiles" / "h100-sxm.toml", d / "node.toml")
     from costmodel.evaluate import op_csv_header
 
-    (d / "ops.csv").write_text(op_csv_header() + "\nnode.toml,8,gemm_rs,bf16,4096,8192,3584,500,450,x\n")
+    (d / "ops.csv").write_text(op_csv_header() + "\nnode.toml,8,gemm_rs,bf16,4096,8192,3584,500,450,x,torch\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -155,7 +155,7 @@ def test_harness_time_is_added_to_both_arms():
     from costmodel.evaluate import predict_op_row
 
     prof = load_profile("h100-sxm")
-    row = {"op": "gemm_rs", "dtype": "bf16", "tp": 4, "m": 4096, "n": 8192, "k": 3584}
+    row = {"op": "gemm_rs", "dtype": "bf16", "tp": 4, "m": 4096, "n": 8192, "k": 3584, "impl": "torch"}
     p = ops.torch_pair(ops.Hw(prof, "bf16"), "gemm_rs", 4096.0, 8192, 3584, 4)
     u, f = float(np.ravel(p.unfused_s)[0]), float(np.ravel(p.fused_eager_s)[0])
     assert predict_op_row(prof, row, Vllm())[0] == pytest.approx(u / f, rel=1e-12)

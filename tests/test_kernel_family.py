@@ -169,10 +169,12 @@ def test_evaluate_kernel_columns(tmp_path, capsys, one_line_error):
     head = "hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,impl,baseline_impl\n"
     f.write_text(head + "gb200-nvl72,4,gemm_rs,bf16,2048,2048,1024,231,134,x,kernel,nccl\n"
                         "b200,4,gemm_ar,bf16,4096,7168,1536,300,280,x,kernel,vllm\n"
-                        "h100-sxm,8,gemm_rs,bf16,4096,8192,2048,300,280,x,,\n")
+                        "h100-sxm,8,gemm_rs,bf16,4096,8192,2048,300,280,x,torch,\n"
+                        "h100-sxm,8,ag_gemm,bf16,4096,8192,2048,300,280,x,,\n"  # one implementation: torch's
+                        "h100-sxm,8,gemm_rs,bf16,4096,8192,2048,300,280,x,,\n")  # two: refused, never guessed
     assert main(["evaluate", str(f), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["rows_scored"] == 3
+    assert d["rows_scored"] == 4 and d["skipped"][0]["reason"].startswith("impl is empty, and gemm_rs has 2")
     labels = [r["label"] for r in d["rows"]]
     assert sum(" kernel " in x for x in labels) == 2
     g = tmp_path / "bad.csv"

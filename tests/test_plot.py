@@ -53,9 +53,9 @@ def test_evaluation_series_content(tmp_path, capsys):
     from costmodel.evaluate import evaluate_files, evaluation_series
 
     f = tmp_path / "ops.csv"
-    f.write_text("hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source\n"
-                 "h100-sxm,8,gemm_rs,bf16,512,4096,14336,133.653,613.784,x\n"
-                 "h100-sxm,8,gemm_rs,bf16,65536,8192,28672,1000,500,x\n")
+    f.write_text("hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,impl\n"
+                 "h100-sxm,8,gemm_rs,bf16,512,4096,14336,133.653,613.784,x,torch\n"
+                 "h100-sxm,8,gemm_rs,bf16,65536,8192,28672,1000,500,x,torch\n")
     scored, _ = evaluate_files([str(f)], Vllm())
     s = evaluation_series(scored)
     assert s["measured"] == pytest.approx([133.653 / 613.784, 2.0])

@@ -58,7 +58,7 @@ def cmd_evaluate(args) -> int:
 
 def register(sub):
     p = sub.add_parser("evaluate", help="score the model against measured overlap CSVs (op- or model-level)")
-    p.add_argument("files", nargs="+", metavar="FILE.csv", help="op-level or model-level CSVs (see README)")
+    p.add_argument("files", nargs="+", metavar="FILE.csv", help="op-level or model-level CSVs (their columns: docs/commands.md, \"CSV formats\")")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--plot", metavar="FILE.png", help="also write measured vs predicted speedups to this PNG")
     p.add_argument("--force", action="store_true", help="replace an existing --plot file")
