@@ -23,7 +23,8 @@ OP_COLUMNS = ("hardware", "tp", "op", "dtype", "m", "n", "k", "baseline_us", "ov
 MODEL_COLUMNS = ("hardware", "tp", "model", "dtype", "num_tokens", "baseline_us", "overlap_us", "scope", "source")
 OPTIONAL_MODEL_COLUMNS = ("baseline_schedule", "seq_len")  # tp (default) | sp; default defaults.DEFAULT_SEQ_LEN
 # impl: torch (default; torch's pipelined symm-mem ops) | kernel (the single-kernel GEMM+RS/AR, docs/model.md §6b);
-# baseline_impl: nccl (default; the GEMM then NCCL) | vllm (the GEMM then vLLM's dispatched collective);
+# baseline_impl: nccl (the GEMM then NCCL) | vllm (the GEMM then vLLM's dispatched collective); default the arm
+# `tpcost op` prices against (fused_ops: nccl for torch's ops, vllm for the single kernel);
 # harness_us: a benchmark's own time on both arms (>= 0; a source's fitted offset, calib/reference.py FamilyFit)
 OPTIONAL_OP_COLUMNS = ("impl", "baseline_impl", "harness_us")
 BASELINE_IMPLS = ("nccl", "vllm")  # a published row's unfused arm (fused_ops: "nccl" unless its column says)
@@ -248,12 +249,13 @@ def predict_op_row(prof: Any, row: Mapping[str, Any], vllm: Vllm, eager: bool = 
     instead of one float."""
     op, dtype, tp = row["op"], row["dtype"], row["tp"]
     n, k = row.get("n") or None, row.get("k") or None
-    impl, baseline_impl = row.get("impl") or _implied_impl(op), row.get("baseline_impl") or "nccl"
+    impl = row.get("impl") or _implied_impl(op)
     h = float(row.get("harness_us") or 0.0) * 1e-6  # the benchmark's own time, on both arms
     try:
         kind = fused_ops.kind(op, impl)
     except TpcostError as e:
         raise _Skip(str(e)) from None
+    baseline_impl = row.get("baseline_impl") or kind.published_baseline  # the arm `op` prices against
     why = kind.why_not(prof, tp, dtype, n)  # the registry's eligibility, the one `op` applies
     if why:
         raise _Skip(why)

@@ -7,8 +7,8 @@ CLI's choices call through the entry; nothing outside this file tests which impl
 A new implementation is one subclass of FusedOpKind (its `arms` at least) and one `register()` call.
 
 The defaults are what each input means, declared here once: a published row measured its fused op eagerly (a
-Python loop per call, as in the benchmarks) against NCCL unless its columns say otherwise (evaluate's
-`baseline_impl`); `op` asks about vLLM's own dispatch, under CUDA graphs below vLLM's capture size. vLLM's gates and
+Python loop per call, as in the benchmarks) against the unfused arm `op` prices (NCCL for torch's ops, vLLM's
+dispatched collective for the single kernel) unless its `baseline_impl` column says otherwise; `op` asks about vLLM's own dispatch, under CUDA graphs below vLLM's capture size. vLLM's gates and
 the release fields each op depends on are read from the vLLM home (costmodel.vllm_tables), never restated here.
 """
 
@@ -82,7 +82,7 @@ class FusedOpKind:
     vllm_fields: tuple[str, ...] = ()  # the vllm_tables.Release fields its dispatch in vLLM reads
     small_rows: tuple[float, ...] = ()  # rows below one M tile `op` also sweeps (decode steps)
     published_regime: str = "eager"  # a published row: the fused op issued per call (its benchmark's loop)
-    published_baseline: str = "nccl"  # ... against the GEMM then NCCL
+    published_baseline: str = "nccl"  # a row's baseline_impl where empty: the arm `op` prices against (nccl | vllm)
     query_regime: str = "graph"  # `op`: CUDA graphs below vLLM's capture size, eager above
 
     def why_not(self, profile: HardwareProfile, tp: int, dtype: str, n: int | None = None) -> str | None:
@@ -299,7 +299,7 @@ class SingleKernel(FusedOpKind):
     def published_speedup(self, prof, row, vllm, eager, harness_s):
         op, dtype, n = row["op"], row["dtype"], row["n"]
         hw = ops.Hw(prof, "fp8" if dtype == "mxfp8" else "bf16")
-        baseline = "vllm" if (row.get("baseline_impl") or "nccl") == "vllm" else "nccl"
+        baseline = row.get("baseline_impl") or self.published_baseline
         pair = ops.kernel_pair(hw, ops.KernelGemm(op, n, row["k"], row["tp"], dtype), float(row["m"]),
                                baseline=baseline, vllm=vllm)
         return np.ravel((pair.unfused_s + harness_s) / (pair.fused_s + harness_s)), n
@@ -321,7 +321,8 @@ for _op, _coll, _fields in (("ag_gemm", "all_gather", ("sp_passes", "model_gates
     register(TorchPipelined(_op, "torch", _coll, TORCH_DTYPES, _TORCH_HELP, _fields))
 for _op in vllm_tables.KERNEL_OPS:
     register(SingleKernel(_op, "kernel", {"gemm_rs": "reduce_scatter", "gemm_ar": "all_reduce"}[_op],
-                          vllm_tables.KERNEL_DTYPES, _KERNEL_HELP, ("kernel", "muse_spark_gemm_rs"), SMALL_M))
+                          vllm_tables.KERNEL_DTYPES, _KERNEL_HELP, ("kernel", "muse_spark_gemm_rs"), SMALL_M,
+                          published_baseline="vllm"))
 TORCH_FUSES = tuple(op for (op, _), k in REGISTRY.items() if isinstance(k, TorchPipelined))  # a layer's slot (layer)
 
 

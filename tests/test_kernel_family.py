@@ -184,6 +184,21 @@ def test_evaluate_kernel_columns(tmp_path, capsys, one_line_error):
     one_line_error("evaluate", str(g), needle="baseline_impl must be one of nccl, vllm")
 
 
+def test_evaluate_and_op_share_the_default_baseline(tmp_path, capsys):
+    """Issue 61 item 16: a kernel row with no baseline_impl is priced against the arm `op` prices (vLLM's
+    dispatched all-reduce), so both give one speedup at one shape; baseline_impl nccl still asks NCCL's."""
+    assert main(["op", "--gpu", "b200", "--tp", "4", "--op", "gemm_ar", "--impl", "kernel", "--n", "7168", "--k",
+                 "1536", "--json"]) == 0
+    s_op = next(r["speedup"] for r in json.loads(capsys.readouterr().out)["rows"] if r["m"] == 512)
+    f = tmp_path / "k.csv"
+    head = "hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,impl,baseline_impl\n"
+    f.write_text(head + "b200,4,gemm_ar,bf16,512,7168,1536,100,100,x,kernel,\n"
+                        "b200,4,gemm_ar,bf16,512,7168,1536,100,100,x,kernel,nccl\n")
+    assert main(["evaluate", str(f), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows[0]["s_predicted"] == pytest.approx(s_op, rel=1e-12) and rows[1]["s_predicted"] != rows[0]["s_predicted"]
+
+
 SM100 = ("b200", "b300", "gb200-nvl72", "gb300-nvl72")
 
 
