@@ -224,3 +224,37 @@ def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:
     fused = fused_ops.kind(spec.op, spec.impl).fused_breakdown(hw, spec, rows, float(f[0]))
     return {"m": int(m), "fused": fused, "unfused": unfused}
 
+
+
+def measured_against_vllm(profile: HardwareProfile, spec: OpSpec, path: str) -> dict:
+    """A kernel author's measured rows (evaluate's op CSV) of this op's shape, each against the unfused arm vLLM
+    dispatches at its M (the model's, per call), beside their own baseline; the crossover of the measured kernel
+    against vLLM's arm: the least measured M from which it is faster at every measured M (None: at none).
+    docs/model.md §6d."""
+    from .evaluate import read_rows
+
+    schema, rows = read_rows(path)
+    if schema != "op":
+        raise TpcostError(f"--measured {path}: a model-level CSV; --measured takes op rows (evaluate's op schema)")
+    mine = [(line, r) for line, r in rows if r["op"] == spec.op and r["tp"] == spec.tp and r.get("n") == spec.n
+            and r.get("k") == spec.k and r.get("dtype") == spec.dtype]
+    if not mine:
+        shapes = sorted({f"{r['op']} tp {r['tp']} n {r.get('n')} k {r.get('k')} {r.get('dtype')}" for _, r in rows})
+        raise TpcostError(f"--measured {path}: no row of {spec.op} tp {spec.tp} n {spec.n} k {spec.k} {spec.dtype} "
+                          f"(its rows: {'; '.join(shapes[:4]) or 'none'})")
+    other = sorted({r["hardware"] for _, r in mine} - {profile.name})
+    if other:
+        raise TpcostError(f"--measured {path}: rows measured on {other[0]}, asked about {profile.name} (--gpu)")
+    mine.sort(key=lambda x: x[1]["m"])
+    m = np.array([float(r["m"]) for _, r in mine])
+    arms = op_arms(profile, spec, m)
+    u = np.broadcast_to(arms.unfused_s, m.shape)
+    out, wins = [], []
+    for (line, r), mi, ui in zip(mine, m, u):
+        t_f, t_b = r["overlap_us"] * 1e-6, r["baseline_us"] * 1e-6
+        wins.append(ui > t_f)
+        out.append({"line": line, "m": int(mi), "t_fused_measured_s": t_f, "t_unfused_vllm_s": float(ui),
+                    "speedup_vs_vllm": float(ui / t_f), "t_baseline_measured_s": t_b,
+                    "speedup_vs_own_baseline": t_b / t_f})
+    cross = next((int(m[i]) for i in range(m.size) if all(wins[i:])), None)
+    return {"file": path, "unfused_vllm": arms.unfused_name, "rows": out, "crossover_m_vs_vllm": cross}

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 from costmodel.vllm_tables import Vllm
@@ -197,6 +198,36 @@ def test_evaluate_and_op_share_the_default_baseline(tmp_path, capsys):
     assert main(["evaluate", str(f), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert rows[0]["s_predicted"] == pytest.approx(s_op, rel=1e-12) and rows[1]["s_predicted"] != rows[0]["s_predicted"]
+
+
+def test_op_measured_rows_against_vllms_arm(tmp_path, capsys, one_line_error):
+    """Issue 61 item 17: `op --measured` sets an author's measured kernel times against the unfused arm vLLM
+    dispatches at each M (the same arm the op's rows price) and gives their crossover."""
+    f = tmp_path / "mine.csv"
+    head = "hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,impl\n"
+    f.write_text(head + "b200,4,gemm_ar,bf16,4096,7168,1536,150,100,mine,kernel\n"
+                        "b200,4,gemm_ar,bf16,128,7168,1536,40,60,mine,kernel\n"
+                        "b200,4,gemm_ar,bf16,1024,7168,1536,60,50,mine,kernel\n"
+                        "b200,4,gemm_ar,bf16,1024,7168,2048,60,50,other-shape,kernel\n")
+    argv = ["op", "--gpu", "b200", "--tp", "4", "--op", "gemm_ar", "--impl", "kernel", "--n", "7168", "--k", "1536"]
+    assert main([*argv, "--measured", str(f), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    unfused = {r["m"]: r["t_unfused_s"] for r in d["rows"]}
+    meas = d["measured"]
+    assert [r["m"] for r in meas["rows"]] == [128, 1024, 4096]  # its shape only, in M order
+    for r in meas["rows"]:
+        assert r["t_unfused_vllm_s"] == pytest.approx(unfused[r["m"]], rel=1e-12)
+        assert r["speedup_vs_vllm"] == pytest.approx(r["t_unfused_vllm_s"] / r["t_fused_measured_s"], rel=1e-12)
+        assert r["speedup_vs_own_baseline"] == pytest.approx(r["t_baseline_measured_s"] / r["t_fused_measured_s"])
+    wins = [r["speedup_vs_vllm"] > 1 for r in meas["rows"]]
+    assert wins == [False, True, True] and meas["crossover_m_vs_vllm"] == 1024
+    assert main([*argv, "--measured", str(f)]) == 0
+    assert "crossover against vLLM's dispatch (faster at every measured M from it): M = 1024" in capsys.readouterr().out
+    one_line_error(*argv[:-1], "1024", "--measured", str(f), needle="no row of gemm_ar tp 4 n 7168 k 1024 bf16")
+    one_line_error(*[("h200-sxm" if x == "b200" else x) for x in argv], "--measured", str(f),
+                   needle="rows measured on b200, asked about h200-sxm")
+    one_line_error(*argv, "--measured", str(Path(__file__).parent / "fixtures" / "eval_model.csv"), needle="model-level CSV")
+    one_line_error(*argv, "--measured", str(tmp_path / "none.csv"), needle="none.csv")
 
 
 SM100 = ("b200", "b300", "gb200-nvl72", "gb300-nvl72")

@@ -34,13 +34,7 @@ def cmd_op(args) -> int:
     check_op_inputs_take_effect(args, prof, query, run, kw)
     a = analyse_op(prof, query, run, **kw)
     out = a.to_json()
-    if args.at is not None:
-        from costmodel.op_analysis import op_breakdown
-
-        if args.at not in set(int(x) for x in a.m):
-            raise TpcostError(f"--at {args.at}: not a row of this op's sweep (the multiples of {M_STEP} up to "
-                              f"--max-num-batched-tokens{_small_rows_text(a, ',')}, or one given by --m)")
-        out["breakdown"] = op_breakdown(prof, a.spec, args.at)
+    _add_extras(args, prof, a, out)
     if args.json:
         from costmodel.analysis import provenance
 
@@ -93,9 +87,28 @@ def cmd_op(args) -> int:
               "workload; the rest of the forward is not modelled here, so this is not a share of a step")
     if args.at is not None:
         _print_breakdown(out["breakdown"], a.kind)
+    if args.measured is not None:
+        _print_measured(out["measured"])
     for n in a.notes:
         print(f"note: {n}")
     return 0
+
+
+def _add_extras(args, prof, a, out: dict) -> None:
+    """`--at` (each arm part by part) and `--measured` (the author's rows against vLLM's arm) into `out`."""
+    from costmodel.op_analysis import M_STEP
+
+    if args.at is not None:
+        from costmodel.op_analysis import op_breakdown
+
+        if args.at not in set(int(x) for x in a.m):
+            raise TpcostError(f"--at {args.at}: not a row of this op's sweep (the multiples of {M_STEP} up to "
+                              f"--max-num-batched-tokens{_small_rows_text(a, ',')}, or one given by --m)")
+        out["breakdown"] = op_breakdown(prof, a.spec, args.at)
+    if args.measured is not None:
+        from costmodel.op_analysis import measured_against_vllm
+
+        out["measured"] = measured_against_vllm(prof, a.spec, args.measured)
 
 
 def check_op_inputs_take_effect(args, prof, query, run, kw) -> None:
@@ -125,6 +138,19 @@ def check_op_inputs_take_effect(args, prof, query, run, kw) -> None:
                               "default capture size: the op issues no host-side pipeline that graphs would hide)")
     refuse_unused_limits(run.regime.vllm, lambda v: rows(dataclasses.replace(
         run, regime=dataclasses.replace(run.regime, vllm=v))), f"{args.op} ({args.impl}) at tp={args.tp}", base)
+
+
+def _print_measured(d: dict) -> None:
+    """`op --measured`: the author's kernel, as measured, against the unfused arm vLLM dispatches (the model's)."""
+    us = lambda x: f"{x * 1e6:.2f}"  # noqa: E731
+    print(f"\nyour measured rows ({d['file']}) against vLLM's unfused arm (GEMM + {d['unfused_vllm']}, the model's):")
+    print(f"{'M':>7} {'fused meas. [us]':>16} {'vLLM unfused [us]':>17} {'speedup vs vLLM':>15} {'vs your baseline':>16}")
+    for r in d["rows"]:
+        print(f"{r['m']:7d} {us(r['t_fused_measured_s']):>16} {us(r['t_unfused_vllm_s']):>17} "
+              f"{r['speedup_vs_vllm']:15.3f} {r['speedup_vs_own_baseline']:16.3f}")
+    c = d["crossover_m_vs_vllm"]
+    print("crossover against vLLM's dispatch (faster at every measured M from it): "
+          + ("none (slower at the largest measured M)" if c is None else f"M = {c}"))
 
 
 def _small_rows_text(a, sep: str) -> str:
@@ -173,6 +199,8 @@ def register(sub) -> None:
     o.add_argument("--workload", metavar="FILE", help="your traffic (as whatif's --workload)")
     o.add_argument("--at", type=bounded_int("--at", 1, MAX_TOKENS, "rows"), metavar="M",
                    help="also break each arm down at this M: its parts, achieved TFLOP/s and GB/s, the bound it hits")
+    o.add_argument("--measured", metavar="FILE.csv", help="your kernel's measured rows (evaluate's op CSV) of this "
+                   "shape, each against the unfused arm vLLM dispatches at its M, and their crossover")
     add_vllm_args(o, "its dispatch tables time the unfused all-reduce, and its rule gates the kernel")
     o.add_argument("--set", action="append", default=[], metavar="QUANTITY=VALUE", help="override one profile quantity")
     add_regime_args(o)
