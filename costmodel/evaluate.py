@@ -338,9 +338,8 @@ def evaluate_files(paths: list[str], vllm: Vllm, cudagraph_max_tokens: int | Non
     def add(path, line, r, label, prof, s_hat, hidden, tokens, bounds=(None, None)):
         base, over = r["baseline_us"], r["overlap_us"]
         if "op" in r:  # an op row: vLLM's own rule for that op and implementation (its SP table, gemm_rs_ar's M >= 128)
-            from .op_analysis import vllm_rule
-
-            runs = vllm_rule(prof, r["op"], r.get("impl") or _implied_impl(r["op"]), r["tp"], r["n"], r["k"], vllm)[2]
+            kind = fused_ops.kind(r["op"], r.get("impl") or _implied_impl(r["op"]))
+            runs = kind.published_rule(prof, r["tp"], r["n"], r["k"], vllm).runs
             v_vllm = bool(runs(float(tokens)))
         else:
             v_vllm = vllm_verdict(prof, hidden, r["tp"], tokens)
