@@ -203,19 +203,18 @@ class TorchPipelined(FusedOpKind):
         return None
 
     def fused_breakdown(self, hw, spec, rows, t_fused_s):
-        one = _one
         n, k, tp = spec.n, spec.k, spec.tp
         eager = bool(vllm_tables.runs_eagerly(rows, spec.cudagraph_max_tokens)[0]) or spec.baseline == "vllm_sp"
         fo = (ops.fused_ag_gemm(hw, rows, n, k, tp, hw.mode.ag_bytes, eager) if spec.op == "ag_gemm" else
               ops.fused_gemm_rs(hw, rows, n, k, tp, eager))
-        parts = {"t_chunk_gemms_contended_s": one(fo.t_chunks_contended_s), "t_pulls_s": one(fo.t_pulls_s),
-                 "t_barriers_s": one(fo.t_sync_s), "t_copies_reduction_s": one(fo.t_memory_s)}
+        parts = {"t_chunk_gemms_contended_s": _one(fo.t_chunks_contended_s), "t_pulls_s": _one(fo.t_pulls_s),
+                 "t_barriers_s": _one(fo.t_sync_s), "t_copies_reduction_s": _one(fo.t_memory_s)}
         bound = {"t_chunk_gemms_contended_s": "chunk GEMMs", "t_pulls_s": "pulls", "t_barriers_s": "barriers",
                  "t_copies_reduction_s": "copies / reduction"}[max(parts, key=lambda p: parts[p])]
-        host = one(fo.t_host_s)
-        return {"t_s": t_fused_s, "t_gpu_s": one(fo.t_gpu_s), "t_host_s": host, "eager": eager,
-                "t_gemm_whole_s": one(hw.t_gemm(rows, n, k)), "t_chunk_gemms_alone_s": one(fo.t_chunks_s), **parts,
-                "bound": "host issue" if host + one(fo.t_tail_s) > one(fo.t_gpu_s) else bound}
+        host = _one(fo.t_host_s)
+        return {"t_s": t_fused_s, "t_gpu_s": _one(fo.t_gpu_s), "t_host_s": host, "eager": eager,
+                "t_gemm_whole_s": _one(hw.t_gemm(rows, n, k)), "t_chunk_gemms_alone_s": _one(fo.t_chunks_s), **parts,
+                "bound": "host issue" if host + _one(fo.t_tail_s) > _one(fo.t_gpu_s) else bound}
 
     def breakdown_text(self, f):
         parts = ", ".join(f"{name} {_us(f[k])}" for name, k in (
@@ -226,13 +225,12 @@ class TorchPipelined(FusedOpKind):
                 f"GEMMs alone {_us(f['t_chunk_gemms_alone_s'])}; {parts}")
 
     def published_speedup(self, prof, row, vllm, eager, harness_s):
-        op, tp, m, n, k = row["op"], row["tp"], row["m"], row["n"], row["k"]
-        if m % tp:
-            raise TpcostError(f"m={m} not divisible by tp={tp}")
-        p = ops.torch_pair(ops.Hw(prof, row["dtype"]), op, float(m), n, k, tp)
-        hidden = k if op == "ag_gemm" else n
-        return np.ravel((p.unfused_s + harness_s) / ((p.fused_eager_s if eager else p.fused_graph_s) + harness_s)), \
-            hidden
+        """The base's speedup (this entry's arms against NCCL) at an M the tp chunks divide; vLLM's SP table reads
+        the gathered K (ag_gemm) or the scattered N as the hidden size."""
+        if row["m"] % row["tp"]:
+            raise TpcostError(f"m={row['m']} not divisible by tp={row['tp']}")
+        s, _ = super().published_speedup(prof, row, vllm, eager, harness_s)
+        return s, row["k"] if self.op == "ag_gemm" else row["n"]
 
 
 def _one(x: Any) -> float:
@@ -280,15 +278,14 @@ class SingleKernel(FusedOpKind):
         return out
 
     def fused_breakdown(self, hw, spec, rows, t_fused_s):
-        one = _one
         kern = ops.fused_kernel(hw, spec.op, rows, spec.n, spec.k, spec.tp)
-        t_comm = one(kern.t_comm_s)
-        return {"t_s": t_fused_s, "t_gemm_whole_s": one(kern.t_gemm_s), "t_comm_s": t_comm,
-                "waves": int(one(kern.waves)), "ctas": int(one(kern.ctas)), "tiles": int(one(kern.tiles)),
-                "multicast_bw_bytes_per_s": one(kern.multicast_bw_bytes_per_s),
-                "egress_bytes": one(kern.egress_bytes), "t_fixed_s": one(kern.t_fixed_s),
-                "t_copy_s": one(kern.t_copy_s),
-                "bound": "multimem traffic" if t_comm > one(kern.t_gemm_s) else "GEMM"}
+        t_comm = _one(kern.t_comm_s)
+        return {"t_s": t_fused_s, "t_gemm_whole_s": _one(kern.t_gemm_s), "t_comm_s": t_comm,
+                "waves": int(_one(kern.waves)), "ctas": int(_one(kern.ctas)), "tiles": int(_one(kern.tiles)),
+                "multicast_bw_bytes_per_s": _one(kern.multicast_bw_bytes_per_s),
+                "egress_bytes": _one(kern.egress_bytes), "t_fixed_s": _one(kern.t_fixed_s),
+                "t_copy_s": _one(kern.t_copy_s),
+                "bound": "multimem traffic" if t_comm > _one(kern.t_gemm_s) else "GEMM"}
 
     def breakdown_text(self, f):
         return (f"fused {_us(f['t_s'])} (bound: {f['bound']}): GEMM alone {_us(f['t_gemm_whole_s'])}, multimem "

@@ -332,7 +332,7 @@ class KernelModel:
 
     def model_level_sp(self, par: Parallel) -> bool:
         """vLLM's model-level SP for this family and setup (MODEL_LEVEL_SP)."""
-        return MODEL_LEVEL_SP.get(self.family, MODEL_LEVEL_SP["kimi_k3"]).on(par)
+        return self._sp_condition().on(par)
 
     def mode(self, par: Parallel) -> str | None:
         """The one mode a worker binds: "gemm_rs" under model-level SP, else "gemm_ar" (Kimi-K3; DeepSeek-V4.1 has
@@ -363,7 +363,10 @@ class KernelModel:
 
     def sp_text(self) -> str:
         """When model-level SP is on for this family, in vLLM's flag names."""
-        return MODEL_LEVEL_SP.get(self.family, MODEL_LEVEL_SP["kimi_k3"]).text()
+        return self._sp_condition().text()
+
+    def _sp_condition(self) -> SpCondition:
+        return MODEL_LEVEL_SP.get(self.family, MODEL_LEVEL_SP["kimi_k3"])
 
     def nvfp4(self) -> bool:
         """The checkpoint is ModelOpt NVFP4 (quantization_config quant_algo NVFP4: vLLM's ModelOptNvFp4Config)."""
