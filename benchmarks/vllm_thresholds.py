@@ -62,12 +62,18 @@ def main():
     for c in agc:
         print(f"  {c['source']:26s} {c['size_bytes'] / F.MiB:8.2f} MiB  NCCL {c['nccl_measured']:7.1f} vs "
               f"{c['nccl_predicted']:7.1f} {c['unit']};  {c['other']}: {c['other_measured']:.1f} vs {c['other_predicted']:.1f}")
+    settings = gemm_ar_settings()
+    print("\nGEMM-AR kernel at Kimi-K3's o_proj shape on b200, per setting (crossover; terms there):")
+    for s in settings:
+        print(f"  {s['setting']:80s} {str(s['crossover_m']):>5s}  {s['bound']}-bound, {s['waves']} waves, "
+              f"unfused {s['unfused_impl']}")
     if a.json:
         from costmodel.io import atomic_write_text, dumps_json
 
         atomic_write_text(a.json, dumps_json({"schema_version": 2, "sp_cutoffs": rows, **fusion,
                                               "kernel_cutoffs": kernel, "model_gates": gates,
-                                              "all_gather_check": agc}, indent=2) + "\n")
+                                              "all_gather_check": agc, "gemm_ar_settings": settings},
+                                             indent=2) + "\n")
 
 
 # vLLM's fused GEMM+RS/AR kernel at Kimi-K3's call sites, read from its config.json (costmodel/vllm_tables.py):
@@ -125,6 +131,49 @@ def kernel_matrix() -> list[dict]:
                                                "multicast_gb_per_s": round(float(kop.multicast_bw_bytes_per_s[0]) / 1e9, 1),
                                                "bound": str(kop.bound[0]), "unfused_impl": str(pair.unfused_impls[0]),
                                                "speedup": round(float(pair.unfused_s[0] / pair.fused_s[0]), 3)}})
+    return out
+
+
+# The settings vLLM's reviews measured the GEMM-AR kernel in (issue 62): one alone against FlashInfer's all-reduce on
+# B200 (PR #57428), one in TP 8 + PP 2 serving of Kimi-K3 with some SMs held back from the kernel (PR #56510). tpcost
+# prices what differs from mechanism; nothing here is fitted to a quoted crossover.
+GEMM_AR_SETTINGS = (
+    ("alone, TP 4, against vLLM's dispatched all-reduce (tpcost op's default)", 4, False, 1.0),
+    ("alone, TP 4, against FlashInfer's all-reduce + RMSNorm (Kimi-K3's call site)", 4, True, 1.0),
+    ("alone, TP 8, against vLLM's dispatched all-reduce", 8, False, 1.0),
+    ("TP 8, Kimi-K3's call site, the kernel on 7/8 of the SMs (the rest held back)", 8, True, 0.875),
+    ("TP 8, Kimi-K3's call site, the kernel on 3/4 of the SMs (the rest held back)", 8, True, 0.75),
+    ("TP 4, Kimi-K3's call site, the kernel on 3/4 of the SMs (the rest held back)", 4, True, 0.75),
+)
+GEMM_AR_SHAPE = (7168, 1536)  # Kimi-K3's o_proj GEMM-AR call site at TP 4 (n, k per rank): issue 62's shape
+
+
+def gemm_ar_settings(gpu: str = "b200") -> list[dict]:
+    """The GEMM-AR kernel's crossover (the kernel faster at every M from it to 8192) in each setting, with the
+    named terms there: the kernel's bound and waves, its GEMM and traffic times, and the unfused all-reduce."""
+    import numpy as np
+
+    from costmodel import load_profile, ops
+
+    hw = ops.Hw(load_profile(gpu), "bf16")
+    n, k = GEMM_AR_SHAPE
+    grid = np.arange(128.0, 8193.0, 128.0)
+    out = []
+    for what, tp, norm, share in GEMM_AR_SETTINGS:
+        g = ops.KernelGemm("gemm_ar", n, k, tp, norm_after=norm, sm_share=share)
+        pair = ops.kernel_pair(hw, g, grid, vllm=Vllm())
+        wins = pair.unfused_s / pair.fused_s > 1.0
+        i = next((j for j in range(len(grid)) if wins[j:].all()), None)
+        at = int(i if i is not None else len(grid) - 1)
+        kop = pair.kernel
+        out.append({"gpu": gpu, "setting": what, "tp": tp, "n": n, "k": k, "norm_after": norm, "sm_share": share,
+                    "crossover_m": None if i is None else int(grid[i]),
+                    "at_m": int(grid[at]), "bound": str(kop.bound[at]), "waves": int(kop.waves[at]),
+                    "t_gemm_us": round(float(kop.t_gemm_s[at]) * 1e6, 2),
+                    "t_comm_us": round(float(kop.t_comm_s[at]) * 1e6, 2),
+                    "t_fused_us": round(float(pair.fused_s[at]) * 1e6, 2),
+                    "t_unfused_us": round(float(pair.unfused_s[at]) * 1e6, 2),
+                    "unfused_impl": str(pair.unfused_impls[at])})
     return out
 
 

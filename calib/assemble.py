@@ -170,6 +170,8 @@ class Assembler:
             tree = S.with_pull(tree, terms["pull"])
         if "slowdown" in terms:
             tree = S.with_slowdown(tree, terms["slowdown"])
+        if "rs_exposure" in terms:
+            tree = S.with_rs_exposure(tree, terms["rs_exposure"])
         if "gb200_rs" in f:
             note = f["gb200_rs"] if isinstance(f["gb200_rs"], str) else None
             tree = S.flashinfer_gb200_rs(tree, fam, fits.family["with"]["b200_nccl_all_reduce_tp2"], note)

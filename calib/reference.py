@@ -569,6 +569,8 @@ class FamilyFit:
         return res
 
     def _prior(self, key, sid):
+        if key == "offset_s":  # a harness overhead the data cannot fix: none
+            return 0.0
         prof = self.base[self.sources[sid]["profile"] if sid else next(iter(self.base))]
         return float(prof.value(key))
 
@@ -600,7 +602,8 @@ class FamilyFit:
 def family_sources(family: str) -> dict:
     """The released sources of one GPU family and what each fits (docs/model.md §6 "Joint fits")."""
     if family == "hopper":
-        return {"KRAKEN_PR19": dict(profile="h100-sxm", rows=fused_op_rows("KRAKEN_PR19"), host=True),
+        # KRAKEN's harness adds its own overhead to both arms it times (as the GB200 matrix's): its offset_s
+        return {"KRAKEN_PR19": dict(profile="h100-sxm", rows=fused_op_rows("KRAKEN_PR19"), host=True, offset=True),
                 "VLLM_PR28672": dict(profile="h100-sxm", decode=True)}
     if family == "blackwell":
         fi = fused_op_rows("FLASHINFER_GB200_GEMMRS_MATRIX")
@@ -622,7 +625,8 @@ def scored_only_sources(family: str) -> dict:
 
 
 FAMILY_SHARED = {"hopper": ("asynctp.barrier_s",),
-                 "blackwell": ("asynctp.barrier_s", "asynctp.copy_engine_bw_bytes_per_s", "asynctp.compute_slowdown")}
+                 "blackwell": ("asynctp.barrier_s", "asynctp.copy_engine_bw_bytes_per_s",
+                               "asynctp.rs_step_exposure")}
 
 
 def fit_family(family: str, trees: dict, leave_out: str | None = None) -> dict:
@@ -673,11 +677,13 @@ def decode_identifiability(trees: dict, grid_s=DECODE_GRID_S) -> dict:
             "measured_decode_s": pr28672_measured_decode_s()}
 
 
-def source_rows(family: str, trees: dict, sid: str, fit: dict, refit_own: bool = False) -> list[dict]:
+def source_rows(family: str, trees: dict, sid: str, fit: dict, refit_own: bool = False,
+                fitted_out: list | None = None) -> list[dict]:
     """Row predictions of source `sid` (a family's source, or one scored only) with the GPU-side terms of `fit`.
     `refit_own`: its per-source terms (host,
     benchmark offset, its own collective curve) refitted on its own rows with those GPU-side terms fixed (the
-    leave-one-source-out rule: a host is never carried from one source's machine to another)."""
+    leave-one-source-out rule: a host is never carried from one source's machine to another). `fitted_out`: the
+    per-source terms that refit identified are appended to it."""
     from costmodel.profile import profile_from_dict, profile_to_tree
 
     src = {**family_sources(family), **scored_only_sources(family)}[sid]
@@ -689,6 +695,8 @@ def source_rows(family: str, trees: dict, sid: str, fit: dict, refit_own: bool =
         fixed = profile_from_dict(trees[name], f"fit:{name}").with_values(shared, None, mark_modified=False)
         own_fit = FamilyFit(family, {sid: src}, (), {name: profile_to_tree(fixed)}).fit()
         vals[sid] = own_fit["values"].get(sid, {})
+        if fitted_out is not None:
+            fitted_out.extend(k for k, sg in own_fit["sigma_rel"].get(sid, {}).items() if np.isfinite(sg))
     return own.row_predictions(sid, vals)
 
 

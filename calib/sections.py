@@ -74,6 +74,8 @@ def asynctp_section(p: dict, sync: tuple, host: tuple) -> dict:
         "_streams": sec("assumed: two-stream chunk GEMMs recover half of the compute-side tile/wave quantisation "
                         "(memory-bound chunks recover nothing: docs/model.md §6)", "assumed", stream_concurrency=0.5),
         "_interference": old["_interference"],
+        "_rs_exposure": sec("assumed: every pull of torch's GEMM+RS hides behind a chunk GEMM (no row of this GPU "
+                            "fits it; docs/model.md §6)", "assumed", rs_step_exposure=0.0),
     }
     return p
 
@@ -82,6 +84,12 @@ def with_pull(p: dict, term: tuple) -> dict:
     """The copy-engine pull bandwidth of a fit, replacing asynctp_section's NCCL-capped assumption."""
     p["asynctp"]["_pull"] = term_table(term, "copy_engine_bw_bytes_per_s")
     p["asynctp"]["_pull_latency"] = sec("assumed: pull start latency ~3 us", "assumed", copy_latency_s=3e-6)
+    return p
+
+
+def with_rs_exposure(p: dict, term: tuple) -> dict:
+    """The share of torch GEMM+RS's pulls left exposed by its per-step barriers (asynctp.rs_step_exposure) of a fit."""
+    p["asynctp"]["_rs_exposure"] = term_table(term, "rs_step_exposure")
     return p
 
 

@@ -26,7 +26,9 @@ FUSED_KEYS = {"family", "start", "host", "terms", "carried", "fits", "gb200_rs",
               "calibrated"}
 FAMILY_TERMS = {"sync": ("asynctp.barrier_s", "per-barrier GPU cost"),
                 "pull": ("asynctp.copy_engine_bw_bytes_per_s", "copy-engine pull bandwidth"),
-                "slowdown": ("asynctp.compute_slowdown", "chunk-GEMM slowdown while pulls run")}
+                "slowdown": ("asynctp.compute_slowdown", "chunk-GEMM slowdown while pulls run"),
+                "rs_exposure": ("asynctp.rs_step_exposure", "share of GEMM+RS's pulls its per-step barriers leave "
+                                "exposed")}
 _TEMPLATE = re.compile(r"\{(\w+)(?:\*(\w+))?(:[^{}]*)?\}")
 
 

@@ -6,4 +6,6 @@ DEFAULT_SEQ_LEN = 1024  # prefill sequence length (attention's quadratic term)
 DEFAULT_BUDGET_TOKENS = 8192  # vLLM's max_num_batched_tokens where the caller states none (vLLM's own default)
 DEFAULT_MARGIN = 0.02  # the risk premium every decision puts on the fused / overlapped side
 DEFAULT_CONTEXT_LEN = 1024  # tokens of KV cache a decode reads where the caller states none (docs/model.md §5)
+DEFAULT_DP_TOKEN_SPREAD = 1.0  # a step's largest DP rank's tokens over its smallest's: every rank alike
+DEFAULT_KERNEL_SM_SHARE = 1.0  # the fused kernel's share of the SMs: all of them, no concurrent work
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's max_num_seqs: the decodes a step holds at most

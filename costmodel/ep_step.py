@@ -10,6 +10,7 @@ import numpy as np
 
 from . import moe as M
 from .all2all import A2ACall, A2ATimes, Links, backend, predict
+from .defaults import DEFAULT_DP_TOKEN_SPREAD
 from .errors import TpcostError
 from .network import Network
 from .ops import Hw
@@ -44,6 +45,7 @@ class EPSetup:
     imbalance: float = 1.0
     comm_sms: int = EP.comm_sms
     dtype: str = "fp8"
+    dp_token_spread: float = DEFAULT_DP_TOKEN_SPREAD  # a step's largest DP rank's tokens / its smallest's (§12)
 
     @property
     def nodes(self) -> int:
@@ -281,14 +283,22 @@ class DboThreshold:
     t_on_at_max_s: float  # and microbatched: how much DBO wins or loses where it matters most
 
 
+def dp_step_tokens(s: EPSetup, smallest: Any, t_max: int) -> Any:
+    """The tokens every DP rank's step runs at when the smallest rank holds `smallest`: the largest rank's,
+    ceil(spread · smallest), at most the budget t_max (the ranks pad to it; §12 "The DP vote")."""
+    return np.minimum(np.ceil(s.dp_token_spread * np.asarray(smallest, dtype=float) - 1e-9), float(t_max))
+
+
 def dbo_threshold(s: EPSetup, t_max: int, margin: float, weights: Any = None) -> DboThreshold:
     """vLLM's rule (microbatch from `threshold` tokens, EP.dbo_rule_cite) priced over 1..t_max tokens per rank,
-    weighted by the traffic (`weights` over 1..t_max, sum 1; default uniform), every DP rank at the same count; the
-    premium `margin` rides on the DBO side (§12)."""
+    weighted by the traffic (`weights` over 1..t_max, sum 1; default uniform). The traffic's count is the step's
+    smallest DP rank's, which vLLM's vote compares with the threshold; the step runs at the largest rank's
+    (dp_step_tokens). The premium `margin` rides on the DBO side (§12)."""
     T = np.arange(1, t_max + 1, dtype=float)
     w = np.full(t_max, 1.0 / t_max) if weights is None else np.asarray(weights, dtype=float)
-    off = step(s, T).t_step_s
-    on = np.where(T >= 2, dbo_step(s, np.maximum(T, 2)).t_step_s, np.inf)
+    Tm = dp_step_tokens(s, T, t_max)
+    off = step(s, Tm).t_step_s
+    on = np.where(T >= 2, dbo_step(s, np.maximum(Tm, 2)).t_step_s, np.inf)
     # cost of threshold θ: Σ_{T<θ} w·off + Σ_{T>=θ} w·on·(1+margin); θ = t_max+1 is "never" (a 1-token step cannot
     # split: it is never microbatched, whatever its weight)
     pref_off = np.concatenate([[0.0], np.cumsum(w * off)])

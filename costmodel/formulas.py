@@ -187,12 +187,15 @@ def t_ag_gemm_gpu_s(world: Arr, t_chunk_s: Arr, t_chunk_eff_s: Arr, t_whole_s: A
     return 3.0 * barrier_s + t_copy_s + np.maximum(0.0, t_copy_s - t_chunk_eff_s) + pipe
 
 
-def t_gemm_rs_gpu_s(world: Arr, t_chunk_s: Arr, t_chunk_eff_s: Arr, t_whole_s: Arr, t_pull_s_: Arr, t_reduction_s: Arr, barrier_s: Arr) -> Arr:
-    """GEMM+RS on the GPU: 2W·b + max(W·g_eff, t_whole, g + (W−1)·p) + t_red (s).
+def t_gemm_rs_gpu_s(world: Arr, t_chunk_s: Arr, t_chunk_eff_s: Arr, t_whole_s: Arr, t_pull_s_: Arr, t_reduction_s: Arr,
+                    barrier_s: Arr, exposure: Arr = 0.0) -> Arr:
+    """GEMM+RS on the GPU: 2W·b + max(W·g_eff + ε·(W−1)·p, t_whole, g + (W−1)·p) + t_red (s).
 
     The 2 barriers of each step queue behind the other stream's chunk GEMM (a barrier kernel gets no SM
-    while a full-occupancy GEMM runs), so they add; the pulls hide behind the GEMMs up to the pull-bound path."""
-    pipe = np.maximum(np.maximum(world * t_chunk_eff_s, t_whole_s), t_chunk_s + (world - 1) * t_pull_s_)
+    while a persistent full-occupancy GEMM runs), so they add, and the pull they gate waits with them: a share
+    ε of the pulls (asynctp.rs_step_exposure; 0 all hide, 1 none) runs after the GEMMs (docs/model.md §6)."""
+    pipe = np.maximum(np.maximum(world * t_chunk_eff_s + exposure * (world - 1) * t_pull_s_, t_whole_s),
+                      t_chunk_s + (world - 1) * t_pull_s_)
     return 2.0 * world * barrier_s + pipe + t_reduction_s
 
 

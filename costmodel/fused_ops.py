@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import ops, vllm_tables
+from .defaults import DEFAULT_KERNEL_SM_SHARE
 from .errors import TpcostError
 from .profile import HardwareProfile
 from .vllm_tables import Vllm
@@ -44,6 +45,7 @@ class OpSpec:
     cudagraph_max_tokens: int  # torch's pipelined ops pay host issue time above it (0: every row eager)
     vllm: Vllm = dataclasses.field(default_factory=Vllm)
     baseline: str = "nccl"  # torch's ops: "nccl", or "vllm_sp" (model-level SP's collective; issued eagerly)
+    sm_share: float = DEFAULT_KERNEL_SM_SHARE  # the fused kernel's share of the SMs (ops.sm_share_hw)
 
 
 class Rule(NamedTuple):
@@ -84,6 +86,7 @@ class FusedOpKind:
     published_regime: str = "eager"  # a published row: the fused op issued per call (its benchmark's loop)
     published_baseline: str = "nccl"  # a row's baseline_impl where empty: the arm `op` prices against (nccl | vllm)
     query_regime: str = "graph"  # `op`: CUDA graphs below vLLM's capture size, eager above
+    takes_sm_share: bool = False  # it can run on a share of the SMs (op's --kernel-sm-share)
 
     def why_not(self, profile: HardwareProfile, tp: int, dtype: str, n: int | None = None) -> str | None:
         """None if this op can run on `profile` at `tp`, `dtype` and N, else why not (one line)."""
@@ -259,7 +262,8 @@ class SingleKernel(FusedOpKind):
 
     def arms(self, profile, spec, m):
         hw = ops.Hw(profile, "fp8" if spec.dtype == "mxfp8" else spec.dtype)
-        pair = ops.kernel_pair(hw, ops.KernelGemm(spec.op, spec.n, spec.k, spec.tp, spec.dtype), m, vllm=spec.vllm)
+        gemm = ops.KernelGemm(spec.op, spec.n, spec.k, spec.tp, spec.dtype, sm_share=spec.sm_share)
+        pair = ops.kernel_pair(hw, gemm, m, vllm=spec.vllm)
         name = "vLLM's model-level-SP reduce-scatter" if spec.op == "gemm_rs" else "vLLM's dispatched all-reduce"
         waves = np.broadcast_to(pair.kernel.waves, np.shape(m))
         return Arms(pair.fused_s, pair.unfused_s, name, pair.unfused_impls, waves if waves.ndim == 1 else None)
@@ -275,10 +279,17 @@ class SingleKernel(FusedOpKind):
             out.append("unfused arm: the GEMM, then the reduce-scatter model-level SP runs (vLLM's custom backends: "
                        "Lamport up to 16 MiB, multimem to 64 MiB on SM100, else NCCL; their curves are physics, tier "
                        "assumed: no released row times them)")
+        sms = int(profile.identity.sm_count)
+        on = (f"alone on all {sms} SMs (no concurrent work)" if spec.sm_share == DEFAULT_KERNEL_SM_SHARE else
+              f"on {int(ops.sm_share_hw(ops.Hw(profile, 'bf16'), spec.sm_share).p.identity.sm_count)} of the {sms} "
+              f"SMs (--kernel-sm-share {spec.sm_share:g}; the rest held back)")
+        out.append(f"setting: the kernel {on}, at TP {spec.tp}, against the unfused arm named above with no norm after it; how the crossover moves "
+                   "with SMs held back, a norm after the all-reduce and the GPU count: docs/vllm-thresholds.md "
+                   "\"GEMM-AR settings\"")
         return out
 
     def fused_breakdown(self, hw, spec, rows, t_fused_s):
-        kern = ops.fused_kernel(hw, spec.op, rows, spec.n, spec.k, spec.tp)
+        kern = ops.fused_kernel(hw, spec.op, rows, spec.n, spec.k, spec.tp, spec.sm_share)
         t_comm = _one(kern.t_comm_s)
         return {"t_s": t_fused_s, "t_gemm_whole_s": _one(kern.t_gemm_s), "t_comm_s": t_comm,
                 "waves": int(_one(kern.waves)), "ctas": int(_one(kern.ctas)), "tiles": int(_one(kern.tiles)),
@@ -319,7 +330,7 @@ for _op, _coll, _fields in (("ag_gemm", "all_gather", ("sp_passes", "model_gates
 for _op in vllm_tables.KERNEL_OPS:
     register(SingleKernel(_op, "kernel", {"gemm_rs": "reduce_scatter", "gemm_ar": "all_reduce"}[_op],
                           vllm_tables.KERNEL_DTYPES, _KERNEL_HELP, ("kernel", "muse_spark_gemm_rs"), SMALL_M,
-                          published_baseline="vllm"))
+                          published_baseline="vllm", takes_sm_share=True))
 TORCH_FUSES = tuple(op for (op, _), k in REGISTRY.items() if isinstance(k, TorchPipelined))  # a layer's slot (layer)
 
 

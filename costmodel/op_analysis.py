@@ -18,6 +18,7 @@ from . import fused_ops, ops, vllm_tables
 from .analysis import (BAND_DRAWS, BAND_SEED, band_drivers_json, band_edges, crossover_tokens, decide_cutoff, decision_value,
                        perturbed_values)
 from .workload import weights_on
+from .defaults import DEFAULT_KERNEL_SM_SHARE
 from .errors import TpcostError
 from .model import RunConfig
 from .profile import HardwareProfile
@@ -35,6 +36,7 @@ class OpQuery:
     impl: str  # torch | kernel
     n: int
     k: int
+    sm_share: float = DEFAULT_KERNEL_SM_SHARE  # the fused kernel's share of the SMs (ops.sm_share_hw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +120,8 @@ class OpAnalysis:
                                              self.unfused_impl_per_m, waves)]
         sp = self.spec
         return {"gpu": self.gpu, "op": sp.op, "impl": sp.impl, "tp": sp.tp, "n": sp.n, "k": sp.k,
-                "dtype": sp.dtype, "calls_per_forward": self.calls_per_forward, "cutoff_tokens": self.cutoff_tokens,
+                "dtype": sp.dtype, "kernel_sm_share": sp.sm_share, "calls_per_forward": self.calls_per_forward,
+                "cutoff_tokens": self.cutoff_tokens,
                 "cutoff_tokens_per_rank": self.cutoff_per_rank, "baseline": sp.baseline,
                 "answer": self.answer, "vllm_version": sp.vllm.label, "vllm_version_source": sp.vllm.source,
                 "vllm_rule": self.vllm_rule, "vllm_rule_tokens": self.vllm_rule_tokens,
@@ -159,6 +162,9 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
     cudagraph_max_tokens, vllm = run.regime.cudagraph_max_tokens, run.regime.vllm
     check_combination(profile, op, impl, tp, dtype, n)
     entry = fused_ops.kind(op, impl)
+    if query.sm_share != DEFAULT_KERNEL_SM_SHARE and not entry.takes_sm_share:
+        raise TpcostError(f"--kernel-sm-share: {op} ({impl}) does not run on a share of the SMs (the single kernel, "
+                          "--impl kernel, does)")
     if max_num_batched_tokens < M_STEP:
         raise TpcostError(f"--max-num-batched-tokens must be >= {M_STEP} (M runs over the multiples of {M_STEP})")
     grid = np.arange(M_STEP, max_num_batched_tokens // M_STEP * M_STEP + 1, M_STEP, dtype=float)
@@ -167,7 +173,7 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
     entry.check_rows(m_all, extra_m, tp, M_STEP)
     cap = vllm_tables.capture_size(cudagraph_max_tokens, profile.identity.compute_capability)
     rule_text, rule_tokens, runs, baseline = entry.rule(profile, tp, n, k, vllm)
-    spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm, baseline)
+    spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm, baseline, query.sm_share)
     f_all, u_all, unfused_impl, unfused_per_m, waves = op_arms(profile, spec, m_all)
     notes = entry.notes(profile, spec, m_all)
     f_all, u_all = f_all * calls_per_forward, u_all * calls_per_forward

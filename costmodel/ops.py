@@ -15,6 +15,7 @@ import numpy as np
 
 from . import formulas as F
 from . import vllm_tables
+from .defaults import DEFAULT_KERNEL_SM_SHARE
 from .errors import TpcostError
 from .profile import HardwareProfile
 from .shapes import DTYPES
@@ -78,6 +79,7 @@ class Hw:
     def __init__(self, p: HardwareProfile, dtype: str):
         mode = dtype_mode(dtype)
         self.p = p
+        self.dtype = dtype
         self.mode = mode
         self.act_bytes = mode.act_bytes
         peaks = p.compute.peak_flops_per_s
@@ -104,6 +106,7 @@ class Hw:
         return dict(barrier_s=a.barrier_s, copy_engine_bw_bytes_per_s=a.copy_engine_bw_bytes_per_s,
                     copy_latency_s=a.copy_latency_s, compute_slowdown=a.compute_slowdown,
                     stream_concurrency=a.stream_concurrency, host_op_s=a.host_op_s, time_scale=a.time_scale,
+                    rs_step_exposure=a.rs_step_exposure,
                     link_bw_bytes_per_s=self.p.interconnect.link_bw_bytes_per_s)
 
     # ------------------------------------------------------------------ GEMM (docs §2)
@@ -394,7 +397,7 @@ def fused_gemm_rs(hw: Hw, m: Arr, n: int, k: int, tp: int, eager: bool) -> Fused
     g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p, t_whole)
     t_red = hw.t_mem(F.reduction_bytes(m, n, hw.act_bytes, W))
     t_gpu, t_host, t_tail = _with_model_error(
-        a, F.t_gemm_rs_gpu_s(W, g, g_eff, t_whole, p, t_red, a["barrier_s"]),
+        a, F.t_gemm_rs_gpu_s(W, g, g_eff, t_whole, p, t_red, a["barrier_s"], a["rs_step_exposure"]),
         F.host_ops_gemm_rs(W) * a["host_op_s"] if eager else 0.0,
         g_eff + a["barrier_s"] + t_red,  # the tail: the local chunk GEMM, the closing barrier, the reduction
         np.maximum(t_whole, (W - 1) * p))
@@ -501,14 +504,30 @@ class KernelOp:
         return np.where(self.t_comm_s >= self.t_gemm_s, "link", "gemm")
 
 
-def fused_kernel(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int) -> KernelOp:
+def sm_share_hw(hw: Hw, share: float) -> Hw:
+    """`hw` with a share of its SMs (the rest held back for concurrent work): floor(share·SMs) SMs at the same
+    per-SM rate, HBM and links unchanged (docs/model.md §6b "Settings: the kernel's SM share")."""
+    if not 0.0 < share <= 1.0:
+        raise TpcostError(f"SM share {share!r} is not in (0, 1]")
+    if share == 1.0:
+        return hw
+    sms = int(hw.p.identity.sm_count)
+    mine = max(1, int(np.floor(share * sms)))
+    peaks = dataclasses.asdict(hw.p.compute.peak_flops_per_s)
+    vals = {f"compute.peak_flops_per_s.{d}": v * mine / sms for d, v in peaks.items() if v is not None}
+    return Hw(hw.p.with_values({"identity.sm_count": mine, **vals}, None, mark_modified=False), hw.dtype)
+
+
+def fused_kernel(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int,
+                 sm_share: float = DEFAULT_KERNEL_SM_SHARE) -> KernelOp:
     """One single-kernel fused GEMM+RS (op "gemm_rs") or GEMM+AR ("gemm_ar") on m rows (formulas.t_fused_kernel_s,
     docs/model.md §6b): its tiles in waves over the SMs, each wave's multimem traffic beside the next wave's GEMM at
     the multicast bandwidth its CTAs keep in flight; GEMM+AR ends with a clone of its output, one more m·n copy in
-    HBM (the design: costmodel.vllm_tables)."""
+    HBM (the design: costmodel.vllm_tables). `sm_share`: the kernel runs on that share of the SMs (sm_share_hw)."""
     fk = hw.p.fused_kernel
     if fk is None:
         raise TpcostError(kernel_available(hw.p, tp) or "no fused kernel")
+    hw = sm_share_hw(hw, sm_share)
     ar = op == "gemm_ar"
     t_whole = hw.t_gemm(m, n, k)
     tiles = F.kernel_tiles(m, n, KERNEL_TILE_M, KERNEL_TILE_N)
@@ -548,6 +567,7 @@ class KernelGemm:
     tp: int
     weights: str = "bf16"  # bf16 | mxfp8
     norm_after: bool = False
+    sm_share: float = DEFAULT_KERNEL_SM_SHARE  # the kernel's share of the SMs (the rest held back)
 
 
 def kernel_pair(hw: Hw, gemm: KernelGemm, m: Arr, *, vllm: Vllm, baseline: str = "vllm",
@@ -563,7 +583,7 @@ def kernel_pair(hw: Hw, gemm: KernelGemm, m: Arr, *, vllm: Vllm, baseline: str =
     vLLM's table), the kernel arm alone, since the kernel's all-reduce is invisible to the fusion pass."""
     op, n, k, tp, weights, norm_after = gemm.op, gemm.n, gemm.k, gemm.tp, gemm.weights, gemm.norm_after
     m = np.atleast_1d(np.asarray(m, dtype=float))
-    kern = fused_kernel(hw, op, m, n, k, tp)
+    kern = fused_kernel(hw, op, m, n, k, tp, gemm.sm_share)
     fused = kern.t_s + (hw.t_mem(m * k * (hw.act_bytes + 1.0)) if weights == "mxfp8" else 0.0)
     msg = m * (n * hw.act_bytes)
     norm = op == "gemm_ar" and norm_after

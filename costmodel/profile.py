@@ -156,6 +156,7 @@ class AsyncTP:
     stream_concurrency: Num  # fraction κ of compute quantisation two streams recover, in [0, 1]
     host_op_s: Num  # one eager torch call (s)
     time_scale: Num = 1.0  # measured / modelled time of a fused op: 1, its σ the model's out-of-sample error (§9)
+    rs_step_exposure: Num = 0.0  # share of GEMM+RS's pulls that a step's barrier leaves exposed, in [0, 1] (§6)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,6 +237,8 @@ REQUIRED_PARAMS = tuple(f"{path}.{name}" for path, cls in _TABLES.items()
 OPTIONAL_DEFAULTS = {
     "asynctp.host_op_s": (3e-6, "default (not in this profile): one eager torch call ~3 us on a server CPU, the "
                                 "built-in profiles' assumption (docs/model.md §6)"),
+    "asynctp.rs_step_exposure": (0.0, "default (not in this profile): every pull of torch's GEMM+RS hides behind a "
+                                      "chunk GEMM (docs/model.md §6)"),
     "asynctp.time_scale": (1.0, "default (not in this profile): the fused ops as modelled; the tier's σ stands for "
                                 "the model's error (the built-in profiles carry the calibrated one, calib/band.py)"),
 }

@@ -92,8 +92,13 @@ def decide_dbo(args, s, band: bool = True) -> dict:
                         "step reads, each at its sigma" if band else "not drawn here"),
            "why": "; ".join(why),
            "traffic": {ph: what for ph, (_, what) in traffic.items()},
-           "assumes": "every DP rank at the same token count (the DP vote's minimum equals its maximum: a workload's "
-           "num_tokens is tokens per DP rank; a /metrics scrape holds neither the split nor the ranks' spread)"}
+           "assumes": ("every DP rank at the same token count (the DP vote's minimum equals its maximum: a workload's "
+                       "num_tokens is tokens per DP rank; a /metrics scrape holds neither the split nor the ranks' "
+                       "spread; --dp-token-spread R states it)" if s.dp_token_spread == 1.0 else
+                       f"a step's largest DP rank at {s.dp_token_spread:g} x its smallest (--dp-token-spread): the "
+                       "workload's num_tokens and the thresholds count the smallest rank's tokens, which vLLM's vote "
+                       "compares, and each step is priced at the largest's, which every rank pads to"),
+           "dp_token_spread": s.dp_token_spread}
     out["vllm_args"] = (["--enable-dbo", "--dbo-decode-token-threshold", str(dt), "--dbo-prefill-token-threshold",
                          str(pt)] if enable else [])
     return out

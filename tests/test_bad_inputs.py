@@ -240,3 +240,18 @@ def test_version_and_help_on_every_option(capsys):
         for action in sub._actions:
             if action.option_strings and action.dest != "help":
                 assert action.help, f"{name} {action.option_strings} has no help text"
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (("op", "--tp", "x", "--op", "zz", "--n", "-1", "--k", "y"), ("--tp", "'zz'", "--n must be", "--k: 'y'")),
+    (("op", "--tp", "4", "--n", "x"), ("--n: 'x'", "required: --op, --k")),
+    (("whatif", "--tp", "3x", "--bogus"), ("'3x'", "unrecognized arguments: --bogus")),
+    (("op", "--tp", "4", "--op", "gemm_ar", "--impl", "kernel", "--n", "1", "--k", "1", "--kernel-sm-share", "2",
+      "--margin", "5", "--m", "0", "7"), ("--kernel-sm-share", "--margin", "--m must be")),
+])
+def test_every_bad_flag_of_a_call_in_one_line(argv, needles, one_line_error):
+    """Issue 61 item 2: every refused value of a call is named in the one error line, not only the first."""
+    err = one_line_error(*argv)
+    for n in needles:
+        assert n in err, (n, err)
+    assert err.count("; ") >= len(needles) - 1

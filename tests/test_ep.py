@@ -556,3 +556,43 @@ def test_ops_add_up_to_the_step_and_none_beats_its_roofline(be, phase, n, capsys
             assert o["achieved_tflops"] * 1e12 <= float(hw._peak_flops(True)) * (1 + 1e-9), o
             assert o["achieved_gbps"] * 1e9 <= float(hw.hbm_bw_bytes_per_s) * (1 + 1e-9), o
     assert main([*EP, "--ops", "64", "--dbo"]) == 2 and "--ops lists one step" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spread", [1.5, 2.0, 4.0])
+def test_dbo_threshold_votes_on_the_smallest_rank_and_prices_the_largest(spread):
+    """The DP vote (issue 59): vLLM compares its threshold with the smallest DP rank's tokens and every rank runs the
+    largest's. Brute force over every threshold, each step priced at ceil(spread x smallest), gives tpcost's value;
+    a wider spread never raises the threshold (a step is never smaller than its vote)."""
+    s = _setup(dp_token_spread=spread)
+    th = dbo_threshold(s, 256, 0.02)
+    T = np.arange(1, 257, dtype=float)
+    big = np.minimum(np.ceil(spread * T - 1e-9), 256)
+    off = step(s, big).t_step_s
+    on = np.where(T >= 2, dbo_step(s, np.maximum(big, 2)).t_step_s, np.inf)
+    costs = [np.sum(np.where(T >= t, on * 1.02, off)) for t in range(2, 258)]
+    best = int(np.argmin(costs)) + 2
+    assert th.threshold_tokens == (best if best <= 256 else None)
+    alike = dbo_threshold(_setup(), 256, 0.02).threshold_tokens
+    assert th.threshold_tokens is not None and alike is not None and th.threshold_tokens <= alike
+
+
+def test_dp_token_spread_flag_reaches_ep_and_vllm_config_alike(capsys):
+    setup = ["--enable-expert-parallel", "--data-parallel-size", "16", "--all2all-backend", "deepep_low_latency"]
+    assert main(["ep", *setup, "--dbo", "--json", "--dp-token-spread", "2"]) == 0
+    d = json.loads(capsys.readouterr().out)["dbo"]
+    assert d["dp_token_spread"] == 2.0 and "2 x its smallest" in d["assumes"]
+    assert main([*V034, *setup, "--dp-token-spread", "2", "--format", "args"]) == 0
+    assert capsys.readouterr().out.split() == d["vllm_args"]
+    assert main([*V034, *setup, "--format", "args"]) == 0
+    assert capsys.readouterr().out.split() != d["vllm_args"]  # it takes effect
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--dbo", "--dp-token-spread", "0.5"], "--dp-token-spread must be"),
+    (["--dbo", "--dp-token-spread", "inf"], "--dp-token-spread must be"),
+    (["--dbo", "--dp-token-spread", "x"], "not a number"),
+    (["--dp-token-spread", "2"], "no effect on this query"),  # without --dbo no vote is priced
+])
+def test_dp_token_spread_bad_input(argv, needle, one_line_error):
+    one_line_error("ep", "--enable-expert-parallel", "--data-parallel-size", "16", "--all2all-backend",
+                   "deepep_low_latency", *argv, needle=needle)

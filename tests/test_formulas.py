@@ -70,6 +70,9 @@ def test_asynctp_pipelines_by_hand():
     # RS: W=4, 2W=8 barriers of 1, reduction 5: 8 + max(32, 30, 10 + 15) + 5 = 45 ; p=20: 8 + 70 + 5
     assert F.t_gemm_rs_gpu_s(4, 10.0, 8.0, 30.0, 5.0, 5.0, 1.0) == 45.0
     assert F.t_gemm_rs_gpu_s(4, 10.0, 8.0, 30.0, 20.0, 5.0, 1.0) == 83.0
+    # exposed pulls: ε = 0.5 of the 3 pulls of 5 behind the GEMMs: 8 + max(32 + 7.5, 30, 25) + 5 ; ε = 1: serial
+    assert F.t_gemm_rs_gpu_s(4, 10.0, 8.0, 30.0, 5.0, 5.0, 1.0, 0.5) == 52.5
+    assert F.t_gemm_rs_gpu_s(4, 10.0, 8.0, 30.0, 5.0, 0.0, 0.0, 1.0) == 4 * 8.0 + 3 * 5.0
     # two streams: compute 10 alone, 16 for both chunks -> (0.5·10 + 0.5·8) = 9 ; memory-bound 12 stays 12
     assert F.t_chunk_concurrent_s(1.0, 10.0, 16.0, 0.0, 0.5) == 9.0
     assert F.t_chunk_concurrent_s(12.0, 10.0, 16.0, 0.0, 0.5) == 12.0
@@ -88,6 +91,16 @@ def test_pipeline_bounded_by_overlap_limit(w, g, p):
     for fused in (F.t_ag_gemm_gpu_s(w, g, g, comp, p, 0.0, 0.0), F.t_gemm_rs_gpu_s(w, g, g, comp, p, 0.0, 0.0)):
         assert fused >= max(comp, comm) * (1 - 1e-12)
         assert (comp + comm) / fused <= (comp + comm) / max(comp, comm) + 1e-12
+
+
+@settings(max_examples=200, deadline=None)
+@given(w=st.integers(2, 16), g=st.floats(1e-6, 1e-2), p=st.floats(1e-7, 1e-2), e1=st.floats(0.0, 1.0),
+       e2=st.floats(0.0, 1.0))
+def test_exposed_pulls_only_slow_gemm_rs_and_never_past_serial(w, g, p, e1, e2):
+    """More exposed pulls never speed GEMM+RS up, and ε = 1 is the GEMMs and the pulls one after the other."""
+    lo, hi = sorted((e1, e2))
+    t = [F.t_gemm_rs_gpu_s(w, g, g, w * g, p, 0.0, 0.0, e) for e in (lo, hi, 1.0)]
+    assert t[0] <= t[1] * (1 + 1e-12) and t[2] == pytest.approx(w * g + (w - 1) * p)
 
 
 @settings(max_examples=100, deadline=None)

@@ -455,3 +455,63 @@ def test_muse_spark_rule_follows_its_shape_not_the_profile(tmp_path, capsys):
         assert json.loads(capsys.readouterr().out)["vllm_rule_tokens"] == 128
         assert main([*base, "--tp", "4", "--n", "8192", "--k", "2048"]) == 0
         assert json.loads(capsys.readouterr().out)["vllm_rule_tokens"] == 512
+
+
+def test_sm_share_slows_the_kernels_gemm_and_is_checked():
+    """SMs held back from the kernel (ops.sm_share_hw): its GEMM never gets faster, its CTAs never more, the unfused
+    arm is untouched, share 1 is the kernel as it was, and a share outside (0, 1] is refused."""
+    import numpy as np
+
+    from costmodel import load_profile, ops
+    from costmodel.errors import TpcostError
+    from costmodel.vllm_tables import Vllm
+
+    hw = ops.Hw(load_profile("b200"), "bf16")
+    m = np.array([256.0, 2048.0, 8192.0])
+    pairs = {s: ops.kernel_pair(hw, ops.KernelGemm("gemm_ar", 7168, 8192, 4, sm_share=s), m, vllm=Vllm())
+             for s in (1.0, 0.75, 0.5)}
+    assert np.array_equal(pairs[1.0].fused_s, ops.kernel_pair(hw, ops.KernelGemm("gemm_ar", 7168, 8192, 4), m,
+                                                              vllm=Vllm()).fused_s)
+    for a, b in ((1.0, 0.75), (0.75, 0.5)):
+        assert np.all(pairs[b].kernel.t_gemm_s >= pairs[a].kernel.t_gemm_s)
+        assert np.all(pairs[b].kernel.ctas <= pairs[a].kernel.ctas)
+        assert np.array_equal(pairs[b].unfused_s, pairs[a].unfused_s)
+    # GEMM-bound at K 8192 and M 8192: half the SMs, about twice the kernel's time
+    assert pairs[0.5].fused_s[-1] > 1.5 * pairs[1.0].fused_s[-1]
+    for bad in (0.0, 1.5, -1.0):
+        with pytest.raises(TpcostError, match="SM share"):
+            ops.kernel_pair(hw, ops.KernelGemm("gemm_ar", 7168, 8192, 4, sm_share=bad), m, vllm=Vllm())
+
+
+@pytest.mark.parametrize("value,needle", [("0", "(0, 1]"), ("1.5", "(0, 1]"), ("nan", "(0, 1]"), ("x", "not a number")])
+def test_op_kernel_sm_share_bad_values(value, needle, one_line_error):
+    one_line_error("op", "--gpu", "b200", "--tp", "8", "--op", "gemm_ar", "--impl", "kernel", "--n", "7168", "--k",
+                   "1536", "--kernel-sm-share", value, needle=needle)
+
+
+def test_op_kernel_sm_share_is_refused_for_torch(one_line_error):
+    one_line_error("op", "--gpu", "b200", "--tp", "4", "--op", "gemm_rs", "--n", "7168", "--k", "1536",
+                   "--kernel-sm-share", "0.5", needle="does not run on a share of the SMs")
+
+
+def test_op_kernel_sm_share_takes_effect(capsys):
+    """--kernel-sm-share prices the kernel as ops.kernel_pair does on that share, says so, and leaves the unfused arm."""
+    import numpy as np
+
+    from costmodel import load_profile, ops
+    from costmodel.vllm_tables import Vllm
+
+    base = ["op", "--gpu", "b200", "--tp", "8", "--op", "gemm_ar", "--impl", "kernel", "--n", "7168", "--k", "8192",
+            "--vllm-version", "0.34", "--json"]
+    assert main(base) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert main(base + ["--kernel-sm-share", "0.5"]) == 0
+    half = json.loads(capsys.readouterr().out)
+    assert full["kernel_sm_share"] == 1.0 and half["kernel_sm_share"] == 0.5
+    m = np.array([float(r["m"]) for r in half["rows"]])
+    want = ops.kernel_pair(ops.Hw(load_profile("b200"), "bf16"), ops.KernelGemm("gemm_ar", 7168, 8192, 8,
+                                                                                 sm_share=0.5), m, vllm=Vllm())
+    assert np.allclose([r["t_fused_s"] for r in half["rows"]], want.fused_s, rtol=1e-12)
+    assert [r["t_unfused_s"] for r in half["rows"]] == [r["t_unfused_s"] for r in full["rows"]]
+    assert half["rows"][-1]["t_fused_s"] > full["rows"][-1]["t_fused_s"]
+    assert any("on 74 of the 148 SMs" in n for n in half["notes"])

@@ -388,3 +388,16 @@ def test_moe_routing_kernels_by_hand():
     for name, b in want.items():
         t = b / (prof.memory.hbm_bw_bytes_per_s * prof.kernels.mem_efficiency) + prof.kernels.launch_overhead_s
         assert float(ops_[name].t_s[0]) == pytest.approx(t, rel=1e-9), name
+
+
+def test_exposed_rs_pulls_slow_gemm_rs_only():
+    """asynctp.rs_step_exposure (a pull waiting on a barrier behind the other stream's GEMM) is GEMM+RS's alone:
+    raising it slows torch's GEMM+RS and leaves its AG+GEMM exactly as it was (docs/model.md §6)."""
+    m = np.array([512.0, 4096.0, 16384.0])
+    for name in ("h100-sxm", "b300"):
+        prof = load_profile(name)
+        hid = prof.with_values({"asynctp.rs_step_exposure": 0.0})
+        exp = prof.with_values({"asynctp.rs_step_exposure": 1.0})
+        for op, same in (("ag_gemm", True), ("gemm_rs", False)):
+            a, b = (ops.torch_pair(ops.Hw(p, "bf16"), op, m, 8192, 8192, 4).fused_eager_s for p in (hid, exp))
+            assert np.array_equal(a, b) if same else (np.all(b >= a) and b[-1] > a[-1])

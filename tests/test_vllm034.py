@@ -396,3 +396,23 @@ def test_every_gate_named_constant_of_the_wheel_is_classified():
     new, gone = unclassified_gates(str(_site()), REC.gate_inventory)
     assert not new and not gone, (new, gone)
     assert sum(g.kind == "comm" for g in REC.gate_inventory) >= 15
+
+
+def test_the_serve_line_is_made_of_034s_own_flags():
+    """vllm-config --format serve: every flag of its `vllm serve` line is an EngineArgs field registered by that
+    name in 0.34's arg_utils.py (read as the DBO test reads them: the parser needs a device platform), for the DBO
+    setup and for a TP model's compilation config."""
+    import shlex
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    src = (_site() / "vllm/engine/arg_utils.py").read_text()
+    for argv in (("--model", "deepseek-v3", "--gpu", "h200-sxm", "--enable-expert-parallel", "--data-parallel-size",
+                  "16", "--all2all-backend", "deepep_low_latency"),
+                 ("--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "4")):
+        out, _ = _run("vllm-config", *argv, "--format", "serve")
+        words = shlex.split(out.strip().splitlines()[-1])
+        flags = [w for w in words[3:] if w.startswith("--")]
+        assert flags
+        for a in flags:
+            assert a[2:].replace("-", "_") in EngineArgs.__dataclass_fields__ and f'"{a}"' in src, a

@@ -322,6 +322,33 @@ def kernel_cutoffs_table() -> str:
     return "\n".join(lines)
 
 
+def held_out_lines_table() -> str:
+    """benchmarks/results/accuracy.json: every held-out line, its bias, the in-sample one and its data limit."""
+    d = _load("accuracy.json")
+    lines = ["| family | left out | source / kernel | rows | bias held out | bias in-sample | terms fitted on it "
+             "| within ±0.05, or the data limit |", "|---|---|---|---|---|---|---|---|"]
+    for ln in d["leave_one_out"]:
+        rows = ln["rows"] or "decode"
+        lines.append(f"| {ln['family']} | {ln['split']} | {ln['source']} | {rows} "
+                     f"| {_n(ln['median_signed_log_error'], '+.3f')} | {_n(ln['in_sample_signed_log_error'], '+.3f')} "
+                     f"| {', '.join(ln['terms_fitted_on_held_out']) or 'none'} "
+                     f"| {'yes' if ln['within_bias_limit'] else ln['data_limit'] or 'NO DATA LIMIT NAMED'} |")
+    return "\n".join(lines)
+
+
+def gemm_ar_settings_table() -> str:
+    """benchmarks/results/vllm_thresholds.json: the GEMM-AR kernel's crossover per setting, with its terms there."""
+    d = _load("vllm_thresholds.json")
+    lines = ["| setting | GPU | TP | n, k | kernel's SMs | crossover M | at it: bound · waves · GEMM / traffic [µs] · "
+             "kernel / unfused [µs] · unfused all-reduce |", "|---|---|---|---|---|---|---|"]
+    for s in d["gemm_ar_settings"]:
+        cross = "never" if s["crossover_m"] is None else str(s["crossover_m"])
+        lines.append(f"| {s['setting']} | {s['gpu']} | {s['tp']} | {s['n']}, {s['k']} | {s['sm_share']:.3g} | {cross} "
+                     f"| {s['bound']} · {s['waves']} · {s['t_gemm_us']:.1f} / {s['t_comm_us']:.1f} · "
+                     f"{s['t_fused_us']:.1f} / {s['t_unfused_us']:.1f} · {s['unfused_impl']} |")
+    return "\n".join(lines)
+
+
 def model_gates_table() -> str:
     """benchmarks/results/vllm_thresholds.json: vLLM 0.34's hand cutoffs in model code beside tpcost's values."""
     d = _load("vllm_thresholds.json")
@@ -522,6 +549,7 @@ def gate_inventory_table() -> str:
 BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample, ("commands.md", "whatif-sample-sp"): _whatif_sample_sp,
           ("vllm-thresholds.md", "kernel-cutoffs"): kernel_cutoffs_table,
           ("vllm-thresholds.md", "model-gates-034"): model_gates_table,
+          ("vllm-thresholds.md", "gemm-ar-settings"): gemm_ar_settings_table,
           ("vllm-thresholds.md", "all-gather-check"): all_gather_check_table,
           ("vllm.md", "vllm-config-031"): lambda: transcript("vllm-config", "--model", "llama-3.1-70b", "--tp", "4",
                                                              "--gpu", "h100-sxm", "--vllm-version", "0.31"),
@@ -542,6 +570,7 @@ BLOCKS = {("../README.md", "whatif-sample"): _whatif_sample, ("commands.md", "wh
           ("accuracy.md", "code-path-noise"): code_path_noise_table,
           ("accuracy.md", "decode-identifiability"): decode_identifiability_table,
           ("accuracy.md", "p2p-kernels"): p2p_kernels_table,
+          ("accuracy.md", "held-out-lines"): held_out_lines_table,
           ("accuracy.md", "ep-fit"): ep_fit_table,
           ("vllm-thresholds.md", "dbo-thresholds"): dbo_thresholds_table,
           ("vllm-thresholds.md", "gate-inventory-034"): gate_inventory_table}

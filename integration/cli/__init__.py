@@ -21,8 +21,54 @@ from . import calib_cmds, collective, ep, evaluate, op, profiles, vllm_config, w
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse's own convention, without the usage dump)
+    """argparse, with every bad value of a call reported at once, in one line (exit 2, no usage dump)."""
+
+    _bad: list[str]
+
+    def error(self, message):
         raise TpcostError(message)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._bad = []
+        try:
+            ns, extras = super().parse_known_args(args, namespace)
+        except TpcostError as e:  # a later error (a missing flag, an unknown command): after the values seen
+            raise TpcostError("; ".join(dict.fromkeys([*self._bad, str(e)]))) from None
+        if self._bad:  # carried up through the subcommand's namespace to parse_args
+            setattr(ns, _BAD_VALUES, [*getattr(ns, _BAD_VALUES, []), *self._bad])
+        return ns, extras
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, extras = self.parse_known_args(args, namespace)
+        bad = list(getattr(ns, _BAD_VALUES, []))
+        if extras:
+            bad.append(f"unrecognized arguments: {' '.join(extras)}")
+        if bad:
+            raise TpcostError("; ".join(dict.fromkeys(bad)))
+        return ns
+
+    def _get_value(self, action, arg_string):  # a bad value is noted and parsing goes on to the next flag
+        if isinstance(action, argparse._SubParsersAction):
+            return super()._get_value(action, arg_string)
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as e:
+            self._bad.append(str(e))
+            return _BAD
+
+    def _check_value(self, action, value):
+        if value is _BAD:
+            return
+        if isinstance(action, argparse._SubParsersAction):  # an unknown command stops the parse
+            return super()._check_value(action, value)
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as e:
+            self._bad.append(str(e))
+
+
+_BAD = object()  # the value of a flag whose string was refused (never reaches a command)
+_BAD_VALUES = "_tpcost_bad_values"  # the namespace attribute the refused values travel up in
 
 
 def _version() -> str:

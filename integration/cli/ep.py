@@ -19,7 +19,7 @@ DEFAULT_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # Flags whose effect depends on the query: each given one is priced again at its default, and refused where the
 # answer is the same (a flag takes effect or is refused).
 _CHECKED = ("--network", "--phase", "--context-len", "--seq-len", "--max-num-batched-tokens", "--imbalance",
-            "--dbo-comm-sms", "--margin", "--workload", "--num-speculative-tokens")
+            "--dbo-comm-sms", "--margin", "--workload", "--num-speculative-tokens", "--dp-token-spread")
 
 
 def register(sub) -> None:
@@ -49,6 +49,9 @@ def register(sub) -> None:
                    "else 2048)")
     p.add_argument("--imbalance", type=fraction("--imbalance", 1.0, 64.0),
                    help="hot expert rank's load / the mean, in [1, 64) (default 1: balanced; EPLB narrows it)")
+    p.add_argument("--dp-token-spread", type=fraction("--dp-token-spread", 1.0, 64.0), metavar="R",
+                   help="with --dbo: a step's largest DP rank's tokens over its smallest's (vLLM's vote reads the "
+                        "smallest, the step runs at the largest; default 1: every rank alike)")
     p.add_argument("--dbo-comm-sms", type=bounded_int("--dbo-comm-sms", 1, 256, "SMs"),
                    help=f"VLLM_DBO_COMM_SMS for deepep_high_throughput (default {ep_rules().comm_sms})")
     p.add_argument("--tokens", type=bounded_int("--tokens", 1, 2**20, "tokens"), nargs="+",
@@ -74,6 +77,7 @@ def register(sub) -> None:
 def setup_from_args(args, phase: str | None = None):
     """The EPSetup the flags describe, every refusal one line."""
     from costmodel.all2all import backend
+    from costmodel.defaults import DEFAULT_DP_TOKEN_SPREAD
     from costmodel.ep_step import BATCHED_DP_BUDGET, DEFAULT_BUDGET, EPSetup, check_setup
     from costmodel.moe import load_moe_model
     from costmodel.network import default_network, load_network
@@ -102,7 +106,9 @@ def setup_from_args(args, phase: str | None = None):
     s = EPSetup(prof=prof, shape=shape, ep=dp, gpus_per_node=local, backend=args.all2all_backend, network=net,
                 decode=(phase or args.phase or "decode") == "decode",
                 context_len=args.context_len or DEFAULT_CONTEXT_LEN, seq_len=args.seq_len or DEFAULT_SEQ_LEN,
-                budget_tokens=budget, imbalance=1.0 if args.imbalance is None else args.imbalance, comm_sms=sms)
+                budget_tokens=budget, imbalance=1.0 if args.imbalance is None else args.imbalance, comm_sms=sms,
+                dp_token_spread=DEFAULT_DP_TOKEN_SPREAD if getattr(args, "dp_token_spread", None) is None
+                else args.dp_token_spread)
     check_setup(s)
     if sms >= prof.identity.sm_count:
         raise TpcostError(f"--dbo-comm-sms {sms} leaves no SM of {prof.identity.sm_count} to DeepGEMM")
@@ -158,7 +164,7 @@ def _header(s) -> dict:
     return {"gpu": s.prof.name, "model": s.shape.name, "ep": s.ep, "nodes": s.nodes, "gpus_per_node": s.gpus_per_node,
             "all2all_backend": s.backend, "network": s.network.name, "phase": "decode" if s.decode else "prefill",
             "context_len": s.context_len, "seq_len": s.seq_len, "max_num_batched_tokens": s.budget_tokens,
-            "imbalance": s.imbalance, "weight_bytes_per_rank": weight_bytes_per_rank(s.shape, s.ep),
+            "imbalance": s.imbalance, "dp_token_spread": s.dp_token_spread, "weight_bytes_per_rank": weight_bytes_per_rank(s.shape, s.ep),
             "cuda_graphs": s.graphs, "attention": ("MLA: " + MLA_CITE) if s.shape.mla else "GQA"}
 
 

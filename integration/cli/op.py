@@ -5,7 +5,7 @@ from __future__ import annotations
 from costmodel.errors import TpcostError
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
-from costmodel.defaults import DEFAULT_BUDGET_TOKENS, DEFAULT_MARGIN
+from costmodel.defaults import DEFAULT_BUDGET_TOKENS, DEFAULT_KERNEL_SM_SHARE, DEFAULT_MARGIN
 
 from .common import (DEFAULT_GPU, MAX_TOKENS, add_regime_args, add_vllm_args, bounded_int, cudagraph_arg,
                      fraction, load_workload_arg, refuse_unused_limits, resolve_profile, vllm_arg)
@@ -17,7 +17,7 @@ def cmd_op(args) -> int:
     from costmodel.model import Regime, RunConfig
     from costmodel.op_analysis import M_STEP, OpQuery, analyse_op
     prof, overrides = resolve_profile(args)
-    query = OpQuery(args.op, args.impl, args.n, args.k)
+    query = OpQuery(args.op, args.impl, args.n, args.k, args.kernel_sm_share)
     regime = Regime(cudagraph_max_tokens=cudagraph_arg(args), vllm=vllm_arg(args, prof, args.tp))
     run = RunConfig(args.tp, args.dtype, regime, args.max_num_batched_tokens, args.margin, load_workload_arg(args))
     kw = dict(calls_per_forward=args.calls_per_forward, extra_m=args.m or ())
@@ -111,6 +111,20 @@ def _add_extras(args, prof, a, out: dict) -> None:
         out["measured"] = measured_against_vllm(prof, a.spec, args.measured)
 
 
+def _sm_share(s: str) -> float:
+    """argparse type of --kernel-sm-share: a number in (0, 1]."""
+    import argparse
+    import math
+
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--kernel-sm-share: {s!r} is not a number") from None
+    if not (math.isfinite(v) and 0.0 < v <= 1.0):
+        raise argparse.ArgumentTypeError(f"--kernel-sm-share must be a number in (0, 1], got {s}")
+    return v
+
+
 def check_op_inputs_take_effect(args, prof, query, run, kw) -> None:
     """Refuse what `op` would accept and ignore (issue 50: a flag takes effect or is refused): a workload's
     context_len column (a GEMM + collective reads no KV cache), a CUDA-graph flag that leaves every row as it is (the
@@ -196,6 +210,9 @@ def register(sub) -> None:
                    help=f"vLLM's token budget (default {DEFAULT_BUDGET_TOKENS})")
     o.add_argument("--margin", type=fraction("--margin"), default=DEFAULT_MARGIN,
                    help=f"risk premium on the fused side (default {DEFAULT_MARGIN:g})")
+    o.add_argument("--kernel-sm-share", type=_sm_share, default=DEFAULT_KERNEL_SM_SHARE, metavar="S",
+                   help="the single kernel's share of the SMs, in (0, 1]; the rest held back for concurrent work "
+                        f"(--impl kernel; default {DEFAULT_KERNEL_SM_SHARE:g}: all of them)")
     o.add_argument("--workload", metavar="FILE", help="your traffic (as whatif's --workload)")
     o.add_argument("--at", type=bounded_int("--at", 1, MAX_TOKENS, "rows"), metavar="M",
                    help="also break each arm down at this M: its parts, achieved TFLOP/s and GB/s, the bound it hits")

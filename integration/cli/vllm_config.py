@@ -10,15 +10,17 @@ from costmodel.defaults import DEFAULT_SEQ_LEN
 from costmodel.io import dumps_json
 from costmodel.vllm_tables import SWITCHES
 
-from .common import (VERSION_HELP, add_shape_args, bounded_int, check_min_confidence, load_workload_arg,
+from .common import (VERSION_HELP, add_shape_args, bounded_int, check_min_confidence, fraction, load_workload_arg,
                      resolve_inputs, resolve_profile, run_config_arg, user_choices_arg, vllm_version_arg)
 
 
 def register(sub) -> None:
     p = sub.add_parser("vllm-config", help="the --compilation-config value for vLLM (SP/AsyncTP pass config)")
     add_shape_args(p, default_gpu="auto")
-    p.add_argument("--format", choices=("json", "args", "python", "env"), default="json",
-                   help="json: the value alone; args: a vllm serve flag; python: a keyword argument (default json)")
+    p.add_argument("--format", choices=("json", "args", "python", "env", "serve"), default="json",
+                   help="json: the value alone; args: a vllm serve flag; python: a keyword argument; env: the kernel's "
+                        "switch; serve: everything at once, the environment and the vllm serve command line "
+                        "(default json)")
     p.add_argument("--vllm-version", metavar="X.Y", help="the vLLM the config is for; " + VERSION_HELP)
     p.add_argument("--json", action="store_true",
                    help="print a JSON report instead of the value: the compilation config, the kernel switch, the "
@@ -46,6 +48,9 @@ def register(sub) -> None:
     g.add_argument("--shard-sp-shared-expert", action="store_true", default=None,
                    help="vLLM's VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT=1 (under SP: the shared experts and dense MLP "
                         "reduce-scatter through the kernel)")
+    p.add_argument("--dp-token-spread", type=fraction("--dp-token-spread", 1.0, 64.0), metavar="R",
+                   help="dual-batch overlap: a step's largest DP rank's tokens over its smallest's (vLLM's vote "
+                        "reads the smallest, the step runs at the largest; default 1: every rank alike)")
     p.add_argument("--num-speculative-tokens", type=bounded_int("--num-speculative-tokens", 1, 64, "draft tokens"),
                    metavar="K", help="dual-batch overlap under speculative decoding: vLLM raises both thresholds to at "
                    "least 2 x (1+K)")
@@ -58,7 +63,7 @@ def register(sub) -> None:
 
 PARALLEL_FLAGS = ("enable_expert_parallel", "data_parallel_size", "pipeline_parallel_size", "moe_backend",
                   "all2all_backend", "shard_sp_shared_expert", "data_parallel_size_local", "network")
-DBO_FLAGS = ("data_parallel_size_local", "network")  # read only by the DP+EP path (dual-batch overlap)
+DBO_FLAGS = ("data_parallel_size_local", "network", "dp_token_spread")  # read only by the DP+EP path (dual-batch overlap)
 
 
 def _flag(name: str) -> str:
@@ -153,6 +158,10 @@ def _emit(args, cc: dict, switch, vllm=None, gates=None, saving=None, inventory=
                           "kernel_switch": None if switch is None else switch.to_json(),
                           "model_gates": None if gates is None else [g.to_json() for g in gates],
                           "saving": saving, "gate_inventory": inventory}, indent=2))
+    elif args.format == "serve":
+        env = {} if switch is None else {switch.env: int(switch.set_on)}
+        print("\n".join(serve_lines(args, env, ["--compilation-config", f"'{text}'"],
+                                     ["--tensor-parallel-size", str(args.tp)])))
     elif args.format == "env":  # eval "$(tpcost vllm-config ... --format env)"
         print(f"export {switch.env}={int(switch.set_on)}")
         print(f"tpcost: --compilation-config '{text}'", file=sys.stderr)
@@ -162,6 +171,22 @@ def _emit(args, cc: dict, switch, vllm=None, gates=None, saving=None, inventory=
         print(f"--compilation-config '{text}'")
     else:
         print(f"compilation_config={cc!r}")
+
+
+def serve_lines(args, env: dict, decided: list[str], parallel: list[str]) -> list[str]:
+    """--format serve: the environment (export lines) and one `vllm serve` line with the parallel setup tpcost priced
+    and what it decided; the checkpoint is $MODEL, set from --model where that names one (a hub id or a directory)."""
+    import shlex
+    from pathlib import Path
+
+    lines = [f"export {k}={v}" for k, v in env.items()]
+    model = args.model or ""
+    where = Path(model)
+    if where.name == "config.json":
+        lines.append(f"MODEL={shlex.quote(str(where.parent))}")
+    elif where.is_dir() or (model.count("/") == 1 and not where.exists()):  # a checkpoint directory or a hub id
+        lines.append(f"MODEL={shlex.quote(model)}")
+    return [*lines, " ".join(['vllm serve "${MODEL:?set MODEL to the checkpoint}"', *parallel, *decided])]
 
 
 def _kernel_parallel_args(args, km, name):
@@ -322,7 +347,7 @@ def ep_model_config(args, vllm) -> int:
         context_len=args.context_len or None, seq_len=args.seq_len,
         max_num_batched_tokens=None if args.max_num_batched_tokens == DEFAULT_BUDGET_TOKENS
         else args.max_num_batched_tokens, imbalance=None, dbo_comm_sms=None, margin=args.margin,
-        num_speculative_tokens=args.num_speculative_tokens)
+        num_speculative_tokens=args.num_speculative_tokens, dp_token_spread=args.dp_token_spread)
     s = setup_from_args(ns)
     d = decide_dbo(ns, s)
     kw = {"enable_dbo": True, "dbo_decode_token_threshold": d["decode_token_threshold"],
@@ -335,6 +360,10 @@ def ep_model_config(args, vllm) -> int:
                           "kernel_switch": None, "model_gates": None, "parallel_config": kw, "dbo": d}, indent=2))
     elif args.format == "args":
         print(" ".join(d["vllm_args"]))
+    elif args.format == "serve":  # DBO leaves the compilation config as it is
+        print("\n".join(serve_lines(args, {}, list(d["vllm_args"]),
+                                     ["--data-parallel-size", str(args.data_parallel_size), "--enable-expert-parallel",
+                                      "--all2all-backend", s.backend])))
     elif args.format == "python":
         print(", ".join(f"{k}={v!r}" for k, v in kw.items()))
     else:  # json: the --compilation-config value, which DBO does not touch

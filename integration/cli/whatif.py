@@ -184,14 +184,18 @@ def _cutoff_lines(args, r) -> None:
 
 
 def _sensitivity_lines(args, a) -> None:
-    """The inputs that move the cutoff, largest first, and how many there are."""
-    if not a.sensitivity:
+    """The inputs that move the cutoff, largest first, and how many there are (none: said so)."""
+    if a.sensitivity is None:  # not drawn (--no-band)
         return
     k = len(a.sensitivity)
+    few = ("; on this traffic the cutoff can sit only at the workload's own step sizes, so few inputs move it at all"
+           if args.workload else "")
     shown = (f"the {SENSITIVITY_SHOWN} that move it most of {k}" if k > SENSITIVITY_SHOWN else
-             f"all {k} that move it" + ("; on this traffic the cutoff can sit only at the workload's own step "
-                                        "sizes, so few inputs move it at all" if args.workload else ""))
-    print(f"\nwhat moves the cutoff (each input alone scaled by e^-s and e^+s, s = its tier's sigma; {shown}):")
+             f"all {k} that move it" + few if k else "none of them moves it" + few)
+    print(f"\nwhat moves the cutoff (each input alone scaled by e^-s and e^+s, s = its tier's sigma; {shown})"
+          + (":" if k else ""))
+    if not k:
+        return
     print(f"  {'quantity':56s} {'tier':22s} {'x e^-s':>7s} {'x e^+s':>7s}")
     for row in a.sensitivity[:SENSITIVITY_SHOWN]:
         print(f"  {row['quantity']:56s} {row['tier']:22s} {_never(row['cutoff_minus_sigma_tokens']):>7s} "
