@@ -160,6 +160,12 @@ class Backend:
         return self.name in EP.dbo_backends
 
     @property
+    def shared_beside_combine(self) -> bool:
+        """vLLM 0.34's modular kernel runs the shared experts while this backend's combine is in flight
+        (EP.shared_overlap_cite): its prepare/finalize is asynchronous."""
+        return self.name in EP.async_backends
+
+    @property
     def batched_dp(self) -> bool:
         """Its default token budget is 256 per rank under EP with DP > 1 (EP.batched_dp_cite)."""
         return self.name in EP.batched_dp_backends

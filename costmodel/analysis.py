@@ -254,7 +254,11 @@ def cutoff_band(profile: HardwareProfile, shape: ModelShape, run: RunConfig, gri
                 below: float = np.inf, draws: int = BAND_DRAWS, seed: int = BAND_SEED) -> tuple[int | None, int | None]:
     """5th–95th percentile of the cutoff decision over a fixed-seed Monte Carlo of the profile (never = +inf), on
     `grid` with its `weights` (run.workload is not re-read: the caller may have coarsened the grid)."""
+    from .profile import recording
+
     tp, dtype, margin = run.tp, run.dtype, run.margin
+    traced, reads = recording(profile)  # the drivers named are quantities this query reads (a --set can move them)
+    predict(traced, shape, tp, dtype, grid, run.regime)  # every size: each dispatches its own collective
     vals = perturbed_values(profile, draws, seed)
     cuts = []
     for lo in range(0, draws, BAND_CHUNK):
@@ -262,7 +266,7 @@ def cutoff_band(profile: HardwareProfile, shape: ModelShape, run: RunConfig, gri
         prof = profile.with_values(chunk, None, mark_modified=False)
         pred = predict(prof, shape, tp, dtype, grid, run.regime)
         cuts.append(decide_cutoff(grid, pred.t_forward_s("tp"), pred.t_forward_s("sp_asynctp"), margin, weights, below))
-    return band_edges(np.concatenate(cuts), vals)
+    return band_edges(np.concatenate(cuts), {k: v for k, v in vals.items() if k in reads})
 
 
 class Band(tuple):

@@ -13,7 +13,7 @@ from .all2all import A2ACall, A2ATimes, Links, backend, predict
 from .defaults import DEFAULT_DP_TOKEN_SPREAD
 from .errors import TpcostError
 from .network import Network
-from .ops import Hw
+from .ops import Hw, sm_share_hw
 from .profile import HardwareProfile
 from .vllm_tables import ep_rules
 
@@ -107,6 +107,7 @@ class Block:
     t_dense_s: Any  # a dense layer's MLP
     t_router_s: Any
     t_shared_s: Any
+    t_shared_beside_s: Any  # the shared experts while the combine holds its SMs (high-throughput: comm_sms)
     t_norms_s: Any
     t_experts_s: Any
     t_dispatch_s: Any  # all the layer's dispatch calls together
@@ -136,9 +137,13 @@ def block(s: EPSetup, tokens: Any, sm_share: float = 1.0, hw: Hw | None = None) 
         disp, comb = x.t_dispatch_s, x.t_combine_s
     experts, active = M.t_experts_s(hw, sh, t * s.ep, s.ep, s.imbalance, sm_share)
     shared = M.t_mlp_s(hw, t, sh.hidden, sh.moe_intermediate * sh.n_shared, sh.weight_bytes) if sh.n_shared else 0 * t
+    held = s.comm_sms if s.backend == "deepep_high_throughput" else 0
+    beside = (M.t_mlp_s(sm_share_hw(hw, 1.0 - held / hw.gemm["sm_count"]), t, sh.hidden,
+                        sh.moe_intermediate * sh.n_shared, sh.weight_bytes) if sh.n_shared and held else shared)
     return Block(t_attention_s=M.t_attention_s(hw, sh, t, ph),
                  t_dense_s=M.t_mlp_s(hw, t, sh.hidden, sh.dense_intermediate, sh.weight_bytes),
                  t_router_s=hw.t_gemm(t, sh.num_experts, sh.hidden, fp8_ok=False), t_shared_s=shared,
+                 t_shared_beside_s=beside,
                  t_norms_s=M.t_norms_s(hw, t, sh.hidden), t_experts_s=experts, t_dispatch_s=disp,
                  t_combine_s=comb, calls=full + (rest > 0), active_experts=active, a2a=x)
 
@@ -149,9 +154,10 @@ def _lm_head_s(s: EPSetup, hw: Hw, t: Any) -> Any:
     return hw.t_gemm(rows, s.shape.vocab, s.shape.hidden, fp8_ok=False) + hw.t_mem(rows * s.shape.vocab * 4.0)
 
 
-def _host_s(s: EPSetup, hw: Hw, microbatches: int) -> float:
-    """Eager host issue time of a step: ops × the profile's per-op host cost, per microbatch, plus DBO's hand-offs."""
-    if s.graphs:
+def _host_s(s: EPSetup, hw: Hw, microbatches: int, eager: bool = False) -> float:
+    """Eager host issue time of a step: ops × the profile's per-op host cost, per microbatch, plus DBO's hand-offs
+    (0 under graph replay unless `eager`: a microbatched step the DP vote sends eager)."""
+    if s.graphs and not eager:
         return 0.0
     yields = 2 * s.shape.moe_layers * (3 if s.backend == "deepep_high_throughput" else 2) if microbatches > 1 else 0
     return microbatches * s.shape.num_layers * OPS_PER_LAYER * float(hw.p.asynctp.host_op_s) + yields * THREAD_HANDOFF_S
@@ -178,17 +184,27 @@ class Step:
     per_call: Block
 
 
+def shared_and_combine_s(s: EPSetup, b: Block) -> Any:
+    """One MoE layer's combine and shared experts: side by side where vLLM's modular kernel overlaps them (an
+    asynchronous backend: max(combine, shared beside it)), else one after the other (s; §11.4)."""
+    if backend(s.backend).shared_beside_combine:
+        return np.maximum(b.t_combine_s, b.t_shared_beside_s)
+    return b.t_combine_s + b.t_shared_s
+
+
 def step(s: EPSetup, tokens: Any) -> Step:
-    """The step with no overlap: every layer in order, each all-to-all exposed (s; §11.4)."""
+    """The step without microbatches: every layer in order, each all-to-all exposed but for the shared experts
+    beside an asynchronous backend's combine (s; §11.4)."""
     hw = Hw(s.prof, s.dtype)
     t = np.asarray(tokens, dtype=float)
     b = block(s, t, hw=hw)
     Ld, Lm = s.shape.first_dense, s.shape.moe_layers
     attn = s.shape.num_layers * b.t_attention_s
     norms = s.shape.num_layers * b.t_norms_s
-    comm = Lm * (b.t_dispatch_s + b.t_combine_s)
     lm = _lm_head_s(s, hw, t)
-    gpu = attn + norms + Ld * b.t_dense_s + Lm * (b.t_router_s + b.t_shared_s + b.t_experts_s) + comm + lm
+    moe = Lm * (b.t_router_s + b.t_experts_s + b.t_dispatch_s + shared_and_combine_s(s, b))
+    gpu = attn + norms + Ld * b.t_dense_s + moe + lm
+    comm = moe - Lm * (b.t_router_s + b.t_experts_s + b.t_shared_s)  # what the compute does not cover
     host = _host_s(s, hw, 1)
     return Step(tokens=t, t_step_s=np.maximum(gpu, host), t_gpu_s=gpu, t_host_s=host + 0 * t, t_attention_s=attn,
                 t_dense_s=Ld * b.t_dense_s, t_experts_s=Lm * b.t_experts_s, t_shared_s=Lm * b.t_shared_s,
@@ -196,10 +212,13 @@ def step(s: EPSetup, tokens: Any) -> Step:
                 t_combine_s=Lm * b.t_combine_s, t_lm_head_s=lm, t_exposed_comm_s=comm, per_call=b)
 
 
-def timeline(pre: list, disp: list, exp: list, comb: list, dense: list, n_dense: int, n_moe: int) -> tuple:
+def timeline(pre: list, disp: list, exp: list, comb: list, dense: list, n_dense: int, n_moe: int,
+             post: list | None = None) -> tuple:
     """Two microbatches on one compute and one comm stream in vLLM's yield order (§12): per MoE layer the compute
-    stream runs pre_a, pre_b, experts_a, experts_b and the comm stream dispatch_a, dispatch_b, combine_a, combine_b;
-    experts wait for their dispatch, the next layer's pre for the combine. Returns (end, compute busy, comm busy)."""
+    stream runs pre_a, pre_b, experts_a (+ post_a), experts_b (+ post_b) and the comm stream dispatch_a, dispatch_b,
+    combine_a, combine_b; experts wait for their dispatch, a combine for its experts (not its post: the shared
+    experts run beside it), the next layer's pre for the combine. Returns (end, compute busy, comm busy)."""
+    post = post or [0.0, 0.0]
     comp = comm = 0.0 * pre[0]
     ready = [comp, comp]  # when each microbatch may run its next compute
     for _ in range(n_dense):
@@ -216,10 +235,11 @@ def timeline(pre: list, disp: list, exp: list, comb: list, dense: list, n_dense:
         for u in UBATCH_IDS:
             comp = np.maximum(comp, d_end[u]) + exp[u]
             c_start[u] = comp
+            comp = comp + post[u]
         for u in UBATCH_IDS:
             comm = np.maximum(comm, c_start[u]) + comb[u]
             ready[u] = comm
-    return np.maximum(ready[0], ready[1]), comp, comm
+    return np.maximum(np.maximum(ready[0], ready[1]), comp), comp, comm  # the last post may outlast its combine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,8 +258,9 @@ class DboStep:
     blocks: tuple
 
 
-def dbo_step(s: EPSetup, tokens: Any, zero_comm: bool = False) -> DboStep:
-    """The step as DBO runs it: split at the midpoint, two microbatches overlapped on the timeline (s; §12)."""
+def dbo_step(s: EPSetup, tokens: Any, zero_comm: bool = False, eager: Any = False) -> DboStep:
+    """The step as DBO runs it: split at the midpoint, two microbatches overlapped on the timeline (s; §12).
+    `eager` (per row): issued eagerly although the setup replays graphs (the DP vote's fallback, dbo_threshold)."""
     b = backend(s.backend)
     if not b.microbatches:
         raise TpcostError(f"vLLM 0.34 runs DBO on CUDA only with deepep_low_latency, deepep_high_throughput or "
@@ -251,19 +272,21 @@ def dbo_step(s: EPSetup, tokens: Any, zero_comm: bool = False) -> DboStep:
     share = (hw.gemm["sm_count"] - s.comm_sms) / hw.gemm["sm_count"] if s.backend == "deepep_high_throughput" else 1.0
     blocks = (block(s, ta, share, hw), block(s, tb, share, hw))
     z = 0.0 if zero_comm else 1.0
-    pre = [x.t_attention_s + x.t_norms_s + x.t_router_s + x.t_shared_s for x in blocks]
+    beside = b.shared_beside_combine  # the shared experts after the experts, during the combine, else before
+    pre = [x.t_attention_s + x.t_norms_s + x.t_router_s + (0.0 if beside else x.t_shared_s) for x in blocks]
+    post = [x.t_shared_beside_s if beside else 0.0 * x.t_shared_s for x in blocks]
     dense = [x.t_attention_s + x.t_norms_s + x.t_dense_s for x in blocks]
     end, _, _ = timeline(pre, [z * x.t_dispatch_s for x in blocks], [x.t_experts_s for x in blocks],
-                         [z * x.t_combine_s for x in blocks], dense, s.shape.first_dense, s.shape.moe_layers)
+                         [z * x.t_combine_s for x in blocks], dense, s.shape.first_dense, s.shape.moe_layers, post)
     lm = _lm_head_s(s, hw, t)
     gpu = end + lm
     Ld, Lm = s.shape.first_dense, s.shape.moe_layers
-    comp = tuple(Ld * d + Lm * (p + x.t_experts_s) for d, p, x in zip(dense, pre, blocks))
+    comp = tuple(Ld * d + Lm * (p + x.t_experts_s + q) for d, p, x, q in zip(dense, pre, blocks, post))
     comm = tuple(z * Lm * (x.t_dispatch_s + x.t_combine_s) for x in blocks)
     whole = step(s, t)
     whole_comp = whole.t_gpu_s - whole.t_exposed_comm_s - whole.t_lm_head_s
-    host = _host_s(s, hw, 2)
-    return DboStep(tokens=t, t_step_s=np.maximum(gpu, host), t_gpu_s=gpu, t_host_s=host + 0 * t, t_compute_s=comp,
+    host = np.where(eager, _host_s(s, hw, 2, eager=True), _host_s(s, hw, 2)) + 0 * t
+    return DboStep(tokens=t, t_step_s=np.maximum(gpu, host), t_gpu_s=gpu, t_host_s=host, t_compute_s=comp,
                    t_comm_s=comm, t_exposed_comm_s=end - comp[0] - comp[1], t_doubled_s=comp[0] + comp[1] - whole_comp,
                    blocks=blocks)
 
@@ -298,7 +321,10 @@ def dbo_threshold(s: EPSetup, t_max: int, margin: float, weights: Any = None) ->
     w = np.full(t_max, 1.0 / t_max) if weights is None else np.asarray(weights, dtype=float)
     Tm = dp_step_tokens(s, T, t_max)
     off = step(s, Tm).t_step_s
-    on = np.where(T >= 2, dbo_step(s, np.maximum(Tm, 2)).t_step_s, np.inf)
+    # a rank with an empty second microbatch (the largest over twice the smallest) runs the step eagerly
+    # (EP.dp_vote_eager_cite): where graphs would replay, the host issue time comes back
+    eager = s.graphs & (Tm > 2 * T)
+    on = np.where(T >= 2, dbo_step(s, np.maximum(Tm, 2), eager=eager).t_step_s, np.inf)
     # cost of threshold θ: Σ_{T<θ} w·off + Σ_{T>=θ} w·on·(1+margin); θ = t_max+1 is "never" (a 1-token step cannot
     # split: it is never microbatched, whatever its weight)
     pref_off = np.concatenate([[0.0], np.cumsum(w * off)])
@@ -434,6 +460,11 @@ def ops_at(s: EPSetup, n: int) -> list[dict]:
         out.append({"op": f"{q} ({s.backend}, {int(b.calls[0])} call(s))", "count_per_step": sh.moe_layers,
                     "t_s": ts, "flops": 0.0, "bytes": byts, "achieved_tflops": 0.0, "achieved_gbps": byts / ts / 1e9,
                     "bound": bound, "formula": "all2all.predict"})
+    hid = float(np.asarray(shared_and_combine_s(s, b) - b.t_combine_s - b.t_shared_s).ravel()[0])
+    if hid:  # negative: the time the shared experts beside the combine take off the layer (§11.4)
+        out.append({"op": "shared experts beside the combine (overlap)", "count_per_step": sh.moe_layers,
+                    "t_s": hid, "flops": 0.0, "bytes": 0.0, "achieved_tflops": 0.0, "achieved_gbps": 0.0,
+                    "bound": "overlap", "formula": "ep_step.shared_and_combine_s"})
     lm = float(np.asarray(_lm_head_s(s, hw, np.array([t]))).ravel()[0])
     rows_lm = t if s.decode else float(np.ceil(t / s.seq_len))
     f_lm, b_lm = _gemms_work(rows_lm, [(sh.vocab, sh.hidden, a)], a)

@@ -281,7 +281,7 @@ class SingleKernel(FusedOpKind):
                        "assumed: no released row times them)")
         sms = int(profile.identity.sm_count)
         on = (f"alone on all {sms} SMs (no concurrent work)" if spec.sm_share == DEFAULT_KERNEL_SM_SHARE else
-              f"on {int(ops.sm_share_hw(ops.Hw(profile, 'bf16'), spec.sm_share).p.identity.sm_count)} of the {sms} "
+              f"on {int(ops.sm_share_hw(ops.Hw(profile, 'bf16'), spec.sm_share).gemm['sm_count'])} of the {sms} "
               f"SMs (--kernel-sm-share {spec.sm_share:g}; the rest held back)")
         out.append(f"setting: the kernel {on}, at TP {spec.tp}, against the unfused arm named above with no norm after it; how the crossover moves "
                    "with SMs held back, a norm after the all-reduce and the GPU count: docs/vllm-thresholds.md "

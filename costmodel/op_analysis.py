@@ -196,12 +196,17 @@ def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> fused_ops.
 
 def op_cutoff_band(profile: HardwareProfile, spec: OpSpec, grid: np.ndarray, margin: float, weights: Any,
                    draws: int = BAND_DRAWS, seed: int = BAND_SEED) -> tuple[int | None, int | None]:
-    """5th-95th percentile of the op's cutoff over the fixed-seed Monte Carlo of the profile (never: None)."""
+    """5th-95th percentile of the op's cutoff over the fixed-seed Monte Carlo of the profile (never: None); its
+    drivers only among the quantities the op reads (what a --set can move)."""
+    from .profile import recording
+
+    traced, reads = recording(profile)
+    op_arms(traced, spec, grid)
     vals = perturbed_values(profile, draws, seed)
     prof = profile.with_values(vals, None, mark_modified=False)
     f, u, _, _, _ = op_arms(prof, spec, grid)
     u, f = np.broadcast_arrays(u, f)  # one row of times per draw on both arms
-    return band_edges(decide_cutoff(grid, u, f, margin, weights), vals)
+    return band_edges(decide_cutoff(grid, u, f, margin, weights), {k: v for k, v in vals.items() if k in reads})
 
 
 def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:

@@ -511,11 +511,15 @@ def sm_share_hw(hw: Hw, share: float) -> Hw:
         raise TpcostError(f"SM share {share!r} is not in (0, 1]")
     if share == 1.0:
         return hw
-    sms = int(hw.p.identity.sm_count)
+    import copy
+
+    sms = int(hw.gemm["sm_count"])
     mine = max(1, int(np.floor(share * sms)))
-    peaks = dataclasses.asdict(hw.p.compute.peak_flops_per_s)
-    vals = {f"compute.peak_flops_per_s.{d}": v * mine / sms for d, v in peaks.items() if v is not None}
-    return Hw(hw.p.with_values({"identity.sm_count": mine, **vals}, None, mark_modified=False), hw.dtype)
+    out = copy.copy(hw)  # the profile itself untouched (it may be a band's draws or a recording copy)
+    out.gemm = {**hw.gemm, "sm_count": mine}
+    out.peak_flops_per_s = hw.peak_flops_per_s * (mine / sms)
+    out.peak_act_flops_per_s = hw.peak_act_flops_per_s * (mine / sms)
+    return out
 
 
 def fused_kernel(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int,
@@ -531,7 +535,7 @@ def fused_kernel(hw: Hw, op: str, m: Arr, n: int, k: int, tp: int,
     ar = op == "gemm_ar"
     t_whole = hw.t_gemm(m, n, k)
     tiles = F.kernel_tiles(m, n, KERNEL_TILE_M, KERNEL_TILE_N)
-    sms = hw.p.identity.sm_count
+    sms = hw.gemm["sm_count"]
     ctas = np.minimum(tiles, sms)
     waves = F.kernel_waves(tiles, sms)
     inflight = fk.inflight_scale * F.kernel_inflight_bytes(m, KERNEL_TILE_M, KERNEL_TILE_N, hw.act_bytes)

@@ -649,6 +649,9 @@ class EpRules:
     fp8_dispatch_cite: str  # DeepEP dispatches block-FP8 activations when the experts are block-FP8
     mla_decode_cite: str  # MLA decode: W_UK absorbed into q, MQA over the latent cache, W_UV after
     mla_prefill_cite: str  # MLA prefill: kv_b_proj up-projects the latent, MHA, not absorbed
+    dp_vote_eager_cite: str = ""  # the DP vote: a microbatched step whose largest rank exceeds twice its smallest
+    async_backends: tuple[str, ...] = ()  # prepare/finalize supports_async: the shared experts run beside the combine
+    shared_overlap_cite: str = ""  # the modular kernel runs them after finalize_async, before the receive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -757,6 +760,13 @@ _EP_034 = EpRules(
     graphs_off_cite="vllm/config/compilation.py:1401-1417",
     fp8_dispatch_cite="vllm/model_executor/layers/fused_moe/all2all_utils.py:269-273",
     mla_decode_cite="vllm/model_executor/layers/attention/mla_attention.py:95-116",
+    dp_vote_eager_cite="vllm/v1/worker/gpu/dp_utils.py:127-173 (the smallest rank votes, the step runs at the "
+                       "largest; 2 x the smallest under the graph's size: eager)",
+    async_backends=("deepep_low_latency", "deepep_high_throughput", "deepep_v2", "nixl_ep"),
+    shared_overlap_cite=("vllm/model_executor/layers/fused_moe/modular_kernel.py:1517-1526 (shared experts after "
+                         "finalize_async, before the receive; 1793-1797 can_overlap_shared_experts), "
+                         "runner/shared_experts.py:122-128 (MK_INTERNAL_OVERLAPPED before the aux-stream token "
+                         "threshold), prepare_finalize/deepep_ll.py:235-236, deepep_ht.py:288-289 supports_async"),
     mla_prefill_cite="vllm/model_executor/layers/attention/mla_attention.py:140-160",
 )
 _INVENTORY_034 = (

@@ -551,7 +551,8 @@ def test_ops_add_up_to_the_step_and_none_beats_its_roofline(be, phase, n, capsys
     assert sum(o["count_per_step"] * o["t_s"] for o in ops) == pytest.approx(float(st.t_gpu_s[0]), rel=1e-9)
     hw = Hw(s.prof, s.dtype)
     for o in ops:
-        assert o["bound"] in ("compute", "memory") or o["formula"] == "all2all.predict", o
+        assert (o["bound"] in ("compute", "memory") or o["formula"] == "all2all.predict"
+                or (o["bound"] == "overlap" and o["t_s"] < 0)), o
         if o["flops"]:
             assert o["achieved_tflops"] * 1e12 <= float(hw._peak_flops(True)) * (1 + 1e-9), o
             assert o["achieved_gbps"] * 1e9 <= float(hw.hbm_bw_bytes_per_s) * (1 + 1e-9), o
@@ -596,3 +597,54 @@ def test_dp_token_spread_flag_reaches_ep_and_vllm_config_alike(capsys):
 def test_dp_token_spread_bad_input(argv, needle, one_line_error):
     one_line_error("ep", "--enable-expert-parallel", "--data-parallel-size", "16", "--all2all-backend",
                    "deepep_low_latency", *argv, needle=needle)
+
+
+def test_shared_experts_run_beside_an_async_backends_combine():
+    """vLLM 0.34's modular kernel runs the shared experts after finalize_async, before the receive
+    (EP.shared_overlap_cite): with DeepEP the layer pays max(combine, shared beside it), the high-throughput
+    combine leaving the shared experts its SMs but comm_sms; the NCCL path pays both, one after the other."""
+    from costmodel.ep_step import block, shared_and_combine_s
+
+    T = np.array([16.0, 256.0, 2048.0])
+    for be, beside in (("deepep_low_latency", True), ("deepep_high_throughput", True),
+                       ("allgather_reducescatter", False)):
+        s = _setup(be=be)
+        b = block(s, T)
+        got = shared_and_combine_s(s, b)
+        if beside:
+            assert np.array_equal(got, np.maximum(b.t_combine_s, b.t_shared_beside_s))
+            assert np.all(got < b.t_combine_s + b.t_shared_s)
+        else:
+            assert np.array_equal(got, b.t_combine_s + b.t_shared_s)
+        if be == "deepep_high_throughput":
+            # on 132 - 20 SMs: slower where compute-bound, the same where the weights' HBM reads bound it
+            assert np.all(b.t_shared_beside_s >= b.t_shared_s) and b.t_shared_beside_s[-1] > b.t_shared_s[-1]
+        else:
+            assert np.array_equal(b.t_shared_beside_s, b.t_shared_s)
+
+
+def test_timeline_with_the_shared_experts_beside_the_combine_by_hand():
+    # one MoE layer: compute pre a 0-2, pre b 2-5; comm disp a 2-6, disp b 6-7; experts a 6-11, post a 11-13,
+    # experts b 13-15, post b 15-18; combine a 11-12 (it waits for experts a, not post a), combine b 15-21
+    end, comp, comm = timeline([2.0, 3.0], [4.0, 1.0], [5.0, 2.0], [1.0, 6.0], [0.0, 0.0], 0, 1, [2.0, 3.0])
+    assert (float(end), float(comp), float(comm)) == (21.0, 18.0, 21.0)
+    # a post that outlasts the last combine sets the end
+    end, comp, _ = timeline([2.0, 3.0], [4.0, 1.0], [5.0, 2.0], [1.0, 1.0], [0.0, 0.0], 0, 1, [2.0, 9.0])
+    assert (float(end), float(comp)) == (24.0, 24.0)
+
+
+def test_the_dp_vote_sends_a_lopsided_microbatched_step_eager():
+    """vLLM's DP vote runs a microbatched step without its graph when the largest rank holds more than twice the
+    smallest (EP.dp_vote_eager_cite): the host issue time comes back to a low-latency decode step there, and only
+    there."""
+    slow = load_profile("h200-sxm").with_values({"asynctp.host_op_s": 2e-4})  # a host that binds when eager
+    T = np.array([16.0, 64.0])
+    s = dataclasses.replace(_setup(), prof=slow)
+    graph, eager = dbo_step(s, T), dbo_step(s, T, eager=True)
+    assert np.all(graph.t_host_s == 0) and np.all(eager.t_host_s > 0) and np.all(eager.t_step_s >= eager.t_host_s)
+    near = dbo_threshold(dataclasses.replace(s, dp_token_spread=1.9), 256, 0.02)  # never past 2x: graphs stay
+    fast = dbo_threshold(dataclasses.replace(_setup(), dp_token_spread=1.9), 256, 0.02)
+    assert near.threshold_tokens == fast.threshold_tokens
+    far = dbo_threshold(dataclasses.replace(s, dp_token_spread=3.0), 256, 0.02)
+    far_fast = dbo_threshold(dataclasses.replace(_setup(), dp_token_spread=3.0), 256, 0.02)
+    assert far.saving_s < far_fast.saving_s  # the eager microbatched steps pay the slow host

@@ -285,3 +285,27 @@ def test_kernel_path_fusion_flag_under_model_level_sp_is_refused(capsys, one_lin
 def test_force_alone_is_refused(one_line_error, argv):
     """--force replaces an existing --plot file: given alone it was accepted and ignored by whatif."""
     one_line_error(*argv, "--force", needle="--force: replaces an existing --plot file; give --plot too")
+
+
+def test_the_band_names_only_quantities_a_set_can_move(capsys, tmp_path):
+    """Issue 61 (band drivers): every quantity whatif and op name as moving the band is one the query reads, so
+    `--set` on it takes effect instead of being refused as having no effect (this workload's band named
+    fused_kernel.ar_fence_s, which H100 never reads)."""
+    w = tmp_path / "w.csv"
+    w.write_text("num_tokens,count\n8,100\n2048,20\n8192,5\n")
+    runs = [["whatif", "--gpu", "h100-sxm", "--tp", "4", "--workload", str(w), *sp_release_flag()],
+            ["op", "--gpu", "b300", "--tp", "4", "--op", "ag_gemm", "--n", "4608", "--k", "8192", "--vllm-version",
+             "0.34"]]
+    for argv in runs:
+        assert main([*argv, "--json"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        drivers = d.get("cutoff_band_drivers") or []
+        assert drivers, argv
+        for q in drivers:
+            key = q["quantity"] if isinstance(q, dict) else q[0]
+            from costmodel import load_profile
+
+            v = load_profile(argv[2]).value(key)
+            fast = ["--no-band"] if argv[0] == "whatif" else []
+            assert main([*argv, "--json", *fast, "--set", f"{key}={v * 0.9}"]) == 0, key
+            capsys.readouterr()

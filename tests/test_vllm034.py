@@ -121,7 +121,11 @@ def _ep_needles() -> dict[str, list[str]]:
                                  "self.cudagraph_mode = CUDAGraphMode.NONE"],
             ep.fp8_dispatch_cite: ["use_fp8_dispatch", "DEEPEP_QUANT_BLOCK_SHAPE"],
             ep.mla_decode_cite: ['einsum("snh,lnh->snl", q_nope, W_UK)', "MQA", 'einsum("snl,lnv->snv"'],
-            ep.mla_prefill_cite: ["new_k_nope = (new_kv_c @ W_UK", "MHA"]}
+            ep.mla_prefill_cite: ["new_k_nope = (new_kv_c @ W_UK", "MHA"],
+            ep.shared_overlap_cite: ["self.prepare_finalize.finalize_async(",
+                                     "self._maybe_apply_shared_experts(shared_experts, shared_experts_input)"],
+            ep.dp_vote_eager_cite: ["int(num_tokens_across_dp.min())", "int(num_tokens_across_dp.max())",
+                                    "if 2 * int(num_tokens_across_dp.min()) < ubatch_desc.num_tokens:"]}
 
 
 # what stands on the lines each model gate cites (every cite of every string, keyed by file:lines), built from the
@@ -416,3 +420,18 @@ def test_the_serve_line_is_made_of_034s_own_flags():
         assert flags
         for a in flags:
             assert a[2:].replace("-", "_") in EngineArgs.__dataclass_fields__ and f'"{a}"' in src, a
+
+
+def test_the_shared_experts_overlap_reads_as_the_wheel_has_it():
+    """EP.async_backends: each priced DeepEP backend's prepare/finalize says supports_async -> True in 0.34, and the
+    modular-kernel overlap comes before the aux-stream token threshold (so that threshold gates nothing there)."""
+    ep = REC.ep
+    pf = _site() / "vllm/model_executor/layers/fused_moe/prepare_finalize"
+    for b, f in (("deepep_low_latency", "deepep_ll.py"), ("deepep_high_throughput", "deepep_ht.py")):
+        assert b in ep.async_backends
+        text = (pf / f).read_text()
+        i = text.index("def supports_async(self) -> bool:")
+        assert text[i:i + 80].split("return", 1)[1].strip().startswith("True"), f
+    order = (_site() / "vllm/model_executor/layers/fused_moe/runner/shared_experts.py").read_text()
+    assert order.index("return SharedExpertsOrder.MK_INTERNAL_OVERLAPPED") < order.index(
+        "envs.VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD")
