@@ -4,6 +4,7 @@ activation conditions are read from the code (model-level SP, NVFP4, SM 10.3, th
 AG+matmul on raw shapes with vLLM's per-rank rule."""
 
 import copy
+import csv
 import io
 import json
 from contextlib import redirect_stderr, redirect_stdout
@@ -302,6 +303,15 @@ def test_b300_ag_matmul_agrees_in_sign_with_vllms_measurement_and_moves_with_the
     fitted (docs/model.md "vLLM's AG+matmul gate on B300"), earlier on the built-in assumed 3 us host."""
     cut, s = _b300_ag_cutoff(capsys)
     assert s[4096] > 1.0 and cut is not None and cut < 4096
+    # PT_ISSUE179770's B300 host: its fastest fused GEMM+RS (W = 8, 58 torch calls) bounds the time per call
+    from costmodel import formulas as F
+
+    rows = [r for r in csv.DictReader(open(ROOT / "data" / "reference" / "fused_ops.csv"))
+            if r["source_id"] == "PT_ISSUE179770"]
+    bound_s = min(float(r["overlap_value"]) for r in rows) * 1e-3 / F.host_ops_gemm_rs(8)
+    assert 4.1e-6 < bound_s < 4.3e-6
+    c, _ = _b300_ag_cutoff(capsys, "--set", f"asynctp.host_op_s={bound_s:.3g}")
+    assert c is not None and 2048 <= c <= 4096
     for host in ("1.013e-5", "1.207e-5"):  # KRAKEN_PR19's H100 host, the GB200 matrix's Grace host
         c, _ = _b300_ag_cutoff(capsys, "--set", f"asynctp.host_op_s={host}")
         assert c is not None and 2048 <= c <= 8192 and c > cut
