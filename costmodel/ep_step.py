@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from . import formulas as F
 from . import moe as M
 from .all2all import A2ACall, A2ATimes, Links, backend, predict
 from .defaults import DEFAULT_DP_TOKEN_SPREAD
@@ -46,6 +47,7 @@ class EPSetup:
     comm_sms: int = EP.comm_sms
     dtype: str = "fp8"
     dp_token_spread: float = DEFAULT_DP_TOKEN_SPREAD  # a step's largest DP rank's tokens / its smallest's (§12)
+    shared_stream_tokens: int = EP.shared_stream_tokens  # VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (§11.4)
 
     @property
     def nodes(self) -> int:
@@ -184,12 +186,27 @@ class Step:
     per_call: Block
 
 
-def shared_and_combine_s(s: EPSetup, b: Block) -> Any:
-    """One MoE layer's combine and shared experts: side by side where vLLM's modular kernel overlaps them (an
-    asynchronous backend: max(combine, shared beside it)), else one after the other (s; §11.4)."""
+# An SM-driven all-gather beside a GEMM: VLLM_PR53556_NVLS_GATHER_B200 (8 B200s, 4096 rows per rank) times vLLM's
+# SP gather alone at 719.214 us and beside the routed down-projection at 843.550 us: +17.3 % while a GEMM shares the
+# SMs (one measurement, carried to NCCL's collectives on every GPU: assumed)
+COLLECTIVE_SLOWDOWN_BESIDE_GEMM = 843.550 / 719.214 - 1.0
+AUX_STREAM_EVENTS = 2  # the record / wait pair that joins the aux stream to the main one
+
+
+def moe_layer_s(s: EPSetup, b: Block, tokens: Any, shared_stream_tokens: Any = None) -> Any:
+    """One MoE layer as vLLM 0.34 runs it (s; §11.4): router, dispatch, experts, combine and the shared experts.
+    An asynchronous backend runs the shared experts beside its combine (modular kernel, EP.shared_overlap_cite);
+    otherwise they run on the aux stream from before the router at or below `shared_stream_tokens` (vLLM's
+    VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD, EP.shared_stream_cite; default the setup's), else in series."""
+    main = b.t_router_s + b.t_dispatch_s + b.t_experts_s
     if backend(s.backend).shared_beside_combine:
-        return np.maximum(b.t_combine_s, b.t_shared_beside_s)
-    return b.t_combine_s + b.t_shared_s
+        return main + np.maximum(b.t_combine_s, b.t_shared_beside_s)
+    serial = main + b.t_combine_s + b.t_shared_s
+    theta = s.shared_stream_tokens if shared_stream_tokens is None else shared_stream_tokens
+    events = AUX_STREAM_EVENTS * float(s.prof.kernels.launch_overhead_s)
+    aux = F.t_aux_stream_s(main + b.t_combine_s, b.t_shared_s, b.t_dispatch_s + b.t_combine_s,
+                           COLLECTIVE_SLOWDOWN_BESIDE_GEMM, events)
+    return np.where(np.asarray(tokens) <= theta, aux, serial) if np.size(b.t_shared_s) else serial
 
 
 def step(s: EPSetup, tokens: Any) -> Step:
@@ -202,7 +219,7 @@ def step(s: EPSetup, tokens: Any) -> Step:
     attn = s.shape.num_layers * b.t_attention_s
     norms = s.shape.num_layers * b.t_norms_s
     lm = _lm_head_s(s, hw, t)
-    moe = Lm * (b.t_router_s + b.t_experts_s + b.t_dispatch_s + shared_and_combine_s(s, b))
+    moe = Lm * moe_layer_s(s, b, t)
     gpu = attn + norms + Ld * b.t_dense_s + moe + lm
     comm = moe - Lm * (b.t_router_s + b.t_experts_s + b.t_shared_s)  # what the compute does not cover
     host = _host_s(s, hw, 1)
@@ -351,6 +368,47 @@ def dbo_threshold(s: EPSetup, t_max: int, margin: float, weights: Any = None) ->
                         t_on_at_max_s=float(on[-1]))
 
 
+@dataclasses.dataclass(frozen=True)
+class SharedStreamThreshold:
+    """The aux-stream threshold of the shared experts (VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD): the aux stream
+    at or below it, in series above, over 1..t_max tokens per rank (§11.4)."""
+
+    threshold_tokens: int  # 0: never on the aux stream; t_max: at every size
+    saving_s: float  # mean step time saved per step against the shared experts always in series
+    saving_vs_vllm_s: float  # and against vLLM's default threshold
+    mean_step_s: float  # mean step time with them in series
+    vllm_threshold_tokens: int
+    t_max: int
+
+
+def shared_stream_threshold(s: EPSetup, t_max: int, margin: float, weights: Any = None) -> SharedStreamThreshold:
+    """The least expected step time over the traffic (`weights` over 1..t_max; default uniform) of vLLM's rule
+    "aux stream at or below θ", the premium on the aux side (§11.4). Only where the rule applies: a backend whose
+    shared experts are not already beside its combine."""
+    if backend(s.backend).shared_beside_combine:
+        raise TpcostError(f"{s.backend}: vLLM 0.34's modular kernel runs the shared experts beside the combine at "
+                          f"every size, before the aux-stream threshold is read ({EP.shared_overlap_cite}): "
+                          "VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD gates nothing here")
+    T = np.arange(1, t_max + 1, dtype=float)
+    w = np.full(t_max, 1.0 / t_max) if weights is None else np.asarray(weights, dtype=float)
+    b = block(s, T)
+    Lm = s.shape.moe_layers
+    base = step(dataclasses.replace(s, shared_stream_tokens=0), T)
+    serial = base.t_step_s
+    gpu_aux = base.t_gpu_s + Lm * (moe_layer_s(s, b, T, t_max) - moe_layer_s(s, b, T, 0))
+    aux = np.maximum(gpu_aux, base.t_host_s)
+    # cost of θ: Σ_{T<=θ} w·aux·(1+margin) + Σ_{T>θ} w·serial; θ = 0 is "never"
+    pref = np.concatenate([[0.0], np.cumsum(w * aux * (1 + margin))])
+    suf = np.concatenate([np.cumsum((w * serial)[::-1])[::-1], [0.0]])
+    theta = int(np.argmin(pref + suf))
+    chosen = np.where(T <= theta, aux, serial)
+    v = EP.shared_stream_tokens
+    at_vllm = np.where(T <= v, aux, serial)
+    return SharedStreamThreshold(threshold_tokens=theta, saving_s=float(np.sum(w * (serial - chosen))),
+                                 saving_vs_vllm_s=float(np.sum(w * (at_vllm - chosen))),
+                                 mean_step_s=float(np.sum(w * serial)), vllm_threshold_tokens=v, t_max=t_max)
+
+
 def dbo_band(s: EPSetup, t_max: int, margin: float, draws: int = 100, seed: int = 0, weights: Any = None) -> Any:
     """The 5-95 % band of the DBO threshold over a fixed-seed Monte Carlo of the GPU profile's and the network's
     numbers (each at its sigma; analysis.band_edges reads it: None = never, with the share that never pays and
@@ -460,11 +518,13 @@ def ops_at(s: EPSetup, n: int) -> list[dict]:
         out.append({"op": f"{q} ({s.backend}, {int(b.calls[0])} call(s))", "count_per_step": sh.moe_layers,
                     "t_s": ts, "flops": 0.0, "bytes": byts, "achieved_tflops": 0.0, "achieved_gbps": byts / ts / 1e9,
                     "bound": bound, "formula": "all2all.predict"})
-    hid = float(np.asarray(shared_and_combine_s(s, b) - b.t_combine_s - b.t_shared_s).ravel()[0])
-    if hid:  # negative: the time the shared experts beside the combine take off the layer (§11.4)
-        out.append({"op": "shared experts beside the combine (overlap)", "count_per_step": sh.moe_layers,
+    serial = b.t_router_s + b.t_dispatch_s + b.t_experts_s + b.t_combine_s + b.t_shared_s
+    hid = float(np.asarray(moe_layer_s(s, b, np.array([t])) - serial).ravel()[0])
+    if hid:  # negative: what the shared experts' overlap takes off the layer (§11.4)
+        how = ("beside the combine" if backend(s.backend).shared_beside_combine else "on the aux stream")
+        out.append({"op": f"shared experts {how} (overlap)", "count_per_step": sh.moe_layers,
                     "t_s": hid, "flops": 0.0, "bytes": 0.0, "achieved_tflops": 0.0, "achieved_gbps": 0.0,
-                    "bound": "overlap", "formula": "ep_step.shared_and_combine_s"})
+                    "bound": "overlap", "formula": "ep_step.moe_layer_s"})
     lm = float(np.asarray(_lm_head_s(s, hw, np.array([t]))).ravel()[0])
     rows_lm = t if s.decode else float(np.ceil(t / s.seq_len))
     f_lm, b_lm = _gemms_work(rows_lm, [(sh.vocab, sh.hidden, a)], a)

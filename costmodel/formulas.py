@@ -371,6 +371,14 @@ def a2a_token_bytes(hidden: int, dtype: str) -> float:
     return hidden + hidden / 128 * 4 if dtype == "fp8" else 2.0 * hidden
 
 
+def t_aux_stream_s(main_s: Arr, shared_s: Arr, window_s: Arr, slowdown: Arr, events_s: Arr) -> Arr:
+    """A MoE layer with its shared experts on vLLM's aux stream: the main path, the shared experts' part that the
+    collectives' window cannot hold, the collectives slowed by `slowdown` while the GEMM runs beside them, and the
+    two events that join the streams (s; docs/model.md §11.4)."""
+    return (main_s + np.maximum(0.0, shared_s - window_s) + slowdown * np.minimum(shared_s, window_s)
+            + events_s)
+
+
 def t_link_bound_s(nbytes: Arr, bw_bytes_per_s: Arr, efficiency: Arr) -> Arr:
     """Bytes over one link at its achievable rate: bytes / (bw · η) (s; §11.3)."""
     return nbytes / (bw_bytes_per_s * efficiency)

@@ -649,6 +649,8 @@ class EpRules:
     fp8_dispatch_cite: str  # DeepEP dispatches block-FP8 activations when the experts are block-FP8
     mla_decode_cite: str  # MLA decode: W_UK absorbed into q, MQA over the latent cache, W_UV after
     mla_prefill_cite: str  # MLA prefill: kv_b_proj up-projects the latent, MHA, not absorbed
+    shared_stream_tokens: int = 0  # VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD: the aux stream at or below it
+    shared_stream_cite: str = ""
     dp_vote_eager_cite: str = ""  # the DP vote: a microbatched step whose largest rank exceeds twice its smallest
     async_backends: tuple[str, ...] = ()  # prepare/finalize supports_async: the shared experts run beside the combine
     shared_overlap_cite: str = ""  # the modular kernel runs them after finalize_async, before the receive
@@ -760,6 +762,10 @@ _EP_034 = EpRules(
     graphs_off_cite="vllm/config/compilation.py:1401-1417",
     fp8_dispatch_cite="vllm/model_executor/layers/fused_moe/all2all_utils.py:269-273",
     mla_decode_cite="vllm/model_executor/layers/attention/mla_attention.py:95-116",
+    shared_stream_tokens=256,
+    shared_stream_cite=("vllm/model_executor/layers/fused_moe/runner/shared_experts.py:130-140 (the aux stream at or "
+                        "below VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD, envs.py:2248-2254, default 256; "
+                        "moe_runner.py:945-949 launches it before the router and the dispatch)"),
     dp_vote_eager_cite="vllm/v1/worker/gpu/dp_utils.py:127-173 (the smallest rank votes, the step runs at the "
                        "largest; 2 x the smallest under the graph's size: eager)",
     async_backends=("deepep_low_latency", "deepep_high_throughput", "deepep_v2", "nixl_ep"),

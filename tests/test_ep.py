@@ -552,7 +552,7 @@ def test_ops_add_up_to_the_step_and_none_beats_its_roofline(be, phase, n, capsys
     hw = Hw(s.prof, s.dtype)
     for o in ops:
         assert (o["bound"] in ("compute", "memory") or o["formula"] == "all2all.predict"
-                or (o["bound"] == "overlap" and o["t_s"] < 0)), o
+                or o["bound"] == "overlap"), o
         if o["flops"]:
             assert o["achieved_tflops"] * 1e12 <= float(hw._peak_flops(True)) * (1 + 1e-9), o
             assert o["achieved_gbps"] * 1e9 <= float(hw.hbm_bw_bytes_per_s) * (1 + 1e-9), o
@@ -603,19 +603,20 @@ def test_shared_experts_run_beside_an_async_backends_combine():
     """vLLM 0.34's modular kernel runs the shared experts after finalize_async, before the receive
     (EP.shared_overlap_cite): with DeepEP the layer pays max(combine, shared beside it), the high-throughput
     combine leaving the shared experts its SMs but comm_sms; the NCCL path pays both, one after the other."""
-    from costmodel.ep_step import block, shared_and_combine_s
+    from costmodel.ep_step import block, moe_layer_s
 
     T = np.array([16.0, 256.0, 2048.0])
     for be, beside in (("deepep_low_latency", True), ("deepep_high_throughput", True),
                        ("allgather_reducescatter", False)):
         s = _setup(be=be)
         b = block(s, T)
-        got = shared_and_combine_s(s, b)
+        got = moe_layer_s(s, b, T, 0) - (b.t_router_s + b.t_dispatch_s + b.t_experts_s)  # no aux stream
         if beside:
-            assert np.array_equal(got, np.maximum(b.t_combine_s, b.t_shared_beside_s))
+            assert np.allclose(got, np.maximum(b.t_combine_s, b.t_shared_beside_s), rtol=1e-12)
             assert np.all(got < b.t_combine_s + b.t_shared_s)
+            assert np.array_equal(moe_layer_s(s, b, T, 4096), moe_layer_s(s, b, T, 0))  # the threshold: no effect
         else:
-            assert np.array_equal(got, b.t_combine_s + b.t_shared_s)
+            assert np.allclose(got, b.t_combine_s + b.t_shared_s, rtol=1e-12)
         if be == "deepep_high_throughput":
             # on 132 - 20 SMs: slower where compute-bound, the same where the weights' HBM reads bound it
             assert np.all(b.t_shared_beside_s >= b.t_shared_s) and b.t_shared_beside_s[-1] > b.t_shared_s[-1]
@@ -648,3 +649,45 @@ def test_the_dp_vote_sends_a_lopsided_microbatched_step_eager():
     far = dbo_threshold(dataclasses.replace(s, dp_token_spread=3.0), 256, 0.02)
     far_fast = dbo_threshold(dataclasses.replace(_setup(), dp_token_spread=3.0), 256, 0.02)
     assert far.saving_s < far_fast.saving_s  # the eager microbatched steps pay the slow host
+
+
+def test_aux_stream_formula_by_hand():
+    # main 10, shared 3 inside a window of 5: 10 + 0 + 0.2·3 + 0.5 ; shared 8 over the window: 10 + 3 + 0.2·5 + 0.5
+    assert F.t_aux_stream_s(10.0, 3.0, 5.0, 0.2, 0.5) == pytest.approx(11.1)
+    assert F.t_aux_stream_s(10.0, 8.0, 5.0, 0.2, 0.5) == pytest.approx(14.5)
+
+
+def test_the_aux_stream_runs_the_shared_experts_at_or_below_vllms_threshold():
+    """With allgather_reducescatter (not asynchronous) vLLM 0.34 puts the shared experts on the aux stream at or
+    below VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (EP.shared_stream_cite): the step prices that rule, and the
+    threshold tpcost decides is the least expected time (brute force); DeepEP refuses the question in one line."""
+    from costmodel.ep_step import (COLLECTIVE_SLOWDOWN_BESIDE_GEMM, EP, block, moe_layer_s,
+                                   shared_stream_threshold)
+
+    s = _setup(be="allgather_reducescatter")
+    T = np.array([16.0, 256.0, 257.0, 1024.0])
+    b = block(s, T)
+    serial = b.t_router_s + b.t_dispatch_s + b.t_experts_s + b.t_combine_s + b.t_shared_s
+    aux = F.t_aux_stream_s(serial - b.t_shared_s, b.t_shared_s, b.t_dispatch_s + b.t_combine_s,
+                           COLLECTIVE_SLOWDOWN_BESIDE_GEMM, 2 * float(s.prof.kernels.launch_overhead_s))
+    assert EP.shared_stream_tokens == 256
+    assert np.allclose(moe_layer_s(s, b, T), np.where(T <= 256, aux, serial), rtol=1e-12)
+    th = shared_stream_threshold(s, 512, 0.02)
+    Tg = np.arange(1, 513, dtype=float)
+    off = step(dataclasses.replace(s, shared_stream_tokens=0), Tg).t_step_s
+    on = step(dataclasses.replace(s, shared_stream_tokens=512), Tg).t_step_s
+    costs = [np.sum(np.where(Tg <= t, on * 1.02, off)) for t in range(0, 513)]
+    assert th.threshold_tokens == int(np.argmin(costs))
+    with pytest.raises(TpcostError, match="gates nothing here"):
+        shared_stream_threshold(_setup(), 256, 0.02)
+
+
+def test_ep_shared_stream_cli(capsys, one_line_error):
+    args = ["ep", "--enable-expert-parallel", "--data-parallel-size", "8", "--all2all-backend",
+            "allgather_reducescatter", "--shared-stream"]
+    assert main([*args, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["shared_stream"]
+    assert r["env"] == {"VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD": r["threshold_tokens"]}
+    assert r["vllm_threshold_tokens"] == 256 and "shared_experts.py" in r["cite"]
+    one_line_error("ep", "--enable-expert-parallel", "--data-parallel-size", "16", "--all2all-backend",
+                   "deepep_low_latency", "--shared-stream", needle="gates nothing here")

@@ -124,6 +124,8 @@ def _ep_needles() -> dict[str, list[str]]:
             ep.mla_prefill_cite: ["new_k_nope = (new_kv_c @ W_UK", "MHA"],
             ep.shared_overlap_cite: ["self.prepare_finalize.finalize_async(",
                                      "self._maybe_apply_shared_experts(shared_experts, shared_experts_input)"],
+            ep.shared_stream_cite: ["should_run_shared_in_aux_stream = (", "<= envs.VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD",
+                                    "return SharedExpertsOrder.MULTI_STREAM_OVERLAPPED"],
             ep.dp_vote_eager_cite: ["int(num_tokens_across_dp.min())", "int(num_tokens_across_dp.max())",
                                     "if 2 * int(num_tokens_across_dp.min()) < ubatch_desc.num_tokens:"]}
 
@@ -435,3 +437,5 @@ def test_the_shared_experts_overlap_reads_as_the_wheel_has_it():
     order = (_site() / "vllm/model_executor/layers/fused_moe/runner/shared_experts.py").read_text()
     assert order.index("return SharedExpertsOrder.MK_INTERNAL_OVERLAPPED") < order.index(
         "envs.VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD")
+    envs = (_site() / "vllm/envs.py").read_text()
+    assert f'os.getenv("VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD", {ep.shared_stream_tokens})' in envs

@@ -20,6 +20,7 @@ DEFAULT_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # answer is the same (a flag takes effect or is refused).
 _CHECKED = ("--network", "--phase", "--context-len", "--seq-len", "--max-num-batched-tokens", "--imbalance",
             "--dbo-comm-sms", "--margin", "--workload", "--num-speculative-tokens", "--dp-token-spread")
+# --shared-stream is a question of its own (an answer is printed whenever it is given), not a modifier
 
 
 def register(sub) -> None:
@@ -58,6 +59,9 @@ def register(sub) -> None:
                    help="tokens per rank to tabulate (default 1 .. 4096)")
     p.add_argument("--a2a", action="store_true", help="print the dispatch/combine per call only")
     p.add_argument("--dbo", action="store_true", help="decide dual-batch overlap: both thresholds and the saving")
+    p.add_argument("--shared-stream", action="store_true",
+                   help="decide VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (the shared experts on vLLM's aux stream "
+                        "at or below it) for a backend whose combine does not already hide them")
     p.add_argument("--at", type=bounded_int("--at", 2, 2**20, "tokens"), help="break one step down, DBO off and on")
     p.add_argument("--ops", type=bounded_int("--ops", 1, 2**20, "tokens"), metavar="N",
                    help="every op of a step at N tokens per rank: count, time, TFLOP/s or GB/s, the bound it hits")
@@ -173,8 +177,9 @@ def _body(args) -> tuple[object, dict]:
     from .common import load_workload_arg
 
     s = setup_from_args(args)
-    if args.workload and not args.dbo:
-        raise TpcostError("--workload: read only by --dbo (the traffic the thresholds are decided for)")
+    if args.workload and not (args.dbo or args.shared_stream):
+        raise TpcostError("--workload: read only by --dbo and --shared-stream (the traffic the thresholds are decided "
+                          "for)")
     args.workload_obj = load_workload_arg(args)
     out: dict = {}
     if args.ops:
@@ -191,7 +196,32 @@ def _body(args) -> tuple[object, dict]:
         from integration.dbo import decide_dbo
 
         out["dbo"] = decide_dbo(args, s)
+    if args.shared_stream:
+        out["shared_stream"] = decide_shared_stream(args, s)
     return s, out
+
+
+def decide_shared_stream(args, s) -> dict:
+    """The aux-stream threshold of the shared experts for this setup and traffic, vLLM's default beside it."""
+    import dataclasses
+
+    from costmodel.defaults import DEFAULT_MARGIN
+    from costmodel.ep_step import COLLECTIVE_SLOWDOWN_BESIDE_GEMM, EP, shared_stream_threshold
+    from integration.dbo import phase_weights
+
+    w, what = phase_weights(getattr(args, "workload_obj", None), "decode" if s.decode else "prefill",
+                            s.budget_tokens)
+    margin = DEFAULT_MARGIN if args.margin is None else args.margin
+    r = shared_stream_threshold(s, s.budget_tokens, margin, w)
+    env = "VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD"
+    where = ("at every size" if r.threshold_tokens >= r.t_max else
+             f"up to {r.threshold_tokens} tokens" if r.threshold_tokens else "at no size")
+    return {**dataclasses.asdict(r), "env": {env: r.threshold_tokens}, "traffic": what,
+            "why": (f"the shared experts hide behind the NCCL all-gather and reduce-scatter on the aux stream; each "
+                    f"collective runs {100 * COLLECTIVE_SLOWDOWN_BESIDE_GEMM:.0f} % slower while they share its SMs "
+                    f"(VLLM_PR53556); the aux stream pays {where} on this traffic, the premium {margin:.0%} on its "
+                    "side"),
+            "cite": EP.shared_stream_cite}
 
 
 def _refuse_inert(args, body: dict) -> None:
@@ -314,3 +344,10 @@ def _render(out: dict) -> None:
         from integration.dbo import render_dbo
 
         render_dbo(out["dbo"])
+    if "shared_stream" in out:
+        r = out["shared_stream"]
+        print(f"shared experts' aux stream: VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD={r['threshold_tokens']} "
+              f"(vLLM's default {r['vllm_threshold_tokens']}); saves {r['saving_s'] * 1e3:.3f} ms per step of "
+              f"{r['mean_step_s'] * 1e3:.3f} ms against none, {r['saving_vs_vllm_s'] * 1e3:+.3f} ms against vLLM's "
+              f"default (the premium on the aux side can make it negative)")
+        print(f"  {r['why']}")
