@@ -202,11 +202,13 @@ def moe_layer_s(s: EPSetup, b: Block, tokens: Any, shared_stream_tokens: Any = N
     if backend(s.backend).shared_beside_combine:
         return main + np.maximum(b.t_combine_s, b.t_shared_beside_s)
     serial = main + b.t_combine_s + b.t_shared_s
+    if not s.shape.n_shared:  # no shared experts: nothing for the aux stream to run
+        return serial
     theta = s.shared_stream_tokens if shared_stream_tokens is None else shared_stream_tokens
     events = AUX_STREAM_EVENTS * float(s.prof.kernels.launch_overhead_s)
     aux = F.t_aux_stream_s(main + b.t_combine_s, b.t_shared_s, b.t_dispatch_s + b.t_combine_s,
                            COLLECTIVE_SLOWDOWN_BESIDE_GEMM, events)
-    return np.where(np.asarray(tokens) <= theta, aux, serial) if np.size(b.t_shared_s) else serial
+    return np.where(np.asarray(tokens) <= theta, aux, serial)
 
 
 def step(s: EPSetup, tokens: Any) -> Step:
@@ -389,6 +391,9 @@ def shared_stream_threshold(s: EPSetup, t_max: int, margin: float, weights: Any 
         raise TpcostError(f"{s.backend}: vLLM 0.34's modular kernel runs the shared experts beside the combine at "
                           f"every size, before the aux-stream threshold is read ({EP.shared_overlap_cite}): "
                           "VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD gates nothing here")
+    if not s.shape.n_shared:
+        raise TpcostError(f"{s.shape.name} has no shared experts: VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD gates "
+                          "nothing")
     T = np.arange(1, t_max + 1, dtype=float)
     w = np.full(t_max, 1.0 / t_max) if weights is None else np.asarray(weights, dtype=float)
     b = block(s, T)

@@ -526,6 +526,9 @@ def kernel_switch_lines(ks: KernelSwitch) -> list[str]:
     if ks.fi_tokens is not None:
         lines.append(f"tpcost: unfused arm priced with FlashInfer's all-reduce+RMSNorm fused up to {ks.fi_tokens} tokens "
                      "(the range emitted above); the kernel's all-reduce is invisible to that fusion pass")
+    lines.append("tpcost: setting: the kernel on every SM (none held back for concurrent work; `tpcost op --impl kernel "
+                 "--kernel-sm-share S` prices a share), against vLLM's unfused arm at this TP; how the crossover moves "
+                 "with each: docs/vllm-thresholds.md \"GEMM-AR settings\"")
     if ks.steps_above_budget:
         lines.append(f"tpcost: {ks.steps_above_budget:.1%} of the workload's steps exceed max_num_batched_tokens; each "
                      "counted as the ceil(n/budget) chunked steps vLLM runs")
