@@ -28,15 +28,17 @@ def bounded_int(name, lo, hi, why):
     return parse
 
 
-def fraction(name, lo=0.0, hi=1.0):
-    """argparse type: a finite float in [lo, hi)."""
+def fraction(name, lo=0.0, hi=1.0, ends="[)"):
+    """argparse type: a finite float in [lo, hi), or between the other `ends` ("(]": lo < v <= hi)."""
     def parse(s):
         try:
             v = float(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name}: {s!r} is not a number") from None
-        if not (math.isfinite(v) and lo <= v < hi):
-            raise argparse.ArgumentTypeError(f"{name} must be a finite number in [{lo:g}, {hi:g}), got {s}")
+        inside = (lo <= v if ends[0] == "[" else lo < v) and (v < hi if ends[1] == ")" else v <= hi)
+        if not (math.isfinite(v) and inside):
+            raise argparse.ArgumentTypeError(f"{name} must be a finite number in {ends[0]}{lo:g}, {hi:g}{ends[1]}, "
+                                             f"got {s}")
         return v
     return parse
 

@@ -111,20 +111,6 @@ def _add_extras(args, prof, a, out: dict) -> None:
         out["measured"] = measured_against_vllm(prof, a.spec, args.measured)
 
 
-def _sm_share(s: str) -> float:
-    """argparse type of --kernel-sm-share: a number in (0, 1]."""
-    import argparse
-    import math
-
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--kernel-sm-share: {s!r} is not a number") from None
-    if not (math.isfinite(v) and 0.0 < v <= 1.0):
-        raise argparse.ArgumentTypeError(f"--kernel-sm-share must be a number in (0, 1], got {s}")
-    return v
-
-
 def check_op_inputs_take_effect(args, prof, query, run, kw) -> None:
     """Refuse what `op` would accept and ignore (issue 50: a flag takes effect or is refused): a workload's
     context_len column (a GEMM + collective reads no KV cache), a CUDA-graph flag that leaves every row as it is (the
@@ -210,7 +196,7 @@ def register(sub) -> None:
                    help=f"vLLM's token budget (default {DEFAULT_BUDGET_TOKENS})")
     o.add_argument("--margin", type=fraction("--margin"), default=DEFAULT_MARGIN,
                    help=f"risk premium on the fused side (default {DEFAULT_MARGIN:g})")
-    o.add_argument("--kernel-sm-share", type=_sm_share, default=DEFAULT_KERNEL_SM_SHARE, metavar="S",
+    o.add_argument("--kernel-sm-share", type=fraction("--kernel-sm-share", 0.0, 1.0, "(]"), default=DEFAULT_KERNEL_SM_SHARE, metavar="S",
                    help="the single kernel's share of the SMs, in (0, 1]; the rest held back for concurrent work "
                         f"(--impl kernel; default {DEFAULT_KERNEL_SM_SHARE:g}: all of them)")
     o.add_argument("--workload", metavar="FILE", help="your traffic (as whatif's --workload)")
