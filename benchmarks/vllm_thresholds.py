@@ -217,6 +217,18 @@ MUSE_CONFIG = ROOT / "tests/fixtures/muse-spark.config.json"
 SM90_GPUS = ("h100-sxm", "h200-sxm")
 
 
+def _tail_terms(prof, site, n: float, tp: int, vllm) -> dict:
+    """The named terms of a fused MoE finalize + all-reduce and its unfused arm at N tokens (ops.ar_tail_pair)."""
+    import numpy as np
+
+    from costmodel import ops
+
+    p = ops.ar_tail_pair(ops.Hw(prof, "bf16"), site.tail, n, tp, vllm=vllm, cross_host=site.cross_host)
+    us = {k: float(np.asarray(getattr(p, k))[0]) * 1e6 for k in p._fields if k.startswith("t_") or k.endswith("_s")}
+    return {"n": int(n), **{k.replace("_s", "_us"): v for k, v in us.items()},
+            "unfused_impl": str(np.asarray(p.unfused_impl)[0]), "speedup": us["unfused_s"] / us["fused_s"]}
+
+
 def _gate_terms(prof, gate_op: str, site, m: float, tp: int, vllm) -> dict:
     """The named terms behind one site's two arms at M rows: the kernel's waves, multicast bandwidth and bound, or
     torch's pulls, chunk GEMMs (the weight re-read per chunk), host issue time; the unfused collective vLLM
@@ -268,7 +280,13 @@ def gates_matrix() -> list[dict]:
             for tp in (2, 4, 8):
                 par = Parallel(tp, enable_expert_parallel=True, moe_backend="deep_gemm_mega_moe")
                 run = RunConfig(tp, "bf16", Regime(vllm=vllm), 8192)
-                for gd in model_gates(prof, km, par, run):
+                # the finalize gates in the setup that builds them (no MegaMoE; Muse Spark under EP over TP, on an
+                # NVL72 across trays where TP outgrows one); the others under model-level SP
+                hosts = -(-tp // prof.interconnect.gpus_per_host()) if prof.interconnect.domain_hosts > 1 else 1
+                fin = Parallel(tp, enable_expert_parallel=km.family == "muse_spark", nnodes=hosts)
+                decided = [gd for gd in model_gates(prof, km, par, run) if gd.gate.op != "finalize_ar"]
+                decided += [gd for gd in model_gates(prof, km, fin, run) if gd.gate.op == "finalize_ar"]
+                for gd in decided:
                     g = gd.gate
                     if g.op == "sp_floor":
                         continue
@@ -276,6 +294,9 @@ def gates_matrix() -> list[dict]:
                     m_at = None if gd.vllm_tokens is None else gd.vllm_tokens * (tp if g.per_rank else 1)
                     if g.op in fused_ops.op_names() and gd.sites and m_at is not None:  # a fused op's gate
                         row["terms_at_vllm"] = {s.name: _gate_terms(prof, g.op, s, float(m_at), tp, vllm)
+                                                for s in gd.sites}
+                    elif g.op == "finalize_ar" and gd.sites and m_at is not None:
+                        row["terms_at_vllm"] = {s.name: _tail_terms(prof, s, float(m_at), tp, vllm)
                                                 for s in gd.sites}
                     out.append(row)
     cfg, name, where = load_model_config(str(MUSE_CONFIG))

@@ -313,6 +313,27 @@ def moe_sum_bytes(n: Arr, top_k: Arr, hidden: Arr, act_bytes: Arr) -> Arr:
     return n * hidden * act_bytes * (top_k + 1.0)
 
 
+def moe_finalize_bytes(n: Arr, routed_rows: Arr, hidden: Arr, act_bytes: Arr, out_bytes: Arr) -> Arr:
+    """MoE top-k finalize: read each token's ρ permuted rows with an fp32 weight and int32 index, write the sum:
+    n·(ρ·(H·b + 8) + H·b_out) (bytes; §4b)."""
+    return n * (routed_rows * (hidden * act_bytes + 8.0) + hidden * out_bytes)
+
+
+def add_bytes(n: Arr, hidden: Arr, act_bytes: Arr) -> Arr:
+    """a + b of two n×H tensors: read 2·n·H·b, write n·H·b (bytes; §4b)."""
+    return n * (3.0 * hidden * act_bytes)
+
+
+MXFP8_BLOCK = 32  # elements per UE8M0 scale (OCP MX)
+
+
+def mxfp8_quant_bytes(n: Arr, hidden: Arr, act_bytes: Arr) -> Arr:
+    """MXFP8 quantisation: read n·H·b, write n·H E4M3 and the 128×4-swizzled UE8M0 scales,
+    ⌈n/128⌉·128·⌈H/128⌉·4 (bytes; §4b)."""
+    scales = padded(n, 128.0) * padded(hidden / MXFP8_BLOCK, 4.0)
+    return n * (hidden * (act_bytes + 1.0)) + scales
+
+
 def moe_expert_weight_bytes(n: Arr, top_k: Arr, num_experts: Arr, hidden: Arr, inter_rank: Arr, w_bytes: Arr) -> Arr:
     """Expert weights a grouped MoE GEMM streams for n tokens: E(1−(1−k/E)^n) experts × 3·H·I·b (bytes; §8)."""
     return expected_experts_touched(n, top_k, num_experts) * (3 * hidden * inter_rank * w_bytes)

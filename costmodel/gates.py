@@ -7,12 +7,15 @@ every step size N = 1 .. max_num_batched_tokens with the one predictor of each p
 - "gemm_rs": the single-kernel GEMM+RS (ops.kernel_pair) against the GEMM then model-level SP's reduce-scatter;
 - "ag_gemm": torch's fused_all_gather_matmul, issued eagerly (ops.torch_pair, baseline "vllm_sp"), against
   sp_all_gather then the GEMM; under CUDA-graph capture (N <= the capture size) vLLM cannot run it;
-- "oneshot_ar": FlashInfer's one-shot all-reduce fused with the norms against vLLM's all-reduce then the norm.
+- "oneshot_ar": FlashInfer's one-shot all-reduce fused with the norms against vLLM's all-reduce then the norm;
+- "finalize_ar": a MoE's top-k finalize fused into a one-shot Lamport all-reduce (ops.ar_tail_pair, docs/model.md
+  §4b) against the finalize kernel, vLLM's all-reduce and what follows it (the norm, MXFP8 quantisation).
+One GATE_OPS entry per kind carries its sites, its predictor pair and where its fused path can run.
 
 tpcost's value is the threshold minimising the expected time per forward on the workload, the fused side paying the
 risk premium (costmodel.analysis.decide_cutoff / decide_fusion_limit, the rule of every other decision), on the
 step sizes where the gate decides at all (at or above the SP floor for the SP gates, below it for the one-shot
-range); its band is the 5-95 % of that value over the profile's fixed-seed draws (on at most BAND_GRID_MAX step
+range, every size for the finalize); its band is the 5-95 % of that value over the profile's fixed-seed draws (on at most BAND_GRID_MAX step
 sizes, costmodel.analysis.band_grid). A gate tpcost does not derive
 (Muse Spark's SP floor, the switch between two MoE kernels) is reported with vLLM's value only.
 """
@@ -20,6 +23,7 @@ sizes, costmodel.analysis.band_grid). A gate tpcost does not derive
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,7 +33,7 @@ from . import ops, vllm_tables
 from .analysis import (BAND_DRAWS, BAND_SEED, band_edges, band_grid, decide_cutoff, decide_fusion_limit,
                        perturbed_values)
 from .model import RunConfig
-from .vllm_tables import ModelGate, Parallel
+from .vllm_tables import NATIVE_MEGA_MOE, ModelGate, Parallel
 from .workload import weights_on
 
 
@@ -49,6 +53,13 @@ class GateDecision:
     applies: str | None = None  # None: the gate acts in this setup; else why it does not (the value is for its shapes)
     why_not_derived: str | None = None  # the gate is printed only
     sp_floor_tokens: int = 1  # the fewest tokens of a step that shards the stream in this setup
+    multi_node: bool = False  # vLLM's multi-node constant holds (the TP group spans hosts)
+
+    @property
+    def constant(self) -> str:
+        """The constant that holds vLLM's value here (a gate's multi-node one where the TP group spans hosts)."""
+        g = self.gate
+        return g.multi_node_constant if self.multi_node else g.constant
 
     @property
     def saving_s(self) -> float | None:
@@ -58,7 +69,7 @@ class GateDecision:
 
     def to_json(self) -> dict:
         g = self.gate
-        return {"gate": g.key, "op": g.op, "constant": g.constant, "where": g.where, "used": g.used,
+        return {"gate": g.key, "op": g.op, "constant": self.constant, "where": g.where, "used": g.used,
                 "measured_on": g.measured_on, "activates": g.activates, "exposed": g.exposed,
                 "runs_from": g.runs_from, "per_rank": g.per_rank, "tp": self.tp, "vllm_tokens": self.vllm_tokens,
                 "tpcost_tokens": self.tpcost_tokens,
@@ -66,41 +77,91 @@ class GateDecision:
                 "expected_at_vllm_s": self.expected_at_vllm_s, "expected_at_tpcost_s": self.expected_at_tpcost_s,
                 "saving_s": self.saving_s, "applies": self.applies is None, "why_not": self.applies,
                 "why_not_derived": self.why_not_derived, "sp_floor_tokens": self.sp_floor_tokens,
-                "sites": [{"site": s.name, "n": s.n, "k": s.k, "calls_per_forward": s.calls_per_forward}
-                          for s in self.sites]}
+                "sites": [s.to_json() for s in self.sites]}
 
 
-def gate_value(gate: ModelGate, tp: int) -> int | None:
-    """vLLM's constant at this TP (a per-TP table, or one number)."""
+def gate_value(gate: ModelGate, tp: int, spans_nodes: bool = False) -> int | None:
+    """vLLM's constant at this TP (a per-TP table, or one number; its multi-node value where the TP group spans
+    hosts and the gate has one)."""
+    if spans_nodes and gate.multi_node_value is not None:
+        return int(gate.multi_node_value)
     v = gate.value
     if isinstance(v, dict):
         return None if tp not in v else int(v[tp])
     return int(v)
 
 
-def _site_arms(profile, op: str, s, n: np.ndarray, run: RunConfig) -> tuple[Any, Any]:
-    """(fused, unfused) seconds of one call of site `s` at each step size `n`, by the op's one predictor pair."""
-    tp, vllm = run.tp, run.regime.vllm
-    if op == "gemm_rs":
-        hw = ops.Hw(profile, "fp8" if s.weights == "mxfp8" else "bf16")
-        kp = ops.kernel_pair(hw, ops.KernelGemm("gemm_rs", s.n, s.k, tp, s.weights or "bf16", False), n, vllm=vllm)
-        return kp.fused_s, kp.unfused_s
+def _gemm_rs_arms(profile, s, n: np.ndarray, run: RunConfig) -> tuple[Any, Any]:
+    """The single-kernel GEMM+RS (ops.kernel_pair) against the GEMM then model-level SP's reduce-scatter."""
+    hw = ops.Hw(profile, "fp8" if s.weights == "mxfp8" else "bf16")
+    kp = ops.kernel_pair(hw, ops.KernelGemm("gemm_rs", s.n, s.k, run.tp, s.weights or "bf16", False), n,
+                         vllm=run.regime.vllm)
+    return kp.fused_s, kp.unfused_s
+
+
+def _ag_gemm_arms(profile, s, n: np.ndarray, run: RunConfig) -> tuple[Any, Any]:
+    """torch's eager fused_all_gather_matmul against sp_all_gather then the GEMM (every rank's shard padded to
+    ceil(N/tp) rows)."""
+    tp = run.tp
+    tpair = ops.torch_pair(ops.Hw(profile, "bf16"), "ag_gemm", tp * np.ceil(n / tp), s.n, s.k, tp,
+                           baseline="vllm_sp")
+    return tpair.fused_eager_s, tpair.unfused_s
+
+
+def _oneshot_ar_arms(profile, s, n: np.ndarray, run: RunConfig) -> tuple[Any, Any]:
+    """FlashInfer's one-shot all-reduce + boundary norm against vLLM's all-reduce then the norm."""
     hw = ops.Hw(profile, "bf16")
-    if op == "ag_gemm":  # the gathered rows: every rank's shard is padded to ceil(N/tp)
-        tpair = ops.torch_pair(hw, "ag_gemm", tp * np.ceil(n / tp), s.n, s.k, tp, baseline="vllm_sp")
-        return tpair.fused_eager_s, tpair.unfused_s
-    lat, bw = profile.collective("flashinfer_ar_rmsnorm", tp)  # oneshot_ar: one all-reduce + boundary norm
-    return (F.t_all_reduce_s(n * (s.n * hw.act_bytes), lat, bw, tp),
-            ops.unfused_all_reduce_norm_s(hw, n, s.n, tp, vllm=vllm))
+    lat, bw = profile.collective("flashinfer_ar_rmsnorm", run.tp)
+    return (F.t_all_reduce_s(n * (s.n * hw.act_bytes), lat, bw, run.tp),
+            ops.unfused_all_reduce_norm_s(hw, n, s.n, run.tp, vllm=run.regime.vllm))
+
+
+def _finalize_ar_arms(profile, s, n: np.ndarray, run: RunConfig) -> tuple[Any, Any]:
+    """The MoE finalize fused into a one-shot all-reduce against finalize, all-reduce and the rest (ops.ar_tail_pair,
+    docs/model.md §4b)."""
+    pair = ops.ar_tail_pair(ops.Hw(profile, "bf16"), s.tail, n, run.tp, vllm=run.regime.vllm, cross_host=s.cross_host)
+    return pair.fused_s, pair.unfused_s
+
+
+def _gemm_sites(km, gate: ModelGate, par: Parallel, vllm) -> list:
+    """The reduce-scatter sites for GEMM-RS, o_proj for the one-shot all-reduce, the fused qkv projection for the
+    all-gather + GEMM."""
+    if gate.op == "ag_gemm":
+        return km.call_sites("ag_gemm", par, vllm)
+    sites = km.call_sites("gemm_rs", par, vllm)
+    return [s for s in sites if s.name == "o_proj"] if gate.op == "oneshot_ar" else sites
+
+
+@dataclasses.dataclass(frozen=True)
+class GateOp:
+    """One kind of model gate (ModelGate.op): the sites it covers, the one predictor pair of a site (fused, unfused
+    seconds per call over step sizes), where its fused path can run, and the profile curve that pair needs."""
+
+    sites: Callable[..., list]  # (km, gate, par, vllm)
+    arms: Callable[..., tuple[Any, Any]] | None  # (profile, site, n, run); None: printed, never derived
+    fused_range: str  # "from_sp_floor": N >= the SP floor; "below_sp_floor": N < it; "any": every N
+    curve: str | None = None  # a collective of the profile the fused arm is priced on
+
+
+GATE_OPS: dict[str, GateOp] = {
+    "gemm_rs": GateOp(_gemm_sites, _gemm_rs_arms, "from_sp_floor"),
+    "ag_gemm": GateOp(_gemm_sites, _ag_gemm_arms, "from_sp_floor"),
+    "oneshot_ar": GateOp(_gemm_sites, _oneshot_ar_arms, "below_sp_floor", "flashinfer_ar_rmsnorm"),
+    "finalize_ar": GateOp(lambda km, gate, par, vllm: km.finalize_sites(par), _finalize_ar_arms, "any",
+                          "flashinfer_ar_rmsnorm"),
+    "sp_floor": GateOp(lambda km, gate, par, vllm: [], None, "from_sp_floor"),
+}
 
 
 def gate_arms(profile, gate: ModelGate, sites, n: np.ndarray, run: RunConfig) -> tuple[Any, Any]:
     """(fused, unfused) seconds per forward at each step size `n`, summed over `sites` (profile values may be draws
     of shape (D, 1)); the caller passes only the step sizes where the fused path can run."""
+    arms = GATE_OPS[gate.op].arms
+    assert arms is not None, gate.key
     f: Any = 0.0
     u: Any = 0.0
     for s in sites:
-        sf, su = _site_arms(profile, gate.op, s, n, run)
+        sf, su = arms(profile, s, n, run)
         f, u = f + sf * s.calls_per_forward, u + su * s.calls_per_forward
     f, u = np.broadcast_arrays(np.asarray(f, dtype=float), np.asarray(u, dtype=float))
     return f, u
@@ -128,25 +189,35 @@ def _decide(gate: ModelGate, n: np.ndarray, f, u, w, margin: float, tp: int) -> 
 
 
 def decide_gate(profile, gate: ModelGate, sites, run: RunConfig, sp_floor: int,
-                applies: str | None = None) -> GateDecision:
+                applies: str | None = None, spans_nodes: bool = False) -> GateDecision:
     """vLLM's gate against tpcost's value over `sites` on run's traffic (sp_floor: the fewest tokens of a step that
-    shards the stream)."""
+    shards the stream; spans_nodes: the TP group crosses hosts, where a gate has a multi-node constant)."""
+    gd = _decide_gate(profile, gate, sites, run, sp_floor, applies, spans_nodes)
+    return dataclasses.replace(gd, multi_node=spans_nodes and gate.multi_node_value is not None)
+
+
+def _decide_gate(profile, gate: ModelGate, sites, run: RunConfig, sp_floor: int, applies: str | None,
+                 spans_nodes: bool) -> GateDecision:
     tp = run.tp
-    vllm_tok = gate_value(gate, tp)
+    vllm_tok = gate_value(gate, tp, spans_nodes)
     priced = tuple(s for s in sites if s.weights is not None)
-    if not gate.derived:
+    kind = GATE_OPS[gate.op]
+    if not gate.derived or kind.arms is None:
         return GateDecision(gate, tp, vllm_tok, None, None, None, None, priced, applies,
                             "vLLM's switch between two MoE kernels, which tpcost does not model", sp_floor)
     if not priced:
         why = "; ".join(f"{s.name}: {s.refused}" for s in sites) or "no call site"
         return GateDecision(gate, tp, vllm_tok, None, None, None, None, (), applies or f"vLLM runs it nowhere ({why})",
                             "no call site the fused path takes", sp_floor)
-    if gate.op == "oneshot_ar" and not profile.has_collective("flashinfer_ar_rmsnorm"):
+    if kind.curve and not profile.has_collective(kind.curve):
         return GateDecision(gate, tp, vllm_tok, None, None, None, None, priced, applies,
-                            f"{profile.name} has no FlashInfer one-shot all-reduce curve", sp_floor)
+                            f"{profile.name} has no {kind.curve} curve (the one-shot all-reduce the fused path is "
+                            "priced on)", sp_floor)
     n = np.arange(1, run.max_num_batched_tokens + 1, dtype=float)
     w = weights_on(run.workload, n)
-    if gate.runs_from == "max":  # the one-shot range acts below the SP floor only
+    if kind.fused_range == "any":
+        can_fuse = np.ones(n.shape, dtype=bool)
+    elif kind.fused_range == "below_sp_floor":  # the one-shot range acts below the SP floor only
         can_fuse = n < sp_floor
     else:
         can_fuse = n >= sp_floor
@@ -206,16 +277,44 @@ def _why_not(profile, gate: ModelGate, km, par: Parallel, run: RunConfig) -> str
     elif gate.op == "sp_floor" and km.sp_floor_tokens(par, vllm) <= tp:
         return (f"the threshold is 0 here (it needs an NVFP4 checkpoint, TP 4/8, DP = PP = 1): SP from max(tp, 1) = "
                 f"{tp} tokens")
+    elif gate.op == "finalize_ar":
+        return _finalize_ar_blocker(profile, km, par)
     return None
 
 
-def _gate_sites(km, gate: ModelGate, par: Parallel, vllm) -> list:
-    """The call sites a gate covers: the reduce-scatter sites for GEMM-RS, o_proj for the one-shot all-reduce,
-    the fused qkv projection for the all-gather + GEMM."""
-    if gate.op == "ag_gemm":
-        return km.call_sites("ag_gemm", par, vllm)
-    sites = km.call_sites("gemm_rs", par, vllm)
-    return [s for s in sites if s.name == "o_proj"] if gate.op == "oneshot_ar" else sites
+def _finalize_ar_blocker(profile, km, par: Parallel) -> str | None:
+    """Why no fused MoE finalize + all-reduce is built for this model and setup (None: it is), read from vLLM 0.34's
+    conditions (the gate's `activates`)."""
+    cap = profile.identity.compute_capability
+    if par.tp <= 1:
+        return "TP 1: no all-reduce to fuse"
+    if not vllm_tables.sm100_family(cap):
+        return f"the kernel is built on the SM100 family only (is_device_capability_family(100)); here cc {cap or 'n/a'}"
+    if not ops.has_multicast(profile):
+        return f"the kernel needs NVLink multicast on every TP rank, which {profile.name} does not have"
+    if km.model_level_sp(par):
+        return "under model-level SP the MoE output is reduce-scattered, not all-reduced: no finalize to fuse"
+    if km.family == "minimax_m3":
+        if par.enable_expert_parallel:
+            return "supports_fused_moe_finalize: not under expert parallel (--enable-expert-parallel is given)"
+        if km.model_dtype != "bfloat16":
+            return f"supports_fused_moe_finalize: a bf16 model only (this one: {km.model_dtype})"
+        algo = km.moe_quant_algo()
+        if algo != "NVFP4":
+            return ("defer_finalize: only TRTLLM-Gen NVFP4 experts stop after GEMM2 (this checkpoint's routed experts: "
+                    f"{algo or 'bf16'})")
+        if km.qkv_weights() != "mxfp8":
+            return ("the next layer's qkv_proj must take MXFP8 input (get_input_quant_key == kMxfp8Dynamic; this "
+                    f"checkpoint's qkv_proj: {km.qkv_weights() or 'another quantisation'})")
+        return None
+    if par.moe_backend == NATIVE_MEGA_MOE:
+        return "MegaMoE finalizes in its own kernel: the fused all-reduce is the FusedMoE runner's (replicated tokens)"
+    if par.data_parallel_size != 1:
+        return f"DP 1 only (replicated tokens; here DP {par.data_parallel_size})"
+    if not par.enable_expert_parallel:
+        return ("it fuses the EP combine's late all-reduce, which exists under EP over the TP group only (add "
+                "--enable-expert-parallel); TP-sharded experts all-reduce before the norm")
+    return None
 
 
 def model_gates(profile, km, par: Parallel, run: RunConfig) -> tuple[GateDecision, ...]:
@@ -224,7 +323,7 @@ def model_gates(profile, km, par: Parallel, run: RunConfig) -> tuple[GateDecisio
     vllm = run.regime.vllm
     out = []
     for gate in vllm.release.gates_of(km.family):
-        sites = [] if gate.op == "sp_floor" else _gate_sites(km, gate, par, vllm)
+        sites = GATE_OPS[gate.op].sites(km, gate, par, vllm)
         out.append(decide_gate(profile, gate, sites, run, km.sp_floor_tokens(par, vllm),
-                               _why_not(profile, gate, km, par, run)))
+                               _why_not(profile, gate, km, par, run), par.tp_spans_nodes()))
     return tuple(out)

@@ -18,7 +18,7 @@ from . import vllm_tables
 from .defaults import DEFAULT_KERNEL_SM_SHARE
 from .errors import TpcostError
 from .profile import HardwareProfile
-from .shapes import DTYPES
+from .shapes import DTYPES, ArTail
 from .vllm_tables import KERNEL_TILE_M, KERNEL_TILE_N, Vllm
 
 Arr = F.Arr  # a number or a numpy array (formulas broadcast)
@@ -203,7 +203,7 @@ def reduce_scatter_dispatch(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: boo
     (costmodel.vllm_tables.custom_rs_backend: Lamport, multimem, IPC) where the profile has their curves, else NCCL;
     the generic reduce_scatter (vLLM <= 0.31's compile-pass SP) always NCCL."""
     p = hw.p
-    cap, multicast = p.identity.compute_capability, p.fused_kernel is not None  # the NVLS buffer the backends need
+    cap, multicast = p.identity.compute_capability, has_multicast(p)  # the NVLS buffer the backends need
     fully = vllm_tables.fully_connected(p.interconnect, tp)
     return _sp_collective(hw, msg_bytes, tp, model_level_sp, "nccl_reduce_scatter", t_nccl_reduce_scatter_s,
                           F.t_reduce_scatter_s,
@@ -215,7 +215,7 @@ def all_gather_dispatch(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: bool) -
     model-level SP its custom all-gather (costmodel.vllm_tables.custom_ag_backend, on the msg_bytes/tp shard) where
     the profile has its curve, else NCCL; vLLM <= 0.31's compile-pass SP always NCCL."""
     p = hw.p
-    multicast, fully = p.fused_kernel is not None, vllm_tables.fully_connected(p.interconnect, tp)
+    multicast, fully = has_multicast(p), vllm_tables.fully_connected(p.interconnect, tp)
     return _sp_collective(hw, msg_bytes, tp, model_level_sp, "nccl_all_gather", t_nccl_all_gather_s,
                           F.t_all_gather_s, lambda s: vllm_tables.custom_ag_backend(s / tp, tp, multicast, fully))
 
@@ -261,13 +261,15 @@ class AllReduce(NamedTuple):
 
 
 def all_reduce_dispatch(hw: Hw, msg_bytes: Arr, tp: int, fusion_applies: bool, fi_max_bytes: float | None = None, *,
-                        vllm: Vllm) -> AllReduce:
+                        vllm: Vllm, cross_host: bool = False) -> AllReduce:
     """The all-reduce implementation vLLM picks for each message size, and its time.
 
     Order as in CudaCommunicator.all_reduce: FlashInfer (fused AR+RMSNorm when the fusion pass applies)
     ≤ fi limit; quick-reduce (ROCm); custom AR < its max (1-stage below the 1-stage limit); torch
     symm-mem ≤ its max; else (Py)NCCL. `fi_max_bytes` overrides the FlashInfer limit (0 = off). The limits are
-    vLLM's own for this GPU and version (costmodel.vllm_tables.dispatch; a Vllm carries --vllm-set's changes)."""
+    vLLM's own for this GPU and version (costmodel.vllm_tables.dispatch; a Vllm carries --vllm-set's changes).
+    `cross_host`: the group spans hosts of one NVLink domain (an NVL72's trays), where the IPC custom all-reduce
+    steps aside (mnnvl_only, the release's notes)."""
     p = hw.p
     d = vllm_tables.dispatch(vllm, p.identity, p.interconnect, tp)
     msg_bytes = np.asarray(msg_bytes, dtype=float)
@@ -289,7 +291,7 @@ def all_reduce_dispatch(hw: Hw, msg_bytes: Arr, tp: int, fusion_applies: bool, f
         m = remaining & (msg_bytes <= qr_max)
         choices.append((m, "quick_reduce", False))
         remaining &= ~m
-    ca_max = d.custom_ar_max_bytes
+    ca_max = None if cross_host else d.custom_ar_max_bytes
     if ca_max is not None and p.has_collective("custom_ar_2stage"):
         one = d.custom_ar_1stage_max_bytes or 0
         m1 = remaining & (msg_bytes < ca_max) & (msg_bytes < one)
@@ -605,9 +607,60 @@ def kernel_pair(hw: Hw, gemm: KernelGemm, m: Arr, *, vllm: Vllm, baseline: str =
 def unfused_all_reduce_norm_s(hw: Hw, rows: Arr, hidden: int, tp: int, *, vllm: Vllm) -> Arr:
     """The all-reduce + RMSNorm unit without FlashInfer's fusion: vLLM's next all-reduce for rows·H activations, then
     the RMSNorm kernel (s; docs/model.md §3-4; the one home of this unit outside the schedules)."""
-    msg = rows * (hidden * hw.act_bytes)
-    t_ar = all_reduce_dispatch(hw, msg, tp, False, fi_max_bytes=0, vllm=vllm).t_s
+    t_ar = plain_all_reduce(hw, rows * (hidden * hw.act_bytes), tp, vllm=vllm).t_s
     return t_ar + hw.t_mem(F.rms_norm_bytes(rows, hidden, hw.act_bytes, hw.mode.quant_bytes))
+
+
+def plain_all_reduce(hw: Hw, msg_bytes: Arr, tp: int, *, vllm: Vllm, cross_host: bool = False) -> AllReduce:
+    """vLLM's tensor_model_parallel_all_reduce with no norm to fuse: its dispatch without FlashInfer (docs/model.md
+    §4)."""
+    return all_reduce_dispatch(hw, msg_bytes, tp, False, fi_max_bytes=0, vllm=vllm, cross_host=cross_host)
+
+
+def has_multicast(profile: HardwareProfile) -> bool:
+    """The GPUs of one domain share an NVLink multicast (NVLS) address space: the profile carries [fused_kernel]."""
+    return profile.fused_kernel is not None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A fused all-reduce with a tail (docs/model.md §4b): vLLM 0.34's MoE finalize + all-reduce kernels
+
+
+class ArTailPair(NamedTuple):
+    """The fused kernel against its unfused arm, per call over token counts, with the terms that decide (s)."""
+
+    fused_s: Any
+    unfused_s: Any
+    t_oneshot_s: Any  # the one-shot Lamport all-reduce (+ norm) the fused kernel is built on
+    t_tail_s: Any  # the fused kernel's bytes beyond it (the routed rows) and its extra launches
+    t_finalize_s: Any  # unfused: the finalize kernel (reads the routed rows, writes one row per token)
+    t_add_s: Any  # unfused: + the shared-expert row
+    t_all_reduce_s: Any  # unfused: vLLM's all-reduce (+ norm where FlashInfer fuses it)
+    t_norm_s: Any  # unfused: the norm where FlashInfer does not fuse it
+    t_quant_s: Any  # unfused: the MXFP8 quantisation of the next GEMM's input
+    unfused_impl: Any  # the all-reduce implementation of the unfused arm at each size
+
+
+def ar_tail_pair(hw: Hw, tail: ArTail, n: Arr, tp: int, *, vllm: Vllm, cross_host: bool = False) -> ArTailPair:
+    """The fused finalize + one-shot all-reduce kernel against finalize, [add,] all-reduce[+norm][, quant] (s per
+    call; docs/model.md §4b). The fused kernel does at least the one-shot all-reduce of n·H·b (the profile's
+    flashinfer_ar_rmsnorm, Lamport one-shot), plus the routed rows it reads beyond that curve's own input."""
+    n = np.atleast_1d(np.asarray(n, dtype=float))
+    h, b, rho = tail.hidden, hw.act_bytes, tail.routed_rows
+    msg = n * (h * b)
+    lat, bw = hw.p.collective("flashinfer_ar_rmsnorm", tp)
+    t_one = F.t_all_reduce_s(msg, lat, bw, tp)
+    extra = F.moe_finalize_bytes(n, rho + float(tail.shared_row), h, b, 0.0) - msg
+    t_tail = (np.maximum(extra, 0.0) / (hw.hbm_bw_bytes_per_s * hw.mem_efficiency)
+              + (tail.fused_kernels - 1) * hw.launch_overhead_s)
+    t_fin = hw.t_mem(F.moe_finalize_bytes(n, rho, h, b, b))
+    t_add = hw.t_mem(F.add_bytes(n, h, b)) if tail.shared_row else 0.0 * n
+    ar = (all_reduce_dispatch(hw, msg, tp, True, vllm=vllm, cross_host=cross_host) if tail.norm else
+          plain_all_reduce(hw, msg, tp, vllm=vllm, cross_host=cross_host))
+    t_norm = np.where(ar.fused, 0.0, hw.t_mem(F.rms_norm_bytes(n, h, b, b))) if tail.norm else 0.0 * n
+    t_quant = hw.t_mem(F.mxfp8_quant_bytes(n, h, b)) if tail.mxfp8_out else 0.0 * n
+    return ArTailPair(t_one + t_tail, t_fin + t_add + ar.t_s + t_norm + t_quant, t_one, t_tail, t_fin, t_add,
+                      ar.t_s, t_norm, t_quant, ar.impl_per_size)
 
 
 # ---------------------------------------------------------------------------------------------------------------

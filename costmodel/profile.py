@@ -39,7 +39,7 @@ TIERS = ("assumed", "datasheet", "published-measurement", "calibrated")
 # Relative 1-sigma of a parameter by provenance tier, used by the cutoff band (docs/model.md §9).
 SIGMA_REL_BY_TIER = {"assumed": 0.30, "datasheet": 0.15, "published-measurement": 0.10, "calibrated": 0.05}
 # Tables whose values are shapes or counts: never perturbed.
-UNPERTURBED_PREFIXES = ("identity.", "gemm.tile_", "interconnect.domain_size")
+UNPERTURBED_PREFIXES = ("identity.", "gemm.tile_", "interconnect.domain_size", "interconnect.domain_hosts")
 NO_DISPATCH_TABLE = ("[vllm_dispatch] is not a profile table: profiles hold hardware only, and tpcost derives vLLM's "
                      "dispatch limits from its version (costmodel/vllm_tables.py); delete the section, and use "
                      "--vllm-set KEY=BYTES (e.g. custom_ar_max_bytes=4194304) for a what-if on a limit")
@@ -135,6 +135,11 @@ class Interconnect:
     domain_size: Num  # GPUs that share the link (count): symmetric memory cannot span more
     internode_bw_bytes_per_s: Num  # per-GPU network bandwidth beyond the domain (bytes/s)
     internode_latency_s: Num  # added latency beyond the domain (s)
+    domain_hosts: Num = 1  # hosts one domain spans (count): an NVL72's 18 trays; 1 where the domain is one host
+
+    def gpus_per_host(self) -> int:
+        """GPUs on one host: the domain's share of each of its hosts."""
+        return max(1, int(self.domain_size) // max(1, int(self.domain_hosts)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,6 +244,7 @@ OPTIONAL_DEFAULTS = {
                                 "built-in profiles' assumption (docs/model.md §6)"),
     "asynctp.rs_step_exposure": (0.0, "default (not in this profile): every pull of torch's GEMM+RS hides behind a "
                                       "chunk GEMM (docs/model.md §6)"),
+    "interconnect.domain_hosts": (1, "default (not in this profile): the NVLink domain is one host"),
     "asynctp.time_scale": (1.0, "default (not in this profile): the fused ops as modelled; the tier's σ stands for "
                                 "the model's error (the built-in profiles carry the calibrated one, calib/band.py)"),
 }
@@ -248,7 +254,8 @@ OPTIONAL_TABLE_DEFAULTS = {
                                      "the model's error (the built-in profiles carry the calibrated one, calib/band.py)"),
 }
 REQUIRED_COLLECTIVES = ("nccl_all_gather", "nccl_reduce_scatter", "nccl_all_reduce")
-INTEGER_PARAMS = ("identity.sm_count", "gemm.tile_m", "gemm.tile_n", "interconnect.domain_size")
+INTEGER_PARAMS = ("identity.sm_count", "gemm.tile_m", "gemm.tile_n", "interconnect.domain_size",
+                  "interconnect.domain_hosts")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -282,6 +282,48 @@ class CallSite:
     norm_after: bool  # followed by vLLM's residual-add RMSNorm: FlashInfer's AR+norm pattern in the unfused arm
     refused: str | None = None  # why vLLM keeps the unfused path at this site (None: the kernel binds)
 
+    def shape_text(self) -> str:
+        return f"n {self.n}, k {self.k}"
+
+    def to_json(self) -> dict:
+        return {"site": self.name, "n": self.n, "k": self.k, "calls_per_forward": self.calls_per_forward}
+
+
+@dataclasses.dataclass(frozen=True)
+class ArTail:
+    """What a model's one-shot Lamport all-reduce kernel also does, and what its unfused arm runs instead
+    (docs/model.md §4b)."""
+
+    hidden: int
+    routed_rows: float  # permuted expert rows per token this rank reduces (top_k under TP, top_k / EP under EP)
+    shared_row: bool  # a shared-expert row joins the sum (the unfused arm adds it in its own kernel)
+    norm: bool  # the all-reduce feeds a residual-add RMSNorm (the unfused arm: FlashInfer's AR+norm, vLLM's rule)
+    mxfp8_out: bool  # the fused kernel writes the next GEMM's MXFP8 input; the unfused arm quantises after the norm
+    fused_kernels: int = 1  # launches of the fused path (a publish kernel and its PDL consumer: 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class TailSite:
+    """One all-reduce whose kernel also runs a MoE finalize (docs/model.md §4b), and how often per forward."""
+
+    name: str
+    tail: ArTail
+    calls_per_forward: int
+    weights: str | None = "bf16"  # the decision prices it (None: refused, see `refused`)
+    refused: str | None = None
+    cross_host: bool = False  # the TP group spans hosts of one NVLink domain (vLLM's unfused dispatch changes)
+
+    def shape_text(self) -> str:
+        t = self.tail
+        return (f"H {t.hidden}, {t.routed_rows:g} routed row(s) per token" + (" + a shared row" if t.shared_row else "")
+                + (", MXFP8 out" if t.mxfp8_out else ""))
+
+    def to_json(self) -> dict:
+        t = self.tail
+        return {"site": self.name, "hidden": t.hidden, "routed_rows": t.routed_rows, "shared_row": t.shared_row,
+                "norm": t.norm, "mxfp8_out": t.mxfp8_out, "fused_kernels": t.fused_kernels,
+                "calls_per_forward": self.calls_per_forward}
+
 
 @dataclasses.dataclass(frozen=True)
 class SpCondition:
@@ -384,6 +426,15 @@ class KernelModel:
             thr = int(floor.value[par.tp])
         return max(par.tp, thr + 1)
 
+    def moe_quant_algo(self) -> Any:
+        """The routed experts' format as the config names it (quantization_config moe_quant_algo; None: bf16)."""
+        q = self._cfg.get("quantization_config")
+        return q.get("moe_quant_algo") if isinstance(q, dict) else None
+
+    def qkv_weights(self) -> str | None:
+        """The format of the attention's qkv_proj weights ("bf16", "mxfp8"; None: another quantisation)."""
+        return self._weights("model.layers.1.self_attn.qkv_proj")[0]
+
     def vllm_refuses(self, par: Parallel) -> str | None:
         """Why vLLM refuses this checkpoint in this setup at init (None: it builds): MiniMax-M3's MegaMoE, which
         model-level SP needs, wants NVFP4 routed experts; Muse Spark's MegaMoE wants expert parallel."""
@@ -392,8 +443,7 @@ class KernelModel:
                     "NotImplementedError at init)")
         if self.family != "minimax_m3" or par.moe_backend != NATIVE_MEGA_MOE:
             return None
-        q = self._cfg.get("quantization_config")
-        algo = q.get("moe_quant_algo") if isinstance(q, dict) else None
+        algo = self.moe_quant_algo()
         if algo != "NVFP4":
             return f"vLLM refuses this: {MEGA_MOE_NVFP4} (this checkpoint: moe_quant_algo {algo!r})"
         if not par.enable_expert_parallel:
@@ -478,9 +528,33 @@ class KernelModel:
         every layer's o_proj and its MLP or MoE output (assumed: the MoE's all-reduce reaches the next norm)."""
         return 2 * self.num_layers
 
+    def finalize_sites(self, par: Parallel) -> list[TailSite]:
+        """The MoE layers whose finalize a fused all-reduce can take (docs/model.md §4b): MiniMax-M3's, each with a
+        successor (the last layer keeps its own; every rank reduces all top_k rows of its TP shard, plus the shared
+        row, into MXFP8 for the next qkv_proj); Muse Spark's under EP over the TP group (top_k / EP rows a rank,
+        no norm, bf16 out)."""
+        c = self._cfg
+        flags = self.moe_layer_flags()
+        k = _pos(c, "num_experts_per_tok", self.name)
+        if self.family == "minimax_m3":
+            shared = bool(_count(c, "n_shared_experts", self.name) or _count(c, "num_shared_experts", self.name))
+            calls = sum(flags[:-1])
+            return [TailSite("MoE finalize -> next input norm", ArTail(self.hidden, float(k), shared, True, True, 2),
+                             calls, cross_host=par.tp_spans_nodes())] if calls else []
+        if self.family == "muse_spark":
+            ep = par.tp * par.data_parallel_size if par.enable_expert_parallel else 1
+            return [TailSite("post-expert finalize", ArTail(self.hidden, k / ep, False, False, False, 1),
+                             sum(flags), cross_host=par.tp_spans_nodes())] if any(flags) else []
+        return []
+
     def num_moe_layers(self) -> int:
-        """layer_idx >= first_k_dense_replace and layer_idx % moe_layer_freq == 0 (KimiDecoderLayer.is_moe_layer);
-        MiniMax-M3: mlp_layer_types "sparse", or the old hub schema's moe_layer_freq list (1: MoE)."""
+        """The MoE layers of one forward (moe_layer_flags)."""
+        return sum(self.moe_layer_flags())
+
+    def moe_layer_flags(self) -> list[bool]:
+        """Per layer, whether it is a MoE layer: layer_idx >= first_k_dense_replace and layer_idx % moe_layer_freq
+        == 0 (KimiDecoderLayer.is_moe_layer); MiniMax-M3: mlp_layer_types "sparse", or the old hub schema's
+        moe_layer_freq list (1: MoE)."""
         c = self._cfg
         if self.family == "minimax_m3":
             kinds, freq_list = c.get("mlp_layer_types"), c.get("moe_layer_freq")
@@ -493,12 +567,12 @@ class KernelModel:
             if per_layer is None or len(per_layer) < self.num_layers:
                 raise TpcostError(f"{self.name}: config.json needs mlp_layer_types or a moe_layer_freq list of "
                                   f"{self.num_layers} entries (MiniMax-M3's dense and MoE layers)")
-            return sum(per_layer[: self.num_layers])
-        if not _count(c, "num_experts", self.name):
-            return 0
+            return per_layer[: self.num_layers]
+        if not (_count(c, "num_experts", self.name) or _count(c, "num_local_experts", self.name)):
+            return [False] * self.num_layers
         first = _count(c, "first_k_dense_replace", self.name)
         freq = _count(c, "moe_layer_freq", self.name, lo=1)
-        return sum(1 for i in range(self.num_layers) if i >= first and i % freq == 0)
+        return [i >= first and i % freq == 0 for i in range(self.num_layers)]
 
     def _weights(self, module: str) -> tuple[str | None, str | None]:
         """The site's weight format as can_run sees it: bf16 (unquantised, or named by the config's ignore list),

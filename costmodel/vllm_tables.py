@@ -372,6 +372,11 @@ def kernel_gate(dtype: str, tp: int, n: int | None = None) -> str | None:
 
 def kernel_ships_on(compute_capability: str) -> bool:
     """vLLM builds gemm_rs_ar on the SM100 family only (is_device_capability_family(100))."""
+    return sm100_family(compute_capability)
+
+
+def sm100_family(compute_capability: str) -> bool:
+    """current_platform.is_device_capability_family(100): capability 10.x (B200, B300, GB200, GB300)."""
     return compute_capability.startswith(KERNEL_FAMILY_PREFIX)
 
 
@@ -451,6 +456,12 @@ class Parallel:
     moe_backend: str = "auto"
     all2all_backend: str = ""
     shard_sp_shared_expert: bool = False  # VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT=1
+    nnodes: int = 1  # --nnodes: the hosts the ranks sit on
+
+    def tp_spans_nodes(self) -> bool:
+        """The TP group crosses hosts (tp_group_spans_nodes): the world split evenly over --nnodes, TP innermost."""
+        world = self.tp * self.pipeline_parallel_size * self.data_parallel_size
+        return self.nnodes > 1 and self.tp > world // self.nnodes
 
 
 # where the models that bind the kernel call it (costmodel.shapes.KernelModel reads these sites from config.json)
@@ -547,7 +558,7 @@ class ModelGate:
 
     key: str  # tpcost's name for it: "<family>.<op>"
     family: str  # the model family whose code gates ("minimax_m3", "muse_spark"; "common": any model using it)
-    op: str  # gemm_rs | ag_gemm | oneshot_ar | sp_floor
+    op: str  # gemm_rs | ag_gemm | oneshot_ar | finalize_ar | sp_floor (costmodel.gates.GATE_OPS)
     constant: str  # the module constant's name
     value: Any  # tokens (per rank where per_rank), or {tp: tokens}
     where: str  # file:line of the assignment
@@ -559,6 +570,8 @@ class ModelGate:
     exposed: str | None = None  # what vLLM lets an operator set (an env switch); None: nothing
     derived: bool = True  # tpcost derives its own value
     align: Mapping[int, int] | None = None  # tp -> the multiple of rows the fused path needs (a partial tile: unfused)
+    multi_node_value: int | None = None  # the value when the TP group spans hosts (None: the same)
+    multi_node_constant: str = ""  # its constant's name
 
 
 def muse_gemm_rs_blocker(vllm: Vllm, capability: str, tp: int, budget_tokens: int) -> str | None:
@@ -702,6 +715,10 @@ _MINIMAX = "vllm/models/minimax_m3/nvidia/model.py"
 _SEQ_PAR = "vllm/models/common/ops/sequence_parallel.py"
 _MUSE = "vllm/models/muse_spark/nvidia/model.py"
 _MUSE_MEGA = "vllm/models/muse_spark/nvidia/mega_moe.py"
+_MUSE_RUNNER = "vllm/models/muse_spark/nvidia/muse_moe_runner.py"
+_MUSE_FUSIONS = "vllm/models/muse_spark/nvidia/ops/mnnvl_fusions.py"
+_MINIMAX_FIN = "vllm/models/minimax_m3/nvidia/ops/finalize_allreduce_norm.py"
+_MOE_RUNNER = "vllm/model_executor/layers/fused_moe/runner/moe_runner.py"
 MEGA_MOE_NVFP4 = ("MiniMax-M3's MegaMoE needs a checkpoint with NVFP4 routed experts (quantization_config "
                   "moe_quant_algo NVFP4) and expert parallel; vLLM raises NotImplementedError at init otherwise")
 _GATES_034 = (
@@ -730,6 +747,25 @@ _GATES_034 = (
               "under model-level SP below the SP floor (the o_proj output all-reduces): FlashInfer's one-shot "
               "all-reduce fused with the attention -> FFN boundary norms up to the constant, vLLM's all-reduce then "
               f"the norms above ({_MUSE}:1806-1821 sizes the workspace by it)", runs_from="max"),
+    ModelGate("minimax_m3.finalize_ar", "minimax_m3", "finalize_ar", "FUSED_MOE_FINALIZE_MAX_TOKENS", 32,
+              f"{_MINIMAX}:149-152", f"{_MINIMAX}:1394-1398, 1508-1516", "(no GPU named)",
+              "a MoE layer's top-k finalize left to the next layer's input norm, one kernel pair (FlashInfer's "
+              "Lamport one-shot all-reduce: a publish kernel that sums the routed and shared rows, a PDL consumer "
+              "that reduces, adds the residual, norms and writes MXFP8) for N <= the constant, which also sizes its "
+              f"mailbox; supports_fused_moe_finalize: TP > 1, no expert parallel, SM100 family, bf16 model dtype, "
+              f"NVLink multicast ({_MINIMAX_FIN}:726-749); per layer: a successor whose input all-reduce is fused and "
+              f"whose qkv_proj takes MXFP8, experts that stop after GEMM2 (TRTLLM-Gen NVFP4, not MegaMoE; "
+              f"{_MINIMAX}:646-661); above it the MoE finalizes, adds its shared row ({_MOE_RUNNER}:803-806), then "
+              f"FlashInfer's AR+norm ({_MINIMAX}:1352-1355) and qkv_proj's own MXFP8 quantisation", runs_from="max"),
+    ModelGate("muse_spark.finalize_ar", "muse_spark", "finalize_ar", "_FUSED_ALL_REDUCE_MAX_TOKENS", 256,
+              f"{_MUSE_RUNNER}:149-152", f"{_MUSE_RUNNER}:225-229, 250-254", "GB300 TP4; two-node TP8",
+              "the EP combine's late all-reduce fused into the post-expert finalize (FlashInfer's MNNVL CuTe DSL "
+              "MoE finalize + all-reduce, Lamport one-shot) for N <= the constant (the two-node constant when the TP "
+              f"group spans hosts); _create_all_reduce: EP over the TP group (ep_size = TP), DP 1, no all2all "
+              f"kernels, no SP, experts not TP-sharded ({_MUSE_RUNNER}:200-216); fuse_all_reduce needs replicated "
+              f"tokens: not MegaMoE, TP > 1, DP 1 ({_MUSE}:545-562); SM100 family and NVLink multicast "
+              f"({_MUSE_FUSIONS}:33-46); above it the finalize, then vLLM's all-reduce ({_MUSE_RUNNER}:903-905)",
+              runs_from="max", multi_node_value=128, multi_node_constant="_MULTI_NODE_FUSED_ALL_REDUCE_MAX_TOKENS"),
     ModelGate("muse_spark.sp_floor", "muse_spark", "sp_floor", "_TRTLLM_TOKEN_THRESHOLD_TEP4/8", {4: 128, 8: 256},
               f"{_MUSE_MEGA}:41-42", f"{_MUSE}:527, 1535, 1730", "(no GPU named)",
               "is_sequence_parallel_active from max(tp, threshold + 1) tokens; NVFP4 (ModelOptNvFp4Config) with "
@@ -833,7 +869,7 @@ _INVENTORY_034 = (
     GateEntry('vllm/models/minimax_m3/amd/ops/nvfp4_index_decode/kernel_cp_push.py:42', 'MAX_ROWS', '1024', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
     GateEntry('vllm/models/minimax_m3/amd/specialized_decode/mono/ffn.py:89', 'MAX_TOKENS', '16', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
     GateEntry('vllm/models/minimax_m3/nvidia/model.py:152', 'FUSED_MOE_FINALIZE_MAX_TOKENS', '32', "comm", "MoE top-k finalize inside the next layer's fused all-reduce + norm + MXFP8 quantisation up to it",
-              unit='tokens', measured='', status='not modelled: the all-reduce + norm model has no MoE top-k finalize tail or MXFP8 quantisation bytes'),
+              unit='tokens', measured='', status="priced: model gate minimax_m3.finalize_ar (vllm-config's model_gates)"),
     GateEntry('vllm/models/minimax_m3/nvidia/model.py:154', '_QKV_FUSED_EPILOGUE_MIN_TOKENS', '512', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
     GateEntry('vllm/models/minimax_m3/nvidia/model.py:159', '_GEMM_RS_MIN_TOKENS', '1024', "comm", "MiniMax-M3's fused GEMM-RS from it, else GEMM then sp_reduce_scatter",
               unit='tokens', measured='GB300 TP4', status="priced: model gate minimax_m3.gemm_rs (vllm-config's model_gates)"),
@@ -852,9 +888,10 @@ _INVENTORY_034 = (
     GateEntry('vllm/models/muse_spark/nvidia/model.py:176', '_PREPARED_NVFP4_MAX_TOKENS', '256', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
     GateEntry('vllm/models/muse_spark/nvidia/model.py:278', '_FLASHINFER_DUAL_NORM_MAX_TOKENS', '1024', 'kernel_choice', "FlashInfer's cluster-per-row dual norm up to it, a Triton kernel above (no communication)"),
     GateEntry('vllm/models/muse_spark/nvidia/muse_moe_runner.py:151', '_FUSED_ALL_REDUCE_MAX_TOKENS', '256', "comm", 'MoE finalize fused with the all-reduce up to it (one node)',
-              unit='tokens', measured='GB300 TP4', status='not modelled: the all-reduce + norm model has no MoE finalize tail'),
+              unit='tokens', measured='GB300 TP4', status="priced: model gate muse_spark.finalize_ar (vllm-config's model_gates)"),
     GateEntry('vllm/models/muse_spark/nvidia/muse_moe_runner.py:152', '_MULTI_NODE_FUSED_ALL_REDUCE_MAX_TOKENS', '128', "comm", 'the same fusion across two nodes up to it',
-              unit='tokens', measured='GB300 TP8, two nodes', status='not modelled: a cross-node fused all-reduce (MNNVL across two trays)'),
+              unit='tokens', measured='GB300 TP8, two nodes', status="priced: model gate muse_spark.finalize_ar with --nnodes 2 (the TP group spans hosts; vllm-config's "
+                     "model_gates)"),
     GateEntry('vllm/models/muse_spark/nvidia/specialized_decode/cutedsl/attention/qkv_front.py:73', 'MAX_TOKENS', '16', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
     GateEntry('vllm/models/muse_spark/nvidia/specialized_decode/cutedsl/moe/routing.py:68', 'MAX_TOKENS', '8', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
     GateEntry('vllm/models/muse_spark/nvidia/specialized_decode/runtime/cute_ops.py:88', 'ROUTING_MAX_TOKENS', 'routing.MAX_TOKENS', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
@@ -916,7 +953,7 @@ _R034 = dataclasses.replace(
     switches_cite=f"{_ENVS}:223-224 VLLM_KIMI_K3_GEMM_AR (1), VLLM_ENABLE_GEMM_RS (0)",
     shared_expert_cite=f"{_KIMI_K3}:165-176 can_shard_sequence_parallel_shared_expert",
     notes=(f"a cross-node group skips the IPC custom all-reduce ({_CUSTOM_AR}:479-481, 501: mnnvl_only); tpcost "
-           "models one node, where nothing changes",
+           "prices it in a model gate's unfused arm where the TP group spans an NVL72's trays (vllm-config --nnodes)",
            f"gemm_rs_ar takes a pre-quantised MXFP8 activation without quantising it again ({_GEMM_RS_AR}:1008-1016)",
            "DeepSeek-V4.1 turns GEMM-RS off under LoRA; Kimi-K3 and DeepSeek-V4.1 keep should_run's M >= 128"),
     model_gates=_GATES_034, ep=_EP_034, gate_inventory=_INVENTORY_034 + _INVENTORY_034_BY_HAND)

@@ -484,8 +484,11 @@ def gate_lines(gates) -> list[str]:
         v = "-" if gd.vllm_tokens is None else gd.vllm_tokens
         what = (f"vLLM shards the stream at N >= max(tp, {v} + 1)" if g.op == "sp_floor" else
                 f"vLLM fuses at N{unit} >= {v}" if g.runs_from == "min" else
-                f"vLLM fuses at N <= {v} below the SP floor (here N < {gd.sp_floor_tokens})")
-        head = f"tpcost: gate {g.key} ({g.constant}, {g.where}; measured on {g.measured_on}): {what}"
+                f"vLLM fuses at N <= {v} below the SP floor (here N < {gd.sp_floor_tokens})"
+                if g.op == "oneshot_ar" else f"vLLM fuses at N <= {v}")
+        if gd.multi_node:
+            what += " (the TP group spans hosts)"
+        head = f"tpcost: gate {g.key} ({gd.constant}, {g.where}; measured on {g.measured_on}): {what}"
         if gd.why_not_derived:
             out.append(f"{head}; not derived: {gd.why_not_derived}")
         else:
@@ -497,7 +500,7 @@ def gate_lines(gates) -> list[str]:
                        f"[{gate_tokens(g, band[0])}, {gate_tokens(g, band[1])}]{never}), "
                        + ("" if sv is None else f"saving {sv * 1e3:.3f} ms per forward on the workload against vLLM's "
                                                 "constant; ")
-                       + "sites " + ", ".join(f"{s.name} x{s.calls_per_forward} (n {s.n}, k {s.k})" for s in gd.sites))
+                       + "sites " + ", ".join(f"{s.name} x{s.calls_per_forward} ({s.shape_text()})" for s in gd.sites))
         out.append(f"tpcost:   {'acts here' if gd.applies is None else 'does not act here: ' + gd.applies}; vLLM exposes "
                    f"{g.exposed or 'nothing to set it (a module constant: reported, not patched)'}")
         if gd.applies and gd.applies.startswith("vLLM refuses") and not gd.why_not_derived:

@@ -406,7 +406,8 @@ def kernel_parallel(parallel_config, kernel_config) -> dict:
             "enable_expert_parallel": bool(parallel_config.enable_expert_parallel),
             "moe_backend": str(getattr(kernel_config, "moe_backend", "auto") or "auto"),
             "all2all_backend": str(getattr(parallel_config, "all2all_backend", "") or ""),
-            "shard_sp_shared_expert": os.environ.get(SHARD_SP_SHARED_EXPERT_ENV, "0") not in ("", "0")}
+            "shard_sp_shared_expert": os.environ.get(SHARD_SP_SHARED_EXPERT_ENV, "0") not in ("", "0"),
+            "nnodes": int(getattr(parallel_config, "nnodes", 1) or 1)}
 
 
 def _apply_kernel_model(cfg, has_sp: bool) -> None:
@@ -511,7 +512,7 @@ def plugin_gate_lines(gates) -> list[str]:
         else:
             mine = (f"tpcost's {gate_tokens(g, gd.tpcost_tokens)}{unit}"
                     + ("" if gd.saving_s is None else f", saving {gd.saving_s * 1e3:.3f} ms per forward on this traffic"))
-        out.append(f"tpcost: {g.key}: vLLM's {g.constant} = {'-' if gd.vllm_tokens is None else gd.vllm_tokens}{unit}, "
+        out.append(f"tpcost: {g.key}: vLLM's {gd.constant} = {'-' if gd.vllm_tokens is None else gd.vllm_tokens}{unit}, "
                    f"{mine}; {'acts here' if gd.applies is None else 'not reached here: ' + gd.applies}; left as vLLM "
                    "has it (a module constant in the workers; tpcost sets only what vLLM exposes)")
     return out

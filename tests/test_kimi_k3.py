@@ -160,7 +160,7 @@ def test_other_models_refuse_the_kernel_flags(one_line_error):
     one_line_error("vllm-config", "--model", "llama-3.1-70b", "--gpu", "b200", "--vllm-version", "0.33",
                    "--kernel-op", "gemm_ar", needle="the switch has no effect for llama-3.1-70b")
     one_line_error("vllm-config", "--model", "llama-3.1-70b", "--gpu", "b200", "--vllm-version", "0.33",
-                   "--data-parallel-size", "2", needle="--data-parallel-size: decides the fused kernel's mode")
+                   "--data-parallel-size", "2", needle="--data-parallel-size: read only for a model whose code gates a fused op")
     one_line_error("vllm-config", "--gpu", "b200", "--format", "env", needle="give --kernel-op too")
 
 

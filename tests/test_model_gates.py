@@ -15,7 +15,7 @@ import pytest
 
 from costmodel import load_profile
 from costmodel.analysis import expected_time_by_threshold_s
-from costmodel.gates import decide_gate, gate_arms, model_gates
+from costmodel.gates import GATE_OPS, decide_gate, gate_arms, model_gates
 from costmodel.model import Regime, RunConfig
 from costmodel.shapes import load_model_config, read_kernel_model
 from costmodel.vllm_tables import RELEASES, Parallel, Vllm
@@ -53,8 +53,10 @@ def _report(path, gpu, tp, *extra):
 def test_minimax_names_its_gate_and_why_vllm_refuses_the_published_checkpoint():
     rep, err = _report(MINIMAX, "gb300-nvl72", 4, *SP, "--kernel-op", "gemm_rs")
     assert rep["vllm_version"] == "0.34" and rep["env"] == {"VLLM_ENABLE_GEMM_RS": rep["env"]["VLLM_ENABLE_GEMM_RS"]}
-    (g,) = rep["model_gates"]
-    assert g["gate"] == "minimax_m3.gemm_rs" and g["constant"] == "_GEMM_RS_MIN_TOKENS" and g["vllm_tokens"] == 1024
+    gates = {g["gate"]: g for g in rep["model_gates"]}
+    assert set(gates) == {"minimax_m3.gemm_rs", "minimax_m3.finalize_ar"}
+    g = gates["minimax_m3.gemm_rs"]
+    assert g["constant"] == "_GEMM_RS_MIN_TOKENS" and g["vllm_tokens"] == 1024
     assert [(s["site"], s["n"], s["k"], s["calls_per_forward"]) for s in g["sites"]] == [
         ("o_proj", 6144, 8192 // 4, 60), ("down_proj (dense MLP)", 6144, 12288 // 4, 3)]
     assert g["applies"] is False and "NVFP4" in g["why_not"] and "vLLM refuses this" in err
@@ -71,16 +73,16 @@ def test_an_nvfp4_minimax_checkpoint_reaches_the_gate_and_its_band_holds_the_val
 
     km = _km(MINIMAX, nvfp4)
     run = RunConfig(4, "bf16", Regime(vllm=V034), 8192)
-    (gd,) = model_gates(load_profile("b300"), km, Parallel(4, enable_expert_parallel=True,
+    gd, _ = model_gates(load_profile("b300"), km, Parallel(4, enable_expert_parallel=True,
                                                            moe_backend="deep_gemm_mega_moe"), run)
     assert gd.applies is None and gd.saving_s is not None
     lo, hi = gd.band_tokens
     if gd.tpcost_tokens is not None:
         assert (lo or 0) <= gd.tpcost_tokens <= (hi or np.inf)
     # without model-level SP (no MegaMoE) the gate is never reached, and says so
-    (off,) = model_gates(load_profile("b300"), km, Parallel(4), run)
+    off, _ = model_gates(load_profile("b300"), km, Parallel(4), run)
     assert off.applies.startswith("model-level SP is off")
-    (none,) = model_gates(load_profile("b300"), _km(MINIMAX, lambda c: nvfp4(c, ())),
+    none, _ = model_gates(load_profile("b300"), _km(MINIMAX, lambda c: nvfp4(c, ())),
                           Parallel(4, enable_expert_parallel=True, moe_backend="deep_gemm_mega_moe"), run)
     assert none.tpcost_tokens is None and "runs it nowhere" in none.applies and "can_run" in none.applies
 
@@ -98,7 +100,9 @@ def test_each_value_is_the_least_expected_time_by_brute_force(gpu, tp):
             continue
         g = gd.gate
         n = np.arange(1, 4097, dtype=float)
-        ok = n < gd.sp_floor_tokens if g.runs_from == "max" else n >= gd.sp_floor_tokens
+        rng = GATE_OPS[g.op].fused_range
+        ok = (np.ones(n.shape, dtype=bool) if rng == "any" else n < gd.sp_floor_tokens if rng == "below_sp_floor"
+              else n >= gd.sp_floor_tokens)
         if g.op == "ag_gemm":
             ok &= n > 1024  # Blackwell's capture size: graphs below, where the fused op cannot run
         if g.align and tp in g.align:
@@ -119,7 +123,8 @@ def test_each_value_is_the_least_expected_time_by_brute_force(gpu, tp):
 def test_muse_spark_gates_act_where_the_code_says():
     rep, err = _report(MUSE, "b300", 4, *SP)
     gates = {g["gate"]: g for g in rep["model_gates"]}
-    assert set(gates) == {"common.ag_gemm", "muse_spark.gemm_rs", "muse_spark.oneshot_ar", "muse_spark.sp_floor"}
+    assert set(gates) == {"common.ag_gemm", "muse_spark.gemm_rs", "muse_spark.oneshot_ar", "muse_spark.sp_floor",
+                          "muse_spark.finalize_ar"}
     ag = gates["common.ag_gemm"]
     assert ag["per_rank"] and ag["vllm_tokens"] == 1024 and ag["applies"]
     assert [(s["n"], s["k"], s["calls_per_forward"]) for s in ag["sites"]] == [(2 * (128 + 16) * 64 // 4, 8192, 62)]
@@ -198,9 +203,9 @@ def test_the_plugin_logs_one_line_per_gate():
                                                            moe_backend="deep_gemm_mega_moe"),
                         RunConfig(4, "bf16", Regime(vllm=V034)))
     lines = plugin_gate_lines(gates)
-    assert len(lines) == len(gates) == 4
+    assert len(lines) == len(gates) == 5
     for gd, line in zip(gates, lines):
-        assert gd.gate.constant in line and f"= {gd.vllm_tokens}" in line and "left as vLLM has it" in line
+        assert gd.constant in line and f"= {gd.vllm_tokens}" in line and "left as vLLM has it" in line
         assert ("saving" in line) == (gd.why_not_derived is None)
 
 
@@ -282,11 +287,18 @@ def test_vllm_config_lists_every_gate_of_the_family(capsys):
     inv = _json.loads(capsys.readouterr().out)["gate_inventory"]
     names = {g["name"]: g for g in inv}
     assert names["_GEMM_RS_MIN_TOKENS"]["status"].startswith("priced")
-    assert names["FUSED_MOE_FINALIZE_MAX_TOKENS"]["status"].startswith("not modelled")
+    assert names["FUSED_MOE_FINALIZE_MAX_TOKENS"]["status"].startswith("priced: model gate minimax_m3.finalize_ar")
     assert all(g["where"].startswith("vllm/models/minimax_m3/") and g["status"] for g in inv)
     assert main(argv) == 0
+    err = capsys.readouterr().err  # both comm gates priced: the finalize is a model gate, not an "other" gate
+    assert "gate minimax_m3.finalize_ar (FUSED_MOE_FINALIZE_MAX_TOKENS" in err and "other gates" not in err
+    muse = ["vllm-config", "--model", str(MUSE), "--vllm-version", "0.34", "--gpu", "gb300-nvl72", "--tp", "4",
+            "--enable-expert-parallel"]
+    assert main(muse) == 0
     err = capsys.readouterr().err
-    assert "FUSED_MOE_FINALIZE_MAX_TOKENS = 32" in err and "not modelled" in err
+    other = err[err.index("other gates"):]
+    assert "_SHARDED_PROJECTION_MAX_TOKENS = 256" in other and "not modelled" in other
+    assert "_FUSED_ALL_REDUCE_MAX_TOKENS" not in other and "gate muse_spark.finalize_ar" in err
 
 
 def _b300_ag_cutoff(capsys, *extra):

@@ -136,9 +136,32 @@ def _gate_needles() -> dict[str, list[str]]:
     gates = {g.key: g for g in REC.model_gates}
     mm, ag = gates["minimax_m3.gemm_rs"], gates["common.ag_gemm"]
     ms, one, floor = gates["muse_spark.gemm_rs"], gates["muse_spark.oneshot_ar"], gates["muse_spark.sp_floor"]
+    mf, sf = gates["minimax_m3.finalize_ar"], gates["muse_spark.finalize_ar"]
     m, mu, mg = ("vllm/models/minimax_m3/nvidia/model.py", "vllm/models/muse_spark/nvidia/model.py",
                  "vllm/models/muse_spark/nvidia/mega_moe.py")
-    return {mm.where: [f"{mm.constant} = {mm.value}"],
+    mfin, run = "vllm/models/minimax_m3/nvidia/ops/finalize_allreduce_norm.py", sf.where.split(":")[0]
+    return {mf.where: [f"{mf.constant} = {mf.value}"],
+            f"{m}:1394-1398": ["defers_finalize(", "forward_unfinalized(hidden_states)"],
+            f"{m}:1508-1516": ["for layer, successor in zip(layers, layers[1:])", "successor.fuse_input_allreduce",
+                               "== kMxfp8Dynamic", f"defer_finalize({mf.constant})"],
+            f"{mfin}:726-749": ["def supports_fused_moe_finalize", "get_tensor_model_parallel_world_size() <= 1",
+                                "enable_expert_parallel", "is_device_capability_family(100)", "torch.bfloat16",
+                                "_has_local_multicast_support"],
+            f"{m}:646-661": ["def defer_finalize", "use_mega_moe", "TrtLlmNvFp4ExpertsModular"],
+            "vllm/model_executor/layers/fused_moe/runner/moe_runner.py:803-806": ["result = shared_output + fused_output"],
+            f"{m}:1352-1355": ["fuse_input_allreduce", "fused_allreduce_gemma_rms_norm("],
+            sf.where: [f"{sf.constant} = {sf.value}", f"{sf.multi_node_constant} = {sf.multi_node_value}",
+                       "TP4 gains up to 256 tokens, two-node TP8 only to 128"],
+            f"{run}:225-229": [sf.multi_node_constant, "if tp_group_spans_nodes()", sf.constant],
+            f"{run}:250-254": ["num_tokens <= self._all_reduce_max_tokens", "moe_finalize_rmsnorm_allreduce"],
+            f"{run}:200-216": ["def _create_all_reduce", "pc.ep_size != get_tp_group().world_size", "pc.dp_size != 1",
+                               "pc.use_all2all_kernels", "pc.is_sequence_parallel", "self.pre_norm_all_reduce"],
+            f"{mu}:545-562": ["replicated_tokens = (", "not self.use_mega_moe and not self.is_sequence_parallel",
+                              "data_parallel_size == 1", "use_tep_optimizations = ("],
+            "vllm/models/muse_spark/nvidia/ops/mnnvl_fusions.py:33-46": ["is_device_capability_family(100)", "is_multicast_supported(",
+                                                                         "world_size > 1"],
+            f"{run}:903-905": ["self._maybe_reduce_final_output("],
+            mm.where: [f"{mm.constant} = {mm.value}"],
             f"{m}:240-261": ["def _maybe_init_gemm_rs", f"max_num_batched_tokens < {mm.constant}"],
             f"{m}:276-285": ["def _row_parallel_reduce_scatter", f"num_tokens >= {mm.constant}"],
             f"{m}:224-237": ["def _use_sequence_parallel", "enable_expert_parallel", "tensor_parallel_size > 1"],
@@ -306,9 +329,13 @@ def test_the_plugin_sets_its_switch_and_logs_each_gate_with_034s_classes(monkeyp
     assert env == "VLLM_ENABLE_GEMM_RS" and value in ("0", "1")
     monkeypatch.setenv(env, value)
     assert getattr(envs, env) is (value == "1")
-    (line,) = plan["gates"]
-    assert "minimax_m3.gemm_rs" in line and "_GEMM_RS_MIN_TOKENS = 1024" in line and "tpcost's" in line
-    assert "left as vLLM has it" in line and not plan["set"]  # the constant is reported, never patched
+    lines = {line.split(":")[1].strip(): line for line in plan["gates"]}
+    assert set(lines) == {"minimax_m3.gemm_rs", "minimax_m3.finalize_ar"}
+    line = lines["minimax_m3.gemm_rs"]
+    assert "_GEMM_RS_MIN_TOKENS = 1024" in line and "tpcost's" in line
+    fin = lines["minimax_m3.finalize_ar"]  # MegaMoE finalizes in its own kernel: the deferred finalize is not reached
+    assert "FUSED_MOE_FINALIZE_MAX_TOKENS = 32" in fin and "not reached here" in fin
+    assert all("left as vLLM has it" in x for x in lines.values()) and not plan["set"]  # reported, never patched
 
 
 @pytest.mark.parametrize("backend", ["deepep_low_latency", "deepep_high_throughput"])

@@ -349,6 +349,13 @@ def gemm_ar_settings_table() -> str:
     return "\n".join(lines)
 
 
+def _site_shape(s: dict) -> str:
+    """A gate's site as the table shows it: a GEMM's (n, k per rank), or a finalize's hidden and routed rows."""
+    if "n" in s:
+        return f"{s['n']}, {s['k']}"
+    return f"H {s['hidden']}, {s['routed_rows']:g} routed rows" + (" + shared" if s["shared_row"] else "")
+
+
 def model_gates_table() -> str:
     """benchmarks/results/vllm_thresholds.json: vLLM 0.34's hand cutoffs in model code beside tpcost's values."""
     d = _load("vllm_thresholds.json")
@@ -360,6 +367,11 @@ def model_gates_table() -> str:
             "off" if g.get("runs_from") == "max" and x == 0 else str(x))
 
     def terms(t):
+        if "t_oneshot_us" in t:
+            return (f"N {t['n']}: one-shot AR {t['t_oneshot_us']:.1f} + tail {t['t_tail_us']:.1f} µs fused · unfused "
+                    f"finalize {t['t_finalize_us']:.1f} + add {t['t_add_us']:.1f} + {t['unfused_impl']} "
+                    f"{t['t_all_reduce_us']:.1f} + norm {t['t_norm_us']:.1f} + quant {t['t_quant_us']:.1f} µs · "
+                    f"speedup {t['speedup']:.3f}")
         if "waves" in t:
             return (f"M {t['m']}: {t['waves']} wave(s) · {t['multicast_gb_per_s']:.0f} GB/s multicast · {t['bound']}"
                     f" · fixed {t['fixed_us']:.1f} µs · unfused {t['unfused_impl']} · speedup {t['speedup']:.3f}")
@@ -370,14 +382,15 @@ def model_gates_table() -> str:
 
     for r in d["model_gates"]:
         unit = "/rank" if r["gate"] == "common.ag_gemm" else ""
-        sites = ("; ".join(f"{s['site']} ({s['n']}, {s['k']}) ×{s['calls_per_forward']}" for s in r["sites"])
+        nodes = " (2 trays)" if r.get("constant", "").startswith("_MULTI_NODE") else ""
+        sites = ("; ".join(f"{s['site']} ({_site_shape(s)}) ×{s['calls_per_forward']}" for s in r["sites"])
                  if "sites" in r else f"{r['site']} ({r['n']}, {r['k']}) (`tpcost op`)")
         band = r.get("band_tokens")
         bs = "-" if band is None else f"[{tok(band[0], r)}, {tok(band[1], r)}]"
         sv = r.get("saving_s")
         acts = "op value" if r.get("as") == "op" else ("yes" if r["applies"] else f"no: {r['why_not']}")
         t = "; ".join(f"{k}: {terms(v)}" for k, v in (r.get("terms_at_vllm") or {}).items()) or "-"
-        lines.append(f"| {r['gpu']} | {r['tp']} | {r['gate']} | {sites} | {r['vllm_tokens']}{unit} | "
+        lines.append(f"| {r['gpu']} | {r['tp']}{nodes} | {r['gate']} | {sites} | {r['vllm_tokens']}{unit} | "
                      f"{tok(r['tpcost_tokens'], r)}{unit} | {bs} | {'-' if sv is None else f'{sv * 1e3:.3f}'} | {acts} "
                      f"| {t} |")
     return "\n".join(lines)

@@ -43,6 +43,9 @@ def register(sub) -> None:
     g.add_argument("--data-parallel-size-local", type=bounded_int("--data-parallel-size-local", 1, 72, "GPUs per node"),
                    metavar="N", help="vLLM's --data-parallel-size-local: DP ranks per node, for dual-batch overlap "
                    "across nodes (default: the GPU's NVLink domain)")
+    g.add_argument("--nnodes", type=bounded_int("--nnodes", 1, 4096, "a host count"), metavar="N",
+                   help="vLLM's --nnodes: the hosts the ranks sit on (a TP group that spans them takes a model's "
+                        "multi-node constants; dual-batch overlap: the DP ranks' hosts)")
     g.add_argument("--network", metavar="NAME|FILE", help="the NICs between nodes, for dual-batch overlap (a built-in "
                    "network or a network .toml; default: the GPU's built-in)")
     g.add_argument("--shard-sp-shared-expert", action="store_true", default=None,
@@ -62,7 +65,7 @@ def register(sub) -> None:
 
 
 PARALLEL_FLAGS = ("enable_expert_parallel", "data_parallel_size", "pipeline_parallel_size", "moe_backend",
-                  "all2all_backend", "shard_sp_shared_expert", "data_parallel_size_local", "network")
+                  "all2all_backend", "shard_sp_shared_expert", "data_parallel_size_local", "network", "nnodes")
 DBO_FLAGS = ("data_parallel_size_local", "network", "dp_token_spread")  # read only by the DP+EP path (dual-batch overlap)
 
 
@@ -106,8 +109,9 @@ def cmd_vllm_config(args) -> int:
                           "under DP+EP: add --enable-expert-parallel (without it vLLM shards the experts by TP and "
                           "runs no all-to-all)")
     if given:
-        raise TpcostError(f"{_flag(given[0])}: decides the fused kernel's mode, which only --kernel-op on a model that "
-                          "runs the kernel reads")
+        raise TpcostError(f"{_flag(given[0])}: read only for a model whose code gates a fused op (Kimi-K3, "
+                          "DeepSeek-V4.1, MiniMax-M3, Muse Spark: the kernel's mode, the gates' multi-node constants) "
+                          "or for an MoE model under --enable-expert-parallel")
     prof, shape = resolve_inputs(args)
     workload = load_workload_arg(args)
     run, user = run_config_arg(args, vllm, workload), user_choices_arg(args)
@@ -219,7 +223,26 @@ def _kernel_parallel_args(args, km, name):
     km.check_tp(args.tp)
     return Parallel(args.tp, args.pipeline_parallel_size or 1, args.data_parallel_size or 1,
                     bool(args.enable_expert_parallel), args.moe_backend or "auto", args.all2all_backend or "",
-                    bool(args.shard_sp_shared_expert))
+                    bool(args.shard_sp_shared_expert), args.nnodes or 1)
+
+
+def check_hosts(par, prof) -> None:
+    """Refuse --nnodes that the GPU's hosts cannot hold, or that takes the TP group out of its NVLink domain."""
+    from costmodel.errors import TpcostError
+
+    world = par.tp * par.pipeline_parallel_size * par.data_parallel_size
+    if par.nnodes == 1:
+        return
+    if world % par.nnodes:
+        raise TpcostError(f"--nnodes {par.nnodes}: {world} ranks (TP x PP x DP) do not split evenly over the hosts")
+    per_host, ic = world // par.nnodes, prof.interconnect
+    if per_host > ic.gpus_per_host():
+        raise TpcostError(f"--nnodes {par.nnodes}: {per_host} GPUs on each host; a {prof.name} host holds "
+                          f"{ic.gpus_per_host()}")
+    if par.tp_spans_nodes() and (int(ic.domain_hosts) == 1 or par.tp > int(ic.domain_size)):
+        raise TpcostError(f"--nnodes {par.nnodes}: TP {par.tp} spans hosts of {per_host} GPUs, outside {prof.name}'s "
+                          f"NVLink domain ({int(ic.domain_size)} GPUs on {int(ic.domain_hosts)} host(s)): no fused TP "
+                          "op runs there")
 
 
 def _inventory_lines(inventory, prof, family: str, vllm) -> list[str]:
@@ -254,6 +277,7 @@ def kernel_model_config(args, cfg, name, where, vllm) -> int:
         raise TpcostError("--fi-allreduce-fusion-max-size-mb: no effect under model-level SP (the all-reduces become "
                           "reduce-scatter / all-gather: no all-reduce+RMSNorm to fuse)")
     prof, overrides = resolve_profile(args)
+    check_hosts(par, prof)
     workload = load_workload_arg(args)
     traced, reads = recording(prof)
     run = RunConfig(par.tp, "bf16", Regime(vllm=vllm), args.max_num_batched_tokens, args.margin, workload)
@@ -342,7 +366,7 @@ def ep_model_config(args, vllm) -> int:
                           "backend; docs/model.md §11-12)")
     ns = argparse.Namespace(
         gpu=args.gpu, model=args.model, data_parallel_size=args.data_parallel_size,
-        data_parallel_size_local=args.data_parallel_size_local, nnodes=None, enable_expert_parallel=True,
+        data_parallel_size_local=args.data_parallel_size_local, nnodes=args.nnodes, enable_expert_parallel=True,
         all2all_backend=args.all2all_backend or "allgather_reducescatter", network=args.network, phase=None,
         context_len=args.context_len or None, seq_len=args.seq_len,
         max_num_batched_tokens=None if args.max_num_batched_tokens == DEFAULT_BUDGET_TOKENS
