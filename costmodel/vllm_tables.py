@@ -832,7 +832,7 @@ _INVENTORY_034 = (
     GateEntry('vllm/models/deepseek_v41/nvidia/ops/cute_dsl/all_reduce_mhc.py:120', 'BT_MIN_ROWS', '64', "comm", "fused all-reduce + mHC: the two-shot (BT) protocol's kernels exist from it; below, LL only",
               unit='rows', measured='', status="not modelled: the LL / two-shot protocols inside DeepSeek-V4.1's fused all-reduce + mHC kernel"),
     GateEntry('vllm/models/deepseek_v41/nvidia/ops/mhc.py:38', 'MHC_OVERLAP_MAX_TOKENS', '16', "comm", 'fused TP all-reduce + mHC + RMSNorm up to it, else all-reduce then mHC',
-              unit='tokens', measured='GB200 TP4 (FlashInfer)', status="not modelled: mHC mixing (hc_mult) is not in tpcost's all-reduce + norm model, and no DeepSeek-V4.1 config with hc_mult ships"),
+              unit='tokens', measured='GB200 TP4 (FlashInfer)', status="not modelled: the overlap mixes hc_mult residual streams and builds the mHC coefficients (a K = hc_mult x H, N = hc_mult(hc_mult + 2) prenorm GEMM) on a second stream beside the all-reduce (mhc.py:45-57, 99), which tpcost does not model; tests/fixtures/deepseek-v41.config.json, shaped as vLLM reads one, reaches it at TP 4 (mhc.py:60-74)"),
     GateEntry('vllm/models/deepseek_v41/nvidia/specialized_decode/__init__.py:34', 'FUSED_MHC_MAX_ROWS', '384', 'capacity', 'rows or tokens a specialised kernel or buffer is built for'),
     GateEntry('vllm/models/deepseek_v41/nvidia/specialized_decode/__init__.py:37', 'LOW_BATCH_MAX_ROWS', '8', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
     GateEntry('vllm/models/deepseek_v41/nvidia/specialized_decode/__init__.py:40', 'WIDE_LOW_LATENCY_MAX_ROWS', '48', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),

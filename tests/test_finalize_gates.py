@@ -166,3 +166,18 @@ def test_nnodes_is_refused_where_nothing_reads_it(capsys):
     assert main(["vllm-config", "--model", "llama-3.1-70b", "--gpu", "b200", "--tp", "8", "--nnodes", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--nnodes: read only for" in err
+
+
+def test_deepseek_v41s_mhc_overlap_is_named_with_why_it_is_not_priced(capsys):
+    """No DeepSeek-V4.1 config with hc_mult ships: the fixture (tests/fixtures/deepseek-v41.SOURCE.md) is shaped as
+    vLLM 0.34 reads one, and vllm-config names MHC_OVERLAP_MAX_TOKENS with its one-line reason."""
+    argv = ["vllm-config", "--model", str(ROOT / "tests" / "fixtures" / "deepseek-v41.config.json"), "--gpu",
+            "gb200-nvl72", "--tp", "4", "--vllm-version", "0.34"]
+    assert main([*argv, "--json"]) == 0
+    inv = {g["name"]: g for g in json.loads(capsys.readouterr().out)["gate_inventory"]}
+    mhc = inv["MHC_OVERLAP_MAX_TOKENS"]
+    assert mhc["value"] == "16" and mhc["measured"] == "GB200 TP4 (FlashInfer)"
+    assert mhc["status"].startswith("not modelled") and "second stream" in mhc["status"]
+    assert main(argv) == 0
+    line = next(x for x in capsys.readouterr().err.splitlines() if "MHC_OVERLAP_MAX_TOKENS = 16" in x)
+    assert "not modelled" in line and "hc_mult" in line
