@@ -33,10 +33,18 @@ class A2ACall:
     dispatch_dtype: str  # "fp8" (block-quantised, with scales) or "bf16"
     combine_dtype: str = "bf16"
     imbalance: float = 1.0  # hot rank's receive load / the mean (>= 1)
+    comm_sms: int = EP.deepep_sms  # SMs the high-throughput kernels may use (DBO: VLLM_DBO_COMM_SMS, capped)
 
     @property
     def nodes(self) -> int:
         return max(1, self.ep // self.gpus_per_node)
+
+
+# DeepEP's normal kernels move every byte through the SMs they are given. DEEPEP_V2_README's SM100 intranode EP 8 rows
+# (8K tokens) reach 643 / 675 GB/s (dispatch / combine, logical: the local rank's 1/8 included) on 24 SMs and 726 /
+# 740 on 64, so 24 SMs bind: the physical bytes per SM per second there (docs/model.md §11.3). One pair, carried to
+# DeepEP V1's normal kernels on every GPU (assumed).
+HT_BYTES_PER_SM_S = {"dispatch": 643e9 * 7 / 8 / 24, "combine": 675e9 * 7 / 8 / 24}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +106,11 @@ def _low_latency(c: A2ACall, links: Links) -> A2ATimes:
     return _times(out, holds_sms=0)
 
 
-def _high_throughput(c: A2ACall, links: Links, comm_sms: int = 20) -> A2ATimes:
+def _high_throughput(c: A2ACall, links: Links) -> A2ATimes:
     """DeepEP normal kernels: one RDMA copy per destination node, forwarded over NVLink to the ranks inside it;
-    time = α (notify, CPU-blocking) + max(RDMA bytes / (NICs·line·η), NVLink bytes / (link·η)) on comm_sms SMs."""
+    time = α (notify, CPU-blocking) + max(RDMA bytes / (NICs·line·η), NVLink bytes / (link·η), all bytes / (SMs·r))
+    on min(comm_sms, DeepEP's own) SMs, r = HT_BYTES_PER_SM_S."""
+    sms = max(1, min(c.comm_sms, EP.deepep_sms))
     net, T = links.network, np.asarray(c.tokens, dtype=float) * c.imbalance
     g = min(c.gpus_per_node, c.ep)
     ranks_hit = F.expected_bins_hit(c.top_k, c.num_experts, c.n_group, c.topk_group, c.ep)
@@ -111,10 +121,11 @@ def _high_throughput(c: A2ACall, links: Links, comm_sms: int = 20) -> A2ATimes:
         rdma = T * nodes_hit * (c.nodes - 1) / c.nodes * b
         nvl = T * ranks_hit * (g - 1) / g * b if c.nodes > 1 else T * ranks_hit * (c.ep - 1) / c.ep * b
         parts = {"rdma": F.t_link_bound_s(rdma, net.line_rate_per_gpu_bytes_per_s, net.rdma_efficiency),
-                 "nvlink": F.t_link_bound_s(nvl, links.nvlink_bw_bytes_per_s, net.nvl_efficiency)}
+                 "nvlink": F.t_link_bound_s(nvl, links.nvlink_bw_bytes_per_s, net.nvl_efficiency),
+                 "sms": F.t_link_bound_s(rdma + nvl, sms * HT_BYTES_PER_SM_S[phase], 1.0)}
         t = np.where(T > 0, net.ht_latency_s + _largest(parts), 0.0)
         out[phase] = (t, rdma, nvl, _bound(parts))
-    return _times(out, holds_sms=comm_sms)
+    return _times(out, holds_sms=sms)
 
 
 def _allgather_reducescatter(c: A2ACall, links: Links) -> A2ATimes:

@@ -90,14 +90,15 @@ def _links(s: EPSetup, hw: Hw) -> Links:
     return Links(float(s.prof.interconnect.link_bw_bytes_per_s), s.network, intra)
 
 
-def a2a(s: EPSetup, tokens: Any, hw: Hw | None = None) -> A2ATimes:
-    """One dispatch and one combine of `tokens` per rank under the setup's backend (s)."""
+def a2a(s: EPSetup, tokens: Any, hw: Hw | None = None, comm_sms: int | None = None) -> A2ATimes:
+    """One dispatch and one combine of `tokens` per rank under the setup's backend (s); `comm_sms`: the SMs DBO gives
+    the high-throughput kernels (VLLM_DBO_COMM_SMS), None: DeepEP's own."""
     hw = hw or Hw(s.prof, s.dtype)
     sh = s.shape
     dd = "fp8" if sh.weight_bytes == 1 and s.backend.startswith("deepep") else "bf16"  # fp8_dispatch
     call = A2ACall(tokens=tokens, hidden=sh.hidden, top_k=sh.top_k, num_experts=sh.num_experts, n_group=sh.n_group,
                    topk_group=sh.topk_group, ep=s.ep, gpus_per_node=min(s.gpus_per_node, s.ep), dispatch_dtype=dd,
-                   imbalance=s.imbalance)
+                   imbalance=s.imbalance, comm_sms=EP.deepep_sms if comm_sms is None else comm_sms)
     return predict(s.backend, call, _links(s, hw))
 
 
@@ -119,8 +120,8 @@ class Block:
     a2a: A2ATimes
 
 
-def block(s: EPSetup, tokens: Any, sm_share: float = 1.0, hw: Hw | None = None) -> Block:
-    """Every per-layer term for `tokens` per rank (s)."""
+def block(s: EPSetup, tokens: Any, sm_share: float = 1.0, hw: Hw | None = None, comm_sms: int | None = None) -> Block:
+    """Every per-layer term for `tokens` per rank (s); `comm_sms` as in a2a (under DBO: the setup's)."""
     hw = hw or Hw(s.prof, s.dtype)
     sh = s.shape
     t = np.asarray(tokens, dtype=float)
@@ -129,17 +130,17 @@ def block(s: EPSetup, tokens: Any, sm_share: float = 1.0, hw: Hw | None = None) 
         cap = float(s.budget_tokens)
         full = np.floor(t / cap)
         rest = t - full * cap
-        x_cap = a2a(s, np.array([cap]), hw)
-        x = a2a(s, rest, hw)
+        x_cap = a2a(s, np.array([cap]), hw, comm_sms)
+        x = a2a(s, rest, hw, comm_sms)
         disp = x.t_dispatch_s + full * x_cap.t_dispatch_s[0]
         comb = x.t_combine_s + full * x_cap.t_combine_s[0]
     else:
         full, rest = 0 * t, t
-        x = a2a(s, t, hw)
+        x = a2a(s, t, hw, comm_sms)
         disp, comb = x.t_dispatch_s, x.t_combine_s
     experts, active = M.t_experts_s(hw, sh, t * s.ep, s.ep, s.imbalance, sm_share)
     shared = M.t_mlp_s(hw, t, sh.hidden, sh.moe_intermediate * sh.n_shared, sh.weight_bytes) if sh.n_shared else 0 * t
-    held = s.comm_sms if s.backend == "deepep_high_throughput" else 0
+    held = (EP.deepep_sms if comm_sms is None else comm_sms) if s.backend == "deepep_high_throughput" else 0
     beside = (M.t_mlp_s(sm_share_hw(hw, 1.0 - held / hw.gemm["sm_count"]), t, sh.hidden,
                         sh.moe_intermediate * sh.n_shared, sh.weight_bytes) if sh.n_shared and held else shared)
     return Block(t_attention_s=M.t_attention_s(hw, sh, t, ph),
@@ -289,7 +290,8 @@ def dbo_step(s: EPSetup, tokens: Any, zero_comm: bool = False, eager: Any = Fals
     ta = np.floor(t / 2)
     tb = t - ta
     share = (hw.gemm["sm_count"] - s.comm_sms) / hw.gemm["sm_count"] if s.backend == "deepep_high_throughput" else 1.0
-    blocks = (block(s, ta, share, hw), block(s, tb, share, hw))
+    sms = s.comm_sms if s.backend == "deepep_high_throughput" else None
+    blocks = (block(s, ta, share, hw, sms), block(s, tb, share, hw, sms))
     z = 0.0 if zero_comm else 1.0
     beside = b.shared_beside_combine  # the shared experts after the experts, during the combine, else before
     pre = [x.t_attention_s + x.t_norms_s + x.t_router_s + (0.0 if beside else x.t_shared_s) for x in blocks]
@@ -368,6 +370,53 @@ def dbo_threshold(s: EPSetup, t_max: int, margin: float, weights: Any = None) ->
                         mean_step_s=float(np.sum(w * off)), t_max=t_max, vllm_threshold_tokens=v,
                         saving_vs_vllm_s=float(np.sum(w * (at_vllm - chosen))), t_off_at_max_s=float(off[-1]),
                         t_on_at_max_s=float(on[-1]))
+
+
+@dataclasses.dataclass(frozen=True)
+class CommSmsChoice:
+    """VLLM_DBO_COMM_SMS for the high-throughput backend under DBO: the SMs DeepEP's kernels run on (at most its
+    own), the rest to DeepGEMM; the least expected microbatched step over the traffic where DBO runs (§12)."""
+
+    sms: int  # tpcost's value
+    vllm_sms: int  # vLLM's default (EP.comm_sms)
+    saving_s: float  # mean step time saved per step on the traffic against vLLM's default
+    mean_step_s: float  # mean step time at vLLM's default (the steps below the threshold unmicrobatched)
+    step_s_by_sms: dict  # SMs -> mean step time (s)
+    bound: str  # what bounds the dispatch at tpcost's value (rdma, nvlink, sms), at the traffic's largest step
+    threshold_tokens: int  # DBO runs from it (the phase's decided threshold)
+
+
+COMM_SMS_GRID = 256  # step sizes comm_sms_choice prices each candidate on (blocks of the traffic beyond)
+
+
+def comm_sms_choice(s: EPSetup, t_max: int, margin: float, threshold: int, weights: Any = None) -> CommSmsChoice:
+    """VLLM_DBO_COMM_SMS decided on the traffic (`weights` over 1..t_max, default uniform) for DBO from `threshold`
+    tokens per rank: each candidate prices both microbatches' all-to-alls on min(S, DeepEP's own) SMs and the
+    DeepGEMM work on the other SM - S (EP.sm_control_cite); leaving vLLM's default must beat it by the premium."""
+    if s.backend != "deepep_high_throughput":
+        raise TpcostError(f"VLLM_DBO_COMM_SMS sets the SMs of deepep_high_throughput's kernels under DBO only (the "
+                          f"other backends report 0 SMs used: {EP.sm_control_cite}); not {s.backend}")
+    T = np.arange(1, t_max + 1, dtype=float)
+    w = np.full(t_max, 1.0 / t_max) if weights is None else np.asarray(weights, dtype=float)
+    Tm = dp_step_tokens(s, T, t_max)
+    on = T >= max(threshold, 2)
+    off = float(np.sum(w[~on] * step(s, Tm[~on]).t_step_s)) if (~on).any() else 0.0
+    sm = int(s.prof.identity.sm_count)
+    cands = sorted({*range(1, EP.deepep_sms + 1), *(x for x in (24, 32, 48) if x < sm), EP.comm_sms})
+    # the microbatched steps on at most COMM_SMS_GRID sizes, each carrying its block's weight
+    tn, wn = Tm[on], w[on]
+    k = max(1, -(-tn.size // COMM_SMS_GRID))
+    tn, wn = (tn[::k], np.add.reduceat(wn, np.arange(0, wn.size, k))) if tn.size else (tn, wn)
+    by = {}
+    for c in cands:
+        cs = dataclasses.replace(s, comm_sms=c)
+        by[c] = off + float(np.sum(wn * dbo_step(cs, np.maximum(tn, 2)).t_step_s)) if tn.size else off
+    v = EP.comm_sms
+    best = min(by, key=lambda k: (by[k], abs(k - v)))
+    pick = best if by[best] * (1 + margin) < by[v] else v
+    bound = a2a(s, np.array([float(Tm[-1]) / 2]), comm_sms=pick).bound_dispatch
+    return CommSmsChoice(sms=pick, vllm_sms=v, saving_s=by[v] - by[pick], mean_step_s=by[v], step_s_by_sms=by,
+                         bound=bound, threshold_tokens=int(max(threshold, 2)))
 
 
 @dataclasses.dataclass(frozen=True)

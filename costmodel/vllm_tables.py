@@ -667,6 +667,9 @@ class EpRules:
     dp_vote_eager_cite: str = ""  # the DP vote: a microbatched step whose largest rank exceeds twice its smallest
     async_backends: tuple[str, ...] = ()  # prepare/finalize supports_async: the shared experts run beside the combine
     shared_overlap_cite: str = ""  # the modular kernel runs them after finalize_async, before the receive
+    deepep_sms: int = 20  # DeepEP's own SM count (the buffers are built for it; set_num_sms only lowers it)
+    deepep_sms_cite: str = ""
+    sm_control_cite: str = ""  # under DBO: DeepEP high-throughput on min(VLLM_DBO_COMM_SMS, its own), DeepGEMM the rest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -795,6 +798,9 @@ _EP_034 = EpRules(
     batched_dp_budget=256, default_budget=2048, budget_cite="vllm/config/scheduler.py:40-41",
     budget_default_cite="vllm/engine/arg_utils.py:3203-3206",
     comm_sms=20, comm_sms_cite="vllm/envs.py:2184-2193 VLLM_DBO_COMM_SMS",
+    deepep_sms=20, deepep_sms_cite="vllm/distributed/device_communicators/all2all.py:216-218 (set_num_sms only "
+    "lowers it: :305-313)",
+    sm_control_cite="vllm/v1/worker/ubatch_utils.py:82-125 create_sm_control_context",
     graphs_off_cite="vllm/config/compilation.py:1401-1417",
     fp8_dispatch_cite="vllm/model_executor/layers/fused_moe/all2all_utils.py:269-273",
     mla_decode_cite="vllm/model_executor/layers/attention/mla_attention.py:95-116",
@@ -884,7 +890,7 @@ _INVENTORY_034 = (
     GateEntry('vllm/models/muse_spark/nvidia/model.py:172', '_FUSED_ATTN_ALL_REDUCE_MAX_TOKENS', '48', "comm", 'one-shot o_proj all-reduce fused with the boundary norms up to it',
               unit='tokens', measured='', status="priced: model gate muse_spark.oneshot_ar (vllm-config's model_gates)"),
     GateEntry('vllm/models/muse_spark/nvidia/model.py:175', '_MULTI_NODE_SHARDED_UNPOOLER_MIN_TOKENS', '32', "comm", 'two nodes: the cross-node gather + smaller unpooler GEMM from it',
-              unit='tokens', measured='GB300 TP8, two nodes', status="not modelled: a cross-node gather on TP's path (tpcost prices TP collectives inside one domain)"),
+              unit='tokens', measured='GB300 TP8, two nodes', status="not modelled: the unpooler's gather across trays against a smaller GEMM (Muse Spark's forward is not modelled)"),
     GateEntry('vllm/models/muse_spark/nvidia/model.py:176', '_PREPARED_NVFP4_MAX_TOKENS', '256', 'kernel_choice', 'switches between two compute kernels or paths (no communication)'),
     GateEntry('vllm/models/muse_spark/nvidia/model.py:278', '_FLASHINFER_DUAL_NORM_MAX_TOKENS', '1024', 'kernel_choice', "FlashInfer's cluster-per-row dual norm up to it, a Triton kernel above (no communication)"),
     GateEntry('vllm/models/muse_spark/nvidia/muse_moe_runner.py:151', '_FUSED_ALL_REDUCE_MAX_TOKENS', '256', "comm", 'MoE finalize fused with the all-reduce up to it (one node)',

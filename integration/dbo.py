@@ -101,7 +101,26 @@ def decide_dbo(args, s, band: bool = True) -> dict:
            "dp_token_spread": s.dp_token_spread}
     out["vllm_args"] = (["--enable-dbo", "--dbo-decode-token-threshold", str(dt), "--dbo-prefill-token-threshold",
                          str(pt)] if enable else [])
+    out["comm_sms"] = _comm_sms(s, phases, traffic, margin) if enable and s.backend == "deepep_high_throughput" else None
     return out
+
+
+def _comm_sms(s, phases: dict, traffic: dict, margin: float) -> dict:
+    """VLLM_DBO_COMM_SMS per phase where DBO runs (costmodel.ep_step.comm_sms_choice): a what-if with its saving;
+    the environment variable takes one value for both phases."""
+    from costmodel.ep_step import comm_sms_choice
+
+    out = {}
+    for phase, ph in phases.items():
+        if ph.threshold_tokens is None:
+            continue
+        c = comm_sms_choice(dataclasses.replace(s, decode=phase == "decode"), s.budget_tokens, margin,
+                            ph.threshold_tokens, traffic[phase][0])
+        out[phase] = {"sms": c.sms, "vllm_sms": c.vllm_sms, "saving_s": c.saving_s, "mean_step_s": c.mean_step_s,
+                      "bound": c.bound, "step_s_by_sms": {str(k): v for k, v in c.step_s_by_sms.items()}}
+    return {"env": "VLLM_DBO_COMM_SMS", "phases": out, "cite": EP.sm_control_cite, "deepep_sms": EP.deepep_sms,
+            "assumes": "DeepEP's normal kernels move every byte through their SMs at DEEPEP_V2_README's SM100 rate "
+                       "per SM (one pair of rows: 24 and 64 SMs), carried to every GPU"}
 
 
 def render_dbo(d: dict) -> None:
@@ -122,4 +141,12 @@ def render_dbo(d: dict) -> None:
             print("    what moves it: " + ", ".join(f"{x['quantity']} {x['rank_correlation']:+.2f}"
                                                    for x in bd["drivers"]))
     print(f"  {d['why']}")
+    cs = d.get("comm_sms")
+    for k, c in ((cs or {}).get("phases") or {}).items():
+        keep = c["sms"] == c["vllm_sms"]
+        print(f"  {cs['env']} ({k}): {'keep' if keep else 'set'} {c['sms']} (vLLM {c['vllm_sms']}; DeepEP runs on "
+              f"min(S, {cs['deepep_sms']}) SMs, DeepGEMM on the others), saving {c['saving_s'] * 1e3:.3f} ms per step "
+              f"of {c['mean_step_s'] * 1e3:.3f} ms; the dispatch is {c['bound']}-bound there")
+    if cs and cs["phases"]:
+        print(f"    assumes: {cs['assumes']}")
     print("  vllm serve ... " + " ".join(d["vllm_args"]))

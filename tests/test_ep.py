@@ -3,6 +3,7 @@ timeline by hand, the fit's files, and the `ep` command's bad input (docs/model.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 from pathlib import Path
@@ -691,3 +692,78 @@ def test_ep_shared_stream_cli(capsys, one_line_error):
     assert r["vllm_threshold_tokens"] == 256 and "shared_experts.py" in r["cite"]
     one_line_error("ep", "--enable-expert-parallel", "--data-parallel-size", "16", "--all2all-backend",
                    "deepep_low_latency", "--shared-stream", needle="gates nothing here")
+
+
+def _ht_setup(gpu="h200-sxm", ep=16, **kw):
+    from costmodel.ep_step import EPSetup
+    from costmodel.moe import load_moe_model
+    from costmodel.network import load_network
+
+    return EPSetup(prof=load_profile(gpu), shape=load_moe_model("deepseek-v3"), ep=ep, gpus_per_node=8,
+                   backend="deepep_high_throughput", network=load_network("ib-cx7-400g"), decode=False,
+                   budget_tokens=2048, **kw)
+
+
+def test_the_per_sm_rate_is_the_released_rows():
+    """HT_BYTES_PER_SM_S is DEEPEP_V2_README's SM100 intranode EP 8 bandwidth on 24 SMs, the local rank's 1/8 taken
+    out; 64 SMs are faster there, so 24 bind (the reason it is a per-SM rate)."""
+    from costmodel.all2all import HT_BYTES_PER_SM_S
+
+    rows = [r for r in csv.DictReader(open(ROOT / "data/reference/ep_all2all.csv"))
+            if r["source_id"] == "DEEPEP_V2_README" and r["ep"] == "8" and r["comm_sms"] in ("24", "64")]
+    by = {int(r["comm_sms"]): r for r in rows}
+    assert float(by[64]["dispatch_GBps"]) > float(by[24]["dispatch_GBps"])
+    for phase in ("dispatch", "combine"):
+        assert HT_BYTES_PER_SM_S[phase] == pytest.approx(float(by[24][f"{phase}_GBps"]) * 1e9 * 7 / 8 / 24)
+
+
+def test_high_throughput_time_follows_its_sms_up_to_deepeps_own():
+    """Fewer SMs never speed the all-to-all, and past DeepEP's own 20 (set_num_sms only lowers it) nothing changes;
+    no call moves its bytes faster than its SMs at the per-SM rate."""
+    from costmodel.all2all import HT_BYTES_PER_SM_S
+    from costmodel.ep_step import EP, a2a
+
+    s = _ht_setup("b200", ep=8)
+    T = np.array([64.0, 1024, 8192])
+    times = {k: a2a(s, T, comm_sms=k) for k in (2, 8, 16, EP.deepep_sms, 32, 64)}
+    ks = sorted(times)
+    for a, b in zip(ks, ks[1:]):
+        assert np.all(times[b].t_dispatch_s <= times[a].t_dispatch_s * (1 + 1e-12))
+    assert np.array_equal(times[32].t_dispatch_s, times[EP.deepep_sms].t_dispatch_s)
+    for k, x in times.items():
+        sms = min(k, EP.deepep_sms)
+        floor = (x.rdma_dispatch_bytes + x.nvl_dispatch_bytes) / (sms * HT_BYTES_PER_SM_S["dispatch"])
+        assert np.all(x.t_dispatch_s >= floor)
+
+
+def test_vllm_dbo_comm_sms_is_the_least_expected_step_and_never_above_deepeps_own():
+    """The choice is the argmin over the candidates (leaving vLLM's 20 must beat it by the premium); a value above
+    DeepEP's own only takes SMs from DeepGEMM, so it never wins; the low-latency backend is refused in one line."""
+    import dataclasses
+
+    from costmodel.ep_step import EP, comm_sms_choice, dbo_threshold
+
+    s = _ht_setup()
+    th = dbo_threshold(s, 2048, 0.02).threshold_tokens
+    c = comm_sms_choice(s, 2048, 0.02, th)
+    by = c.step_s_by_sms
+    best = min(by.values())
+    assert by[c.sms] == best or by[EP.comm_sms] <= best * 1.02
+    assert c.saving_s == pytest.approx(by[EP.comm_sms] - by[c.sms])
+    assert all(by[k] >= by[EP.deepep_sms] for k in by if k > EP.deepep_sms)
+    assert c.sms <= EP.deepep_sms
+    with pytest.raises(TpcostError, match="deepep_high_throughput"):
+        comm_sms_choice(dataclasses.replace(s, backend="deepep_low_latency"), 2048, 0.02, th)
+
+
+def test_ep_dbo_reports_the_comm_sms_what_if(capsys):
+    argv = ["ep", "--model", "deepseek-v3", "--gpu", "h200-sxm", "--enable-expert-parallel", "--data-parallel-size",
+            "16", "--all2all-backend", "deepep_high_throughput", "--dbo", "--phase", "prefill"]
+    assert main([*argv, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    cs = d["dbo"]["comm_sms"]
+    assert cs["env"] == "VLLM_DBO_COMM_SMS" and set(cs["phases"]) <= {"decode", "prefill"} and cs["phases"]
+    for c in cs["phases"].values():
+        assert c["vllm_sms"] == 20 and 1 <= c["sms"] <= 20 and c["saving_s"] >= 0
+    assert main(argv) == 0
+    assert "VLLM_DBO_COMM_SMS (prefill)" in capsys.readouterr().out
