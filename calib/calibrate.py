@@ -53,8 +53,7 @@ def cpu_prior(host: str) -> dict:
         "kernels": sec(mem_efficiency=0.5, launch_overhead_s=5e-6),
         "gemm": sec(tile_m=8, tile_n=8, max_efficiency=0.5, mem_efficiency=0.5, launch_overhead_s=5e-6),
         "attention": sec(efficiency=0.3),
-        "interconnect": {"kind": "host", **sec(link_bw_bytes_per_s=5e9, latency_s=2e-5, domain_size=64,
-                                               internode_bw_bytes_per_s=1e9, internode_latency_s=1e-4)},
+        "interconnect": {"kind": "host", **sec(link_bw_bytes_per_s=5e9, latency_s=2e-5, domain_size=64)},
         "collectives": {c: {"tp2": sec(latency_s=5e-5, bus_bw_bytes_per_s=2e9)}
                         for c in ("nccl_all_gather", "nccl_reduce_scatter", "nccl_all_reduce")},
         "asynctp": sec(barrier_s=5e-5, copy_engine_bw_bytes_per_s=2e9, copy_latency_s=5e-5, compute_slowdown=0.1,

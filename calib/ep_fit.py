@@ -40,6 +40,9 @@ SOURCES = {"DEEPEP_V1_README": ("h800", "ib-cx7-400g"), "DEEPEP_ISSUE28": ("h800
            "DEEPEP_ISSUE155": ("h100-sxm", "ib-cx7-400g"), "AWSLABS_EP_B200": ("b200", "efa-p6-b200"),
            "AWSLABS_EP_H100": ("h100-sxm", "efa-p5"), "DEEPEP_ISSUE303": ("h20", "roce-200g"),
            "DEEPEP_ISSUE138": ("h20", "roce-200g")}
+# networks no released row covers, built from their datasheets: their fitted terms take the networks' common mean
+# (written after the fit, never part of it)
+DATASHEET_NETWORKS = ("ib-hdr-200g", "ib-cx8-800g")
 EXCLUDED = {"DEEPEP_ISSUE183": "its reporter calls the result abnormal (DeepEP issue #183)",
             "DEEPEP_V2_README": "DeepEP V2 (deepep_v2) is not priced; its logical bandwidth is a transport check"}
 LL_DEFAULT = dict(tokens=128, hidden=7168, topk=8, experts=288)  # DeepEP tests/test_low_latency.py defaults
@@ -245,8 +248,16 @@ def main(argv=None) -> int:
     if args.write:
         for n, v in nets.items():
             write_network(v, NET_DIR / f"{n}.toml", mu, sum(1 for w in rows if w.network == n))
+        write_datasheet_networks(mu)
         OUT_JSON.write_text(json.dumps(result, indent=1) + "\n")
     return 0
+
+
+def write_datasheet_networks(mu: dict[str, float]) -> None:
+    """The networks no released row covers: their datasheet values as they are, the fitted terms at the fitted
+    networks' common mean (they stay out of the fit, so they cannot move it)."""
+    for n in DATASHEET_NETWORKS:
+        write_network(load_network(str(NET_DIR / f"{n}.toml")).with_values(**mu), NET_DIR / f"{n}.toml", mu, 0)
 
 
 if __name__ == "__main__":

@@ -271,11 +271,11 @@ def t_fused_kernel_s(t_gemm_s: Arr, t_link_s: Arr, waves: Arr, fixed_s: Arr, com
     return fixed_s + pipe + exposed_fraction * (g + t_link_s - pipe)
 
 
-def collective_beyond_domain(latency_s: Arr, bus_bw_bytes_per_s: Arr, internode_bw_bytes_per_s: Arr,
-                             internode_latency_s: Arr) -> tuple[Arr, Arr]:
+def collective_beyond_domain(latency_s: Arr, bus_bw_bytes_per_s: Arr, network_bw_bytes_per_s: Arr,
+                             network_latency_s: Arr) -> tuple[Arr, Arr]:
     """(α + α_net, min(busBW, net busBW)) of a collective whose ranks span more than one NVLink domain: the network
     caps the bus bandwidth and adds its latency (s, bytes/s; docs/model.md §4)."""
-    return latency_s + internode_latency_s, np.minimum(bus_bw_bytes_per_s, internode_bw_bytes_per_s)
+    return latency_s + network_latency_s, np.minimum(bus_bw_bytes_per_s, network_bw_bytes_per_s)
 
 
 def dynamic_quant_bytes(n: Arr, hidden: Arr, act_bytes: Arr) -> Arr:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -12,9 +13,6 @@ from .errors import TpcostError
 from .io import finite_float, match_builtin, read_text
 
 TRANSPORTS = ("infiniband", "roce", "efa")
-# The built-in network each GPU's EP answers use when no --network is given (the cluster behind its released rows).
-DEFAULT_NETWORK = {"h800": "ib-cx7-400g", "h100-sxm": "ib-cx7-400g", "h200-sxm": "ib-cx7-400g",
-                   "b200": "ib-cx7-400g", "h20": "roce-200g"}
 # (key, lower, upper, unit): every number a network file holds, with its plausible range
 FIELDS = (("nics_per_gpu", 1, 16, "count"),
           ("nic_line_rate_bytes_per_s", 1e9, 1e12, "bytes/s per NIC"),
@@ -199,30 +197,29 @@ def network_from_dict(tree: Any, origin: str) -> Network:
                    origin=origin, measured=_measured(tree.get("measured"), origin), **vals)
 
 
+@functools.lru_cache(maxsize=32)
+def _builtin_network(name: str) -> Network:
+    """A built-in network, parsed once per process (the files are part of the package)."""
+    text = resources.files("costmodel.networks").joinpath(f"{name}.toml").read_text()
+    return _parse(text, f"built-in:{name}")
+
+
 def load_network(name_or_path: str) -> Network:
     """A built-in network by name, or a TOML file by path (tomllib; never eval)."""
     match = name_or_path if name_or_path in builtin_network_names() else (
         None if Path(name_or_path).exists() else match_builtin(name_or_path, builtin_network_names(), "network"))
     if match is not None:
-        text = resources.files("costmodel.networks").joinpath(f"{match}.toml").read_text()
-        origin = f"built-in:{match}"
-    else:
-        p = Path(name_or_path)
-        if not p.suffix == ".toml" and not p.exists():
-            raise TpcostError(f"unknown network {name_or_path!r}; built-in: {', '.join(builtin_network_names())} "
-                              "(or a path to a network .toml)")
-        text, origin = read_text(p, "network file"), str(p)
+        return _builtin_network(match)
+    p = Path(name_or_path)
+    if not p.suffix == ".toml" and not p.exists():
+        raise TpcostError(f"unknown network {name_or_path!r}; built-in: {', '.join(builtin_network_names())} "
+                          "(or a path to a network .toml)")
+    return _parse(read_text(p, "network file"), str(p))
+
+
+def _parse(text: str, origin: str) -> Network:
     try:
         tree = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise TpcostError(f"{origin}: not valid TOML ({e})") from None
     return network_from_dict(tree, origin)
-
-
-def default_network(gpu_name: str) -> str:
-    """The built-in network a GPU's EP answers use by default, or a one-line refusal naming --network."""
-    net = DEFAULT_NETWORK.get(gpu_name)
-    if net is None:
-        raise TpcostError(f"no built-in network for {gpu_name}: give --network NAME|FILE "
-                          f"(built-in: {', '.join(builtin_network_names())})")
-    return net

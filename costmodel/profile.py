@@ -133,9 +133,8 @@ class Interconnect:
     link_bw_bytes_per_s: Num  # unidirectional bandwidth per GPU (bytes/s)
     latency_s: Num  # one link hop (s)
     domain_size: Num  # GPUs that share the link (count): symmetric memory cannot span more
-    internode_bw_bytes_per_s: Num  # per-GPU network bandwidth beyond the domain (bytes/s)
-    internode_latency_s: Num  # added latency beyond the domain (s)
     domain_hosts: Num = 1  # hosts one domain spans (count): an NVL72's 18 trays; 1 where the domain is one host
+    network: str = ""  # the network between domains: a built-in network's name or a network file (costmodel.network)
 
     def gpus_per_host(self) -> int:
         """GPUs on one host: the domain's share of each of its hosts."""
@@ -253,6 +252,10 @@ OPTIONAL_TABLE_DEFAULTS = {
     "fused_kernel.time_scale": (1.0, "default (not in this profile): the kernel as modelled; the tier's σ stands for "
                                      "the model's error (the built-in profiles carry the calibrated one, calib/band.py)"),
 }
+# quantities a later schema replaced, with what replaced them (a profile that holds one is refused, saying so)
+_NETWORK_NOW = ("replaced by interconnect.network, a network file's name or path (NICs per GPU, line rate, RDMA "
+                "efficiency and latency, each with its source: costmodel/networks, docs/profiles.md)")
+REPLACED_KEYS = {"interconnect.internode_bw_bytes_per_s": _NETWORK_NOW, "interconnect.internode_latency_s": _NETWORK_NOW}
 REQUIRED_COLLECTIVES = ("nccl_all_gather", "nccl_reduce_scatter", "nccl_all_reduce")
 INTEGER_PARAMS = ("identity.sm_count", "gemm.tile_m", "gemm.tile_n", "interconnect.domain_size",
                   "interconnect.domain_hosts")
@@ -370,16 +373,35 @@ class HardwareProfile:
 
     def collective(self, impl: str, tp: int) -> tuple[Any, Any]:
         """(latency_s, bus_bw_bytes_per_s) of collective `impl` at TP size `tp`: the entry for `tp` if present, else
-        the nearest listed TP size (larger preferred), through formulas.collective_beyond_domain (the network's cap
-        beyond the interconnect domain)."""
+        the nearest listed TP size (larger preferred), through formulas.collective_beyond_domain beyond the
+        interconnect domain (the profile's network: its NICs at their RDMA efficiency, one RDMA hop)."""
         from .formulas import collective_beyond_domain
 
         c = self.collectives[impl][self.collective_entry_tp(impl, tp)]
         ic = self.interconnect
         if tp <= ic.domain_size:
             return c.latency_s, c.bus_bw_bytes_per_s
-        return collective_beyond_domain(c.latency_s, c.bus_bw_bytes_per_s, ic.internode_bw_bytes_per_s,
-                                        ic.internode_latency_s)
+        net = self.network()
+        return collective_beyond_domain(c.latency_s, c.bus_bw_bytes_per_s,
+                                        net.line_rate_per_gpu_bytes_per_s * net.rdma_efficiency, net.rdma_latency_s)
+
+    def with_network(self, name_or_path: str) -> HardwareProfile:
+        """This profile with another network between its domains (a built-in name or a network file, checked now)."""
+        from .network import load_network
+
+        load_network(name_or_path)
+        return dataclasses.replace(self, interconnect=dataclasses.replace(self.interconnect, network=name_or_path))
+
+    def network(self):
+        """The costmodel.network.Network between this GPU's domains (interconnect.network), or one line saying there
+        is none."""
+        from .network import load_network
+
+        name = self.interconnect.network
+        if not name:
+            raise TpcostError(f"profile {self.name!r} names no network between its NVLink domains "
+                              "(interconnect.network): give --network NAME|FILE, or set it in the profile")
+        return load_network(name)
 
     def collective_entry_tp(self, impl: str, tp: int) -> int:
         """The TP size whose `collectives.<impl>` entry serves `tp`: tp itself, else the nearest (larger preferred)."""
@@ -641,6 +663,8 @@ def _check_key(key: str, value: Any, where: str) -> None:
         raise TpcostError(f"{where}: [{parent or key}] is not a table of the profile schema "
                           f"(version {SCHEMA_VERSION}; see the fields in costmodel/profile.py)")
     kinds = _field_kinds(cls)
+    if key in REPLACED_KEYS:
+        raise TpcostError(f"{where}: {key}: {REPLACED_KEYS[key]}")
     if leaf not in kinds:
         raise TpcostError(f"{where}: {key} is not a quantity of the schema ([{parent}] has: {', '.join(kinds)})")
     if kinds[leaf][0] != isinstance(value, str):

@@ -171,7 +171,7 @@ def dbo_setup(inputs: dict, prof):
     from costmodel.ep_step import BATCHED_DP_BUDGET, DEFAULT_BUDGET, EPSetup, check_setup
     from costmodel.errors import TpcostError
     from costmodel.moe import moe_shape_from_config
-    from costmodel.network import default_network, load_network
+    from costmodel.network import load_network
 
     if inputs["tp"] != 1 or not inputs["expert_parallel"]:
         raise TpcostError("tpcost prices DBO under DP attention + expert parallelism with TP 1 per rank "
@@ -182,7 +182,7 @@ def dbo_setup(inputs: dict, prof):
         raise TpcostError(b.refusal)
     dom, dp = int(prof.interconnect.domain_size), inputs["dp"]
     local = inputs["dp_local"] if inputs["dp_local"] and 1 <= inputs["dp_local"] <= dp else min(dp, dom)
-    net = load_network(inputs["network"] or default_network(prof.name))
+    net = load_network(inputs["network"]) if inputs["network"] else prof.network()
     budget = inputs["max_tokens"] or (BATCHED_DP_BUDGET if b.batched_dp else DEFAULT_BUDGET)
     s = EPSetup(prof=prof, shape=shape, ep=dp, gpus_per_node=local, backend=inputs["backend"], network=net,
                 budget_tokens=int(budget))

@@ -258,7 +258,6 @@ def test_whatif_with_expert_parallel_is_the_ep_step(capsys):
     ([*EP, "--all2all-backend", "mori"], "not priced"),
     ([*EP, "--all2all-backend", "bogus"], "invalid choice"),
     ([*EP, "--network", "nope"], "unknown network"),
-    ([*EP, "--gpu", "a100-sxm-80gb"], "network"),
     ([*EP, "--model", "llama-3.1-70b"], "not an MoE"),
     ([*EP, "--imbalance", "0.5"], "--imbalance"),
     ([*EP, "--tokens", "0"], "--tokens"),

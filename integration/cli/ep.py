@@ -84,7 +84,7 @@ def setup_from_args(args, phase: str | None = None):
     from costmodel.defaults import DEFAULT_DP_TOKEN_SPREAD
     from costmodel.ep_step import BATCHED_DP_BUDGET, DEFAULT_BUDGET, EPSetup, check_setup
     from costmodel.moe import load_moe_model
-    from costmodel.network import default_network, load_network
+    from costmodel.network import load_network
     from costmodel.profile import load_profile
 
     if not args.enable_expert_parallel:
@@ -104,7 +104,7 @@ def setup_from_args(args, phase: str | None = None):
         raise TpcostError(f"--data-parallel-size {dp} is not a multiple of --data-parallel-size-local {local}")
     if args.nnodes is not None and args.nnodes * local != dp:
         raise TpcostError(f"--nnodes {args.nnodes} x --data-parallel-size-local {local} != --data-parallel-size {dp}")
-    net = load_network(args.network or default_network(prof.name))
+    net = load_network(args.network) if args.network else prof.network()
     budget = args.max_num_batched_tokens or (BATCHED_DP_BUDGET if b.batched_dp else DEFAULT_BUDGET)
     sms = ep_rules().comm_sms if args.dbo_comm_sms is None else args.dbo_comm_sms
     s = EPSetup(prof=prof, shape=shape, ep=dp, gpus_per_node=local, backend=args.all2all_backend, network=net,

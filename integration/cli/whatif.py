@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from costmodel.errors import TpcostError
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
 from .common import (add_shape_args, add_vllm_args, check_min_confidence, check_plot_args, fi_max_bytes_arg, load_workload_arg,
@@ -22,6 +23,12 @@ def cmd_whatif(args) -> int:
     check_plot_args(args)
     _refuse_sweep_flags_with_ops(args)
     prof, shape = resolve_inputs(args)
+    if args.network is not None:
+        dom = int(prof.interconnect.domain_size)
+        if args.tp <= dom:
+            raise TpcostError(f"--network: no effect at tp={args.tp}: the TP group stays inside one NVLink domain "
+                              f"({dom} GPUs on {prof.name}); it prices TP beyond it")
+        prof = prof.with_network(args.network)
     if args.ops is not None:
         return _print_ops(prof, shape, args)
     r, out = _answer(args, prof, shape)
@@ -293,6 +300,8 @@ def register(sub) -> None:
                      "range")
     w.add_argument("--tokens", type=tokens_arg, nargs="+", metavar="N",
                    help="token counts for the table (default: powers of two to 65536, plus the cutoff)")
+    w.add_argument("--network", metavar="NAME|FILE", help="the network between NVLink domains, for TP beyond one "
+                   "(a built-in network or a network .toml; default: the profile's interconnect.network)")
     w.set_defaults(func=cmd_whatif)
 
 
