@@ -85,6 +85,8 @@ def test_whatif_network_takes_effect_beyond_the_domain_or_is_refused(capsys):
     assert main([*base, "--tp", "16", "--network", "ib-cx8-800g"]) == 0
     other = json.loads(capsys.readouterr().out)
     assert other != own
+    assert main([*base[:-1], "--tp", "16", "--network", "ib-cx8-800g"]) == 0
+    assert "cross network ib-cx8-800g" in capsys.readouterr().out
     for argv, needle in (([*base, "--tp", "8", "--network", "ib-cx8-800g"], "no effect at tp=8"),
                          ([*base, "--tp", "16", "--network", "no-such-net"], "unknown network")):
         assert main(argv) == 2

@@ -129,6 +129,9 @@ def _header_and_table(args, prof, shape, r, out) -> None:
            f"decodes read {dec.context_len:g} tokens of KV each (--context-len), up to {dec.max_num_seqs} per step")
     print(f"tpcost whatif: {shape.name} on {prof.name} x{args.tp}, {args.dtype}, prefill seq_len {args.seq_len}, {ctx}; "
           f"{r.vllm.describe()}{mod}")
+    if args.tp > int(prof.interconnect.domain_size):
+        print(f"  TP spans {-(-args.tp // int(prof.interconnect.domain_size))} NVLink domains: the collectives cross "
+              f"network {prof.interconnect.network} (--network)")
     print(f"{'N tokens':>9} {'t_tp [ms]':>10} {'t_sp [ms]':>10} {'t_sp+async [ms]':>16} {'speedup sp':>11} {'speedup sp+async':>17}"
           + (f" {'ctx':>8}" if per_row else ""))
 
