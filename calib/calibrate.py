@@ -21,6 +21,39 @@ PLANS = {  # what each backend measures; sizes from the models' per-rank shapes
                 coll=[4**i * KiB for i in range(9)], fused_ms=[256, 1024, 2048], warmup_s=0.005, rep_s=0.05),
 }
 CPU_MODEL = "cpu-tiny"  # built-in (costmodel/models/cpu-tiny.json): the CPU calibration fixture, hidden 512
+CPU_EP_MODEL = str(Path(__file__).with_name("cpu-tiny-moe.json"))  # the CPU EP loop's MoE (MLA) fixture
+
+
+EP_MODEL = {"cuda": "deepseek-v3", "cpu": CPU_EP_MODEL}  # the EP phases' model where --models names no MoE one
+
+
+def split_models(models, device: str):
+    """(the models the TP phases read, the MoE shape the EP phases run at): a model only the EP step reads (MLA,
+    DeepSeek-style) sizes the EP phases alone; with no MoE model among `models`, the device's EP_MODEL; with no
+    model the TP path reads, the device's default ones."""
+    from costmodel.errors import TpcostError
+    from costmodel.moe import load_moe_model
+    from costmodel.shapes import load_model
+
+    tp, ep = [], None
+    for m in models:
+        try:
+            shape = load_moe_model(m)
+        except TpcostError:
+            shape = None
+        ep = ep or shape
+        try:
+            load_model(m)
+        except TpcostError:
+            if shape is None:
+                raise
+            continue
+        tp.append(m)
+    if not tp:  # only EP models named: the TP phases at the device's default
+        from costmodel.shapes import builtin_model_names
+
+        tp = [CPU_MODEL] if device == "cpu" else builtin_model_names()
+    return tp, ep or load_moe_model(EP_MODEL[device])
 
 
 def rank_shapes(model_names, world):
@@ -164,7 +197,8 @@ def measured_points(records, impl: str, name: str, world: int, source: str):
 
 
 def side_paths(out: Path):
-    return out.with_suffix(".samples.jsonl"), out.with_suffix(".ops.csv")
+    """The raw samples, the fused-vs-sequential ops CSV and the network with the run's all-to-all calls."""
+    return out.with_suffix(".samples.jsonl"), out.with_suffix(".ops.csv"), out.with_suffix(".network.toml")
 
 
 def partial_path(samples: Path) -> Path:
@@ -179,6 +213,7 @@ def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgete
     from . import launch
     from .distbench import (AsyncTPOps, bench_barrier, bench_collectives, bench_comm_interference, bench_fused_ops,
                             bench_p2p, bench_vllm_all_reduce, bench_vllm_gemm_rs_ar, kernel_ms)
+    from .epbench import EP_TOKENS, bench_ep_all2all, bench_grouped_experts
     from .gpu_check import provenance
     from .microbench import bench_chunked, bench_gemms, bench_interference, bench_memory, gemm_dtypes
     from .timing import Timer
@@ -191,13 +226,15 @@ def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgete
         from costmodel.shapes import builtin_model_names
 
         models = builtin_model_names()
+    models, ep = split_models(models, args.device)
     shapes, fused_shapes = rank_shapes(models, world)
     dtypes = gemm_dtypes(dev)
     local = Timer(dev, warmup_s=plan["warmup_s"], rep_s=plan["rep_s"], min_reps=5, max_reps=50)
     coll = Timer(dev, warmup_s=plan["warmup_s"], rep_s=plan["rep_s"], min_reps=11, max_reps=50, group=dist.group.WORLD)
     ops = AsyncTPOps(dev, rank, world) if world > 1 else None
     out = Path(args.out)
-    samples_path, ops_path = side_paths(out)
+    samples_path, ops_path, net_path = side_paths(out)
+    gpn = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)  # torchrun's ranks per node; spawned: all
     phases = [
         ("gemm", lambda: bench_gemms(local, shapes, plan["gemm_rows"], dev, dtypes)),
         ("memory", lambda: bench_memory(local, plan["mem"], dev, hidden=shapes[0][2])),
@@ -215,6 +252,11 @@ def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgete
             ("barrier", lambda: bench_barrier(coll, dev)),
             ("fused_ops", lambda: bench_fused_ops(coll, ops, fused_shapes, plan["fused_ms"], dev, rank, world, dtypes[0])),
         ]
+        phases += [  # the EP step at EP = world: one rank's routed experts, then the dispatch and combine
+("ep_experts", lambda: bench_grouped_experts(local, ep, world, EP_TOKENS[args.device], dev,
+                                                                    "bf16" if args.device == "cuda" else "fp32")),
+                       ("ep_all2all", lambda: bench_ep_all2all(coll, ep, EP_TOKENS[args.device], dev, rank, world,
+                                                               gpn))]
     records, skipped = [], []
     bar = None
     partial = partial_path(samples_path)
@@ -279,8 +321,12 @@ def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgete
                         f"{r['baseline_s'] * 1e6:.3f},{r['overlap_s'] * 1e6:.3f},"
                         f"tpcost calibrate {r['impl']} {prov['host']} {prov['date']},torch")
     atomic_write_text(ops_path, "\n".join(rows) + "\n")
+    net_lines = write_ep_network(args, records, prior, prof, ep, net_path, src=f"tpcost calibrate on {prov['host']} "
+                                 f"({prov.get('device_name', '')}, {prov['backend']}, {prov['date']})")
     print(f"tpcost calibrate: {len(records)} records in {prov['wall_s']} s on {world} rank(s) ({prov['backend']})")
     print(f"  profile: {out}\n  raw samples: {samples_path}\n  fused-vs-sequential ops: {ops_path}")
+    for line in net_lines:
+        print(f"  {line}")
     for k, value in sorted(prof.values().items()):
         p = prof.provenance[k]
         if p.tier == "calibrated":
@@ -288,6 +334,35 @@ def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgete
     print(f"  kept prior (not measured): {', '.join(not_measured) or 'none'}")
     if skipped:
         print(f"  skipped for the budget: {', '.join(skipped)}")
+
+
+def write_ep_network(args, records, prior, prof, ep, path: Path, src: str) -> list[str]:
+    """The network of this run (--network, else the prior profile's) with its all-to-all calls and the transport terms
+    torch's calls measure, written to `path` (calib.epbench.network_from_run); lines saying what was written, or why
+    nothing was."""
+    from costmodel.io import atomic_write_text
+    from costmodel.network import load_network, network_toml
+
+    from .epbench import holdout, network_from_run
+
+    out = []
+    for group, v in holdout(records, prior, ep).items():
+        out.append(f"held out, {ep.name} {group}: {v['rows']} rows, median ln(pred/meas) "
+                   f"{v['median_log_error']:+.3f}, max |.| {v['max_abs_log_error']:.3f}")
+    if not any(r["kind"] == "ep_all2all" for r in records):
+        return out + ["EP all-to-all: not timed (one rank, experts that do not split over the ranks, or the "
+                      "budget ran out); no network written"]
+    name = args.network or prior.interconnect.network
+    if not name:
+        return out + ["EP all-to-all: timed (raw samples), no network written: give --network NAME|FILE to start from"]
+    net, notes = network_from_run(load_network(name), records, prof.name,
+                                  float(prof.interconnect.link_bw_bytes_per_s), src)
+    net = net.with_values(name=f"{net.name}-measured", origin=str(path))
+    atomic_write_text(path, network_toml(net, f"# Written by tpcost calibrate (prior network: {name}; GPU "
+                                              f"{prof.name}); raw samples beside it.\n"))
+    cal = [k for k, t in net.tiers.items() if t == "calibrated" and net.sources[k].startswith(src)]
+    return out + [f"network: {path} ({len(net.measured)} measured calls; fitted: {', '.join(cal) or 'none'})",
+                  *notes, f"use it: tpcost ep --gpu {args.out} --network {path} ..."]
 
 
 def run(args) -> int:
@@ -306,10 +381,14 @@ def run(args) -> int:
         raise TpcostError(f"--budget-s must be a finite number of seconds in (0, 86400], got {args.budget_s}")
     if not out.name.endswith(".toml"):
         raise TpcostError(f"--out {out}: a profile is a .toml file")
-    samples, ops_csv = side_paths(out)
+    samples, ops_csv, net_file = side_paths(out)
     check_output_path(out, args.force, "--out")
-    for side in (samples, ops_csv):
+    for side in (samples, ops_csv, net_file):
         check_output_path(side, args.force, "--out's side file")
+    if args.network is not None:
+        from costmodel.network import load_network
+
+        load_network(args.network)  # a bad network: one line before any worker
     world = args.nproc
     if args.device == "cpu" and not launch.under_torchrun():
         if not 1 <= args.nproc <= max(1, os.cpu_count() or 1) * 4:
@@ -320,7 +399,8 @@ def run(args) -> int:
     models = args.models or ([CPU_MODEL] if args.device == "cpu" else None)
     from costmodel.shapes import builtin_model_names
 
-    for m in models or builtin_model_names():
+    tp_models, ep = split_models(models or builtin_model_names(), args.device)
+    for m in tp_models:
         load_model(m).check_tp(world)  # unknown model or a TP it cannot split: one line, exit 2, before any worker
     try:
         launch.run(worker, args, args.device, args.nproc, "calibrate", wall_timeout_s=args.budget_s * 3 + 300)

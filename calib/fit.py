@@ -151,7 +151,8 @@ def _fitted_gemm_terms(residuals):
     return tuple(v[x] for x in names) if all(x in v for x in names) else None
 
 
-def _log_error_summary(log_err):
+def log_error_summary(log_err):
+    """rows, median signed and absolute ln(pred/meas), and the largest |ln(pred/meas)|."""
     a = np.abs(log_err)
     return {"rows": int(log_err.size), "median_log_error": float(np.median(log_err)),
             "median_abs_log_error": float(np.median(a)), "max_abs_log_error": float(np.max(a))}
@@ -169,10 +170,10 @@ def check_gemm_holdout(records, prior, dtype, gemm_residuals):
     err = np.log(gemm_time_s(m, n, k, x, prior, dtype) / t)
     rows = [{"name": r["name"], "m": r["m"], "n": r["n"], "k": r["k"], "measured_s": r["median_s"],
              "log_error": float(e)} for r, e in zip(rs, err, strict=True)]
-    out = {"all": _log_error_summary(err), "rows": rows}
+    out = {"all": log_error_summary(err), "rows": rows}
     for band, sel in (("m_le_256", m <= 256), ("m_gt_256", m > 256)):
         if sel.any():
-            out[band] = _log_error_summary(err[sel])
+            out[band] = log_error_summary(err[sel])
     return out
 
 
@@ -199,7 +200,7 @@ def check_sm_budget(records, prior, gemm_residuals):
         meas = np.array([q["measured_slowdown"] for q in rows])
         err = np.log(np.array([q["model_slowdown"] for q in rows]) / meas) if rows else np.zeros(0)
         out[lib] = {"honoured": bool(rows) and bool(np.any(np.abs(meas - 1.0) > 0.03)), "rows": rows,
-                    **({"slowdown": _log_error_summary(err)} if rows else {})}
+                    **({"slowdown": log_error_summary(err)} if rows else {})}
     return out
 
 

@@ -5,7 +5,9 @@
 
 Measures the GEMM sweep (bf16, fp8 via torch._scaled_mm), the same GEMMs split in W row chunks on one
 and on two streams, memory-bound kernels (copy, RMSNorm, W-way partial sum) and copy/compute
-interference (a device-to-device copy on another stream: HBM contention, not NVLink). Writes
+interference (a device-to-device copy on another stream: HBM contention, not NVLink); then the EP step's
+one-GPU terms at DeepSeek-V3's shapes, held out: one rank's routed experts (grouped GEMMs, EP 8/16/32) and
+MLA attention (decode absorbed, prefill not). Writes
 OUT_DIR/samples.jsonl (raw records), OUT_DIR/fit.json (fitted parameters with uncertainties,
 residuals and provenance) and OUT_DIR/summary.txt. Without a GPU it fails at once with one line.
 """
@@ -18,6 +20,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+from .epbench import EP_TOKENS, MLA_DECODE, MLA_PREFILL
 
 
 def _shapes():
@@ -62,6 +66,9 @@ MEM_SIZES = [2**p for p in range(10, 29, 2)]  # 1 KiB .. 256 MiB
 HOLDOUT_ROWS = [1, 8, 16, 32, 48, 64, 80, 96, 128, 192, 256, 512, 1024, 4096]
 SM_CARVEOUTS = [0, 8, 16, 32, 66]  # SMs withheld from the GEMM (0: all); 66 = half an H100/H200
 SM_BUDGET_ROWS = [64, 1024, 8192]
+# the EP step's one-GPU terms (issue #58): DeepSeek-V3's routed experts on one rank at EP 8 / 16 / 32, decode and
+# prefill tokens per rank, and its MLA attention core (calib.epbench); timed and held out, never fitted
+EP_MODEL, EP_SIZES = "deepseek-v3", (8, 16, 32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +87,11 @@ class CheckSizes:
     holdout_rows: tuple = tuple(HOLDOUT_ROWS)
     sm_carveouts: tuple = tuple(SM_CARVEOUTS)
     sm_budget_rows: tuple = tuple(SM_BUDGET_ROWS)
+    ep_model: str = EP_MODEL
+    ep_sizes: tuple = EP_SIZES
+    ep_tokens: tuple = EP_TOKENS["cuda"]
+    mla_decode: tuple = MLA_DECODE
+    mla_prefill: tuple = MLA_PREFILL
 
 
 def provenance(device_name=None):
@@ -196,12 +208,31 @@ def combine_runs(run_dirs: list[Path], out_dir: Path) -> dict:
             "params": params}
 
 
+def _ep_phases(timer, shape, sizes: CheckSizes, device: str) -> list:
+    """The EP step's one-GPU phases: one rank's routed experts at each EP size that splits them, then MLA."""
+    from .epbench import bench_grouped_experts, bench_mla
+
+    dtype = "bf16" if device.startswith("cuda") else "fp32"
+    return [*((f"ep_experts_ep{e}", (lambda e=e: bench_grouped_experts(timer, shape, e, sizes.ep_tokens, device, dtype)))
+              for e in sizes.ep_sizes if shape.num_experts % e == 0),
+            ("mla", lambda: bench_mla(timer, shape, device, sizes.mla_decode, sizes.mla_prefill))]
+
+
+def _ep_lines(model: str, ep_holdout: dict) -> list[str]:
+    return [f"  [{model}] held-out {group}: {v['rows']} rows, median ln(pred/meas) {v['median_log_error']:+.3f}, "
+            f"median |.| {v['median_abs_log_error']:.3f}, max {v['max_abs_log_error']:.3f}"
+            for group, v in ep_holdout.items()]
+
+
 def run_check(out: Path, device: str, budget_s: float, sizes: CheckSizes | None = None) -> int:
     """The check itself, on `device`; the CLI runs it on CUDA. The sizes are a parameter so that the tests
     can run the same pipeline on CPU with small shapes (there the interference phase yields nothing)."""
     sizes = CheckSizes() if sizes is None else sizes
     shapes, gemm_rows, chunk_rows = list(sizes.shapes), list(sizes.gemm_rows), list(sizes.chunk_rows)
     worlds, mem_sizes, interference_m = list(sizes.worlds), list(sizes.mem_sizes), sizes.interference_m
+    from costmodel.moe import load_moe_model
+
+    from .epbench import holdout
     from .fit import check_gemm_holdout, check_sm_budget, fit_single_device
     from .microbench import (bench_chunked, bench_gemms, bench_host_issue, bench_interference, bench_memory,
                              bench_sm_budget, gemm_dtypes)
@@ -228,6 +259,8 @@ def run_check(out: Path, device: str, budget_s: float, sizes: CheckSizes | None 
         skipped.append(f"gemm_holdout (no {KIMI_K3_CONFIG.name}: the repository's data/reference/models)")
     phases.append(("sm_budget", lambda: bench_sm_budget(timer, list(sizes.holdout_shapes) + shapes[:1],
                                                         list(sizes.sm_budget_rows), list(sizes.sm_carveouts), device)))
+    ep_shape = load_moe_model(sizes.ep_model)
+    phases += _ep_phases(timer, ep_shape, sizes, device)
     with open(out / "samples.jsonl", "w") as f:
         for name, gen in phases:
             if time.perf_counter() - t0 > budget_s:
@@ -254,7 +287,8 @@ def run_check(out: Path, device: str, budget_s: float, sizes: CheckSizes | None 
                              "skipped_phases": skipped, "records": len(records)},
               # profile parameters come from the first GEMM dtype's fit (bf16 on GPU): the model keeps one
               # GEMM efficiency per GPU
-              "params": fits[dtypes[0]]["params"], "fits_by_dtype": fits}
+              "params": fits[dtypes[0]]["params"], "fits_by_dtype": fits,
+              "ep_holdout": holdout(records, prior, ep_shape)}
     (out / "fit.json").write_text(json.dumps(result, indent=2))
     lines = [f"gpu_check on {prov['device_name']} (cc {prov.get('compute_capability', 'n/a')}, torch {prov['torch']}, "
              f"driver {prov.get('driver', 'n/a')}), {len(records)} records in {result['provenance']['wall_s']} s"]
@@ -273,6 +307,7 @@ def run_check(out: Path, device: str, budget_s: float, sizes: CheckSizes | None 
             lines.append(f"  [{d}] SM budget on {lib}: carveout honoured {v['honoured']}" + (
                 f", slowdown ln(model/meas) median {sd['median_log_error']:+.3f}, max |.| "
                 f"{sd['max_abs_log_error']:.3f} over {sd['rows']} rows" if sd else ""))
+    lines += _ep_lines(ep_shape.name, result["ep_holdout"])
     if skipped:
         lines.append(f"  skipped (budget): {', '.join(skipped)}")
     (out / "summary.txt").write_text("\n".join(lines) + "\n")

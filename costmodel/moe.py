@@ -194,11 +194,17 @@ def t_attention_s(hw: Hw, s: MoEShape, t: Any, ph: Phase) -> Any:
     o = t_gemm_w(hw, t, s.hidden, N * V, wb)
     if ph.decode:  # absorbed: q_nope·W_UK and o·W_UV as N batched bf16 GEMMs, MQA over the latent cache
         absorb = t_bmm_s(hw, t, N, P, L) + t_bmm_s(hw, t, N, L, V)
-        core = _core_s(hw, s, t, ph, qk_dim=L + R, v_dim=L, kv_elems=L + R)
-        return q + kv_a + o + absorb + core
+        return q + kv_a + o + absorb + t_mla_core_s(hw, s, t, ph)
     kv_b = t_gemm_w(hw, t, N * (P + V), L, wb)  # not absorbed: the new tokens' K and V up-projected
-    core = _core_s(hw, s, t, ph, qk_dim=P + R, v_dim=V, kv_elems=L + R)
-    return q + kv_a + kv_b + o + core
+    return q + kv_a + kv_b + o + t_mla_core_s(hw, s, t, ph)
+
+
+def t_mla_core_s(hw: Hw, s: MoEShape, t: Any, ph: Phase) -> Any:
+    """MLA's core: absorbed MQA over the latent cache at decode, MHA on up-projected K/V at prefill (s; §11.4)."""
+    L, R, P, V = s.kv_lora_rank, s.qk_rope, s.qk_nope, s.v_head_dim
+    if ph.decode:
+        return _core_s(hw, s, np.asarray(t, dtype=float), ph, qk_dim=L + R, v_dim=L, kv_elems=L + R)
+    return _core_s(hw, s, np.asarray(t, dtype=float), ph, qk_dim=P + R, v_dim=V, kv_elems=L + R)
 
 
 def t_bmm_s(hw: Hw, t: Any, batch: int, k: int, n: int) -> Any:

@@ -17,6 +17,9 @@ from integration.cli import main  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 MOE = str(ROOT / "tests" / "fixtures" / "moe-tiny" / "config.json")
 TINY = "cpu-tiny"  # built-in: costmodel/models/cpu-tiny.json
+# the one-GPU check's EP phases at the CPU fixture's MoE shape (calib/cpu-tiny-moe.json), small enough for CI
+EP_SMALL = dict(ep_model=str(ROOT / "calib" / "cpu-tiny-moe.json"), ep_sizes=(2, 4), ep_tokens=(4, 8, 32),
+                mla_decode=((1, 64), (4, 128)), mla_prefill=(32, 64))
 
 
 def test_cpu_loop_calibrate_whatif_validate_evaluate(tmp_path, capsys):
@@ -197,12 +200,18 @@ def test_gpu_check_pipeline_runs_on_cpu_and_folds_into_a_profile(tmp_path, capsy
     out = tmp_path / "calib" / "data" / "h200-sxm-gpu-check"
     shapes = [("tiny_qkv", 96, 128), ("tiny_o", 128, 64), ("tiny_gate_up", 256, 128), ("tiny_down", 128, 128)]
     sizes = CheckSizes(shapes=tuple(shapes), gemm_rows=(1, 8, 32, 64, 128, 256), chunk_rows=(64, 128), worlds=(2, 4),
-                       mem_sizes=(2**16, 2**18), holdout_shapes=(("tiny_k", 160, 96),), holdout_rows=(1, 16, 64))
+                       mem_sizes=(2**16, 2**18), holdout_shapes=(("tiny_k", 160, 96),), holdout_rows=(1, 16, 64),
+                       **EP_SMALL)
     assert run_check(out, "cpu", 60.0, sizes) == 0
     recs = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     kinds = {r["kind"] for r in recs}
     assert {"gemm", "chunked_gemm", "copy", "rms_norm", "partial_sum", "gemm_holdout"} <= kinds
     assert "gemm_sm_budget" not in kinds  # cuBLAS's SM carveout: CUDA only
+    # the EP step's one-GPU terms at the fixture's shape: one rank's routed experts per EP size, MLA per phase
+    assert {(r["ep"], r["tokens_per_rank"]) for r in recs if r["kind"] == "grouped_experts"} == {
+        (e, t) for e in EP_SMALL["ep_sizes"] for t in EP_SMALL["ep_tokens"]}
+    assert {(r["phase"], r["tokens"]) for r in recs if r["kind"] == "mla_attention"} == {
+        *(("decode", t) for t, _ in EP_SMALL["mla_decode"]), *(("prefill", s) for s in EP_SMALL["mla_prefill"])}
     assert {r["variant"] for r in recs if r["kind"] == "chunked_gemm"} == {"one_stream", "two_streams"}
     assert all(r["median_s"] > 0 for r in recs if "median_s" in r)
     fit = json.loads((out / "fit.json").read_text())
@@ -213,7 +222,10 @@ def test_gpu_check_pipeline_runs_on_cpu_and_folds_into_a_profile(tmp_path, capsy
     if "gemm" in fd["residuals"]:  # the held-out GEMMs are scored against the fit, never part of it
         assert fd["residuals"]["gemm"]["points"] == sum(r["kind"] == "gemm" for r in recs)
         assert fd["gemm_holdout"]["all"]["rows"] == 3 and {q["m"] for q in fd["gemm_holdout"]["rows"]} == {1, 16, 64}
+    assert set(fit["ep_holdout"]) == {"experts EP 2", "experts EP 4", "mla decode", "mla prefill"}
+    assert fit["ep_holdout"]["experts EP 2"]["rows"] == len(EP_SMALL["ep_tokens"])
     assert (out / "summary.txt").read_text().startswith("gpu_check on ")
+    assert "held-out mla decode" in (out / "summary.txt").read_text()
     capsys.readouterr()
     p = profile_from_dict(build_all({"h200-sxm": out / "fit.json"})["h200-sxm"], "h200-cpu-fold")
     folded = [k for k, v in p.provenance.items() if v.tier == "calibrated"]
@@ -229,7 +241,7 @@ def test_gpu_check_without_the_kimi_config_skips_the_held_out_gemms(tmp_path, mo
 
     monkeypatch.setattr(G, "KIMI_K3_CONFIG", tmp_path / "absent.json")
     sizes = G.CheckSizes(shapes=(("tiny", 64, 64),), gemm_rows=(1, 8, 32, 64), chunk_rows=(64,), worlds=(2,),
-                         mem_sizes=(2**16,))
+                         mem_sizes=(2**16,), **EP_SMALL)
     assert sizes.holdout_shapes == ()
     assert G.run_check(tmp_path / "out", "cpu", 60.0, sizes) == 0
     fit = json.loads((tmp_path / "out" / "fit.json").read_text())

@@ -34,6 +34,8 @@ def register(sub):
     c.add_argument("--from", dest="source", metavar="PROFILE|NETWORK",
                    help="with --from-nccl-tests: the profile to start from; with --from-deepep: the network")
     c.add_argument("--gpu", help="with --from-deepep: the GPU profile the logs ran on")
+    c.add_argument("--network", metavar="NAME|FILE",
+                   help="a benchmark run: the network its all-to-all calls calibrate (default: the GPU profile's)")
     for flag, what in (("--num-tokens", "tokens per rank"), ("--hidden", "hidden size"), ("--num-topk", "top-k"),
                        ("--num-experts", "routed experts"), ("--ep", "EP size: the test's GPUs in all"),
                        ("--gpus-per-node", "GPUs per node (default min(EP, 8))")):
@@ -86,7 +88,8 @@ def _calibrate(args):
         raise TpcostError("--name: give a non-empty name (or leave it out for the default)")
     if args.from_deepep or args.from_nccl_tests:
         bench = [flag for flag, v in (("--budget-s", args.budget_s), ("--models", args.models),
-                                      ("--nproc", args.nproc), ("--device", args.device)) if v is not None]
+                                      ("--nproc", args.nproc), ("--device", args.device),
+                                      ("--network", args.network)) if v is not None]
         if bench:
             raise TpcostError(f"{', '.join(bench)}: a benchmark run's flags; reading logs runs nothing")
     if args.from_deepep:
