@@ -53,8 +53,8 @@ def _torch_a2a(timer: Timer, shape, tokens, device, rank, world, gpus_per_node, 
     for T in tokens:
         send = _dest_counts(route(T, shape.num_experts, shape.top_k, shape.n_group, shape.topk_group, (T, rank)),
                             local, world)
-        recv = torch.empty(world, dtype=torch.int64)
-        dist.all_to_all_single(recv, torch.from_numpy(send))
+        recv = torch.empty(world, dtype=torch.int64, device=device)  # NCCL moves device tensors only
+        dist.all_to_all_single(recv, torch.from_numpy(send).to(device))
         s_l, r_l = send.tolist(), recv.tolist()
         for quantity, tb, out_n, in_n in (("dispatch", tb_d, r_l, s_l), ("combine", tb_c, s_l, r_l)):
             inp = torch.zeros(sum(in_n) * tb, dtype=torch.uint8, device=device)
@@ -150,11 +150,11 @@ def local_rows(shape, ep: int, tokens_per_rank: int, seed=0) -> np.ndarray:
     return np.bincount(ex[ex < local].ravel(), minlength=local)
 
 
-def _grouped(x, w, rows, impl):
+def _grouped(x, w, rows, grouped: bool):
     """out[e] = x[e] @ w[e]^T over the experts' row blocks: torch._grouped_mm where it runs, else one matmul each."""
     import torch
 
-    if impl == "torch._grouped_mm":
+    if grouped:
         offs = torch.tensor(np.cumsum(rows), dtype=torch.int32, device=x.device)
         return lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
     starts = np.concatenate([[0], np.cumsum(rows)])
@@ -186,13 +186,13 @@ def bench_grouped_experts(timer: Timer, shape, ep: int, tokens, device, dtype: s
         x, h = torch.randn(n, H, device=device, dtype=dt), torch.randn(n, I, device=device, dtype=dt)
         impl = "torch._grouped_mm" if grouped else "torch.matmul per expert"
         try:
-            up, down = _grouped(x, w13, rows, impl), _grouped(h, w2, rows, impl)
+            up, down = _grouped(x, w13, rows, grouped), _grouped(h, w2, rows, grouped)
             up(), down()
         except (RuntimeError, TypeError) as e:  # a torch whose _grouped_mm refuses this GPU: one matmul each
-            if impl == "torch.matmul per expert":
+            if not grouped:
                 raise
             impl = f"torch.matmul per expert ({type(e).__name__} from torch._grouped_mm)"
-            up, down = _grouped(x, w13, rows, "loop"), _grouped(h, w2, rows, "loop")
+            up, down = _grouped(x, w13, rows, False), _grouped(h, w2, rows, False)
         t = timer(lambda up=up, down=down: (up(), down()))
         yield {"kind": "grouped_experts", "model": shape.name, "ep": ep, "tokens_per_rank": int(T),
                "total_tokens": int(T * ep), "local_experts": local, "active_experts": int((rows > 0).sum()),
