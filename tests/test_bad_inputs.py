@@ -229,6 +229,21 @@ def test_tpcost_profile_env_is_checked(capsys, monkeypatch, one_line_error):
     one_line_error("vllm-config", "--gpu", "auto", needle="TPCOST_PROFILE='no-such-gpu'")
 
 
+def test_tpcost_profile_env_says_it_does_not_act_without_gpu_auto(capsys, monkeypatch):
+    """Set for the plugin, TPCOST_PROFILE is not read by a command given another --gpu: one note says so, and the
+    answer is the one without the variable."""
+    from integration.cli import main
+
+    args = ["whatif", "--gpu", "h100-sxm", "--tokens", "1024", "--json"]
+    assert main(args) == 0
+    plain = capsys.readouterr()
+    monkeypatch.setenv("TPCOST_PROFILE", "b200")
+    assert main(args) == 0
+    noted = capsys.readouterr()
+    assert noted.out == plain.out and "TPCOST_PROFILE" not in plain.err
+    assert noted.err.strip() == "tpcost: note: TPCOST_PROFILE is read with --gpu auto only; this run uses --gpu h100-sxm"
+
+
 def test_version_and_help_on_every_option(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])

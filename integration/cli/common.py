@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
 
 from costmodel.errors import TpcostError
 from costmodel.defaults import (DEFAULT_BUDGET_TOKENS, DEFAULT_CONTEXT_LEN, DEFAULT_MARGIN, DEFAULT_MAX_NUM_SEQS,
@@ -272,6 +274,9 @@ def resolve_profile(args):
         from costmodel.profile import detect_profile_name
 
         args.gpu = detect_profile_name()
+    elif os.environ.get("TPCOST_PROFILE"):  # set for the plugin or --gpu auto: say it does not act here
+        print(f"tpcost: note: TPCOST_PROFILE is read with --gpu auto only; this run uses --gpu {args.gpu}",
+              file=sys.stderr)
     prof = load_profile(args.gpu)
     overrides = parse_set(getattr(args, "set", None) or [])
     return (with_overrides(prof, overrides) if overrides else prof), overrides
