@@ -173,6 +173,8 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
     entry.check_rows(m_all, extra_m, tp, M_STEP)
     cap = vllm_tables.capture_size(cudagraph_max_tokens, profile.identity.compute_capability)
     rule_text, rule_tokens, runs, baseline = entry.rule(profile, tp, n, k, vllm)
+    if baseline == "vllm_sp":  # sp_all_gather_matmul: never while a CUDA graph is captured (eager steps only)
+        runs, rule_tokens = _eager_only(runs, rule_tokens, cap)
     spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm, baseline, query.sm_share)
     f_all, u_all, unfused_impl, unfused_per_m, waves = op_arms(profile, spec, m_all)
     notes = entry.notes(profile, spec, m_all)
@@ -185,6 +187,14 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
     band = op_cutoff_band(profile, spec, grid, margin, weights) if with_band else None
     return OpAnalysis(profile.name, spec, calls_per_forward, m_all, f_all, u_all, cut, rule_text, rule_tokens,
                       runs(m_all), value, unfused_impl, tuple(notes), unfused_per_m, band, waves)
+
+
+def _eager_only(runs: Any, rule_tokens: Any, cap: int) -> tuple[Any, Any]:
+    """vLLM's model-level AG+matmul rule on eager steps only: M above the capture size too (§4)."""
+    def eager_runs(m: Any) -> Any:
+        return runs(m) & vllm_tables.runs_eagerly(m, cap)
+
+    return eager_runs, (None if rule_tokens is None else max(int(rule_tokens), cap + 1))
 
 
 def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> fused_ops.Arms:

@@ -270,3 +270,25 @@ def test_every_bad_flag_of_a_call_in_one_line(argv, needles, one_line_error):
     for n in needles:
         assert n in err, (n, err)
     assert err.count("; ") >= len(needles) - 1
+
+
+def test_capture_size_moves_where_vllm_runs_the_model_level_ag_matmul(capsys):
+    """vLLM 0.34's sp_all_gather_matmul never runs while a CUDA graph is captured (can_sp_all_gather_matmul:
+    not torch.cuda.is_current_stream_capturing()): a capture size above its gate moves vLLM's rows, so the flag
+    takes effect (it was refused as "no effect"); one below vLLM's default still changes nothing, and is refused."""
+    import json
+
+    from integration.cli import main
+
+    base = ["op", "--op", "ag_gemm", "--impl", "torch", "--vllm-version", "0.34", "--gpu", "b300", "--tp", "4",
+            "--n", "8192", "--k", "8192", "--m", "4096", "8192", "12288", "--json"]
+    assert main(base) == 0
+    default = {r["m"]: r["vllm_runs_kernel"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert default[4096] and default[8192] and default[12288]
+    assert main([*base, "--cudagraph-max-tokens", "8192"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    runs = {r["m"]: r["vllm_runs_kernel"] for r in d["rows"]}
+    assert not runs[4096] and not runs[8192] and runs[12288]
+    assert d["vllm_rule_tokens"] == 8193
+    assert main([*base, "--cudagraph-max-tokens", "512"]) == 2
+    assert "no effect" in capsys.readouterr().err
