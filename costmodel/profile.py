@@ -346,9 +346,10 @@ class HardwareProfile:
         out: dict[str, Any] = {}
 
         def walk(obj, prefix):
+            obj = obj._obj if isinstance(obj, _Recorder) else obj  # a recording copy's leaves: the values, unrecorded
             for f in dataclasses.fields(obj):
                 v = getattr(obj, f.name)
-                if dataclasses.is_dataclass(v):
+                if dataclasses.is_dataclass(v) or isinstance(v, _Recorder):
                     walk(v, f"{prefix}.{f.name}")
                 elif v is not None:
                     out[f"{prefix}.{f.name}"] = v

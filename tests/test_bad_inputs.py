@@ -292,3 +292,50 @@ def test_capture_size_moves_where_vllm_runs_the_model_level_ag_matmul(capsys):
     assert d["vllm_rule_tokens"] == 8193
     assert main([*base, "--cudagraph-max-tokens", "512"]) == 2
     assert "no effect" in capsys.readouterr().err
+
+
+def test_set_on_the_0_34_gate_path_takes_effect_or_is_refused(capsys):
+    """--set on a model whose 0.34 gates tpcost prices (MiniMax-M3) ran the gates' band on the recording copy of
+    the profile and ended in a traceback (exit 1). A key the gates read now moves the answer; one nothing reads is
+    one line, exit 2."""
+    from pathlib import Path
+
+    from integration.cli import main
+
+    cfg = Path(__file__).resolve().parents[1] / "data" / "reference" / "models" / "minimax-m3.config.json"
+    base = ["vllm-config", "--gpu", "b200", "--model", str(cfg),
+            "--tp", "4", "--vllm-version", "0.34"]
+    assert main(base) == 0
+    plain = capsys.readouterr().err
+    assert main([*base, "--set", "memory.hbm_bw_bytes_per_s=4e12"]) == 0
+    slow = capsys.readouterr().err
+    assert "MODIFIED by --set" in slow and "MODIFIED" not in plain
+    gate = [ln for ln in slow.splitlines() if "gate minimax_m3.finalize_ar" in ln]
+    assert gate and gate != [ln for ln in plain.splitlines() if "gate minimax_m3.finalize_ar" in ln]
+    assert main([*base, "--set", "asynctp.barrier_s=1e-5"]) == 2
+    err = capsys.readouterr().err
+    assert "no effect" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"num_key_value_heads": 3}, "num_key_value_heads 3 must divide num_attention_heads 64"),
+    ({"num_key_value_heads": 128}, "num_key_value_heads 128 must divide"),
+    ({"moe_layer_freq": [2] * 62}, "moe_layer_freq must be a list of 0 / 1"),
+    ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
+    ({"num_attention_heads": 48, "num_key_value_heads": 6}, "6 KV heads do not split over TP 4"),
+])
+def test_mutated_gate_model_configs_are_refused(tmp_path, capsys, change, needle):
+    """Mutations of MiniMax-M3's config that vLLM refuses before it builds the model: one line, exit 2."""
+    import json
+    from pathlib import Path
+
+    from integration.cli import main
+
+    cfg = json.loads((Path(__file__).resolve().parents[1] / "data" / "reference" / "models" /
+                      "minimax-m3.config.json").read_text())
+    (cfg.get("text_config") or cfg).update(change)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["vllm-config", "--gpu", "b200", "--model", str(path), "--tp", "4", "--vllm-version", "0.34"]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1

@@ -262,7 +262,7 @@ def kernel_model_config(args, cfg, name, where, vllm) -> int:
     """vllm-config for a model that runs vLLM's fused kernel: the fusion range and (--kernel-op) the switch, from its
     call sites (costmodel.vllm_tables); its forward is not modelled, so the flags only a forward reads are refused."""
     from costmodel.errors import TpcostError
-    from costmodel.shapes import read_kernel_model
+    from costmodel.shapes import check_kv_heads_split, read_kernel_model
     from costmodel.profile import recording
 
     from costmodel.model import Regime, RunConfig
@@ -273,6 +273,7 @@ def kernel_model_config(args, cfg, name, where, vllm) -> int:
 
     km = read_kernel_model(cfg, name, where)
     par = _kernel_parallel_args(args, km, name)
+    check_kv_heads_split(km, par.tp, where)
     if km.mode(par) == "gemm_rs" and args.fi_allreduce_fusion_max_size_mb is not None:
         raise TpcostError("--fi-allreduce-fusion-max-size-mb: no effect under model-level SP (the all-reduces become "
                           "reduce-scatter / all-gather: no all-reduce+RMSNorm to fuse)")
