@@ -136,11 +136,20 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=None, help="stop starting new benchmarks after this (s; 360)")
     ap.add_argument("--combine", action="append", default=[], metavar="RUN_DIR",
                     help="write OUT_DIR/fit.json as the median of these runs' fit.json (same GPU; no GPU needed)")
+    ap.add_argument("--force", action="store_true", help="with --combine: replace an existing OUT_DIR/fit.json")
     args = ap.parse_args(argv)
     if args.combine:
         if args.budget_s is not None:
             print("gpu_check: error: --budget-s times a run; --combine runs nothing", file=sys.stderr)
             return 2
+        if (Path(args.out_dir) / "fit.json").exists() and not args.force:
+            print(f"gpu_check: error: {Path(args.out_dir) / 'fit.json'} exists: pass --force to replace it",
+                  file=sys.stderr)
+            return 2
+    elif args.force:
+        print("gpu_check: error: --force: read only with --combine (a run writes a new OUT_DIR)", file=sys.stderr)
+        return 2
+    if args.combine:
         try:
             fit = combine_runs([Path(d) for d in args.combine], Path(args.out_dir))
         except ValueError as e:
@@ -169,6 +178,23 @@ def main(argv=None) -> int:
     return run_check(Path(args.out_dir), "cuda", 360.0 if args.budget_s is None else args.budget_s)
 
 
+def _check_run(d: Path, prov, params) -> None:
+    """One run's fit.json as the check writes it: a provenance table naming the GPU, and per parameter a finite
+    value and a finite relative sigma >= 0 (ValueError, one line, naming the first that is not)."""
+    import math
+
+    def num(x) -> bool:
+        return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+    if not isinstance(prov, dict) or not isinstance(prov.get("device_name"), str) or not isinstance(params, dict):
+        raise ValueError(f"--combine {d}: fit.json needs a provenance table with device_name and a params table")
+    for key, v in params.items():
+        if not (isinstance(v, dict) and num(v.get("value")) and num(v.get("uncertainty_rel"))
+                and v["uncertainty_rel"] >= 0):
+            raise ValueError(f"--combine {d}: params.{key} must be a table with a finite value and a finite "
+                             f"uncertainty_rel >= 0, got {str(v)[:60]}")
+
+
 def combine_runs(run_dirs: list[Path], out_dir: Path) -> dict:
     """One fit.json from several runs of the check on one GPU model: each parameter the median of the runs that fit
     it, its relative σ the larger of the runs' median fitted σ and half their spread over the median (run-to-run
@@ -184,8 +210,9 @@ def combine_runs(run_dirs: list[Path], out_dir: Path) -> dict:
             f = json.loads((d / "fit.json").read_text(encoding="utf-8"))
             prov, params = f["provenance"], f["params"]
             name = prov["device_name"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             raise ValueError(f"--combine {d}: no readable fit.json of a gpu check ({type(e).__name__})") from None
+        _check_run(d, prov, params)
         runs.append((d, prov, params, name))
     names = {r[3] for r in runs}
     if len(names) != 1:

@@ -144,16 +144,43 @@ def test_the_committed_h200_fit_is_the_median_of_its_runs(tmp_path):
     (["--combine", "RUN2", "--combine", "OTHER"], "different GPUs"),
     (["--combine", "RUN2", "--combine", "RUN3", "--budget-s", "10"], "--combine runs nothing"),
     (["--combine", "RUN2", "--combine", "RUN3", "OUT_MISSING"], "cannot write"),
+    (["--combine", "RUN2", "--combine", "LIST"], "a provenance table with device_name and a params table"),
+    (["--combine", "RUN2", "--combine", "NUMBER"], "params.gemm.max_efficiency must be a table"),
+    (["--combine", "RUN2", "--combine", "NULL"], "a finite value"),
+    (["--combine", "RUN2", "--combine", "NAN"], "a finite value"),
+    (["--combine", "RUN2", "--combine", "DEEP"], "no readable fit.json"),
+    (["--combine", "RUN2", "--combine", "RUN3", "--force", "EXISTS"], None),
+    (["--combine", "RUN2", "--combine", "RUN3", "EXISTS"], "pass --force"),
+    (["--force"], "read only with --combine"),
 ])
 def test_gpu_check_combine_bad_input_is_one_line(tmp_path, capsys, args, needle):
     from calib.gpu_check import main as gpu_main
 
-    other = tmp_path / "other"
-    other.mkdir()
-    fit = json.loads((H200_CHECK / "run2" / "fit.json").read_text())
-    fit["provenance"]["device_name"] = "NVIDIA H100 80GB HBM3"
-    (other / "fit.json").write_text(json.dumps(fit))
-    names = {"RUN2": H200_CHECK / "run2", "RUN3": H200_CHECK / "run3", "MISSING": tmp_path / "nope", "OTHER": other}
+    base = json.loads((H200_CHECK / "run2" / "fit.json").read_text())
+    names = {"RUN2": H200_CHECK / "run2", "RUN3": H200_CHECK / "run3", "MISSING": tmp_path / "nope"}
+    bad_params = {"LIST": [1, 2], "NUMBER": {"gemm.max_efficiency": 5},
+                  "NULL": {"gemm.max_efficiency": {"value": None, "uncertainty_rel": 0.1}},
+                  "NAN": {"gemm.max_efficiency": {"value": float("nan"), "uncertainty_rel": 0.1}}}
+    for tag, fit in (("OTHER", {**base, "provenance": {**base["provenance"], "device_name": "NVIDIA H100 80GB HBM3"}}),
+                     *((t, {**base, "params": p}) for t, p in bad_params.items())):
+        (tmp_path / tag).mkdir()
+        (tmp_path / tag / "fit.json").write_text(json.dumps(fit))
+        names[tag] = tmp_path / tag
+    (tmp_path / "DEEP").mkdir()
+    (tmp_path / "DEEP" / "fit.json").write_text("[" * 100000 + "]" * 100000)
+    names["DEEP"] = tmp_path / "DEEP"
+    if "EXISTS" in args:  # an OUT_DIR whose fit.json is there already: replaced only with --force
+        args = [a for a in args if a != "EXISTS"]
+        out = tmp_path / "out"
+        out.mkdir()
+        (out / "fit.json").write_text("{}")
+        rc = gpu_main([str(out), *[str(names.get(a, a)) for a in args]])
+        if needle is None:
+            assert rc == 0 and json.loads((out / "fit.json").read_text())["params"]
+            return
+        assert rc == 2 and (out / "fit.json").read_text() == "{}"
+        assert needle in capsys.readouterr().err
+        return
     out = tmp_path / "out"
     out.mkdir()
     if "OUT_MISSING" in args:  # the out folder is the positional: one that does not exist
