@@ -692,29 +692,25 @@ BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_qk_norm",
 
 
 def _check_attention_and_flags(inner: Mapping[str, Any], family: str, where: str) -> None:
-    """What vLLM refuses in a config before it builds the model: KV heads that do not divide the heads, a
-    moe_layer_freq entry other than 0 / 1, a string where a boolean is (one line each)."""
-    if family not in MLA_FAMILIES and "num_attention_heads" in inner:
-        heads = _pos(inner, "num_attention_heads", where)
-        kv = _pos(inner, "num_key_value_heads", where) if "num_key_value_heads" in inner else heads
-        if kv > heads or heads % kv:
-            raise TpcostError(f"{where}: num_key_value_heads {kv} must divide num_attention_heads {heads}")
-    freq = inner.get("moe_layer_freq")
-    if freq is not None and not (isinstance(freq, list) and all(type(x) is int and x in (0, 1) for x in freq)) \
-            and not (type(freq) is int and freq >= 1):
-        raise TpcostError(f"{where}: moe_layer_freq must be a list of 0 / 1 per layer (or a positive integer), "
-                          f"got {str(freq)[:60]}")
+    """What vLLM refuses in a config before it builds the model: a moe_layer_freq entry other than 0 / 1, a string
+    where a boolean is (one line each)."""
+    freq = inner.get("moe_layer_freq")  # an integer period is checked where it is read
+    if isinstance(freq, list) and not all(type(x) is int and 0 <= x <= 1 for x in freq):
+        raise TpcostError(f"{where}: moe_layer_freq must be a list of 0 / 1 per layer, got {str(freq)[:60]}")
     for key in BOOL_KEYS:
         if key in inner and not isinstance(inner[key], bool):
             raise TpcostError(f"{where}: {key} must be true or false, got {inner[key]!r}")
 
 
 def check_kv_heads_split(km: KernelModel, tp: int, where: str) -> None:
-    """vLLM's rule for GQA under TP: TP >= KV heads needs TP % KV == 0 (replicas), else KV % TP == 0."""
+    """KV heads that divide the heads, split over TP by vLLM's rule: TP % KV == 0 (replicas) when TP >= KV, else
+    KV % TP == 0 (one line)."""
     cfg = km._cfg
-    if km.family in MLA_FAMILIES or "num_key_value_heads" not in cfg:
+    if km.family in MLA_FAMILIES or "num_key_value_heads" not in cfg or "num_attention_heads" not in cfg:
         return
-    kv = int(cfg["num_key_value_heads"])
+    heads, kv = _pos(cfg, "num_attention_heads", where), _pos(cfg, "num_key_value_heads", where)
+    if kv > heads or heads % kv:
+        raise TpcostError(f"{where}: num_key_value_heads {kv} must divide num_attention_heads {heads}")
     if (tp % kv if tp >= kv else kv % tp):
         raise TpcostError(f"{where}: {kv} KV heads do not split over TP {tp} (vLLM needs TP % KV == 0 when TP >= KV "
                           "heads, else KV % TP == 0)")

@@ -320,7 +320,7 @@ def test_set_on_the_0_34_gate_path_takes_effect_or_is_refused(capsys):
 @pytest.mark.parametrize("change, needle", [
     ({"num_key_value_heads": 3}, "num_key_value_heads 3 must divide num_attention_heads 64"),
     ({"num_key_value_heads": 128}, "num_key_value_heads 128 must divide"),
-    ({"moe_layer_freq": [2] * 62}, "moe_layer_freq must be a list of 0 / 1"),
+    ({"moe_layer_freq": [2] * 62}, "moe_layer_freq must be a list of 0 / 1 per layer"),
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
     ({"num_attention_heads": 48, "num_key_value_heads": 6}, "6 KV heads do not split over TP 4"),
 ])
