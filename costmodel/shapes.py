@@ -683,7 +683,7 @@ def read_kernel_model(cfg: Mapping[str, Any], name: str, where: str | None = Non
         names = (q or {}).get(key)
         if names is not None and not (isinstance(names, list) and all(isinstance(x, str) for x in names)):
             raise TpcostError(f"{where}: quantization_config.{key} must be a list of module names")
-    _check_attention_and_flags(inner, family, where)
+    _check_attention_and_flags(inner, where)
     return KernelModel(name, family, hidden, layers, dtype.replace("torch.", ""), inner)
 
 
@@ -691,7 +691,7 @@ MLA_FAMILIES = ("kimi_k3", "deepseek_v41")  # their KV is a latent, not heads th
 BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_qk_norm", "norm_topk_prob")
 
 
-def _check_attention_and_flags(inner: Mapping[str, Any], family: str, where: str) -> None:
+def _check_attention_and_flags(inner: Mapping[str, Any], where: str) -> None:
     """What vLLM refuses in a config before it builds the model: a moe_layer_freq entry other than 0 / 1, a string
     where a boolean is (one line each)."""
     freq = inner.get("moe_layer_freq")  # an integer period is checked where it is read
