@@ -46,6 +46,8 @@ class OpSpec:
     vllm: Vllm = dataclasses.field(default_factory=Vllm)
     baseline: str = "nccl"  # torch's ops: "nccl", or "vllm_sp" (model-level SP's collective; issued eagerly)
     sm_share: float = DEFAULT_KERNEL_SM_SHARE  # the fused kernel's share of the SMs (ops.sm_share_hw)
+    norm_after: bool = False  # a model's GEMM+AR call site: vLLM's residual-add RMSNorm follows (both arms)
+    fi_max_bytes: float | None = None  # FlashInfer's AR+norm fusion limit for the unfused arm (None: vLLM's table)
 
 
 class Rule(NamedTuple):
@@ -116,6 +118,14 @@ class FusedOpKind:
     def event(self, spec: OpSpec, m_prev: int, m: int) -> str | None:
         """What changes between rows m_prev and m on the host side (None: nothing)."""
         return None
+
+    def why_not_served(self, profile: HardwareProfile, tp: int, dtype: str, n: int) -> str | None:
+        """None if vLLM can serve this op at a model's call site here, else why its switch has no effect."""
+        return self.why_not(profile, tp, dtype, n)
+
+    def pipelined(self, hw: ops.Hw, rows: Any, n: int, k: int, tp: int, eager: bool) -> ops.FusedOp:
+        """The op's parts in a layer slot under vLLM <= 0.31's AsyncTP (costmodel.model)."""
+        raise TpcostError(f"{self.op} ({self.impl}) has no pipelined form for a layer slot")
 
     def fused_breakdown(self, hw: ops.Hw, spec: OpSpec, rows: np.ndarray, t_fused_s: float) -> dict:
         """The fused arm of one call at `rows` (one row), part by part (`tpcost op --at`)."""
@@ -205,11 +215,16 @@ class TorchPipelined(FusedOpKind):
                     "host's issue time per call")
         return None
 
+    def pipelined(self, hw, rows, n, k, tp, eager):
+        """ops.fused_ag_gemm (the gathered input at the mode's all-gather width) or ops.fused_gemm_rs."""
+        if self.op == "ag_gemm":
+            return ops.fused_ag_gemm(hw, rows, n, k, tp, hw.mode.ag_bytes, eager)
+        return ops.fused_gemm_rs(hw, rows, n, k, tp, eager)
+
     def fused_breakdown(self, hw, spec, rows, t_fused_s):
-        n, k, tp = spec.n, spec.k, spec.tp
         eager = bool(vllm_tables.runs_eagerly(rows, spec.cudagraph_max_tokens)[0]) or spec.baseline == "vllm_sp"
-        fo = (ops.fused_ag_gemm(hw, rows, n, k, tp, hw.mode.ag_bytes, eager) if spec.op == "ag_gemm" else
-              ops.fused_gemm_rs(hw, rows, n, k, tp, eager))
+        fo = self.pipelined(hw, rows, spec.n, spec.k, spec.tp, eager)
+        n, k = spec.n, spec.k
         parts = {"t_chunk_gemms_contended_s": _one(fo.t_chunks_contended_s), "t_pulls_s": _one(fo.t_pulls_s),
                  "t_barriers_s": _one(fo.t_sync_s), "t_copies_reduction_s": _one(fo.t_memory_s)}
         bound = {"t_chunk_gemms_contended_s": "chunk GEMMs", "t_pulls_s": "pulls", "t_barriers_s": "barriers",
@@ -250,6 +265,10 @@ class SingleKernel(FusedOpKind):
             return vllm_tables.CAN_RUN_FP8 if dtype == "fp8" else super().why_not(profile, tp, dtype, n)
         return ops.kernel_available(profile, tp, dtype, n)
 
+    def why_not_served(self, profile, tp, dtype, n):
+        """Where the kernel cannot run, or vLLM does not ship it on this GPU (ops.kernel_shipped)."""
+        return self.why_not(profile, tp, dtype, n) or ops.kernel_shipped(profile)
+
     def rule(self, profile, tp, n, k, vllm):
         cc = profile.identity.compute_capability
         if not vllm_tables.kernel_ships_on(cc):
@@ -262,8 +281,8 @@ class SingleKernel(FusedOpKind):
 
     def arms(self, profile, spec, m):
         hw = ops.Hw(profile, "fp8" if spec.dtype == "mxfp8" else spec.dtype)
-        gemm = ops.KernelGemm(spec.op, spec.n, spec.k, spec.tp, spec.dtype, sm_share=spec.sm_share)
-        pair = ops.kernel_pair(hw, gemm, m, vllm=spec.vllm)
+        gemm = ops.KernelGemm(spec.op, spec.n, spec.k, spec.tp, spec.dtype, spec.norm_after, spec.sm_share)
+        pair = ops.kernel_pair(hw, gemm, m, vllm=spec.vllm, fi_max_bytes=spec.fi_max_bytes)
         name = "vLLM's model-level-SP reduce-scatter" if spec.op == "gemm_rs" else "vLLM's dispatched all-reduce"
         waves = np.broadcast_to(pair.kernel.waves, np.shape(m))
         return Arms(pair.fused_s, pair.unfused_s, name, pair.unfused_impls, waves if waves.ndim == 1 else None)
@@ -353,6 +372,17 @@ def impl_help() -> str:
     """`--impl`'s help: each implementation in one line."""
     seen = {impl: k.help for (_, impl), k in REGISTRY.items()}
     return "; ".join(f"{impl}: {h}" for impl, h in seen.items())
+
+
+def kernel_entry(op: str, vllm: Vllm) -> FusedOpKind:
+    """The entry that prices `vllm`'s single kernel for op (KernelGate.impl; docs/model.md §6b)."""
+    k = vllm.release.kernel
+    return kind(op, k.impl if k is not None else "kernel")
+
+
+def symm_mem_entry(op: str, vllm: Vllm) -> FusedOpKind:
+    """The entry that prices torch's symm-mem op `vllm` runs for op (Release.symm_mem_impl; docs/model.md §6)."""
+    return kind(op, vllm.release.symm_mem_impl)
 
 
 _NOT_REGISTERED = {("gemm_ar", "torch"): "torch has no fused GEMM+all-reduce (its pipelined ops are all-gather+GEMM "

@@ -4,7 +4,7 @@ A gate is a token count at which a model's code switches between a fused GEMM+co
 and the unfused path. For the call sites the gate covers (costmodel.shapes.KernelModel), both arms are priced over
 every step size N = 1 .. max_num_batched_tokens with the one predictor of each pair (costmodel.ops):
 
-- "gemm_rs": the single-kernel GEMM+RS (ops.kernel_pair) against the GEMM then model-level SP's reduce-scatter;
+- "gemm_rs": the single-kernel GEMM+RS (its fused_ops entry) against the GEMM then model-level SP's reduce-scatter;
 - "ag_gemm": torch's fused_all_gather_matmul, issued eagerly (ops.torch_pair, baseline "vllm_sp"), against
   sp_all_gather then the GEMM; under CUDA-graph capture (N <= the capture size) vLLM cannot run it;
 - "oneshot_ar": FlashInfer's one-shot all-reduce fused with the norms against vLLM's all-reduce then the norm;
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import formulas as F
-from . import ops, vllm_tables
+from . import fused_ops, ops, vllm_tables
 from .analysis import (BAND_DRAWS, BAND_SEED, band_edges, band_grid, decide_cutoff, decide_fusion_limit,
                        perturbed_values)
 from .model import RunConfig
@@ -92,20 +92,22 @@ def gate_value(gate: ModelGate, tp: int, spans_nodes: bool = False) -> int | Non
 
 
 def _gemm_rs_arms(profile, s, n: np.ndarray, run: RunConfig) -> tuple[Any, Any]:
-    """The single-kernel GEMM+RS (ops.kernel_pair) against the GEMM then model-level SP's reduce-scatter."""
-    hw = ops.Hw(profile, "fp8" if s.weights == "mxfp8" else "bf16")
-    kp = ops.kernel_pair(hw, ops.KernelGemm("gemm_rs", s.n, s.k, run.tp, s.weights or "bf16", False), n,
-                         vllm=run.regime.vllm)
-    return kp.fused_s, kp.unfused_s
+    """The release's single-kernel GEMM+RS entry against the GEMM then model-level SP's reduce-scatter."""
+    vllm = run.regime.vllm
+    entry = fused_ops.kernel_entry("gemm_rs", vllm)
+    spec = fused_ops.OpSpec("gemm_rs", entry.impl, run.tp, s.n, s.k, s.weights or "bf16", 0, vllm)
+    arms = entry.arms(profile, spec, n)
+    return arms.fused_s, arms.unfused_s
 
 
 def _ag_gemm_arms(profile, s, n: np.ndarray, run: RunConfig) -> tuple[Any, Any]:
-    """torch's eager fused_all_gather_matmul against sp_all_gather then the GEMM (every rank's shard padded to
-    ceil(N/tp) rows)."""
+    """torch's eager fused_all_gather_matmul (its fused_ops entry, model-level SP's baseline) against sp_all_gather
+    then the GEMM (every rank's shard padded to ceil(N/tp) rows)."""
     tp = run.tp
-    tpair = ops.torch_pair(ops.Hw(profile, "bf16"), "ag_gemm", tp * np.ceil(n / tp), s.n, s.k, tp,
-                           baseline="vllm_sp")
-    return tpair.fused_eager_s, tpair.unfused_s
+    entry = fused_ops.symm_mem_entry("ag_gemm", run.regime.vllm)
+    spec = fused_ops.OpSpec("ag_gemm", entry.impl, tp, s.n, s.k, "bf16", 0, run.regime.vllm, baseline="vllm_sp")
+    arms = entry.arms(profile, spec, tp * np.ceil(n / tp))
+    return arms.fused_s, arms.unfused_s
 
 
 def _oneshot_ar_arms(profile, s, n: np.ndarray, run: RunConfig) -> tuple[Any, Any]:
@@ -264,14 +266,14 @@ def _why_not(profile, gate: ModelGate, km, par: Parallel, run: RunConfig) -> str
     if gate.op == "gemm_rs" and km.family == "muse_spark":
         return vllm_tables.muse_gemm_rs_blocker(vllm, cap, tp, run.max_num_batched_tokens)
     elif gate.op == "gemm_rs":
-        why = ops.kernel_available(profile, tp, "bf16", km.hidden) or ops.kernel_shipped(profile)
+        why = fused_ops.kernel_entry("gemm_rs", vllm).why_not_served(profile, tp, "bf16", km.hidden)
         if why:
             return why
         lo = gate_value(gate, tp)
         if lo is not None and run.max_num_batched_tokens < lo:
             return f"max_num_batched_tokens {run.max_num_batched_tokens} < {lo}: vLLM refuses the kernel at init"
     elif gate.op == "ag_gemm":
-        why = ops.fused_ops_available(profile, tp)
+        why = fused_ops.symm_mem_entry("ag_gemm", vllm).why_not(profile, tp, "bf16")
         if why:
             return why
     elif gate.op == "sp_floor" and km.sp_floor_tokens(par, vllm) <= tp:

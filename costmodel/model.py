@@ -16,7 +16,7 @@ import numpy as np
 from . import formulas as F
 from .defaults import (DEFAULT_BUDGET_TOKENS, DEFAULT_CONTEXT_LEN, DEFAULT_MARGIN,
                        DEFAULT_MAX_NUM_SEQS, DEFAULT_SEQ_LEN)
-from . import ops, vllm_tables
+from . import fused_ops, ops, vllm_tables
 from .errors import TpcostError
 from .layer import LayerSpec
 from .profile import HardwareProfile
@@ -430,6 +430,7 @@ def _sp_layer(fw: _Ops) -> tuple[tuple, Op, Op, Op]:
 def _sp_asynctp_layer(fw: _Ops, rs: Op, norm_shard: Op, ag: Op, notes: list[str]) -> tuple:
     """The layer under SP+AsyncTP: each slot's fusion, in order."""
     hw, H, Np, W, act, mode = fw.hw, fw.spec.hidden, fw.Np, fw.W, fw.act, fw.mode
+    vllm = fw.regime.vllm
     spa = [norm_shard]
     for slot in fw.spec.slots:
         if slot.name == "router":  # an MoE block: SP's all-gather before it, no GEMM fusion in vLLM 0.31
@@ -437,11 +438,11 @@ def _sp_asynctp_layer(fw: _Ops, rs: Op, norm_shard: Op, ag: Op, notes: list[str]
         elif slot.fuses == "ag_gemm" and not mode.ag_gemm_fuses:  # per-token fp8: a quant kernel sits between
             spa += [_once(ag), fw.quant(Np), fw.slot_gemm(slot, Np)] + fw.after(slot, Np)
         elif slot.fuses == "ag_gemm":
-            f = ops.fused_ag_gemm(hw, Np, slot.n, slot.k, W, mode.ag_bytes, eager=True)
+            f = fused_ops.symm_mem_entry("ag_gemm", vllm).pipelined(hw, Np, slot.n, slot.k, W, eager=True)
             spa += [fw.fused(slot, f, "ops.fused_ag_gemm -> formulas.t_ag_gemm_gpu_s", Np * (H * mode.ag_bytes))]
             spa += fw.after(slot, Np)
         else:  # gemm_rs
-            f = ops.fused_gemm_rs(hw, Np, slot.n, slot.k, W, eager=True)
+            f = fused_ops.symm_mem_entry("gemm_rs", vllm).pipelined(hw, Np, slot.n, slot.k, W, eager=True)
             spa.append(fw.fused(slot, f, "ops.fused_gemm_rs -> formulas.t_gemm_rs_gpu_s", Np * (H * act)))
     if fw.spec.is_moe:
         spa.append(_once(rs))

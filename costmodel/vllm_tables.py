@@ -530,6 +530,7 @@ class KernelGate:
     should_run: str
     maybe_init: str  # SM100 family, bf16 model dtype, no ubatching, 1 < TP <= 16 with 128 % TP == 0, N % 128 == 0
     can_run: str  # unquantised bf16 with K % 64 == 0, or a FlashInfer MXFP8 linear with K % 128 == 0
+    impl: str = "kernel"  # the costmodel.fused_ops entry that prices it (its switch, its call sites, its gates)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -689,6 +690,7 @@ class Release:
     kernel: KernelGate | None  # None: the release has no gemm_rs_ar
     switches_cite: str  # envs.py: the kernel's switches and their defaults (SWITCHES)
     muse_spark_gemm_rs: MuseSparkGemmRs | None = None
+    symm_mem_impl: str = "torch"  # the fused_ops entry of torch's symm-mem ops (AsyncTP <= 0.31, model-level SP 0.34)
     fusion_sized_by_draft: bool = False  # the fused AR workspace is sized by the wider of target and draft
     shared_expert_all2all: tuple[str, ...] = ()  # all2all backends under which the shared experts shard under SP
     shared_expert_cite: str = ""  # can_shard_sequence_parallel_shared_expert

@@ -423,16 +423,18 @@ def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None
                   family: str | None = None) -> KernelSwitch:
     """The switch of vLLM's fused GEMM+RS/AR kernel for this traffic: the expected time per forward with it on
     (the kernel at every site where vLLM's rule, M >= 128, runs it) against off, over every step of 1 ..
-    max_num_batched_tokens tokens (costmodel.ops.kernel_pair per site). vLLM's default moves only when the other
+    max_num_batched_tokens tokens (the release's fused_ops entry, its arms per site). vLLM's default moves only when the other
     setting is faster by more than the risk premium `margin` on the time the switch controls."""
-    from costmodel import ops
+    from costmodel import fused_ops, ops
     from costmodel.analysis import crossover_tokens, decide_cutoff
     from costmodel.workload import weights_on
-    from costmodel.vllm_tables import SWITCHES, gate_rule
+    from costmodel.vllm_tables import SWITCHES, gate_rule, kernel_missing
 
     tp, max_num_batched_tokens, margin, workload = run.tp, run.max_num_batched_tokens, run.margin, run.workload
     vllm = run.regime.vllm
     sw = SWITCHES[op]
+    if vllm.kernel is None:
+        raise TpcostError(f"{sw.env}: {kernel_missing(vllm)}")
     n_tok = np.arange(1, max_num_batched_tokens + 1, dtype=float)
     w, share = weights_on(workload, n_tok), 0.0
     if workload is not None:
@@ -443,16 +445,18 @@ def kernel_switch(profile, sites, op: str, run: RunConfig, fi_tokens: int | None
     runs = vllm_runs(n_tok)
     decisions = []
     on = off = 0.0
+    entry = fused_ops.kernel_entry(op, vllm)
     for site in sites:
         if site.weights is None:
             continue
-        why = ops.kernel_available(profile, tp, site.weights, site.n) or ops.kernel_shipped(profile)
+        why = entry.why_not_served(profile, tp, site.weights, site.n)
         if why:
             raise TpcostError(f"{sw.env} has no effect here: {why}")
-        hw = ops.Hw(profile, "fp8" if site.weights == "mxfp8" else "bf16")
-        fi = None if fi_tokens is None else float(fi_tokens * site.n * hw.act_bytes)
-        pair = ops.kernel_pair(hw, ops.KernelGemm(op, site.n, site.k, tp, site.weights, site.norm_after), n_tok,
-                               vllm=vllm, fi_max_bytes=fi)
+        act_bytes = ops.Hw(profile, "fp8" if site.weights == "mxfp8" else "bf16").act_bytes
+        fi = None if fi_tokens is None else float(fi_tokens * site.n * act_bytes)
+        spec = fused_ops.OpSpec(op, entry.impl, tp, site.n, site.k, site.weights, 0, vllm,
+                                norm_after=site.norm_after, fi_max_bytes=fi)
+        pair = entry.arms(profile, spec, n_tok)
         f, u = pair.fused_s * site.calls_per_forward, pair.unfused_s * site.calls_per_forward
         t_on, t_off = float(np.sum(w * np.where(runs, f, u))), float(np.sum(w * u))
         cut = decide_cutoff(n_tok, u, f, margin, w)

@@ -1,6 +1,6 @@
 """The fused-op registry carries its callables (issue 57 item 1): a made-up implementation is one entry plus its
-predictor, and `tpcost op` and `tpcost evaluate` use it with no other file touched; nothing outside the registry
-tests which implementation it holds; costmodel has no import circle."""
+predictor, and `tpcost op`, `tpcost evaluate` and `tpcost vllm-config` use it with no other file touched; nothing
+outside the registry tests which implementation it holds; costmodel has no import circle."""
 
 import ast
 import dataclasses
@@ -20,14 +20,16 @@ T_FIXED_S = 7e-6
 
 @dataclasses.dataclass(frozen=True)
 class MadeUp(fused_ops.FusedOpKind):
-    """A made-up GEMM+RS: the GEMM and NCCL's reduce-scatter overlapped whole, 10 % slower, plus a fixed cost."""
+    """A made-up GEMM+RS or GEMM+AR: the GEMM and NCCL's collective overlapped whole, 10 % slower, plus a fixed
+    cost."""
 
     def arms(self, profile, spec, m):
         hw = ops.Hw(profile, spec.dtype)
         gemm = hw.t_gemm(m, spec.n, spec.k)
-        rs = ops.t_nccl_reduce_scatter_s(hw, spec.tp, np.asarray(m, dtype=float) * (spec.n * hw.act_bytes))
-        return fused_ops.Arms(np.maximum(gemm, rs) * 1.1 + T_FIXED_S, gemm + rs, "NCCL reduce-scatter",
-                              np.full(np.shape(m), "nccl_reduce_scatter"), None)
+        t_coll = {"reduce_scatter": ops.t_nccl_reduce_scatter_s, "all_reduce": ops.t_nccl_all_reduce_s}
+        c = t_coll[self.collective](hw, spec.tp, np.asarray(m, dtype=float) * (spec.n * hw.act_bytes))
+        return fused_ops.Arms(np.maximum(gemm, c) * 1.1 + T_FIXED_S, gemm + c, f"NCCL {self.collective}",
+                              np.full(np.shape(m), f"nccl_{self.collective}"), None)
 
 
 @pytest.fixture
@@ -74,6 +76,43 @@ def test_evaluate_scores_a_made_up_implementation(made_up, tmp_path, capsys):
     a = _predicted(made_up, 8, [4096.0], 8192, 3584)
     assert row["s_predicted"] == pytest.approx(float(a.unfused_s[0] / a.fused_s[0]), rel=1e-12)
     assert " made_up " in row["label"]
+
+
+def test_vllm_config_prices_a_made_up_kernel_of_a_release(monkeypatch, capsys):
+    """A release whose kernel record names the made-up entry: vllm-config's switch prices every call site through
+    it (the expected times per forward are the entry's arms under the release's own rule)."""
+    from costmodel import vllm_tables as T
+    from costmodel.defaults import DEFAULT_BUDGET_TOKENS
+    from costmodel.workload import weights_on
+
+    op = "gemm_ar"
+    k = MadeUp(op, "made_up", "all_reduce", ("bf16",), "a made-up kernel (tests/test_registry.py)")
+    monkeypatch.setitem(fused_ops.REGISTRY, (op, "made_up"), k)
+    cur = T.current()
+    v = (cur.version[0], cur.version[1] + 1)
+    monkeypatch.setitem(T.RELEASES, v, dataclasses.replace(
+        cur, version=v, serves_from=v, wheel="made up for the test", kernel=dataclasses.replace(cur.kernel,
+                                                                                               impl="made_up")))
+    argv = ["vllm-config", "--model", str(ROOT / "data/reference/models/kimi-k3.config.json"), "--gpu", "b200",
+            "--tp", "8", "--kernel-op", op, "--vllm-version", f"{v[0]}.{v[1]}", "--json"]
+    assert main(argv) == 0
+    ks = json.loads(capsys.readouterr().out)["kernel_switch"]
+    from costmodel.profile import load_profile
+
+    prof = load_profile("b200")
+    n_tok = np.arange(1, DEFAULT_BUDGET_TOKENS + 1, dtype=float)
+    w = weights_on(None, n_tok)
+    runs = n_tok >= cur.kernel.min_m
+    assert ks["sites"]
+    for site in ks["sites"]:
+        spec = fused_ops.OpSpec(op, "made_up", 8, site["n"], site["k"], "bf16", 0)
+        a = k.arms(prof, spec, n_tok)
+        calls = site["calls_per_forward"]
+        assert site["expected_off_s"] == pytest.approx(float(np.sum(w * a.unfused_s)) * calls, rel=1e-9)
+        assert site["expected_on_s"] == pytest.approx(float(np.sum(w * np.where(runs, a.fused_s, a.unfused_s)))
+                                                      * calls, rel=1e-9)
+    monkeypatch.delitem(fused_ops.REGISTRY, (op, "made_up"))
+    assert main(argv) == 2  # the release names an entry nobody registered: one line, never torch's or the kernel's
 
 
 def test_a_made_up_implementation_keeps_the_bad_input_contract(made_up, one_line_error, tmp_path):
