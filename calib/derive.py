@@ -115,7 +115,7 @@ def custom_reduce_scatter(p):
     coll, link = p["collectives"], p["interconnect"]["link_bw_bytes_per_s"]
     if "custom_ar_1stage" not in coll or p["interconnect"]["kind"] not in ("nvswitch",):
         return p
-    multicast = "fused_kernel" in p
+    multicast = bool(p["interconnect"].get("multicast", 0))
     cc = p["identity"]["compute_capability"]
     for key, c in coll["custom_ar_1stage"].items():
         w = int(key.removeprefix("tp"))
@@ -133,7 +133,8 @@ def custom_reduce_scatter(p):
                 f"assumed (physics, no released row): {what}; latency = {lat_src}, busBW = {RING} x "
                 f"{link / 1e9:.0f} GB/s (the ring's link fraction)",
                 "assumed", latency_s=lat, bus_bw_bytes_per_s=RING * link)
-        if multicast and cc in T.CUSTOM_RS_MULTIMEM_CAPABILITIES and w in T.CUSTOM_RS_MULTIMEM_WORLDS:
+        if multicast and "fused_kernel" in p and cc in T.CUSTOM_RS_MULTIMEM_CAPABILITIES and \
+                w in T.CUSTOM_RS_MULTIMEM_WORLDS:  # its rate is the fused kernel's multicast efficiency
             eta = p["fused_kernel"]["_link_efficiency"]["link_efficiency"]
             coll.setdefault("custom_rs_multimem", {})[key] = sec(
                 f"assumed (physics, no released row): multimem.ld_reduce reduce-scatter, ~S egress per GPU at the "

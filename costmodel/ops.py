@@ -460,12 +460,15 @@ def sequential_gemm_rs_s(hw: Hw, m: Arr, n: int, k: int, tp: int) -> Arr:
 
 def kernel_available(profile: HardwareProfile, tp: int, dtype: str = "bf16", n: int | None = None) -> str | None:
     """None if a single-kernel fused GEMM+RS/AR of vLLM's design can run here, else why not (one line): NVLink
-    multicast inside one domain (the profile's [fused_kernel] table) and vLLM's shape gate
+    multicast inside one domain (interconnect.multicast), the kernel's terms ([fused_kernel]) and vLLM's shape gate
     (costmodel.vllm_tables.kernel_gate). Whether vLLM ships it on this GPU is kernel_shipped()."""
     cc = profile.identity.compute_capability
-    if profile.fused_kernel is None:
+    if not has_multicast(profile):
         return (f"no single-kernel fused GEMM+collective on {profile.name} (cc {cc or 'n/a'}): it needs NVLink "
                 "multicast (NVLS) over NVSwitch, which this profile does not have")
+    if profile.fused_kernel is None:
+        return (f"no single-kernel fused GEMM+collective on {profile.name}: the profile has NVLink multicast but no "
+                "[fused_kernel] terms to price the kernel with")
     why = vllm_tables.kernel_gate(dtype, tp)
     if why:
         return why
@@ -618,8 +621,8 @@ def plain_all_reduce(hw: Hw, msg_bytes: Arr, tp: int, *, vllm: Vllm, cross_host:
 
 
 def has_multicast(profile: HardwareProfile) -> bool:
-    """The GPUs of one domain share an NVLink multicast (NVLS) address space: the profile carries [fused_kernel]."""
-    return profile.fused_kernel is not None
+    """The GPUs of one domain share an NVLink multicast (NVLS) address space (interconnect.multicast)."""
+    return bool(int(profile.interconnect.multicast))
 
 
 # ---------------------------------------------------------------------------------------------------------------

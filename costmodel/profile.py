@@ -39,7 +39,8 @@ TIERS = ("assumed", "datasheet", "published-measurement", "calibrated")
 # Relative 1-sigma of a parameter by provenance tier, used by the cutoff band (docs/model.md §9).
 SIGMA_REL_BY_TIER = {"assumed": 0.30, "datasheet": 0.15, "published-measurement": 0.10, "calibrated": 0.05}
 # Tables whose values are shapes or counts: never perturbed.
-UNPERTURBED_PREFIXES = ("identity.", "gemm.tile_", "interconnect.domain_size", "interconnect.domain_hosts")
+UNPERTURBED_PREFIXES = ("identity.", "gemm.tile_", "interconnect.domain_size", "interconnect.domain_hosts",
+                        "interconnect.multicast")
 NO_DISPATCH_TABLE = ("[vllm_dispatch] is not a profile table: profiles hold hardware only, and tpcost derives vLLM's "
                      "dispatch limits from its version (costmodel/vllm_tables.py); delete the section, and use "
                      "--vllm-set KEY=BYTES (e.g. custom_ar_max_bytes=4194304) for a what-if on a limit")
@@ -135,6 +136,7 @@ class Interconnect:
     domain_size: Num  # GPUs that share the link (count): symmetric memory cannot span more
     domain_hosts: Num = 1  # hosts one domain spans (count): an NVL72's 18 trays; 1 where the domain is one host
     network: str = ""  # the network between domains: a built-in network's name or a network file (costmodel.network)
+    multicast: Num = 0  # 1: the domain's GPUs share an NVLink multicast (NVLS) address space; 0: they do not
 
     def gpus_per_host(self) -> int:
         """GPUs on one host: the domain's share of each of its hosts."""
@@ -244,6 +246,7 @@ OPTIONAL_DEFAULTS = {
     "asynctp.rs_step_exposure": (0.0, "default (not in this profile): every pull of torch's GEMM+RS hides behind a "
                                       "chunk GEMM (docs/model.md §6)"),
     "interconnect.domain_hosts": (1, "default (not in this profile): the NVLink domain is one host"),
+    "interconnect.multicast": (0, "default (not in this profile): no NVLink multicast (NVLS) in the domain"),
     "asynctp.time_scale": (1.0, "default (not in this profile): the fused ops as modelled; the tier's σ stands for "
                                 "the model's error (the built-in profiles carry the calibrated one, calib/band.py)"),
 }
@@ -258,7 +261,7 @@ _NETWORK_NOW = ("replaced by interconnect.network, a network file's name or path
 REPLACED_KEYS = {"interconnect.internode_bw_bytes_per_s": _NETWORK_NOW, "interconnect.internode_latency_s": _NETWORK_NOW}
 REQUIRED_COLLECTIVES = ("nccl_all_gather", "nccl_reduce_scatter", "nccl_all_reduce")
 INTEGER_PARAMS = ("identity.sm_count", "gemm.tile_m", "gemm.tile_n", "interconnect.domain_size",
-                  "interconnect.domain_hosts")
+                  "interconnect.domain_hosts", "interconnect.multicast")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -578,7 +581,7 @@ def with_overrides(profile: HardwareProfile, values: Mapping[str, float],
                 derived[k] = max(0.0, v + delta)
     derived = {k: v for k, v in derived.items() if k not in values}
     # a what-if on a measured collective (or on the link it rides) replaces the measurement: its points go
-    link = any(k.startswith("interconnect.") for k in values)
+    link = any(k.startswith("interconnect.") and k != "interconnect.multicast" for k in values)
     drop = tuple(f"measured.{impl}.tp{tp}" for impl, per in profile.measured.items() for tp in per
                  if link or any(k.startswith(f"collectives.{impl}.tp{tp}.") for k in values))
     return profile.with_values(derived, Provenance(DERIVED_FROM_LINK, "assumed"), drop=drop).with_values(
@@ -743,6 +746,13 @@ def _flatten(tree: Mapping[str, Any], path: str, leaves: dict, prov: dict, notes
             raise TpcostError(f"{where}: {key} has unsupported type {type(v).__name__}")
 
 
+def _check_multicast_stated(leaves: Mapping[str, Any], where: str) -> None:
+    """A profile with [fused_kernel] says whether its domain has NVLink multicast (never inferred from the table)."""
+    if "interconnect.multicast" not in leaves and any(k.startswith("fused_kernel.") for k in leaves):
+        raise TpcostError(f"{where}: [fused_kernel] models a kernel over NVLink multicast, and [interconnect] does "
+                          "not say whether the domain has it: add multicast = 1 (or 0) to [interconnect]")
+
+
 def profile_from_dict(tree: Mapping[str, Any], origin: str) -> HardwareProfile:
     """Validate a parsed TOML tree and build the typed profile; errors name the file and the key."""
     where = origin
@@ -759,6 +769,7 @@ def profile_from_dict(tree: Mapping[str, Any], origin: str) -> HardwareProfile:
         raise TpcostError(f"{where}: {NO_DISPATCH_TABLE}")
     _flatten(body, "", leaves, prov, notes, where)
     measured = _measured(tree.get(MEASURED_TABLE, {}), where)
+    _check_multicast_stated(leaves, where)
     for key, (value, source) in OPTIONAL_DEFAULTS.items():
         if key not in leaves:  # profiles written before the quantity existed keep loading, and say so
             leaves[key], prov[key] = value, Provenance(source, "assumed")

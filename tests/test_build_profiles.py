@@ -164,7 +164,7 @@ def test_the_builders_derivations_are_named_and_hold_their_physics():
     # the custom reduce-scatter backends from physics: never below the one-stage custom AR's latency or a faster
     # Lamport one-shot's, at the ring's link fraction
     tree = {"identity": {"compute_capability": "10.0"},
-            "interconnect": {"kind": "nvswitch", "link_bw_bytes_per_s": 900e9},
+            "interconnect": {"kind": "nvswitch", "link_bw_bytes_per_s": 900e9, "multicast": 1},
             "fused_kernel": {"_link_efficiency": {"link_efficiency": 0.6}},
             "collectives": {"custom_ar_1stage": {"tp8": D.sec("ar", "assumed", latency_s=9e-6, bus_bw_bytes_per_s=1e11)},
                             "flashinfer_ar_rmsnorm": {"tp8": D.sec("fi", "assumed", latency_s=7e-6,
