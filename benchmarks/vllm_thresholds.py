@@ -93,7 +93,7 @@ def kernel_matrix() -> list[dict]:
     from costmodel.shapes import read_kernel_model
     from costmodel.vllm_tables import Parallel
     from costmodel.shapes import load_model_config
-    from integration.recommend import kernel_model_config
+    from costmodel.decide import kernel_model_config
 
     cfg, name, where = load_model_config(str(KIMI_CONFIG))
     km = read_kernel_model(cfg, name, where)
@@ -383,7 +383,7 @@ def fusion_ranges():
     """tpcost's fusion range (tokens, uniform workload, 2 % premium) beside vLLM's table, per GPU x TP x hidden."""
     from costmodel import load_model, load_profile
     from costmodel.model import DecodeRegime, Regime, RunConfig
-    from integration.recommend import decide_fusion
+    from costmodel.decide import decide_fusion
 
     releases = (RELEASES[min(RELEASES)].version, current().version)  # the oldest record's tables and the current's
     out = []

@@ -1,7 +1,7 @@
 """One per-rank description of a transformer layer, built once from (model shape, TP, dtype mode).
 
 Everything that needs a per-rank GEMM shape or a byte width reads it here: the schedules (costmodel.model), the
-all-reduce + norm unit (integration.recommend, benchmarks), the calibration and validation runs (calib), and the
+all-reduce + norm unit (costmodel.decide, benchmarks), the calibration and validation runs (calib), and the
 fits (tools). A fused-op family plugs in through a slot's `fuses` (docs/model.md §1, "The per-rank layer").
 """
 

@@ -1,7 +1,7 @@
 """The public ops API: every op of the three schedules as a time over row counts, from one profile.
 
 `model.predict()` composes these into schedules; `evaluate` scores the fused ops against measured rows;
-`integration.recommend` uses the all-reduce dispatch. Formulas: costmodel.formulas; derivations:
+`costmodel.decide` uses the all-reduce dispatch. Formulas: costmodel.formulas; derivations:
 docs/model.md (section numbers below). Values may be Monte Carlo draw arrays of shape (D, 1) that
 broadcast against row counts of shape (n,).
 """

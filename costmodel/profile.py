@@ -521,8 +521,8 @@ class _Recorder:
 
     __slots__ = ("_obj", "_path", "_reads")
 
-    def __init__(self, obj, path: str, reads: set):
-        self._obj, self._path, self._reads = obj, path, reads
+    def __init__(self, obj, path: str, reads: tuple[set, ...]):
+        self._obj, self._path, self._reads = obj, path, reads  # reads: one set per recording that wraps it
 
     def __getattr__(self, name):
         v = getattr(self._obj, name)
@@ -530,7 +530,8 @@ class _Recorder:
         if dataclasses.is_dataclass(v):
             return _Recorder(v, key, self._reads)
         if v is not None:  # a field the profile leaves empty is nothing --set could change
-            self._reads.add(key)
+            for r in self._reads:
+                r.add(key)
         return v
 
 
@@ -540,7 +541,9 @@ def recording(profile: HardwareProfile) -> tuple[HardwareProfile, set[str]]:
     reads: set[str] = set()
 
     def rec(obj, path) -> Any:  # a _Recorder stands in for the section it wraps (duck-typed)
-        return _Recorder(obj, path, reads)
+        if isinstance(obj, _Recorder):  # a recording of a recording: each records every read
+            return _Recorder(obj._obj, path, (*obj._reads, reads))
+        return _Recorder(obj, path, (reads,))
 
     traced = dataclasses.replace(
         profile, **{s: rec(getattr(profile, s), s) for s in _SECTIONS + tuple(_OPTIONAL_TABLES)

@@ -319,7 +319,7 @@ def _workload_from_env():
 
 
 def _fusion_plan(inputs: dict, f) -> tuple[list, list[str]]:
-    """(pass-config fields to set, what to say) for a decided FlashInfer fusion range `f` (recommend.FusionRange).
+    """(pass-config fields to set, what to say) for a decided FlashInfer fusion range `f` (costmodel.decide.FusionRange).
     Decided, or vLLM's own limit kept: set explicitly either way (the same compile ranges; vLLM's CPU build cannot
     compute its default, whose pass module needs CUDA ops); a user's value is left alone."""
     sets: list = []
@@ -349,7 +349,7 @@ def _plan(inputs: dict) -> dict:
 
     from costmodel.model import DecodeRegime, Regime, RunConfig
 
-    from .recommend import UserChoices, recommend
+    from costmodel.decide import UserChoices, recommend
 
     prof = detect_profile()
     shape = shape_from_config(inputs["hf_text_config"], inputs["model"])
@@ -463,7 +463,7 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
 
 
 def _kernel_plan(inputs: dict) -> dict:
-    """The plan for a kernel model (integration.recommend.kernel_model_config, vllm-config's decision path)."""
+    """The plan for a kernel model (costmodel.decide.kernel_model_config, vllm-config's decision path)."""
     from costmodel.errors import TpcostError
     from costmodel.shapes import read_kernel_model
     from costmodel.vllm_tables import Parallel
@@ -471,7 +471,7 @@ def _kernel_plan(inputs: dict) -> dict:
 
     from costmodel.model import Regime, RunConfig
 
-    from .recommend import UserChoices, kernel_model_config
+    from costmodel.decide import UserChoices, kernel_model_config
 
     prof = detect_profile()
     km = read_kernel_model(inputs["kernel_model"], inputs["model"])

@@ -1,4 +1,4 @@
-"""One decision path (integration.recommend.recommend): whatif and vllm-config agree on the schedule (SP+AsyncTP,
+"""One decision path (costmodel.decide.recommend): whatif and vllm-config agree on the schedule (SP+AsyncTP,
 SP alone or neither), its threshold and the fusion range; SP alone is decided where AsyncTP is off; vLLM's defaults
 move only past the risk premium and with the confidence asked; MB values at vLLM's granularity."""
 
@@ -8,7 +8,8 @@ import pytest
 
 from costmodel.shapes import load_model
 from integration.cli import main
-from integration.recommend import MiB, fusion_mb
+from costmodel.decide import fusion_mb
+from costmodel.formulas import MiB
 
 
 def _json(capsys, *argv):

@@ -113,7 +113,7 @@ def test_switch_agrees_with_tpcost_op_per_site(capsys, tmp_path):
     wl = tmp_path / "w.csv"
     wl.write_text("num_tokens,count\n2048,10\n")
     from costmodel.model import Regime, RunConfig
-    from integration.recommend import UserChoices, kernel_model_config
+    from costmodel.decide import UserChoices, kernel_model_config
 
     run = RunConfig(8, "bf16", Regime(vllm=Vllm((0, 33))), workload=read_workload(str(wl)))
     d = kernel_model_config(load_profile("b200"), _kimi(), Parallel(8), "gemm_ar", run, UserChoices(fi_max_mb=1.0))
@@ -250,7 +250,7 @@ def test_a_workload_context_column_is_refused_for_the_kernel_decision(tmp_path):
     kernel's call sites read no KV cache, so the column would be accepted and ignored."""
     from costmodel.errors import TpcostError
     from costmodel.model import Regime, RunConfig
-    from integration.recommend import kernel_model_config
+    from costmodel.decide import kernel_model_config
 
     wl = tmp_path / "w.csv"
     wl.write_text("num_tokens,count,context_len\n2048,10,4096\n")

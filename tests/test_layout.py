@@ -87,7 +87,7 @@ def test_every_package_is_shipped():
 
 
 def test_no_public_function_takes_more_than_eight_parameters():
-    """The run configuration travels typed (model.RunConfig, Regime; recommend.UserChoices; ops.KernelGemm), not as
+    """The run configuration travels typed (model.RunConfig, Regime; decide.UserChoices; ops.KernelGemm), not as
     loose keywords: no public function or method of costmodel, calib or integration takes more than 8 parameters
     (costmodel/formulas.py is exempt: each argument is a named physical input)."""
     import ast

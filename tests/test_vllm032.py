@@ -47,13 +47,13 @@ def scenarios():
 @pytest.mark.parametrize("tp", [4, 8])  # where tpcost enables the fusion (at TP 2 it never wins on H100)
 def test_plugin_sets_the_fusion_range_and_ranges_split_there(scenarios, tp):
     from costmodel import load_model, load_profile
-    from integration.recommend import recommend
+    from costmodel.decide import recommend
 
     res, log, _ = scenarios
     got = res[f"plugin_tp{tp}"]
     assert got["has_sp_fields"] is False
     from costmodel.model import Regime, RunConfig
-    from integration.recommend import UserChoices
+    from costmodel.decide import UserChoices
 
     r = recommend(load_profile("h100-sxm"), load_model(MODEL), RunConfig(tp, "bf16", Regime(vllm=Vllm(VERSION))),
                   UserChoices(fuse_allreduce_rms=True))

@@ -82,7 +82,7 @@ def add_shape_args(p, gpu_help="built-in GPU profile name, a profile .toml path,
     p.add_argument("--fi-allreduce-fusion-max-size-mb", type=fraction("--fi-allreduce-fusion-max-size-mb", 0.0, 1e6),
                    metavar="MB", help="vLLM's PassConfig value to predict with (0: fuse_allreduce_rms off; default: "
                    "decided, the same way by whatif and vllm-config)")
-    from integration.recommend import MIN_CONFIDENCE
+    from costmodel.decide import MIN_CONFIDENCE
 
     p.add_argument("--min-confidence", type=probability("--min-confidence"), default=MIN_CONFIDENCE, metavar="P",
                    help="move one of vLLM's defaults (the fusion range) only when the change helps in at least this "
@@ -211,15 +211,16 @@ def run_config_arg(args, vllm, workload):
                      args.margin, workload)
 
 
-def check_min_confidence(args, fusion_at) -> None:
-    """Refuse a --min-confidence that changes nothing here: `fusion_at(p)` is the FlashInfer fusion range decided
-    with confidence p (recommend.FusionRange, or None where vLLM has no fusion here); the flag gates only a move of
-    vLLM's own limit, so where the range comes out the same at the default it has no effect."""
-    from integration.recommend import MIN_CONFIDENCE
+def check_min_confidence(args, here, fusion_at) -> None:
+    """Refuse a --min-confidence that changes nothing here: `here` is the FlashInfer fusion range the command
+    decided at the asked confidence (costmodel.decide.FusionRange, or None where vLLM has no fusion here) and
+    `fusion_at(p)` the range at confidence p, asked only for the default; the flag gates only a move of vLLM's own
+    limit, so where the range comes out the same at the default it has no effect."""
+    from costmodel.decide import MIN_CONFIDENCE
 
     if args.min_confidence == MIN_CONFIDENCE:
         return
-    here, default = fusion_at(args.min_confidence), fusion_at(MIN_CONFIDENCE)
+    default = None if here is None else fusion_at(MIN_CONFIDENCE)
     if here is None or (here.tokens, here.mb) == (default.tokens, default.mb):
         what = ("there is no FlashInfer fusion range here" if here is None else
                 f"the fusion range is {here.tokens} tokens at {args.min_confidence:g} and at the default "
@@ -229,9 +230,9 @@ def check_min_confidence(args, fusion_at) -> None:
 
 
 def user_choices_arg(args):
-    """--fi-allreduce-fusion-max-size-mb (0: fusion off) and --draft-hidden-size as integration.recommend's
+    """--fi-allreduce-fusion-max-size-mb (0: fusion off) and --draft-hidden-size as costmodel.decide's
     UserChoices."""
-    from integration.recommend import UserChoices
+    from costmodel.decide import UserChoices
 
     mb = getattr(args, "fi_allreduce_fusion_max_size_mb", None)
     return UserChoices(fuse_allreduce_rms=False if mb == 0 else None, fi_max_mb=mb or None,
@@ -282,16 +283,24 @@ def resolve_profile(args):
     return (with_overrides(prof, overrides) if overrides else prof), overrides
 
 
-def resolve_inputs(args):
+def resolve_inputs(args, vllm=None):
+    """(profile, its --set overrides, model shape, vLLM) of whatif and vllm-config, each resolved once: --gpu and
+    --set, --model, --dtype, --tp, and the version (`vllm` where the caller resolved it already)."""
     from costmodel.shapes import check_dtype, load_model
 
     prof, overrides = resolve_profile(args)
     shape = load_model(args.model)
     check_dtype(args.dtype)
     shape.check_tp(args.tp)
-    if overrides:
-        check_overrides_take_effect(prof, overrides, shape, args)
-    return prof, shape
+    return prof, overrides, shape, vllm_arg(args, prof, args.tp) if vllm is None else vllm
+
+
+def traced(prof, overrides):
+    """(the profile a command's one model call runs on, the keys that call reads): a recording copy of `prof`
+    where --set gave keys (costmodel.profile.recording), else `prof` itself."""
+    from costmodel.profile import recording
+
+    return recording(prof) if overrides else (prof, set())
 
 
 def fi_max_bytes_arg(args):
@@ -313,17 +322,11 @@ def load_workload_arg(args):
     return w
 
 
-def check_overrides_take_effect(prof, overrides, shape, args) -> None:
-    """Refuse a --set key the model does not read for this (model, tp, dtype): it would be marked
-    MODIFIED while changing nothing. The reads are recorded over the sweep the command evaluates."""
-    import numpy as np
+def check_overrides_read(prof, overrides, reads, shape, args) -> None:
+    """Refuse a --set key the command's model call did not read for this (model, tp, dtype): it would be marked
+    MODIFIED while changing nothing. `reads`: what that call read of the recording copy (traced)."""
+    from costmodel.profile import DERIVED_FROM_LINK
 
-    from costmodel.model import predict
-    from costmodel.profile import DERIVED_FROM_LINK, recording
-
-    grid = np.arange(args.tp, args.max_num_batched_tokens + args.tp, args.tp, dtype=float)
-    traced, reads = recording(prof)
-    predict(traced, shape, args.tp, args.dtype, grid, regime_arg(args, vllm_version_arg(args)))
     rides_on_link = any(prof.provenance[k].source == DERIVED_FROM_LINK for k in reads if k in prof.provenance)
     for key in overrides:
         if key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s") and rides_on_link:

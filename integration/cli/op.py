@@ -8,7 +8,7 @@ from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 from costmodel.defaults import DEFAULT_BUDGET_TOKENS, DEFAULT_KERNEL_SM_SHARE, DEFAULT_MARGIN
 
 from .common import (DEFAULT_GPU, MAX_TOKENS, add_regime_args, add_vllm_args, bounded_int, cudagraph_arg,
-                     fraction, load_workload_arg, refuse_unused_limits, resolve_profile, vllm_arg)
+                     fraction, load_workload_arg, refuse_unused_limits, resolve_profile, traced, vllm_arg)
 
 
 def cmd_op(args) -> int:
@@ -16,24 +16,22 @@ def cmd_op(args) -> int:
     from costmodel.analysis import band_drivers_text, provenance_line
     from costmodel.model import Regime, RunConfig
     from costmodel.op_analysis import M_STEP, OpQuery, analyse_op
+    from costmodel.profile import DERIVED_FROM_LINK
+
     prof, overrides = resolve_profile(args)
     query = OpQuery(args.op, args.impl, args.n, args.k, args.kernel_sm_share)
     regime = Regime(cudagraph_max_tokens=cudagraph_arg(args), vllm=vllm_arg(args, prof, args.tp))
     run = RunConfig(args.tp, args.dtype, regime, args.max_num_batched_tokens, args.margin, load_workload_arg(args))
     kw = dict(calls_per_forward=args.calls_per_forward, extra_m=args.m or ())
-    if overrides:  # a key this op does not read is refused, as whatif does (the band's draws read every key)
-        from costmodel.profile import DERIVED_FROM_LINK, recording
-
-        traced, reads = recording(prof)
-        analyse_op(traced, query, run, with_band=False, **kw)
-        rides = any(prof.provenance[k].source == DERIVED_FROM_LINK for k in reads if k in prof.provenance)
-        for key in overrides:
-            if key not in reads and not (rides and key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s")):
-                raise TpcostError(f"--set {key}: no effect on {args.op} ({args.impl}) at tp={args.tp} (the op does "
-                                  "not read it)")
-    check_op_inputs_take_effect(args, prof, query, run, kw)
-    a = analyse_op(prof, query, run, **kw)
+    model_prof, reads = traced(prof, overrides)
+    a = analyse_op(model_prof, query, run, **kw)  # the one model call: the answer, and the keys it read
+    rides = any(prof.provenance[k].source == DERIVED_FROM_LINK for k in reads if k in prof.provenance)
+    for key in overrides:
+        if key not in reads and not (rides and key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s")):
+            raise TpcostError(f"--set {key}: no effect on {args.op} ({args.impl}) at tp={args.tp} (the op does "
+                              "not read it)")
     out = a.to_json()
+    check_op_inputs_take_effect(args, prof, query, run, kw, out["rows"])
     _add_extras(args, prof, a, out)
     if args.json:
         from costmodel.analysis import provenance
@@ -111,11 +109,11 @@ def _add_extras(args, prof, a, out: dict) -> None:
         out["measured"] = measured_against_vllm(prof, a.spec, args.measured)
 
 
-def check_op_inputs_take_effect(args, prof, query, run, kw) -> None:
+def check_op_inputs_take_effect(args, prof, query, run, kw, base_rows) -> None:
     """Refuse what `op` would accept and ignore (issue 50: a flag takes effect or is refused): a workload's
     context_len column (a GEMM + collective reads no KV cache), a CUDA-graph flag that leaves every row as it is (the
     single kernel is one launch either way), and a --vllm-set limit the op's unfused collective never consults. Each
-    is judged by the rows with and without it (no band)."""
+    is judged by the rows with it (`base_rows`, the answer's) and without it (no band)."""
     import dataclasses
 
     from costmodel.op_analysis import analyse_op
@@ -128,16 +126,14 @@ def check_op_inputs_take_effect(args, prof, query, run, kw) -> None:
     def rows(r):
         return analyse_op(prof, query, r, with_band=False, **kw).to_json()["rows"]
 
-    base = None
     if run.regime.cudagraph_max_tokens is not None:
-        base = rows(run)
         default = dataclasses.replace(run, regime=dataclasses.replace(run.regime, cudagraph_max_tokens=None))
-        if rows(default) == base:
+        if rows(default) == base_rows:
             flag = "--enforce-eager" if args.enforce_eager else f"--cudagraph-max-tokens {args.cudagraph_max_tokens}"
             raise TpcostError(f"{flag}: no effect on {args.op} ({args.impl}) here (every row is the same under vLLM's "
                               "default capture size: the op issues no host-side pipeline that graphs would hide)")
     refuse_unused_limits(run.regime.vllm, lambda v: rows(dataclasses.replace(
-        run, regime=dataclasses.replace(run.regime, vllm=v))), f"{args.op} ({args.impl}) at tp={args.tp}", base)
+        run, regime=dataclasses.replace(run.regime, vllm=v))), f"{args.op} ({args.impl}) at tp={args.tp}", base_rows)
 
 
 def _print_measured(d: dict) -> None:

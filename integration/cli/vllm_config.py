@@ -10,8 +10,9 @@ from costmodel.defaults import DEFAULT_SEQ_LEN
 from costmodel.io import dumps_json
 from costmodel.vllm_tables import SWITCHES
 
-from .common import (VERSION_HELP, add_shape_args, bounded_int, check_min_confidence, fraction, load_workload_arg,
-                     resolve_inputs, resolve_profile, run_config_arg, user_choices_arg, vllm_version_arg)
+from .common import (VERSION_HELP, add_shape_args, bounded_int, check_min_confidence, check_overrides_read, fraction,
+                     load_workload_arg, resolve_inputs, resolve_profile, run_config_arg, traced, user_choices_arg,
+                     vllm_version_arg)
 
 
 def register(sub) -> None:
@@ -74,7 +75,8 @@ def _flag(name: str) -> str:
 
 
 def cmd_vllm_config(args) -> int:
-    from integration.recommend import decide_fusion, explain, recommend
+    from costmodel.decide import decide_fusion, recommend
+    from integration.recommend import explain
 
     from costmodel.errors import TpcostError
     from costmodel.shapes import kernel_family, load_model_config
@@ -112,11 +114,13 @@ def cmd_vllm_config(args) -> int:
         raise TpcostError(f"{_flag(given[0])}: read only for a model whose code gates a fused op (Kimi-K3, "
                           "DeepSeek-V4.1, MiniMax-M3, Muse Spark: the kernel's mode, the gates' multi-node constants) "
                           "or for an MoE model under --enable-expert-parallel")
-    prof, shape = resolve_inputs(args)
+    prof, overrides, shape, _ = resolve_inputs(args, vllm)
     workload = load_workload_arg(args)
     run, user = run_config_arg(args, vllm, workload), user_choices_arg(args)
-    check_min_confidence(args, lambda p: decide_fusion(prof, shape, run, user, min_confidence=p))
-    r = recommend(prof, shape, run, user, min_confidence=args.min_confidence)
+    model_prof, reads = traced(prof, overrides)
+    r = recommend(model_prof, shape, run, user, min_confidence=args.min_confidence)
+    check_overrides_read(prof, overrides, reads, shape, args)
+    check_min_confidence(args, r.fusion, lambda p: decide_fusion(prof, shape, run, user, min_confidence=p))
     _emit(args, {"pass_config": r.pass_config()}, None, vllm, saving=_saving_json(r))
     print(f"tpcost: config for {vllm.describe()}", file=sys.stderr)
     dom = int(prof.interconnect.domain_size)
@@ -263,13 +267,12 @@ def kernel_model_config(args, cfg, name, where, vllm) -> int:
     call sites (costmodel.vllm_tables); its forward is not modelled, so the flags only a forward reads are refused."""
     from costmodel.errors import TpcostError
     from costmodel.shapes import check_kv_heads_split, read_kernel_model
-    from costmodel.profile import recording
-
     from costmodel.model import Regime, RunConfig
 
     from costmodel.shapes import FORWARD_PARTS
     from costmodel.vllm_tables import RELEASES
-    from integration.recommend import fusion_lines, gate_lines, kernel_model_config as decide, kernel_switch_lines
+    from costmodel.decide import kernel_model_config as decide
+    from integration.recommend import fusion_lines, gate_lines, kernel_switch_lines
 
     km = read_kernel_model(cfg, name, where)
     par = _kernel_parallel_args(args, km, name)
@@ -280,14 +283,12 @@ def kernel_model_config(args, cfg, name, where, vllm) -> int:
     prof, overrides = resolve_profile(args)
     check_hosts(par, prof)
     workload = load_workload_arg(args)
-    traced, reads = recording(prof)
     run = RunConfig(par.tp, "bf16", Regime(vllm=vllm), args.max_num_batched_tokens, args.margin, workload)
     user = user_choices_arg(args)
-    if overrides:  # what the decision reads (the confidence draws read every key: left out of the trace)
-        decide(traced, km, par, args.kernel_op, run, user, min_confidence=0.0)
-    d = decide(prof, km, par, args.kernel_op, run, user, min_confidence=args.min_confidence)
-    check_min_confidence(args, lambda p: d.fusion if p == args.min_confidence else
-                         decide(prof, km, par, args.kernel_op, run, user, min_confidence=p).fusion)
+    model_prof, reads = traced(prof, overrides)
+    d = decide(model_prof, km, par, args.kernel_op, run, user, min_confidence=args.min_confidence)
+    check_min_confidence(args, d.fusion,
+                         lambda p: decide(prof, km, par, args.kernel_op, run, user, min_confidence=p).fusion)
     for key in overrides:
         if key not in reads and key not in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s"):
             raise TpcostError(f"--set {key}: no effect for {name} at tp={args.tp} (the fused kernel and the fusion "
@@ -339,7 +340,7 @@ def ep_model_config(args, vllm) -> int:
     from costmodel.errors import TpcostError
     from costmodel.vllm_tables import current
     from integration.dbo import decide_dbo
-    from integration.recommend import MIN_CONFIDENCE
+    from costmodel.decide import MIN_CONFIDENCE
 
     from .common import DEFAULT_DTYPE, DEFAULT_TP
     from .ep import setup_from_args

@@ -7,9 +7,9 @@ import math
 from costmodel.errors import TpcostError
 from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 
-from .common import (add_shape_args, add_vllm_args, check_min_confidence, check_plot_args, fi_max_bytes_arg, load_workload_arg,
-                     refuse_unused_limits, regime_arg, resolve_inputs, run_config_arg, tokens_arg, user_choices_arg,
-                     vllm_arg)
+from .common import (add_shape_args, add_vllm_args, check_min_confidence, check_overrides_read, check_plot_args,
+                     fi_max_bytes_arg, load_workload_arg, refuse_unused_limits, regime_arg, resolve_inputs,
+                     run_config_arg, tokens_arg, traced, user_choices_arg)
 
 SENSITIVITY_SHOWN = 5
 
@@ -22,7 +22,7 @@ def cmd_whatif(args) -> int:
     """tpcost whatif: the answer (_answer), then --plot, then JSON or the text report (_render)."""
     check_plot_args(args)
     _refuse_sweep_flags_with_ops(args)
-    prof, shape = resolve_inputs(args)
+    prof, overrides, shape, vllm = resolve_inputs(args)
     if args.network is not None:
         dom = int(prof.interconnect.domain_size)
         if args.tp <= dom:
@@ -30,8 +30,8 @@ def cmd_whatif(args) -> int:
                               f"({dom} GPUs on {prof.name}); it prices TP beyond it")
         prof = prof.with_network(args.network)
     if args.ops is not None:
-        return _print_ops(prof, shape, args)
-    r, out = _answer(args, prof, shape)
+        return _print_ops(prof, overrides, shape, vllm, args)
+    r, out = _answer(args, prof, overrides, shape, vllm)
     if args.plot:
         from costmodel.plot import plot_whatif
 
@@ -49,7 +49,7 @@ def _refuse_sweep_flags_with_ops(args) -> None:
         return
     from costmodel.errors import TpcostError
 
-    from integration.recommend import MIN_CONFIDENCE
+    from costmodel.decide import MIN_CONFIDENCE
 
     for flag, given in (("--plot", args.plot), ("--workload", args.workload), ("--tokens", args.tokens),
                         ("--no-band", args.no_band), ("--min-confidence", args.min_confidence != MIN_CONFIDENCE)):
@@ -58,20 +58,23 @@ def _refuse_sweep_flags_with_ops(args) -> None:
                               "token count")
 
 
-def _answer(args, prof, shape):
+def _answer(args, prof, overrides, shape, vllm):
     """(the recommendation, its JSON): vllm-config's decision path, so the same answer, with the fusion range, the
-    release and the band's measured coverage beside the analysis."""
+    release and the band's measured coverage beside the analysis. The one model call also says which --set keys
+    it read."""
     from costmodel.analysis import analysis_json
 
-    from integration.recommend import decide_fusion, recommend
+    from costmodel.decide import decide_fusion, recommend
 
-    vllm = vllm_arg(args, prof, args.tp)
     run = run_config_arg(args, vllm, load_workload_arg(args))
     refuse_unused_limits(vllm, lambda v: _forward_times(prof, shape, run, v), f"{shape.name} at tp={args.tp} up to "
                          f"{args.max_num_batched_tokens} tokens")
-    check_min_confidence(args, lambda p: decide_fusion(prof, shape, run, user_choices_arg(args), min_confidence=p))
-    r = recommend(prof, shape, run, user_choices_arg(args), band=not args.no_band, tokens=args.tokens,
+    model_prof, reads = traced(prof, overrides)
+    r = recommend(model_prof, shape, run, user_choices_arg(args), band=not args.no_band, tokens=args.tokens,
                   min_confidence=args.min_confidence)
+    check_overrides_read(prof, overrides, reads, shape, args)
+    check_min_confidence(args, r.fusion,
+                         lambda p: decide_fusion(prof, shape, run, user_choices_arg(args), min_confidence=p))
     out = analysis_json(r.analysis)
     if out.get("cutoff_band_tokens") is not None:
         out["band_measured_coverage"] = band_coverage()
@@ -255,14 +258,15 @@ def _notes_and_provenance(a, prof) -> None:
     print("\n" + provenance_line(prof))
 
 
-def _print_ops(prof, shape, args) -> int:
+def _print_ops(prof, overrides, shape, vllm, args) -> int:
     """whatif --ops N: every op of each schedule at N, with the formula that times it."""
     from costmodel.analysis import ops_view
     from costmodel.model import predict
 
-    vllm = vllm_arg(args, prof, args.tp)
-    pred = predict(prof, shape, args.tp, args.dtype, [float(args.ops)],
+    model_prof, reads = traced(prof, overrides)
+    pred = predict(model_prof, shape, args.tp, args.dtype, [float(args.ops)],
                    regime_arg(args, vllm, fi_max_bytes_arg(args), load_workload_arg(args)))
+    check_overrides_read(prof, overrides, reads, shape, args)
     view = ops_view(pred)
     if args.json:
         print(dumps_json({"schema_version": JSON_SCHEMA_VERSION, "gpu": prof.name, "model": shape.name, "tp": args.tp,
