@@ -18,7 +18,7 @@ ONE_HOME = [
     (r"num_heads\s*//", {"costmodel/layer.py"}),
     (r'"all_reduce" if', set()),  # the bus factor branches in formulas.bus_bw_factor only
     (r"4\.0 if dtype", set()),
-    (r"collective_beyond_domain\(", {"costmodel/formulas.py", "costmodel/profile.py"}),  # the domain cap
+    (r"collective_beyond_domain\(", {"costmodel/formulas.py", "costmodel/profile_schema.py"}),  # the domain cap
     (r"rms_norm_bytes\(", {"costmodel/model.py", "costmodel/ops.py", "costmodel/formulas.py"}),  # AR + norm unit
     (r"CUSTOM_ALL_REDUCE_MAX_SIZES\s*=|_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB\s*=|SM90\s*=\s*dict", set()),  # vllm_tables
     (r"def least_squares|from scipy.optimize import least_squares", {"calib/fit.py"}),  # one fitting core

@@ -186,3 +186,35 @@ def test_a_device_matches_its_own_profile(device, want):
     from costmodel.profile import match_profile
 
     assert match_profile(device) == want
+
+
+def test_the_schema_tables_are_read_from_the_typed_profile():
+    """Issue 57 item 5: adding a table is one HardwareProfile field and its dataclass; the sections, the dotted
+    tables (nested ones included) and the optional tables all follow from the fields' types."""
+    import dataclasses
+
+    from costmodel import profile_schema as S
+
+    assert S._SECTIONS == tuple(f.name for f in dataclasses.fields(HardwareProfile)
+                                if dataclasses.is_dataclass(S._hints(HardwareProfile)[f.name]))
+    assert S._TABLES["compute.peak_flops_per_s"] is S.PeakFlops and "compute" not in S._TABLES
+    assert S._OPTIONAL_TABLES == {"fused_kernel": S.FusedKernel}
+
+    @dataclasses.dataclass(frozen=True)
+    class Storage:
+        read_bw_bytes_per_s: float
+
+    @dataclasses.dataclass(frozen=True)
+    class Io:
+        storage: Storage
+
+    grown = dataclasses.make_dataclass("Grown", [("io", Io, dataclasses.field(default=None)),
+                                                 ("spare", Storage | None, dataclasses.field(default=None))],
+                                       bases=(HardwareProfile,), frozen=True, eq=False, repr=False)
+    S._hints.cache_clear()
+    try:
+        sections, tables, optional = S._schema_tables(grown)
+    finally:
+        S._hints.cache_clear()
+    assert sections == (*S._SECTIONS, "io") and tables["io.storage"] is Storage and "io" not in tables
+    assert optional == {"fused_kernel": S.FusedKernel, "spare": Storage}
