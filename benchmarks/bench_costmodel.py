@@ -1,6 +1,6 @@
-"""Cost-model speed: `import costmodel` + one cutoff in a fresh process (the config-time path), the cutoff with
-and without the Monte Carlo band on the config-time grid, a full sweep N = 1..65536 (reported, not targeted),
-and `evaluate` on 100 000 model-level rows. Prints a table, writes JSON.
+"""Cost-model speed: `import costmodel` + one cutoff in a fresh process (the config-time path), the
+cutoff with and without the Monte Carlo band on the config-time grid, a full sweep N = 1..65536
+(reported, not targeted), and `evaluate` on 100 000 model-level rows. Prints a table, writes JSON.
 
     python benchmarks/bench_costmodel.py [--json benchmarks/results/costmodel_speed.json]
 """
@@ -66,12 +66,20 @@ def main():
 
     cold = []
     for _ in range(5):
-        out = subprocess.run([sys.executable, "-c", COLD], capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", COLD], capture_output=True, text=True, cwd=ROOT, check=True
+        ).stdout.split()
         cold.append((float(out[0]), float(out[1])))
         assert out[3] == "0", "costmodel imported torch or scipy"
     first = []
     for _ in range(5):
-        out = subprocess.run([sys.executable, "-c", FIRST_SWEEP], capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", FIRST_SWEEP],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=True,
+        ).stdout.split()
         first.append((float(out[0]), int(out[1])))
     p, m = load_profile("h100-sxm"), load_model("llama-3.1-70b")
     N = np.arange(1, 65537, dtype=float)
@@ -101,7 +109,8 @@ def main():
         eval_s = time.perf_counter() - t
         assert len(scored) == 100_000
     res = {
-        "machine": f"{platform.machine()} {platform.processor()} python {platform.python_version()} numpy {np.__version__}",
+        "machine": f"{platform.machine()} {platform.processor()} python "
+        f"{platform.python_version()} numpy {np.__version__}",
         "import_costmodel_s_median": statistics.median(c[0] for c in cold),
         "first_cutoff_s_median": statistics.median(c[1] for c in cold),
         "sweep_1_65536_no_band_s": sweep[0],
@@ -116,18 +125,46 @@ def main():
         "evaluate_100000_model_rows_s": eval_s,
     }
     print(f"{'measurement (llama-3.1-70b, h100-sxm, tp 4, bf16)':58s} {'median':>10s}")
-    print(f"{'import costmodel (fresh process)':58s} {res['import_costmodel_s_median'] * 1e3:8.1f} ms")
-    print(f"{'first analyse() incl. profile/model load, no band':58s} {res['first_cutoff_s_median'] * 1e3:8.1f} ms")
-    print(f"{'predict() on the cutoff grid (2048 multiples of tp)':58s} {res['cutoff_grid_2048_points_s'] * 1e3:8.2f} ms")
-    print(f"{'analyse() on the config-time grid, no band (cutoff decision)':58s} {res['analyse_no_band_s'] * 1e3:8.1f} ms")
-    print(f"{'analyse() on the config-time grid, with band + sensitivity':58s} {res['analyse_with_band_s'] * 1e3:8.1f} ms")
-    print(f"{'predict() full sweep N = 1..65536, no band (repeated)':58s} {res['sweep_1_65536_no_band_s'] * 1e3:8.2f} ms")
+    print(
+        f"{'import costmodel (fresh process)':58s} {res['import_costmodel_s_median'] * 1e3:8.1f} ms"
+    )
+    print(
+        f"{'first analyse() incl. profile/model load, no band':58s} "
+        f"{res['first_cutoff_s_median'] * 1e3:8.1f} ms"
+    )
+    print(
+        f"{'predict() on the cutoff grid (2048 multiples of tp)':58s} "
+        f"{res['cutoff_grid_2048_points_s'] * 1e3:8.2f} ms"
+    )
+    print(
+        f"{'analyse() on the config-time grid, no band (cutoff decision)':58s} "
+        f"{res['analyse_no_band_s'] * 1e3:8.1f} ms"
+    )
+    print(
+        f"{'analyse() on the config-time grid, with band + sensitivity':58s} "
+        f"{res['analyse_with_band_s'] * 1e3:8.1f} ms"
+    )
+    print(
+        f"{'predict() full sweep N = 1..65536, no band (repeated)':58s} "
+        f"{res['sweep_1_65536_no_band_s'] * 1e3:8.2f} ms"
+    )
     print(f"{'  minor page faults per sweep (getrusage)':58s} {faults:8.0f}")
-    print(f"{'first full sweep in a fresh process':58s} {res['first_sweep_in_fresh_process_s_median'] * 1e3:8.2f} ms")
+    print(
+        f"{'first full sweep in a fresh process':58s} "
+        f"{res['first_sweep_in_fresh_process_s_median'] * 1e3:8.2f} ms"
+    )
     print(f"{'  minor page faults in it':58s} {res['first_sweep_minor_page_faults_median']:8.0f}")
-    print(f"{'cutoff band, 200 draws, cutoff grid':58s} {res['band_200_draws_cutoff_grid_s'] * 1e3:8.1f} ms")
-    print(f"{'cutoff band, 200 draws, full sweep N = 1..65536':58s} {res['band_200_draws_sweep_1_65536_s'] * 1e3:8.1f} ms")
-    print(f"{'evaluate on 100 000 model-level rows':58s} {res['evaluate_100000_model_rows_s']:8.2f} s")
+    print(
+        f"{'cutoff band, 200 draws, cutoff grid':58s} "
+        f"{res['band_200_draws_cutoff_grid_s'] * 1e3:8.1f} ms"
+    )
+    print(
+        f"{'cutoff band, 200 draws, full sweep N = 1..65536':58s} "
+        f"{res['band_200_draws_sweep_1_65536_s'] * 1e3:8.1f} ms"
+    )
+    print(
+        f"{'evaluate on 100 000 model-level rows':58s} {res['evaluate_100000_model_rows_s']:8.2f} s"
+    )
     print(f"machine: {res['machine']}")
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)

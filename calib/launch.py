@@ -1,5 +1,6 @@
-"""Process-group setup shared by calibrate and validate: torchrun's environment when present (any TP,
-multi-node through torchrun's rendezvous), else — CPU only — our own worker processes over gloo."""
+"""Process-group setup shared by calibrate and validate: torchrun's environment when present (any
+TP, multi-node through torchrun's rendezvous), else — CPU only — our own worker processes over
+gloo."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ DEFAULT_TIMEOUT_S = 180.0
 
 
 def timeout_s() -> float:
-    """TPCOST_CALIB_TIMEOUT_S (s a collective may wait before the run fails; default 180), checked."""
+    """TPCOST_CALIB_TIMEOUT_S (s a collective may wait before the run fails; default 180),
+    checked."""
     raw = os.environ.get("TPCOST_CALIB_TIMEOUT_S", "")
     if raw == "":
         return DEFAULT_TIMEOUT_S
@@ -30,7 +32,8 @@ def timeout_s() -> float:
 
 
 def check_environment() -> None:
-    """Every TPCOST_* variable calibrate/validate read, checked before a worker starts (one line, exit 2)."""
+    """Every TPCOST_* variable calibrate/validate read, checked before a worker starts (one line,
+    exit 2)."""
     timeout_s()
     hang = os.environ.get("TPCOST_CALIB_TEST_HANG_RANK", "")
     if hang and not hang.isdigit():
@@ -61,13 +64,20 @@ def init(device: str):
     else:
         torch.set_num_threads(1)
         dev = "cpu"
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s()))
+    dist.init_process_group(
+        backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s())
+    )
     return rank, world, dev
 
 
 def _child(rank, world, port, target, args, errq):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     try:
         target(args)
     except KeyboardInterrupt:
@@ -82,8 +92,8 @@ def _child(rank, world, port, target, args, errq):
             traceback.print_exc()
         sys.exit(1)
     finally:
-        # the rank is finishing: a second Ctrl-C (the parent forwards one after 1 s) must not interrupt torch's
-        # atexit hooks with a traceback; the parent kills a rank that does not end
+        # the rank is finishing: a second Ctrl-C (the parent forwards one after 1 s) must not
+        # interrupt torch's atexit hooks with a traceback; the parent kills a rank that does not end
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -97,8 +107,9 @@ def _child(rank, world, port, target, args, errq):
 
 
 def _stop_interrupted(procs) -> None:
-    """After Ctrl-C: the workers got the terminal's SIGINT too and close their files and progress bar; give
-    them 1 s, then forward SIGINT (only this process was interrupted) and give them 5 s, then kill."""
+    """After Ctrl-C: the workers got the terminal's SIGINT too and close their files and progress
+    bar; give them 1 s, then forward SIGINT (only this process was interrupted) and give them 5 s,
+    then kill."""
     import signal
     import time
 
@@ -119,14 +130,18 @@ def _stop_interrupted(procs) -> None:
 
 
 def require_launcher(device: str, what: str) -> None:
-    """--device cuda runs one rank per GPU under torchrun: say how, before anything else is checked."""
+    """--device cuda runs one rank per GPU under torchrun: say how, before anything else is
+    checked."""
     if device == "cuda" and not under_torchrun():
-        raise TpcostError(f"{what} --device cuda runs under torchrun: "
-                          f"torchrun --nproc-per-node=TP --no-python tpcost {what} --device cuda ...")
+        raise TpcostError(
+            f"{what} --device cuda runs under torchrun: "
+            f"torchrun --nproc-per-node=TP --no-python tpcost {what} --device cuda ..."
+        )
 
 
 def run(target, args, device: str, nproc: int, what: str, wall_timeout_s: float) -> None:
-    """Run target(args) on every rank: in this process under torchrun, else in `nproc` spawned CPU workers."""
+    """Run target(args) on every rank: in this process under torchrun, else in `nproc` spawned CPU
+    workers."""
     if under_torchrun():
         target(args)
         return
@@ -136,7 +151,10 @@ def run(target, args, device: str, nproc: int, what: str, wall_timeout_s: float)
     ctx = mp.get_context("spawn")
     errq = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_child, args=(r, nproc, port, target, args, errq), daemon=False) for r in range(nproc)]
+    procs = [
+        ctx.Process(target=_child, args=(r, nproc, port, target, args, errq), daemon=False)
+        for r in range(nproc)
+    ]
     for p in procs:
         p.start()
     import time
@@ -144,15 +162,19 @@ def run(target, args, device: str, nproc: int, what: str, wall_timeout_s: float)
     deadline = time.monotonic() + wall_timeout_s
     try:
         while any(p.is_alive() for p in procs):
-            if any(p.exitcode not in (None, 0) for p in procs):  # one rank failed: the others would hang
+            if any(
+                p.exitcode not in (None, 0) for p in procs
+            ):  # one rank failed: the others would hang
                 time.sleep(2.0)  # let the peers report their own error first
                 break
             if time.monotonic() > deadline:
                 hung = [r for r, p in enumerate(procs) if p.is_alive()]
                 for p in procs:
                     p.kill()
-                raise TpcostError(f"{what}: rank(s) {hung} still running after {wall_timeout_s:.0f} s; killed "
-                                  "(raw samples kept; no profile written)")
+                raise TpcostError(
+                    f"{what}: rank(s) {hung} still running after {wall_timeout_s:.0f} s; killed "
+                    "(raw samples kept; no profile written)"
+                )
             time.sleep(0.1)
     except KeyboardInterrupt:
         _stop_interrupted(procs)

@@ -1,6 +1,6 @@
-"""Timing in the style of triton.testing.do_bench: budgeted warm-up and reps, L2 flush and per-rep CUDA
-events on GPU, perf_counter on CPU; for collectives a barrier before each rep and the max across ranks.
-Outlier (> median + 6·MAD) and non-finite samples are rejected and counted."""
+"""Timing in the style of triton.testing.do_bench: budgeted warm-up and reps, L2 flush and per-rep
+CUDA events on GPU, perf_counter on CPU; for collectives a barrier before each rep and the max
+across ranks. Outlier (> median + 6·MAD) and non-finite samples are rejected and counted."""
 
 from __future__ import annotations
 
@@ -21,12 +21,18 @@ class Timing:
     samples_s: tuple[float, ...]
 
     def as_dict(self):
-        return {"median_s": self.median_s, "p10_s": self.p10_s, "p90_s": self.p90_s, "reps": self.reps,
-                "rejected": self.rejected}
+        return {
+            "median_s": self.median_s,
+            "p10_s": self.p10_s,
+            "p90_s": self.p90_s,
+            "reps": self.reps,
+            "rejected": self.rejected,
+        }
 
 
 def clean_samples(samples):
-    """Drop NaN/inf/negative samples and outliers above median + 6·MAD; returns (kept, rejected count)."""
+    """Drop NaN/inf/negative samples and outliers above median + 6·MAD; returns (kept, rejected
+    count)."""
     finite = [s for s in samples if math.isfinite(s) and s >= 0]
     if not finite:
         return [], len(samples)
@@ -48,15 +54,32 @@ def summary(samples) -> Timing:
 
 
 class Timer:
-    """Times a callable on one device; `group` set ⇒ collective timing (barrier + max over ranks)."""
+    """Times a callable on one device; `group` set ⇒ collective timing (barrier + max over
+    ranks)."""
 
-    def __init__(self, device: str, *, warmup_s=0.01, rep_s=0.05, min_reps=5, max_reps=100, group=None,
-                 flush_bytes=256 * 1024 * 1024):
+    def __init__(
+        self,
+        device: str,
+        *,
+        warmup_s=0.01,
+        rep_s=0.05,
+        min_reps=5,
+        max_reps=100,
+        group=None,
+        flush_bytes=256 * 1024 * 1024,
+    ):
         self.device = device
         self.cuda = device.startswith("cuda")
-        self.warmup_s, self.rep_s, self.min_reps, self.max_reps = warmup_s, rep_s, min_reps, max_reps
+        self.warmup_s, self.rep_s, self.min_reps, self.max_reps = (
+            warmup_s,
+            rep_s,
+            min_reps,
+            max_reps,
+        )
         self.group = group
-        self.flush_buf = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device) if self.cuda else None
+        self.flush_buf = (
+            torch.empty(flush_bytes // 4, dtype=torch.int32, device=device) if self.cuda else None
+        )
 
     def _barrier(self):
         if self.group is not None:
@@ -91,7 +114,9 @@ class Timer:
         if self.group is not None:  # every rank must run the same number of reps
             import torch.distributed as dist
 
-            t = torch.tensor([n_warm, n_rep], dtype=torch.int64, device=self.device if self.cuda else "cpu")
+            t = torch.tensor(
+                [n_warm, n_rep], dtype=torch.int64, device=self.device if self.cuda else "cpu"
+            )
             dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
             n_warm, n_rep = int(t[0]), int(t[1])
         for _ in range(n_warm):
@@ -103,7 +128,9 @@ class Timer:
         if self.group is not None:
             import torch.distributed as dist
 
-            t = torch.tensor(samples, dtype=torch.float64, device=self.device if self.cuda else "cpu")
+            t = torch.tensor(
+                samples, dtype=torch.float64, device=self.device if self.cuda else "cpu"
+            )
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
             samples = t.tolist()
         return summary(samples)

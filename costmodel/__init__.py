@@ -1,19 +1,27 @@
 """tpcost's analytic cost model (pure numpy): hardware profile → model shape → schedule times →
 speedup curve → cutoff. Imports neither torch nor scipy."""
 
-
-# The public names, imported on first use (PEP 562): `import costmodel.device` or the vLLM plugin's cache lookup
-# must not pay for the whole model.
-_PUBLIC = {"TpcostError": "errors", "HardwareProfile": "profile", "load_profile": "profile", "ModelShape": "shapes",
-           "load_model": "shapes", "predict": "model", "Prediction": "model", "RunConfig": "model", "Regime": "model",
-           "analyse": "analysis",
-           "Analysis": "analysis"}
+# The public names, imported on first use (PEP 562): `import costmodel.device` or the vLLM plugin's
+# cache lookup must not pay for the whole model.
+_PUBLIC = {
+    "TpcostError": "errors",
+    "HardwareProfile": "profile",
+    "load_profile": "profile",
+    "ModelShape": "shapes",
+    "load_model": "shapes",
+    "predict": "model",
+    "Prediction": "model",
+    "RunConfig": "model",
+    "Regime": "model",
+    "analyse": "analysis",
+    "Analysis": "analysis",
+}
 __all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name):
-    """The public names on first use; `costmodel.__version__`: the installed distribution's version (pyproject.toml
-    is the one place it lives)."""
+    """The public names on first use; `costmodel.__version__`: the installed distribution's version
+    (pyproject.toml is the one place it lives)."""
     if name in _PUBLIC:
         import importlib
 

@@ -2,4 +2,5 @@
 
 
 class TpcostError(ValueError):
-    """Bad user input: unknown GPU or model, malformed file, impossible shape. Message is one line."""
+    """Bad user input: unknown GPU or model, malformed file, impossible shape. Message is one
+    line."""

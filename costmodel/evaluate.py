@@ -1,5 +1,5 @@
-"""`tpcost evaluate`: score predictions against measured overlap data (verdict accuracy, regret, error),
-side by side with vLLM 0.31's own sp_min_token_num rule on the same rows."""
+"""`tpcost evaluate`: score predictions against measured overlap data (verdict accuracy, regret,
+error), side by side with vLLM 0.31's own sp_min_token_num rule on the same rows."""
 
 from __future__ import annotations
 
@@ -20,28 +20,51 @@ from .defaults import DEFAULT_SEQ_LEN
 from .vllm_tables import Vllm
 
 OP_COLUMNS = ("hardware", "tp", "op", "dtype", "m", "n", "k", "baseline_us", "overlap_us", "source")
-MODEL_COLUMNS = ("hardware", "tp", "model", "dtype", "num_tokens", "baseline_us", "overlap_us", "scope", "source")
-OPTIONAL_MODEL_COLUMNS = ("baseline_schedule", "seq_len")  # tp (default) | sp; default defaults.DEFAULT_SEQ_LEN
-# impl: torch (default; torch's pipelined symm-mem ops) | kernel (the single-kernel GEMM+RS/AR, docs/model.md §6b);
-# baseline_impl: nccl (the GEMM then NCCL) | vllm (the GEMM then vLLM's dispatched collective); default the arm
-# `tpcost op` prices against (fused_ops: nccl for torch's ops, vllm for the single kernel);
-# harness_us: a benchmark's own time on both arms (>= 0; a source's fitted offset, calib/reference.py FamilyFit)
+MODEL_COLUMNS = (
+    "hardware",
+    "tp",
+    "model",
+    "dtype",
+    "num_tokens",
+    "baseline_us",
+    "overlap_us",
+    "scope",
+    "source",
+)
+OPTIONAL_MODEL_COLUMNS = (
+    "baseline_schedule",
+    "seq_len",
+)  # tp (default) | sp; default defaults.DEFAULT_SEQ_LEN
+# impl: torch (default; torch's pipelined symm-mem ops) | kernel (the single-kernel GEMM+RS/AR,
+# docs/model.md §6b); baseline_impl: nccl (the GEMM then NCCL) | vllm (the GEMM then vLLM's
+# dispatched collective); default the arm `tpcost op` prices against (fused_ops: nccl for torch's
+# ops, vllm for the single kernel); harness_us: a benchmark's own time on both arms (>= 0; a
+# source's fitted offset, calib/reference.py FamilyFit)
 OPTIONAL_OP_COLUMNS = ("impl", "baseline_impl", "harness_us")
-BASELINE_IMPLS = ("nccl", "vllm")  # a published row's unfused arm (fused_ops: "nccl" unless its column says)
+BASELINE_IMPLS = (
+    "nccl",
+    "vllm",
+)  # a published row's unfused arm (fused_ops: "nccl" unless its column says)
 TIE_BAND = 0.02  # a measured speedup within 2 % of 1 is a tie: either verdict counts as right
 INT_LIMITS = {"tp": 4096, "m": 2**24, "n": 2**20, "k": 2**20, "num_tokens": 2**24, "seq_len": 2**24}
 
 
 def op_csv_header() -> str:
-    """The header calibrate writes for its fused-vs-sequential ops (the op-level schema, impl named)."""
+    """The header calibrate writes for its fused-vs-sequential ops (the op-level schema, impl
+    named)."""
     return ",".join(OP_COLUMNS + ("impl",))
 
 
 def schemas_text() -> str:
-    """Both schemas' columns in one line (the error of a header neither fits; docs/commands.md "CSV formats")."""
-    return (f"an op CSV has {','.join(OP_COLUMNS)} (optional: {','.join(OPTIONAL_OP_COLUMNS)}); a model CSV has "
-            f"{','.join(MODEL_COLUMNS)} (optional: {','.join(OPTIONAL_MODEL_COLUMNS)}); docs/commands.md, "
-            "\"CSV formats\"")
+    """Both schemas' columns in one line (the error of a header neither fits; docs/commands.md "CSV
+    formats")."""
+    return (
+        f"an op CSV has {','.join(OP_COLUMNS)} (optional: {','.join(OPTIONAL_OP_COLUMNS)}); a "
+        "model CSV has "
+        f"{','.join(MODEL_COLUMNS)} (optional: {','.join(OPTIONAL_MODEL_COLUMNS)}); "
+        "docs/commands.md, "
+        '"CSV formats"'
+    )
 
 
 def model_csv_header() -> str:
@@ -62,7 +85,8 @@ class Scored:
     regret_pct: float
     vllm_verdict: bool
     vllm_regret_pct: float
-    band_lo: float | None = None  # 5th-95th percentile of the predicted speedup over the profile's Monte Carlo draws
+    # 5th-95th percentile of the predicted speedup over the profile's Monte Carlo draws
+    band_lo: float | None = None
     band_hi: float | None = None
 
     @property
@@ -89,14 +113,30 @@ class Scored:
         return self.tie or self.vllm_verdict == self.verdict_measured
 
 
-def score(where: tuple[str, int, str, str], base_s: float, over_s: float, s_predicted: float, vllm_runs: bool,
-          band: tuple[float | None, float | None] = (None, None)) -> Scored:
-    """One measured row scored (the one scoring: tpcost evaluate and benchmarks/accuracy.py): `where` = (path, line,
-    label, source); the measured baseline and overlapped times (any one unit), the predicted speedup, whether vLLM's
-    own rule runs the fused path there; verdicts, ties (TIE_BAND) and regrets follow."""
+def score(
+    where: tuple[str, int, str, str],
+    base_s: float,
+    over_s: float,
+    s_predicted: float,
+    vllm_runs: bool,
+    band: tuple[float | None, float | None] = (None, None),
+) -> Scored:
+    """One measured row scored (the one scoring: tpcost evaluate and benchmarks/accuracy.py):
+    `where` = (path, line, label, source); the measured baseline and overlapped times (any one
+    unit), the predicted speedup, whether vLLM's own rule runs the fused path there; verdicts, ties
+    (TIE_BAND) and regrets follow."""
     v_pred = s_predicted > 1.0
-    return Scored(*where, base_s / over_s, s_predicted, over_s < base_s, v_pred, _regret(v_pred, base_s, over_s),
-                  vllm_runs, _regret(vllm_runs, base_s, over_s), *band)
+    return Scored(
+        *where,
+        base_s / over_s,
+        s_predicted,
+        over_s < base_s,
+        v_pred,
+        _regret(v_pred, base_s, over_s),
+        vllm_runs,
+        _regret(vllm_runs, base_s, over_s),
+        *band,
+    )
 
 
 def _regret(choose_overlap: bool, base: float, over: float) -> float:
@@ -106,8 +146,8 @@ def _regret(choose_overlap: bool, base: float, over: float) -> float:
 
 
 def _int_cell(path, line, col, text):
-    """A cell that must hold a positive integer: digits, or an integral decimal as pandas writes it (4.0); not NaN,
-    inf, 1e400 or a non-ASCII digit: the int, or exit 2."""
+    """A cell that must hold a positive integer: digits, or an integral decimal as pandas writes it
+    (4.0); not NaN, inf, 1e400 or a non-ASCII digit: the int, or exit 2."""
     t = text.strip()
     whole, dot, frac = t.partition(".")
     if dot and whole and frac.strip("0") == "":
@@ -126,12 +166,16 @@ def _time_cell(path, line, col, text, zero_ok=False):
     except ValueError:
         raise TpcostError(f"{path}:{line}: {col} {text!r} is not a number") from None
     if not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
-        raise TpcostError(f"{path}:{line}: {col} must be a finite time {'>=' if zero_ok else '>'} 0 us, got {text}")
+        raise TpcostError(
+            f"{path}:{line}: {col} must be a finite time {'>=' if zero_ok else '>'} 0 us, got "
+            f"{text}"
+        )
     return v
 
 
 def read_rows(path: str) -> tuple[str, list]:  # noqa: C901 (one pass of per-cell checks, each a one-line error)
-    """(schema, rows with line numbers): every cell checked; a malformed one is exit 2 naming file:line.
+    """(schema, rows with line numbers): every cell checked; a malformed one is exit 2 naming
+    file:line.
 
     A file with only a header gives (schema, []); the caller reports it."""
     text = read_text(path, "CSV")
@@ -146,8 +190,10 @@ def read_rows(path: str) -> tuple[str, list]:  # noqa: C901 (one pass of per-cel
     header = [h.strip() for h in parsed[0]]
     schema = "model" if "model" in header else "op" if "op" in header else None
     if schema is None:
-        raise TpcostError(f"{path}: header has neither an 'op' nor a 'model' column: cannot tell the schema; "
-                          + schemas_text())
+        raise TpcostError(
+            f"{path}: header has neither an 'op' nor a 'model' column: cannot tell the schema; "
+            + schemas_text()
+        )
     cols = OP_COLUMNS if schema == "op" else MODEL_COLUMNS
     allowed = cols + (OPTIONAL_MODEL_COLUMNS if schema == "model" else OPTIONAL_OP_COLUMNS)
     dup = sorted({h for h in header if header.count(h) > 1})
@@ -155,7 +201,9 @@ def read_rows(path: str) -> tuple[str, list]:  # noqa: C901 (one pass of per-cel
         raise TpcostError(f"{path}:{numbered[0][0]}: duplicate column {dup[0]!r}")
     for h in header:
         if h not in allowed:
-            raise TpcostError(f"{path}: unknown column {h!r} for the {schema}-level schema ({','.join(allowed)})")
+            raise TpcostError(
+                f"{path}: unknown column {h!r} for the {schema}-level schema ({','.join(allowed)})"
+            )
     for c in cols:
         if c not in header:
             raise TpcostError(f"{path}: missing column {c!r} for the {schema}-level schema")
@@ -174,16 +222,25 @@ def read_rows(path: str) -> tuple[str, list]:  # noqa: C901 (one pass of per-cel
                 r[c] = _int_cell(path, line, c, r[c])
         if schema == "op":
             if r.get("impl", "") not in ("",) + fused_ops.impl_names():
-                raise TpcostError(f"{path}:{line}: impl must be one of {', '.join(fused_ops.impl_names())}, got "
-                                  f"{r['impl']!r}")
+                raise TpcostError(
+                    f"{path}:{line}: impl must be one of {', '.join(fused_ops.impl_names())}, got "
+                    f"{r['impl']!r}"
+                )
             if r.get("baseline_impl", "") not in ("",) + BASELINE_IMPLS:
-                raise TpcostError(f"{path}:{line}: baseline_impl must be one of {', '.join(BASELINE_IMPLS)}, "
-                                  f"got {r['baseline_impl']!r}")
+                raise TpcostError(
+                    f"{path}:{line}: baseline_impl must be one of {', '.join(BASELINE_IMPLS)}, "
+                    f"got {r['baseline_impl']!r}"
+                )
         if schema == "model":
             if r.get("baseline_schedule", "") not in ("", "tp", "sp"):
-                raise TpcostError(f"{path}:{line}: baseline_schedule must be tp or sp, got {r['baseline_schedule']!r}")
+                raise TpcostError(
+                    f"{path}:{line}: baseline_schedule must be tp or sp, got "
+                    f"{r['baseline_schedule']!r}"
+                )
             if r["scope"] not in ("layer", "forward"):
-                raise TpcostError(f"{path}:{line}: scope must be layer or forward, got {r['scope']!r}")
+                raise TpcostError(
+                    f"{path}:{line}: scope must be layer or forward, got {r['scope']!r}"
+                )
         rows.append((line, r))
     return schema, rows
 
@@ -193,12 +250,16 @@ class _Skip(Exception):
 
 
 def _implied_impl(op: str) -> str:
-    """The implementation of a row whose impl cell is empty: the op's one registered implementation; where the op
-    has several (gemm_rs: torch's and the single kernel), the row is refused, never scored as one of them silently."""
+    """The implementation of a row whose impl cell is empty: the op's one registered implementation;
+    where the op has several (gemm_rs: torch's and the single kernel), the row is refused, never
+    scored as one of them silently."""
     impls = [i for o, i in fused_ops.REGISTRY if o == op]
     if len(impls) > 1:
-        raise _Skip(f"impl is empty, and {op} has {len(impls)} implementations ({', '.join(impls)}): name the one the "
-                    "row timed in an impl column")
+        raise _Skip(
+            f"impl is empty, and {op} has {len(impls)} implementations ({', '.join(impls)}): name "
+            "the one the "
+            "row timed in an impl column"
+        )
     return impls[0] if impls else fused_ops.DEFAULT_IMPL
 
 
@@ -215,8 +276,9 @@ def _need(r, *cols):
 
 
 def _beside(name: str, csv_path: str) -> str:
-    """A relative file path in a CSV cell, resolved against the CSV's own directory when the file is there (what
-    calibrate and validate write), else as given (a built-in name, or a path from the working directory)."""
+    """A relative file path in a CSV cell, resolved against the CSV's own directory when the file is
+    there (what calibrate and validate write), else as given (a built-in name, or a path from the
+    working directory)."""
     from pathlib import Path
 
     p = Path(name)
@@ -239,14 +301,15 @@ def _profile(cache, name):
     return cache[name]
 
 
-def predict_op_row(prof: Any, row: Mapping[str, Any], vllm: Vllm, eager: bool = True,
-                   all_draws: bool = False) -> tuple[Any, int]:
-    """(predicted speedup of the fused op over its sequential arm, hidden size vLLM's rule sees) for one
-    microbenchmark row (an op CSV's parsed row: op, dtype, tp, m, n, k, impl, baseline_impl); by default the fused
-    op runs eagerly (a Python loop issued per call, as in the benchmarks), `eager=False` under CUDA-graph replay (no
-    host issue time). impl "kernel": the single-kernel family; baseline_impl "vllm": the GEMM then vLLM's dispatched
-    collective of `vllm`. `all_draws`: the speedup of every Monte Carlo draw of a drawn profile (an array)
-    instead of one float."""
+def predict_op_row(
+    prof: Any, row: Mapping[str, Any], vllm: Vllm, eager: bool = True, all_draws: bool = False
+) -> tuple[Any, int]:
+    """(predicted speedup of the fused op over its sequential arm, hidden size vLLM's rule sees) for
+    one microbenchmark row (an op CSV's parsed row: op, dtype, tp, m, n, k, impl, baseline_impl); by
+    default the fused op runs eagerly (a Python loop issued per call, as in the benchmarks),
+    `eager=False` under CUDA-graph replay (no host issue time). impl "kernel": the single-kernel
+    family; baseline_impl "vllm": the GEMM then vLLM's dispatched collective of `vllm`. `all_draws`:
+    the speedup of every Monte Carlo draw of a drawn profile (an array) instead of one float."""
     op, dtype, tp = row["op"], row["dtype"], row["tp"]
     n, k = row.get("n") or None, row.get("k") or None
     impl = row.get("impl") or _implied_impl(op)
@@ -255,22 +318,26 @@ def predict_op_row(prof: Any, row: Mapping[str, Any], vllm: Vllm, eager: bool = 
         kind = fused_ops.kind(op, impl)
     except TpcostError as e:
         raise _Skip(str(e)) from None
-    baseline_impl = row.get("baseline_impl") or kind.published_baseline  # the arm `op` prices against
+    baseline_impl = (
+        row.get("baseline_impl") or kind.published_baseline
+    )  # the arm `op` prices against
     why = kind.why_not(prof, tp, dtype, n)  # the registry's eligibility, the one `op` applies
     if why:
         raise _Skip(why)
     if n is None or k is None:
         raise _Skip(f"missing {'n' if n is None else 'k'}")
     try:
-        s_all, hidden = kind.published_speedup(prof, {**row, "n": n, "k": k, "baseline_impl": baseline_impl}, vllm,
-                                               eager, h)
+        s_all, hidden = kind.published_speedup(
+            prof, {**row, "n": n, "k": k, "baseline_impl": baseline_impl}, vllm, eager, h
+        )
     except TpcostError as e:  # a row the op cannot run (the entry says why)
         raise _Skip(str(e)) from None
     return (s_all if all_draws else float(s_all[0])), hidden
 
 
 def _model_groups(rows, profiles, models, skipped, path):
-    """Model-level rows grouped by everything but N, so that each group is one predict() over its N."""
+    """Model-level rows grouped by everything but N, so that each group is one predict() over its
+    N."""
     from .shapes import load_model
 
     groups: dict = {}
@@ -295,20 +362,33 @@ def _model_groups(rows, profiles, models, skipped, path):
                 check_dtype(r["dtype"])
             except TpcostError as e:
                 raise _Skip(str(e)) from None
-            key = (r["hardware"], r["model"], r["tp"], r["dtype"], r["scope"], r.get("baseline_schedule") or "tp",
-                   r.get("seq_len") or DEFAULT_SEQ_LEN)
+            key = (
+                r["hardware"],
+                r["model"],
+                r["tp"],
+                r["dtype"],
+                r["scope"],
+                r.get("baseline_schedule") or "tp",
+                r.get("seq_len") or DEFAULT_SEQ_LEN,
+            )
             groups.setdefault(key, (prof, shape, []))[2].append((line, r))
         except _Skip as e:
             skipped.append({"where": where, "reason": str(e)})
     return groups
 
 
-def evaluate_files(paths: list[str], vllm: Vllm, cudagraph_max_tokens: int | None = None, band: bool = False,
-                   band_sigma: Mapping[str, float] | None = None) -> tuple[list[Scored], list[dict]]:
-    """Score every row of `paths`. `cudagraph_max_tokens`: None keeps each set's own regime (op microbenchmarks
-    eager; model rows vLLM's default capture size), else rows of more tokens run eagerly and the rest replay graphs
-    (0: everything eager). `band`: each op row's 5-95 % band over the profile's draws, the keys `band_sigma` names
-    drawn at its σ instead of their own (calib/band.py: the model error it calibrates, 0 holding it)."""
+def evaluate_files(
+    paths: list[str],
+    vllm: Vllm,
+    cudagraph_max_tokens: int | None = None,
+    band: bool = False,
+    band_sigma: Mapping[str, float] | None = None,
+) -> tuple[list[Scored], list[dict]]:
+    """Score every row of `paths`. `cudagraph_max_tokens`: None keeps each set's own regime (op
+    microbenchmarks eager; model rows vLLM's default capture size), else rows of more tokens run
+    eagerly and the rest replay graphs (0: everything eager). `band`: each op row's 5-95 % band over
+    the profile's draws, the keys `band_sigma` names drawn at its σ instead of their own
+    (calib/band.py: the model error it calibrates, 0 holding it)."""
     from .model import Regime, predict
     from .vllm_tables import vllm_sp_min_token_num
 
@@ -320,24 +400,32 @@ def evaluate_files(paths: list[str], vllm: Vllm, cudagraph_max_tokens: int | Non
         raise TpcostError(f"{', '.join(paths)}: no data rows (only a header)")
 
     def vllm_verdict(prof, hidden, tp, tokens):
-        thr = vllm_sp_min_token_num(prof.identity.vendor, prof.identity.compute_capability, hidden, tp, 2)
+        thr = vllm_sp_min_token_num(
+            prof.identity.vendor, prof.identity.compute_capability, hidden, tp, 2
+        )
         return thr is not None and tokens >= thr
 
     drawn: dict = {}
 
     def band_of(prof, r, eager):
-        """5-95 % of the op row's predicted speedup over the profile's band draws (costmodel.analysis)."""
+        """5-95 % of the op row's predicted speedup over the profile's band draws
+        (costmodel.analysis)."""
         from .analysis import BAND_DRAWS, BAND_SEED, perturbed_values
 
         if prof.name not in drawn:
-            drawn[prof.name] = prof.with_values(perturbed_values(prof, BAND_DRAWS, BAND_SEED, band_sigma), None,
-                                                mark_modified=False)
+            drawn[prof.name] = prof.with_values(
+                perturbed_values(prof, BAND_DRAWS, BAND_SEED, band_sigma), None, mark_modified=False
+            )
         s_d, _ = predict_op_row(drawn[prof.name], r, vllm, eager, all_draws=True)
         return float(np.percentile(s_d, 5)), float(np.percentile(s_d, 95))
 
     def add(path, line, r, label, prof, s_hat, hidden, tokens, bounds=(None, None)):
         base, over = r["baseline_us"], r["overlap_us"]
-        if "op" in r:  # an op row: vLLM's own rule for that op and implementation (its SP table, gemm_rs_ar's M >= 128)
+        if (
+            "op" in r
+            # an op row: vLLM's own rule for that op and implementation (its SP table, gemm_rs_ar's
+            # M >= 128)
+        ):
             kind = fused_ops.kind(r["op"], r.get("impl") or _implied_impl(r["op"]))
             runs = kind.published_rule(prof, r["tp"], r["n"], r["k"], vllm).runs
             v_vllm = bool(runs(float(tokens)))
@@ -354,28 +442,57 @@ def evaluate_files(paths: list[str], vllm: Vllm, cudagraph_max_tokens: int | Non
                 try:
                     _need(r, "baseline_us", "overlap_us", "hardware", "tp", "m", "op", "dtype")
                     prof = _profile(profiles, _beside(r["hardware"], path))
-                    eager = cudagraph_max_tokens is None or bool(vllm_tables.runs_eagerly(r["m"], cudagraph_max_tokens))
+                    eager = cudagraph_max_tokens is None or bool(
+                        vllm_tables.runs_eagerly(r["m"], cudagraph_max_tokens)
+                    )
                     s_hat, hidden = predict_op_row(prof, r, vllm, eager)
                 except _Skip as e:
                     skipped.append({"where": f"{path}:{line}", "reason": str(e)})
                     continue
-                label = (f"{r['hardware']} tp{r['tp']} {r['op']}{_impl_label(r)} "
-                         f"{r['dtype']} m={r['m']} n={r['n']} k={r['k']}")
-                add(path, line, r, label, prof, s_hat, hidden, r["m"], band_of(prof, r, eager) if band else (None, None))
+                label = (
+                    f"{r['hardware']} tp{r['tp']} {r['op']}{_impl_label(r)} "
+                    f"{r['dtype']} m={r['m']} n={r['n']} k={r['k']}"
+                )
+                add(
+                    path,
+                    line,
+                    r,
+                    label,
+                    prof,
+                    s_hat,
+                    hidden,
+                    r["m"],
+                    band_of(prof, r, eager) if band else (None, None),
+                )
             continue
-        for (hwname, model, tp, dtype, scope, base_sched, seq_len), (prof, shape, members) in \
-                _model_groups(rows, profiles, models, skipped, path).items():
+        for (hwname, model, tp, dtype, scope, base_sched, seq_len), (
+            prof,
+            shape,
+            members,
+        ) in _model_groups(rows, profiles, models, skipped, path).items():
             n_tok = np.array([float(r["num_tokens"]) for _, r in members])
-            pred = predict(prof, shape, tp, dtype, n_tok, Regime(seq_len, cudagraph_max_tokens, vllm=vllm))
+            pred = predict(
+                prof, shape, tp, dtype, n_tok, Regime(seq_len, cudagraph_max_tokens, vllm=vllm)
+            )
             attr = "t_layer_s" if scope == "layer" else "t_forward_s"
             with np.errstate(invalid="ignore"):
-                s_all = np.ravel(getattr(pred.schedules[base_sched], attr) / getattr(pred.schedules["sp_asynctp"], attr))
+                s_all = np.ravel(
+                    getattr(pred.schedules[base_sched], attr)
+                    / getattr(pred.schedules["sp_asynctp"], attr)
+                )
             for (line, r), s_hat in zip(members, s_all):
-                if not np.isfinite(s_hat) or s_hat <= 0:  # a schedule that cannot run here: nothing to score
-                    why = pred.unavailable.get("sp_asynctp") or pred.unavailable.get(base_sched) or "not predictable"
+                # a schedule that cannot run here: nothing to score
+                if not np.isfinite(s_hat) or s_hat <= 0:
+                    why = (
+                        pred.unavailable.get("sp_asynctp")
+                        or pred.unavailable.get(base_sched)
+                        or "not predictable"
+                    )
                     skipped.append({"where": f"{path}:{line}", "reason": why})
                     continue
-                label = f"{hwname} tp{tp} {model} {dtype} N={r['num_tokens']} {scope} vs {base_sched}"
+                label = (
+                    f"{hwname} tp{tp} {model} {dtype} N={r['num_tokens']} {scope} vs {base_sched}"
+                )
                 add(path, line, r, label, prof, float(s_hat), shape.hidden, r["num_tokens"])
     return scored, skipped
 
@@ -387,20 +504,43 @@ def summarise(scored: list[Scored], skipped: list[dict]) -> dict:
         vreg = np.array([s.vllm_regret_pct for s in scored])
         acc = float(np.mean([s.right for s in scored]))
         vacc = float(np.mean([s.vllm_right for s in scored]))
-        # the bias: median of ln(predicted / measured speedup), > 0 where the model predicts the op too good
+        # the bias: median of ln(predicted / measured speedup), > 0 where the model predicts the op
+        # too good
         bias = float(np.median(np.log([s.s_predicted / s.s_measured for s in scored])))
-        out = {"verdict_accuracy": acc, "median_abs_speedup_error": float(np.median(err)),
-               "median_signed_log_error": bias,
-               "p90_abs_speedup_error": float(np.percentile(err, 90)), "max_abs_speedup_error": float(err.max()),
-               "ties": int(sum(s.tie for s in scored)), "mean_regret_pct": float(reg.mean()),
-               "max_regret_pct": float(reg.max()),
-               "vllm_rule": {"verdict_accuracy": vacc, "mean_regret_pct": float(vreg.mean()),
-                             "max_regret_pct": float(vreg.max())}}
+        out = {
+            "verdict_accuracy": acc,
+            "median_abs_speedup_error": float(np.median(err)),
+            "median_signed_log_error": bias,
+            "p90_abs_speedup_error": float(np.percentile(err, 90)),
+            "max_abs_speedup_error": float(err.max()),
+            "ties": int(sum(s.tie for s in scored)),
+            "mean_regret_pct": float(reg.mean()),
+            "max_regret_pct": float(reg.max()),
+            "vllm_rule": {
+                "verdict_accuracy": vacc,
+                "mean_regret_pct": float(vreg.mean()),
+                "max_regret_pct": float(vreg.max()),
+            },
+        }
     else:
-        out = {k: None for k in ("verdict_accuracy", "median_abs_speedup_error", "median_signed_log_error",
-                                 "p90_abs_speedup_error", "max_abs_speedup_error", "ties", "mean_regret_pct",
-                                 "max_regret_pct")}
-        out["vllm_rule"] = {"verdict_accuracy": None, "mean_regret_pct": None, "max_regret_pct": None}
+        out = {
+            k: None
+            for k in (
+                "verdict_accuracy",
+                "median_abs_speedup_error",
+                "median_signed_log_error",
+                "p90_abs_speedup_error",
+                "max_abs_speedup_error",
+                "ties",
+                "mean_regret_pct",
+                "max_regret_pct",
+            )
+        }
+        out["vllm_rule"] = {
+            "verdict_accuracy": None,
+            "mean_regret_pct": None,
+            "max_regret_pct": None,
+        }
     cov = [s.covered for s in scored if s.covered is not None]
     out["band_coverage"] = {"rows": len(cov), "covered": float(np.mean(cov)) if cov else None}
     out.update(rows_scored=len(scored), rows_skipped=len(skipped), skipped=skipped)
@@ -409,8 +549,11 @@ def summarise(scored: list[Scored], skipped: list[dict]) -> dict:
 
 def evaluation_series(scored: list[Scored]) -> dict:
     """What plot_evaluation draws: measured and predicted speedups, and which verdicts are wrong."""
-    return {"measured": np.array([x.s_measured for x in scored]), "predicted": np.array([x.s_predicted for x in scored]),
-            "wrong": np.array([not x.right for x in scored], dtype=bool)}
+    return {
+        "measured": np.array([x.s_measured for x in scored]),
+        "predicted": np.array([x.s_predicted for x in scored]),
+        "wrong": np.array([not x.right for x in scored], dtype=bool),
+    }
 
 
 def plot_evaluation(scored: list[Scored], path: str) -> None:

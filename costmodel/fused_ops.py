@@ -1,15 +1,18 @@
-"""The one registry of fused GEMM+collective ops (docs/model.md §6, §6b): one entry per (op, impl), carrying its
-callables. Each entry holds its weight formats, its eligibility on a GPU and shape, its predictor pair (the fused
-arm and the unfused arm vLLM dispatches), vLLM's rule for it, its notes and its `--at` breakdown. `tpcost op`,
-`tpcost evaluate` (and the benchmarks and fits that score through it), the model's layer (costmodel.layer) and the
-CLI's choices call through the entry; nothing outside this file tests which implementation it holds.
+"""The one registry of fused GEMM+collective ops (docs/model.md §6, §6b): one entry per (op, impl),
+carrying its callables. Each entry holds its weight formats, its eligibility on a GPU and shape, its
+predictor pair (the fused arm and the unfused arm vLLM dispatches), vLLM's rule for it, its notes
+and its `--at` breakdown. `tpcost op`, `tpcost evaluate` (and the benchmarks and fits that score
+through it), the model's layer (costmodel.layer) and the CLI's choices call through the entry;
+nothing outside this file tests which implementation it holds.
 
 A new implementation is one subclass of FusedOpKind (its `arms` at least) and one `register()` call.
 
-The defaults are what each input means, declared here once: a published row measured its fused op eagerly (a
-Python loop per call, as in the benchmarks) against the unfused arm `op` prices (NCCL for torch's ops, vLLM's
-dispatched collective for the single kernel) unless its `baseline_impl` column says otherwise; `op` asks about vLLM's own dispatch, under CUDA graphs below vLLM's capture size. vLLM's gates and
-the release fields each op depends on are read from the vLLM home (costmodel.vllm_tables), never restated here.
+The defaults are what each input means, declared here once: a published row measured its fused op
+eagerly (a Python loop per call, as in the benchmarks) against the unfused arm `op` prices (NCCL for
+torch's ops, vLLM's dispatched collective for the single kernel) unless its `baseline_impl` column
+says otherwise; `op` asks about vLLM's own dispatch, under CUDA graphs below vLLM's capture size.
+vLLM's gates and the release fields each op depends on are read from the vLLM home
+(costmodel.vllm_tables), never restated here.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from .errors import TpcostError
 from .profile import HardwareProfile
 from .vllm_tables import Vllm
 
-# torch's pipelined symm-mem ops take the model's dtype modes (bf16, static and dynamic fp8, and fp32 on a CPU run)
+# torch's pipelined symm-mem ops take the model's dtype modes (bf16, static and dynamic fp8, and
+# fp32 on a CPU run)
 TORCH_DTYPES = ("bf16", "fp8", "fp8-dynamic", "fp32")
-DEFAULT_IMPL = "torch"  # a published row's implementation where its impl cell is empty, and `op --impl`'s default
-SMALL_M = tuple(float(2 ** i) for i in range(7))  # 1, 2, ..., 64: decode rows below one M tile
+# a published row's implementation where its impl cell is empty, and `op --impl`'s default
+DEFAULT_IMPL = "torch"
+SMALL_M = tuple(float(2**i) for i in range(7))  # 1, 2, ..., 64: decode rows below one M tile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,12 +47,18 @@ class OpSpec:
     n: int
     k: int
     dtype: str
-    cudagraph_max_tokens: int  # torch's pipelined ops pay host issue time above it (0: every row eager)
+    cudagraph_max_tokens: (
+        int  # torch's pipelined ops pay host issue time above it (0: every row eager)
+    )
     vllm: Vllm = dataclasses.field(default_factory=Vllm)
-    baseline: str = "nccl"  # torch's ops: "nccl", or "vllm_sp" (model-level SP's collective; issued eagerly)
-    sm_share: float = DEFAULT_KERNEL_SM_SHARE  # the fused kernel's share of the SMs (ops.sm_share_hw)
-    norm_after: bool = False  # a model's GEMM+AR call site: vLLM's residual-add RMSNorm follows (both arms)
-    fi_max_bytes: float | None = None  # FlashInfer's AR+norm fusion limit for the unfused arm (None: vLLM's table)
+    # torch's ops: "nccl", or "vllm_sp" (model-level SP's collective; issued eagerly)
+    baseline: str = "nccl"
+    # the fused kernel's share of the SMs (ops.sm_share_hw)
+    sm_share: float = DEFAULT_KERNEL_SM_SHARE
+    # a model's GEMM+AR call site: vLLM's residual-add RMSNorm follows (both arms)
+    norm_after: bool = False
+    # FlashInfer's AR+norm fusion limit for the unfused arm (None: vLLM's table)
+    fi_max_bytes: float | None = None
 
 
 class Rule(NamedTuple):
@@ -60,7 +71,8 @@ class Rule(NamedTuple):
 
 
 class Arms(NamedTuple):
-    """One call of the fused op and of its unfused arm over rows (s; the profile's values may be draws)."""
+    """One call of the fused op and of its unfused arm over rows (s; the profile's values may be
+    draws)."""
 
     fused_s: Any
     unfused_s: Any
@@ -75,8 +87,9 @@ def _never(m: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class FusedOpKind:
-    """One fused op in one implementation, as tpcost models it. Subclasses give `arms` (the predictor pair) and
-    override what differs: eligibility, vLLM's rule, the rows it runs at, notes and the breakdown."""
+    """One fused op in one implementation, as tpcost models it. Subclasses give `arms` (the
+    predictor pair) and override what differs: eligibility, vLLM's rule, the rows it runs at, notes
+    and the breakdown."""
 
     op: str  # ag_gemm | gemm_rs | gemm_ar
     impl: str  # torch | kernel | ...
@@ -85,23 +98,30 @@ class FusedOpKind:
     help: str  # one line for `--impl`'s help
     vllm_fields: tuple[str, ...] = ()  # the vllm_tables.Release fields its dispatch in vLLM reads
     small_rows: tuple[float, ...] = ()  # rows below one M tile `op` also sweeps (decode steps)
-    published_regime: str = "eager"  # a published row: the fused op issued per call (its benchmark's loop)
-    published_baseline: str = "nccl"  # a row's baseline_impl where empty: the arm `op` prices against (nccl | vllm)
+    # a published row: the fused op issued per call (its benchmark's loop)
+    published_regime: str = "eager"
+    # a row's baseline_impl where empty: the arm `op` prices against (nccl | vllm)
+    published_baseline: str = "nccl"
     query_regime: str = "graph"  # `op`: CUDA graphs below vLLM's capture size, eager above
     takes_sm_share: bool = False  # it can run on a share of the SMs (op's --kernel-sm-share)
 
-    def why_not(self, profile: HardwareProfile, tp: int, dtype: str, n: int | None = None) -> str | None:
+    def why_not(
+        self, profile: HardwareProfile, tp: int, dtype: str, n: int | None = None
+    ) -> str | None:
         """None if this op can run on `profile` at `tp`, `dtype` and N, else why not (one line)."""
         if dtype not in self.dtypes:
             return f"{self.op} ({self.impl}) takes {', '.join(self.dtypes)}, not {dtype}"
         return "tp must be >= 2 for a collective" if tp < 2 else None
 
     def check_rows(self, m: np.ndarray, extra_m: Any, tp: int, step: int) -> None:
-        """One clear error where the op cannot run at some of rows `m` (`extra_m`: the rows the user asked)."""
+        """One clear error where the op cannot run at some of rows `m` (`extra_m`: the rows the user
+        asked)."""
 
     def rule(self, profile: HardwareProfile, tp: int, n: int, k: int, vllm: Vllm) -> Rule:
         """vLLM's own use of this op on these shapes in `vllm` (`tpcost op`)."""
-        return Rule(f"none: vLLM {vllm.label} does not run {self.op} ({self.impl})", None, _never, "nccl")
+        return Rule(
+            f"none: vLLM {vllm.label} does not run {self.op} ({self.impl})", None, _never, "nccl"
+        )
 
     def published_rule(self, profile: HardwareProfile, tp: int, n: int, k: int, vllm: Vllm) -> Rule:
         """vLLM's rule a published row of this op is scored against (`tpcost evaluate`)."""
@@ -120,7 +140,8 @@ class FusedOpKind:
         return None
 
     def why_not_served(self, profile: HardwareProfile, tp: int, dtype: str, n: int) -> str | None:
-        """None if vLLM can serve this op at a model's call site here, else why its switch has no effect."""
+        """None if vLLM can serve this op at a model's call site here, else why its switch has no
+        effect."""
         return self.why_not(profile, tp, dtype, n)
 
     def pipelined(self, hw: ops.Hw, rows: Any, n: int, k: int, tp: int, eager: bool) -> ops.FusedOp:
@@ -135,11 +156,26 @@ class FusedOpKind:
         """fused_breakdown in one line."""
         return f"fused {fused['t_s'] * 1e6:.2f} us"
 
-    def published_speedup(self, prof: HardwareProfile, row: Mapping[str, Any], vllm: Vllm, eager: bool,
-                          harness_s: float) -> tuple[np.ndarray, int]:
-        """(speedup of every draw, hidden size vLLM's rule sees) of one published row (`tpcost evaluate`); its
-        benchmark's own time `harness_s` on both arms."""
-        spec = OpSpec(self.op, self.impl, row["tp"], row["n"], row["k"], row["dtype"], 0 if eager else 2**31, vllm)
+    def published_speedup(
+        self,
+        prof: HardwareProfile,
+        row: Mapping[str, Any],
+        vllm: Vllm,
+        eager: bool,
+        harness_s: float,
+    ) -> tuple[np.ndarray, int]:
+        """(speedup of every draw, hidden size vLLM's rule sees) of one published row (`tpcost
+        evaluate`); its benchmark's own time `harness_s` on both arms."""
+        spec = OpSpec(
+            self.op,
+            self.impl,
+            row["tp"],
+            row["n"],
+            row["k"],
+            row["dtype"],
+            0 if eager else 2**31,
+            vllm,
+        )
         a = self.arms(prof, spec, float(row["m"]))
         return np.ravel((a.unfused_s + harness_s) / (a.fused_s + harness_s)), row["n"]
 
@@ -150,14 +186,20 @@ def _us(x: float) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class TorchPipelined(FusedOpKind):
-    """torch's pipelined symmetric-memory op (vLLM <= 0.31's AsyncTP; 0.34's model-level SP): ops.torch_pair."""
+    """torch's pipelined symmetric-memory op (vLLM <= 0.31's AsyncTP; 0.34's model-level SP):
+    ops.torch_pair."""
 
     def why_not(self, profile, tp, dtype, n=None):
         if dtype not in self.dtypes:
             if dtype == "mxfp8":
-                return "mxfp8 is the single kernel's weight format; torch's fused ops take bf16 or fp8"
-            return (f"dtype {dtype!r} is out of scope (modelled: {', '.join(self.dtypes)}; torch's NVFP4 native "
-                    "path is a different kernel, docs/model.md §6)")
+                return (
+                    "mxfp8 is the single kernel's weight format; torch's fused ops take bf16 or fp8"
+                )
+            return (
+                f"dtype {dtype!r} is out of scope (modelled: {', '.join(self.dtypes)}; torch's "
+                "NVFP4 native "
+                "path is a different kernel, docs/model.md §6)"
+            )
         if tp < 2:
             return "tp must be >= 2 for a collective"
         if self.op == "ag_gemm" and not ops.dtype_mode(dtype).ag_gemm_fuses:
@@ -168,18 +210,29 @@ class TorchPipelined(FusedOpKind):
         if np.any(m % tp):
             bad = [int(x) for x in extra_m if x % tp]
             if bad:
-                raise TpcostError(f"--m {bad[0]}: torch's fused ops split M into tp={tp} chunks; every M must be a "
-                                  "multiple of tp")
-            raise TpcostError(f"--tp {tp}: torch's fused ops split M into tp chunks, and M runs over the multiples of "
-                              f"{step}, which {tp} does not divide; use a tp that divides {step}")
+                raise TpcostError(
+                    f"--m {bad[0]}: torch's fused ops split M into tp={tp} chunks; every M must be "
+                    "a "
+                    "multiple of tp"
+                )
+            raise TpcostError(
+                f"--tp {tp}: torch's fused ops split M into tp chunks, and M runs over the "
+                "multiples of "
+                f"{step}, which {tp} does not divide; use a tp that divides {step}"
+            )
 
     def rule(self, profile, tp, n, k, vllm):
         hidden = n if self.op == "gemm_rs" else k  # the scattered N or the gathered K
         ident = profile.identity
-        return Rule(*vllm_tables.torch_op_rule(vllm, self.op, ident.vendor, ident.compute_capability, hidden, tp))
+        return Rule(
+            *vllm_tables.torch_op_rule(
+                vllm, self.op, ident.vendor, ident.compute_capability, hidden, tp
+            )
+        )
 
     def published_rule(self, profile, tp, n, k, vllm):
-        """The SP table of the newest release with the SP passes: the dispatch the rows' NCCL arm stands for."""
+        """The SP table of the newest release with the SP passes: the dispatch the rows' NCCL arm
+        stands for."""
         return self.rule(profile, tp, n, k, Vllm(vllm_tables.newest_sp_release().version))
 
     def arms(self, profile, spec, m):
@@ -188,63 +241,110 @@ class TorchPipelined(FusedOpKind):
         if spec.baseline == "vllm_sp":
             return Arms(p.fused_eager_s, p.unfused_s, "vLLM's sp_all_gather", p.unfused_impls, None)
         name = "NCCL all-gather" if spec.op == "ag_gemm" else "NCCL reduce-scatter"
-        fused = np.where(vllm_tables.runs_eagerly(m, spec.cudagraph_max_tokens), p.fused_eager_s, p.fused_graph_s)
+        fused = np.where(
+            vllm_tables.runs_eagerly(m, spec.cudagraph_max_tokens), p.fused_eager_s, p.fused_graph_s
+        )
         return Arms(fused, p.unfused_s, name, np.full(np.shape(m), p.unfused_impl), None)
 
     def notes(self, profile, spec, m):
         out = []
         if spec.baseline == "vllm_sp":
-            out.append("model-level SP (vLLM >= 0.34's sp_all_gather_matmul): issued eagerly at every M (vLLM cannot "
-                       "run it while a CUDA graph is captured, so it runs only above the capture size or with "
-                       "--enforce-eager); unfused arm: sp_all_gather (vLLM's custom all-gather where the profile "
-                       "times it, else NCCL), then the GEMM; vLLM's constant counts rows per rank, ceil(M/tp)")
+            out.append(
+                "model-level SP (vLLM >= 0.34's sp_all_gather_matmul): issued eagerly at every M "
+                "(vLLM cannot "
+                "run it while a CUDA graph is captured, so it runs only above the capture size or "
+                "with "
+                "--enforce-eager); unfused arm: sp_all_gather (vLLM's custom all-gather where the "
+                "profile "
+                "times it, else NCCL), then the GEMM; vLLM's constant counts rows per rank, "
+                "ceil(M/tp)"
+            )
         elif spec.op == "gemm_rs":
-            out.append("unfused arm: the GEMM, then NCCL reduce-scatter (vLLM <= 0.31's compile-pass SP calls the "
-                       "generic reduce_scatter, which goes to NCCL)")
+            out.append(
+                "unfused arm: the GEMM, then NCCL reduce-scatter (vLLM <= 0.31's compile-pass SP "
+                "calls the "
+                "generic reduce_scatter, which goes to NCCL)"
+            )
         cap = spec.cudagraph_max_tokens
         if spec.baseline == "nccl" and m[-1] > cap:
-            out.append(f"M > {cap} runs eagerly (vLLM's largest CUDA-graph capture size; --cudagraph-max-tokens, "
-                       "--enforce-eager): torch's Python pipeline pays the host's issue time per call there, so the "
-                       "fused time jumps at the first eager row; below, graphs replay with no host cost")
+            out.append(
+                f"M > {cap} runs eagerly (vLLM's largest CUDA-graph capture size; "
+                "--cudagraph-max-tokens, "
+                "--enforce-eager): torch's Python pipeline pays the host's issue time per call "
+                "there, so the "
+                "fused time jumps at the first eager row; below, graphs replay with no host cost"
+            )
         return out
 
     def event(self, spec, m_prev, m):
         cap = spec.cudagraph_max_tokens
         if spec.baseline == "nccl" and m_prev <= cap < m:
-            return (f"eager from here (M > {cap}, vLLM's largest CUDA-graph capture size): torch's pipeline pays the "
-                    "host's issue time per call")
+            return (
+                f"eager from here (M > {cap}, vLLM's largest CUDA-graph capture size): torch's "
+                "pipeline pays the "
+                "host's issue time per call"
+            )
         return None
 
     def pipelined(self, hw, rows, n, k, tp, eager):
-        """ops.fused_ag_gemm (the gathered input at the mode's all-gather width) or ops.fused_gemm_rs."""
+        """ops.fused_ag_gemm (the gathered input at the mode's all-gather width) or
+        ops.fused_gemm_rs."""
         if self.op == "ag_gemm":
             return ops.fused_ag_gemm(hw, rows, n, k, tp, hw.mode.ag_bytes, eager)
         return ops.fused_gemm_rs(hw, rows, n, k, tp, eager)
 
     def fused_breakdown(self, hw, spec, rows, t_fused_s):
-        eager = bool(vllm_tables.runs_eagerly(rows, spec.cudagraph_max_tokens)[0]) or spec.baseline == "vllm_sp"
+        eager = (
+            bool(vllm_tables.runs_eagerly(rows, spec.cudagraph_max_tokens)[0])
+            or spec.baseline == "vllm_sp"
+        )
         fo = self.pipelined(hw, rows, spec.n, spec.k, spec.tp, eager)
         n, k = spec.n, spec.k
-        parts = {"t_chunk_gemms_contended_s": _one(fo.t_chunks_contended_s), "t_pulls_s": _one(fo.t_pulls_s),
-                 "t_barriers_s": _one(fo.t_sync_s), "t_copies_reduction_s": _one(fo.t_memory_s)}
-        bound = {"t_chunk_gemms_contended_s": "chunk GEMMs", "t_pulls_s": "pulls", "t_barriers_s": "barriers",
-                 "t_copies_reduction_s": "copies / reduction"}[max(parts, key=lambda p: parts[p])]
+        parts = {
+            "t_chunk_gemms_contended_s": _one(fo.t_chunks_contended_s),
+            "t_pulls_s": _one(fo.t_pulls_s),
+            "t_barriers_s": _one(fo.t_sync_s),
+            "t_copies_reduction_s": _one(fo.t_memory_s),
+        }
+        bound = {
+            "t_chunk_gemms_contended_s": "chunk GEMMs",
+            "t_pulls_s": "pulls",
+            "t_barriers_s": "barriers",
+            "t_copies_reduction_s": "copies / reduction",
+        }[max(parts, key=lambda p: parts[p])]
         host = _one(fo.t_host_s)
-        return {"t_s": t_fused_s, "t_gpu_s": _one(fo.t_gpu_s), "t_host_s": host, "eager": eager,
-                "t_gemm_whole_s": _one(hw.t_gemm(rows, n, k)), "t_chunk_gemms_alone_s": _one(fo.t_chunks_s), **parts,
-                "bound": "host issue" if host + _one(fo.t_tail_s) > _one(fo.t_gpu_s) else bound}
+        return {
+            "t_s": t_fused_s,
+            "t_gpu_s": _one(fo.t_gpu_s),
+            "t_host_s": host,
+            "eager": eager,
+            "t_gemm_whole_s": _one(hw.t_gemm(rows, n, k)),
+            "t_chunk_gemms_alone_s": _one(fo.t_chunks_s),
+            **parts,
+            "bound": "host issue" if host + _one(fo.t_tail_s) > _one(fo.t_gpu_s) else bound,
+        }
 
     def breakdown_text(self, f):
-        parts = ", ".join(f"{name} {_us(f[k])}" for name, k in (
-            ("chunk GEMMs (contended)", "t_chunk_gemms_contended_s"), ("pulls", "t_pulls_s"),
-            ("barriers", "t_barriers_s"), ("copies / reduction", "t_copies_reduction_s")))
-        return (f"fused {_us(f['t_s'])} (bound: {f['bound']}; {'eager' if f['eager'] else 'CUDA-graph replay'}): GPU "
-                f"{_us(f['t_gpu_s'])}, host issue {_us(f['t_host_s'])}; whole GEMM {_us(f['t_gemm_whole_s'])}, chunk "
-                f"GEMMs alone {_us(f['t_chunk_gemms_alone_s'])}; {parts}")
+        parts = ", ".join(
+            f"{name} {_us(f[k])}"
+            for name, k in (
+                ("chunk GEMMs (contended)", "t_chunk_gemms_contended_s"),
+                ("pulls", "t_pulls_s"),
+                ("barriers", "t_barriers_s"),
+                ("copies / reduction", "t_copies_reduction_s"),
+            )
+        )
+        return (
+            f"fused {_us(f['t_s'])} (bound: {f['bound']}; "
+            f"{'eager' if f['eager'] else 'CUDA-graph replay'}): GPU "
+            f"{_us(f['t_gpu_s'])}, host issue {_us(f['t_host_s'])}; whole GEMM "
+            f"{_us(f['t_gemm_whole_s'])}, chunk "
+            f"GEMMs alone {_us(f['t_chunk_gemms_alone_s'])}; {parts}"
+        )
 
     def published_speedup(self, prof, row, vllm, eager, harness_s):
-        """The base's speedup (this entry's arms against NCCL) at an M the tp chunks divide; vLLM's SP table reads
-        the gathered K (ag_gemm) or the scattered N as the hidden size."""
+        """The base's speedup (this entry's arms against NCCL) at an M the tp chunks divide; vLLM's
+        SP table reads the gathered K (ag_gemm) or the scattered N as the hidden size."""
         if row["m"] % row["tp"]:
             raise TpcostError(f"m={row['m']} not divisible by tp={row['tp']}")
         s, _ = super().published_speedup(prof, row, vllm, eager, harness_s)
@@ -258,77 +358,134 @@ def _one(x: Any) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class SingleKernel(FusedOpKind):
-    """vLLM's single-kernel fused GEMM+RS/AR over NVLink multicast (gemm_rs_ar, SM100 family): ops.kernel_pair."""
+    """vLLM's single-kernel fused GEMM+RS/AR over NVLink multicast (gemm_rs_ar, SM100 family):
+    ops.kernel_pair."""
 
     def why_not(self, profile, tp, dtype, n=None):
         if dtype not in self.dtypes:
-            return vllm_tables.CAN_RUN_FP8 if dtype == "fp8" else super().why_not(profile, tp, dtype, n)
+            return (
+                vllm_tables.CAN_RUN_FP8
+                if dtype == "fp8"
+                else super().why_not(profile, tp, dtype, n)
+            )
         return ops.kernel_available(profile, tp, dtype, n)
 
     def why_not_served(self, profile, tp, dtype, n):
-        """Where the kernel cannot run, or vLLM does not ship it on this GPU (ops.kernel_shipped)."""
+        """Where the kernel cannot run, or vLLM does not ship it on this GPU
+        (ops.kernel_shipped)."""
         return self.why_not(profile, tp, dtype, n) or ops.kernel_shipped(profile)
 
     def rule(self, profile, tp, n, k, vllm):
         cc = profile.identity.compute_capability
         if not vllm_tables.kernel_ships_on(cc):
-            return Rule(f"none: vLLM {vllm.label} does not run gemm_rs_ar on {profile.name} (SM100 family only), so "
-                        "no row runs it and no saving is priced against a rule", None, _never, "nccl")
+            return Rule(
+                f"none: vLLM {vllm.label} does not run gemm_rs_ar on {profile.name} (SM100 family "
+                "only), so "
+                "no row runs it and no saving is priced against a rule",
+                None,
+                _never,
+                "nccl",
+            )
         return Rule(*vllm_tables.kernel_rule(vllm, self.op, cc, tp, n, k), "nccl")
 
     def published_rule(self, profile, tp, n, k, vllm):
-        return Rule(*vllm_tables.kernel_rule(vllm, self.op, profile.identity.compute_capability, tp, n, k), "nccl")
+        return Rule(
+            *vllm_tables.kernel_rule(vllm, self.op, profile.identity.compute_capability, tp, n, k),
+            "nccl",
+        )
 
     def arms(self, profile, spec, m):
         hw = ops.Hw(profile, "fp8" if spec.dtype == "mxfp8" else spec.dtype)
-        gemm = ops.KernelGemm(spec.op, spec.n, spec.k, spec.tp, spec.dtype, spec.norm_after, spec.sm_share)
+        gemm = ops.KernelGemm(
+            spec.op, spec.n, spec.k, spec.tp, spec.dtype, spec.norm_after, spec.sm_share
+        )
         pair = ops.kernel_pair(hw, gemm, m, vllm=spec.vllm, fi_max_bytes=spec.fi_max_bytes)
-        name = "vLLM's model-level-SP reduce-scatter" if spec.op == "gemm_rs" else "vLLM's dispatched all-reduce"
+        name = (
+            "vLLM's model-level-SP reduce-scatter"
+            if spec.op == "gemm_rs"
+            else "vLLM's dispatched all-reduce"
+        )
         waves = np.broadcast_to(pair.kernel.waves, np.shape(m))
-        return Arms(pair.fused_s, pair.unfused_s, name, pair.unfused_impls, waves if waves.ndim == 1 else None)
+        return Arms(
+            pair.fused_s,
+            pair.unfused_s,
+            name,
+            pair.unfused_impls,
+            waves if waves.ndim == 1 else None,
+        )
 
     def notes(self, profile, spec, m):
         out = []
         if spec.dtype == "mxfp8":
-            out.append("mxfp8: the fused kernel adds its activation-quantise kernel (m·k·(2+1) bytes)")
+            out.append(
+                "mxfp8: the fused kernel adds its activation-quantise kernel (m·k·(2+1) bytes)"
+            )
         shipped = ops.kernel_shipped(profile)
         if shipped:
             out.append(shipped)
         if spec.op == "gemm_rs":
-            out.append("unfused arm: the GEMM, then the reduce-scatter model-level SP runs (vLLM's custom backends: "
-                       "Lamport up to 16 MiB, multimem to 64 MiB on SM100, else NCCL; their curves are physics, tier "
-                       "assumed: no released row times them)")
+            out.append(
+                "unfused arm: the GEMM, then the reduce-scatter model-level SP runs (vLLM's custom "
+                "backends: "
+                "Lamport up to 16 MiB, multimem to 64 MiB on SM100, else NCCL; their curves are "
+                "physics, tier "
+                "assumed: no released row times them)"
+            )
         sms = int(profile.identity.sm_count)
-        on = (f"alone on all {sms} SMs (no concurrent work)" if spec.sm_share == DEFAULT_KERNEL_SM_SHARE else
-              f"on {int(ops.sm_share_hw(ops.Hw(profile, 'bf16'), spec.sm_share).gemm['sm_count'])} of the {sms} "
-              f"SMs (--kernel-sm-share {spec.sm_share:g}; the rest held back)")
-        out.append(f"setting: the kernel {on}, at TP {spec.tp}, against the unfused arm named above with no norm after it; how the crossover moves "
-                   "with SMs held back, a norm after the all-reduce and the GPU count: docs/vllm-thresholds.md "
-                   "\"GEMM-AR settings\"")
+        held = int(ops.sm_share_hw(ops.Hw(profile, "bf16"), spec.sm_share).gemm["sm_count"])
+        on = (
+            f"alone on all {sms} SMs (no concurrent work)"
+            if spec.sm_share == DEFAULT_KERNEL_SM_SHARE
+            else f"on {held} of the {sms} "
+            f"SMs (--kernel-sm-share {spec.sm_share:g}; the rest held back)"
+        )
+        out.append(
+            f"setting: the kernel {on}, at TP {spec.tp}, against the unfused arm named above with "
+            "no norm after it; how the crossover moves "
+            "with SMs held back, a norm after the all-reduce and the GPU count: "
+            "docs/vllm-thresholds.md "
+            '"GEMM-AR settings"'
+        )
         return out
 
     def fused_breakdown(self, hw, spec, rows, t_fused_s):
         kern = ops.fused_kernel(hw, spec.op, rows, spec.n, spec.k, spec.tp, spec.sm_share)
         t_comm = _one(kern.t_comm_s)
-        return {"t_s": t_fused_s, "t_gemm_whole_s": _one(kern.t_gemm_s), "t_comm_s": t_comm,
-                "waves": int(_one(kern.waves)), "ctas": int(_one(kern.ctas)), "tiles": int(_one(kern.tiles)),
-                "multicast_bw_bytes_per_s": _one(kern.multicast_bw_bytes_per_s),
-                "egress_bytes": _one(kern.egress_bytes), "t_fixed_s": _one(kern.t_fixed_s),
-                "t_copy_s": _one(kern.t_copy_s),
-                "bound": "multimem traffic" if t_comm > _one(kern.t_gemm_s) else "GEMM"}
+        return {
+            "t_s": t_fused_s,
+            "t_gemm_whole_s": _one(kern.t_gemm_s),
+            "t_comm_s": t_comm,
+            "waves": int(_one(kern.waves)),
+            "ctas": int(_one(kern.ctas)),
+            "tiles": int(_one(kern.tiles)),
+            "multicast_bw_bytes_per_s": _one(kern.multicast_bw_bytes_per_s),
+            "egress_bytes": _one(kern.egress_bytes),
+            "t_fixed_s": _one(kern.t_fixed_s),
+            "t_copy_s": _one(kern.t_copy_s),
+            "bound": "multimem traffic" if t_comm > _one(kern.t_gemm_s) else "GEMM",
+        }
 
     def breakdown_text(self, f):
-        return (f"fused {_us(f['t_s'])} (bound: {f['bound']}): GEMM alone {_us(f['t_gemm_whole_s'])}, multimem "
-                f"traffic {_us(f['t_comm_s'])} ({f['egress_bytes'] / 1e6:.3g} MB egress at "
-                f"{f['multicast_bw_bytes_per_s'] / 1e9:.1f} GB/s), {f['tiles']} tiles on {f['ctas']} CTAs in "
-                f"{f['waves']} wave(s), fixed {_us(f['t_fixed_s'])}, copy {_us(f['t_copy_s'])}")
+        return (
+            f"fused {_us(f['t_s'])} (bound: {f['bound']}): GEMM alone {_us(f['t_gemm_whole_s'])}, "
+            "multimem "
+            f"traffic {_us(f['t_comm_s'])} ({f['egress_bytes'] / 1e6:.3g} MB egress at "
+            f"{f['multicast_bw_bytes_per_s'] / 1e9:.1f} GB/s), {f['tiles']} tiles on {f['ctas']} "
+            "CTAs in "
+            f"{f['waves']} wave(s), fixed {_us(f['t_fixed_s'])}, copy {_us(f['t_copy_s'])}"
+        )
 
     def published_speedup(self, prof, row, vllm, eager, harness_s):
         op, dtype, n = row["op"], row["dtype"], row["n"]
         hw = ops.Hw(prof, "fp8" if dtype == "mxfp8" else "bf16")
         baseline = row.get("baseline_impl") or self.published_baseline
-        pair = ops.kernel_pair(hw, ops.KernelGemm(op, n, row["k"], row["tp"], dtype), float(row["m"]),
-                               baseline=baseline, vllm=vllm)
+        pair = ops.kernel_pair(
+            hw,
+            ops.KernelGemm(op, n, row["k"], row["tp"], dtype),
+            float(row["m"]),
+            baseline=baseline,
+            vllm=vllm,
+        )
         return np.ravel((pair.unfused_s + harness_s) / (pair.fused_s + harness_s)), n
 
 
@@ -341,16 +498,33 @@ def register(k: FusedOpKind) -> FusedOpKind:
     return k
 
 
-_TORCH_HELP = "torch's pipelined symm-mem op (vLLM <= 0.31; with --vllm-version 0.34 --op ag_gemm, model level)"
+_TORCH_HELP = (
+    "torch's pipelined symm-mem op (vLLM <= 0.31; with --vllm-version 0.34 --op "
+    "ag_gemm, model level)"
+)
 _KERNEL_HELP = "the single-kernel fused GEMM+RS/AR (vLLM's gemm_rs_ar from 0.31, SM100 family)"
-for _op, _coll, _fields in (("ag_gemm", "all_gather", ("sp_passes", "model_gates")),
-                            ("gemm_rs", "reduce_scatter", ("sp_passes",))):
+for _op, _coll, _fields in (
+    ("ag_gemm", "all_gather", ("sp_passes", "model_gates")),
+    ("gemm_rs", "reduce_scatter", ("sp_passes",)),
+):
     register(TorchPipelined(_op, "torch", _coll, TORCH_DTYPES, _TORCH_HELP, _fields))
 for _op in vllm_tables.KERNEL_OPS:
-    register(SingleKernel(_op, "kernel", {"gemm_rs": "reduce_scatter", "gemm_ar": "all_reduce"}[_op],
-                          vllm_tables.KERNEL_DTYPES, _KERNEL_HELP, ("kernel", "muse_spark_gemm_rs"), SMALL_M,
-                          published_baseline="vllm", takes_sm_share=True))
-TORCH_FUSES = tuple(op for (op, _), k in REGISTRY.items() if isinstance(k, TorchPipelined))  # a layer's slot (layer)
+    register(
+        SingleKernel(
+            _op,
+            "kernel",
+            {"gemm_rs": "reduce_scatter", "gemm_ar": "all_reduce"}[_op],
+            vllm_tables.KERNEL_DTYPES,
+            _KERNEL_HELP,
+            ("kernel", "muse_spark_gemm_rs"),
+            SMALL_M,
+            published_baseline="vllm",
+            takes_sm_share=True,
+        )
+    )
+TORCH_FUSES = tuple(
+    op for (op, _), k in REGISTRY.items() if isinstance(k, TorchPipelined)
+)  # a layer's slot (layer)
 
 
 def op_names() -> tuple[str, ...]:
@@ -381,13 +555,19 @@ def kernel_entry(op: str, vllm: Vllm) -> FusedOpKind:
 
 
 def symm_mem_entry(op: str, vllm: Vllm) -> FusedOpKind:
-    """The entry that prices torch's symm-mem op `vllm` runs for op (Release.symm_mem_impl; docs/model.md §6)."""
+    """The entry that prices torch's symm-mem op `vllm` runs for op (Release.symm_mem_impl;
+    docs/model.md §6)."""
     return kind(op, vllm.release.symm_mem_impl)
 
 
-_NOT_REGISTERED = {("gemm_ar", "torch"): "torch has no fused GEMM+all-reduce (its pipelined ops are all-gather+GEMM "
-                                         "and GEMM+reduce-scatter); use --impl kernel",
-                   ("ag_gemm", "kernel"): "vLLM 0.33's single kernel fuses GEMM+RS and GEMM+AR only"}
+_NOT_REGISTERED = {
+    (
+        "gemm_ar",
+        "torch",
+    ): "torch has no fused GEMM+all-reduce (its pipelined ops are all-gather+GEMM "
+    "and GEMM+reduce-scatter); use --impl kernel",
+    ("ag_gemm", "kernel"): "vLLM 0.33's single kernel fuses GEMM+RS and GEMM+AR only",
+}
 
 
 def kind(op: str, impl: str) -> FusedOpKind:
@@ -400,4 +580,3 @@ def kind(op: str, impl: str) -> FusedOpKind:
     if k is None:
         raise TpcostError(_NOT_REGISTERED.get((op, impl), f"no fused {op} in {impl}"))
     return k
-

@@ -15,13 +15,16 @@ from typing import Any
 from .errors import TpcostError
 from .formulas import MiB
 
-MAX_INPUT_BYTES = 64 * MiB  # a profile, config.json, CSV or metrics file larger than this is not ours
-MAX_JSON_DEPTH = 64  # config.json / fit.json nest a few levels; thousands deep is an attack or a mistake
+MAX_INPUT_BYTES = (
+    64 * MiB
+)  # a profile, config.json, CSV or metrics file larger than this is not ours
+# config.json / fit.json nest a few levels; thousands deep is an attack or a mistake
+MAX_JSON_DEPTH = 64
 
 
 def finite_float(value: Any, label: str, nonneg: bool = False) -> float:
-    """`value` as a finite float (>= 0 with `nonneg`), or one TpcostError naming `label` (a text that is no number,
-    one beyond a float's range, inf, NaN, or a negative where it may not be)."""
+    """`value` as a finite float (>= 0 with `nonneg`), or one TpcostError naming `label` (a text
+    that is no number, one beyond a float's range, inf, NaN, or a negative where it may not be)."""
     try:
         v = float(value)
     except OverflowError:
@@ -29,7 +32,9 @@ def finite_float(value: Any, label: str, nonneg: bool = False) -> float:
     except (TypeError, ValueError):
         raise TpcostError(f"{label}: {value!r} is not a number") from None
     if not math.isfinite(v) or (nonneg and v < 0):
-        raise TpcostError(f"{label} = {value!r} must be a finite number" + (" >= 0" if nonneg else ""))
+        raise TpcostError(
+            f"{label} = {value!r} must be a finite number" + (" >= 0" if nonneg else "")
+        )
     return v
 
 
@@ -41,12 +46,20 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
             raise TpcostError(f"{what} {path} is a directory, not a file")
         size = p.stat().st_size
         if size > MAX_INPUT_BYTES:
-            raise TpcostError(f"{what} {path} is {size / MiB:.0f} MiB; at most {MAX_INPUT_BYTES // MiB} MiB is accepted")
-        with open(p, "rb") as fh:  # a device or pipe reports size 0: read at most the limit, whatever stat says
+            raise TpcostError(
+                f"{what} {path} is {size / MiB:.0f} MiB; at most {MAX_INPUT_BYTES // MiB} MiB is "
+                "accepted"
+            )
+        with open(
+            p, "rb"
+        ) as fh:  # a device or pipe reports size 0: read at most the limit, whatever stat says
             data = fh.read(MAX_INPUT_BYTES + 1)
         if len(data) > MAX_INPUT_BYTES:
-            raise TpcostError(f"{what} {path} holds more than {MAX_INPUT_BYTES // MiB} MiB (not a regular file?); "
-                              "at most that is accepted")
+            raise TpcostError(
+                f"{what} {path} holds more than {MAX_INPUT_BYTES // MiB} MiB (not a regular "
+                "file?); "
+                "at most that is accepted"
+            )
     except OSError as e:
         raise TpcostError(f"cannot read {what} {path}: {e.strerror or e}") from None
     if b"\x00" in data:
@@ -58,8 +71,9 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
 
 
 def bracket_depth(text: str, json_strings: bool = True) -> int:
-    """Deepest [ / { nesting of a text (linear, no recursion): outside JSON strings, or (json_strings=False) every
-    bracket, an upper bound for formats with other quoting (TOML). The one nesting scanner (io, profile)."""
+    """Deepest [ / { nesting of a text (linear, no recursion): outside JSON strings, or
+    (json_strings=False) every bracket, an upper bound for formats with other quoting (TOML). The
+    one nesting scanner (io, profile)."""
     depth = best = 0
     in_str = esc = False
     for ch in text:
@@ -85,7 +99,8 @@ def _reject_constant(name: str):
 
 
 def loads_json(text: str, where: str) -> Any:
-    """json.loads that refuses NaN/Infinity and nesting deeper than MAX_JSON_DEPTH, with one-line errors."""
+    """json.loads that refuses NaN/Infinity and nesting deeper than MAX_JSON_DEPTH, with one-line
+    errors."""
     if bracket_depth(text) > MAX_JSON_DEPTH:
         raise TpcostError(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
@@ -133,7 +148,9 @@ def check_output_path(path: str | os.PathLike, force: bool, flag: str, protect: 
     for q in protect:
         try:
             if q is not None and p.exists() and Path(q).exists() and p.samefile(q):
-                raise TpcostError(f"{flag} {path} is also an input of this command; it would be destroyed")
+                raise TpcostError(
+                    f"{flag} {path} is also an input of this command; it would be destroyed"
+                )
         except OSError:
             pass
     if p.exists() and not force:
@@ -142,8 +159,8 @@ def check_output_path(path: str | os.PathLike, force: bool, flag: str, protect: 
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, fsync it, then rename it over `path`: readers see
-    the old file or the whole new one. The temporary is removed if anything fails."""
+    """Write `data` to a temporary file beside `path`, fsync it, then rename it over `path`: readers
+    see the old file or the whole new one. The temporary is removed if anything fails."""
     p = Path(path)
     tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
     try:
@@ -171,7 +188,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def savefig_atomic(fig: Any, path: str | os.PathLike, **kw: Any) -> None:
-    """matplotlib savefig through an in-memory buffer and an atomic rename (a PNG appears whole or not at all)."""
+    """matplotlib savefig through an in-memory buffer and an atomic rename (a PNG appears whole or
+    not at all)."""
     import io as _io
 
     buf = _io.BytesIO()
@@ -184,8 +202,9 @@ def savefig_atomic(fig: Any, path: str | os.PathLike, **kw: Any) -> None:
 
 
 def match_builtin(name: str, names: list[str], what: str) -> str | None:
-    """The built-in `name` means (issue 61): itself; else the one equal to it ignoring case; else the one it begins,
-    ignoring case (h100 -> h100-sxm). Several such: one line naming them. None: no built-in (maybe a path)."""
+    """The built-in `name` means (issue 61): itself; else the one equal to it ignoring case; else
+    the one it begins, ignoring case (h100 -> h100-sxm). Several such: one line naming them. None:
+    no built-in (maybe a path)."""
     if name in names:
         return name
     low = name.casefold()
@@ -196,5 +215,12 @@ def match_builtin(name: str, names: list[str], what: str) -> str | None:
         return None
     begun = [n for n in names if n.casefold().startswith(low)]
     if len(begun) > 1:
-        raise TpcostError(f"{what} {name!r} matches several built-ins: {', '.join(begun)}; give one of them")
+        raise TpcostError(
+            f"{what} {name!r} matches several built-ins: {', '.join(begun)}; give one of them"
+        )
     return begun[0] if begun else None
+
+
+def doc_summary(doc: str | None) -> str:
+    """A docstring's first paragraph on one line: a command's description in its --help."""
+    return " ".join((doc or "").split("\n\n")[0].split())

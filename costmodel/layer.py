@@ -1,8 +1,9 @@
 """One per-rank description of a transformer layer, built once from (model shape, TP, dtype mode).
 
-Everything that needs a per-rank GEMM shape or a byte width reads it here: the schedules (costmodel.model), the
-all-reduce + norm unit (costmodel.decide, benchmarks), the calibration and validation runs (calib), and the
-fits (tools). A fused-op family plugs in through a slot's `fuses` (docs/model.md §1, "The per-rank layer").
+Everything that needs a per-rank GEMM shape or a byte width reads it here: the schedules
+(costmodel.model), the all-reduce + norm unit (costmodel.decide, benchmarks), the calibration and
+validation runs (calib), and the fits (tools). A fused-op family plugs in through a slot's `fuses`
+(docs/model.md §1, "The per-rank layer").
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from .fused_ops import TORCH_FUSES
 from .ops import DtypeMode, dtype_mode
 from .shapes import ModelShape
 
-# the fusions a slot can take: torch's pipelined AG+GEMM before it, GEMM+RS after it (vLLM <= 0.31's AsyncTP)
+# the fusions a slot can take: torch's pipelined AG+GEMM before it, GEMM+RS after it (vLLM <= 0.31's
+# AsyncTP)
 FUSES = TORCH_FUSES
 
 
@@ -28,13 +30,16 @@ class GemmSlot:
     in_bytes: float  # bytes per input element (quantised GEMMs: the fp8 mode's width)
     w_bytes: float  # bytes per weight element
     out_bytes: float  # bytes per output element (partials of a reduce: bf16 even for fp8 GEMMs)
-    collective: str | None  # "all_gather" before it (under SP), "reduce" after it (all-reduce / reduce-scatter), None
+    collective: (
+        str | None
+    )  # "all_gather" before it (under SP), "reduce" after it (all-reduce / reduce-scatter), None
     fuses: str | None  # "ag_gemm" | "gemm_rs" | None: the fused op vLLM 0.31's AsyncTP makes of it
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerSpec:
-    """The per-rank layer: its GEMM slots in execution order, attention and MoE dimensions, the reduce unit."""
+    """The per-rank layer: its GEMM slots in execution order, attention and MoE dimensions, the
+    reduce unit."""
 
     model: str
     tp: int
@@ -54,22 +59,47 @@ class LayerSpec:
 
     @classmethod
     def build(cls, shape: ModelShape, tp: int, dtype: str) -> LayerSpec:
-        """The layer of `shape` split `tp` ways as vLLM shards it (column-parallel qkv/gate_up, row-parallel o/down;
-        KV heads replicated below one per rank), in dtype mode `dtype`."""
+        """The layer of `shape` split `tp` ways as vLLM shards it (column-parallel qkv/gate_up,
+        row-parallel o/down; KV heads replicated below one per rank), in dtype mode `dtype`."""
         shape.check_tp(tp)
         mode = dtype_mode(dtype)
-        h, kv, d, H = shape.num_heads // tp, shape.kv_heads_per_rank(tp), shape.head_dim, shape.hidden
+        h, kv, d, H = (
+            shape.num_heads // tp,
+            shape.kv_heads_per_rank(tp),
+            shape.head_dim,
+            shape.hidden,
+        )
         inter = (shape.moe_intermediate if shape.is_moe else shape.intermediate) // tp
         q, a = mode.gemm_in_bytes, mode.act_bytes
-        slots = [GemmSlot("qkv", (h + 2 * kv) * d, H, q, q, a, "all_gather", "ag_gemm"),
-                 GemmSlot("o", H, h * d, q, q, a, "reduce", "gemm_rs")]
-        if shape.is_moe:  # router + grouped experts: SP's RS/AG around them, no GEMM fusion in vLLM 0.31
+        slots = [
+            GemmSlot("qkv", (h + 2 * kv) * d, H, q, q, a, "all_gather", "ag_gemm"),
+            GemmSlot("o", H, h * d, q, q, a, "reduce", "gemm_rs"),
+        ]
+        # router + grouped experts: SP's RS/AG around them, no GEMM fusion in vLLM 0.31
+        if shape.is_moe:
             slots.append(GemmSlot("router", shape.num_experts, H, a, a, a, "all_gather", None))
         else:
-            slots += [GemmSlot("gate_up", 2 * inter, H, q, q, a, "all_gather", "ag_gemm"),
-                      GemmSlot("down", H, inter, q, q, a, "reduce", "gemm_rs")]
-        return cls(shape.name, tp, dtype, mode, H, h, kv, d, inter, shape.num_layers, shape.vocab, shape.num_experts,
-                   shape.experts_per_token, tuple(slots), shape.tied_embeddings)
+            slots += [
+                GemmSlot("gate_up", 2 * inter, H, q, q, a, "all_gather", "ag_gemm"),
+                GemmSlot("down", H, inter, q, q, a, "reduce", "gemm_rs"),
+            ]
+        return cls(
+            shape.name,
+            tp,
+            dtype,
+            mode,
+            H,
+            h,
+            kv,
+            d,
+            inter,
+            shape.num_layers,
+            shape.vocab,
+            shape.num_experts,
+            shape.experts_per_token,
+            tuple(slots),
+            shape.tied_embeddings,
+        )
 
     @property
     def is_moe(self) -> bool:
@@ -79,22 +109,25 @@ class LayerSpec:
         return next(s for s in self.slots if s.name == name)
 
     def reduce_msg_bytes(self, rows: Any) -> Any:
-        """The all-reduce unit's message: rows × H activations (bytes; its RMSNorm reads the same rows)."""
+        """The all-reduce unit's message: rows × H activations (bytes; its RMSNorm reads the same
+        rows)."""
         return rows * (self.hidden * self.mode.act_bytes)
 
     def rank_gemms(self) -> list[tuple[str, int, int, str | None]]:
-        """(slot, n, k, fuses) of the layer's GEMMs a microbenchmark times (an MoE layer: its attention GEMMs and
-        one expert's gate_up and down, unfused)."""
+        """(slot, n, k, fuses) of the layer's GEMMs a microbenchmark times (an MoE layer: its
+        attention GEMMs and one expert's gate_up and down, unfused)."""
         out = [(s.name, s.n, s.k, s.fuses) for s in self.slots if s.name != "router"]
         if self.is_moe:
-            out += [("expert_gate_up", 2 * self.intermediate_per_rank, self.hidden, None),
-                    ("expert_down", self.hidden, self.intermediate_per_rank, None)]
+            out += [
+                ("expert_gate_up", 2 * self.intermediate_per_rank, self.hidden, None),
+                ("expert_down", self.hidden, self.intermediate_per_rank, None),
+            ]
         return out
 
     def params_per_rank(self) -> float:
-        """Parameters one rank holds under vLLM's TP sharding: attention and MLP split tp ways (KV heads replicated
-        below one per rank), vocab-parallel embedding and lm_head (one if tied), the MoE router replicated; norms
-        ignored (count)."""
+        """Parameters one rank holds under vLLM's TP sharding: attention and MLP split tp ways (KV
+        heads replicated below one per rank), vocab-parallel embedding and lm_head (one if tied),
+        the MoE router replicated; norms ignored (count)."""
         h, kv, d, H = self.heads_per_rank, self.kv_heads_per_rank, self.head_dim, self.hidden
         attn = H * (h + 2 * kv) * d + h * d * H
         if self.is_moe:

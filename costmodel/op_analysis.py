@@ -1,9 +1,11 @@
-"""One fused op against vLLM's unfused path over M: the per-op what-if behind `tpcost op` (docs/model.md §6b, §9).
+"""One fused op against vLLM's unfused path over M: the per-op what-if behind `tpcost op`
+(docs/model.md §6b, §9).
 
-The question a kernel author or a vLLM maintainer asks: on this GPU at this TP, from which M does this fused
-GEMM+collective beat the GEMM followed by the collective vLLM dispatches? The cutoff is decided by the same rule as
-everywhere (costmodel.analysis.decide_cutoff: the threshold c of "fused when M >= c" minimising the expected time
-over the workload, the fused side paying the risk premium; None = never).
+The question a kernel author or a vLLM maintainer asks: on this GPU at this TP, from which M does
+this fused GEMM+collective beat the GEMM followed by the collective vLLM dispatches? The cutoff is
+decided by the same rule as everywhere (costmodel.analysis.decide_cutoff: the threshold c of "fused
+when M >= c" minimising the expected time over the workload, the fused side paying the risk premium;
+None = never).
 """
 
 from __future__ import annotations
@@ -15,8 +17,16 @@ import numpy as np
 
 from . import formulas as F
 from . import fused_ops, ops, vllm_tables
-from .analysis import (BAND_DRAWS, BAND_SEED, band_drivers_json, band_edges, crossover_tokens, decide_cutoff, decision_value,
-                       perturbed_values)
+from .analysis import (
+    BAND_DRAWS,
+    BAND_SEED,
+    band_drivers_json,
+    band_edges,
+    crossover_tokens,
+    decide_cutoff,
+    decision_value,
+    perturbed_values,
+)
 from .workload import weights_on
 from .defaults import DEFAULT_KERNEL_SM_SHARE
 from .errors import TpcostError
@@ -30,13 +40,15 @@ M_STEP = 128  # M runs over the multiples of 128 (vLLM's gemm_rs_ar tiles M by 1
 
 @dataclasses.dataclass(frozen=True)
 class OpQuery:
-    """One fused GEMM+collective as asked: the op, its implementation, its GEMM's n and per-rank k."""
+    """One fused GEMM+collective as asked: the op, its implementation, its GEMM's n and per-rank
+    k."""
 
     op: str  # ag_gemm | gemm_rs | gemm_ar
     impl: str  # torch | kernel
     n: int
     k: int
-    sm_share: float = DEFAULT_KERNEL_SM_SHARE  # the fused kernel's share of the SMs (ops.sm_share_hw)
+    # the fused kernel's share of the SMs (ops.sm_share_hw)
+    sm_share: float = DEFAULT_KERNEL_SM_SHARE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +67,11 @@ class OpAnalysis:
     unfused_impl: str
     notes: tuple[str, ...]
     unfused_impl_per_m: np.ndarray  # the collective vLLM dispatches at each M
-    cutoff_band: tuple[int | None, int | None] | None  # 5-95 % of the cutoff over the profile's draws (None: never)
-    waves_per_m: np.ndarray | None = None  # the single kernel's waves, ceil(tiles / SMs), at each M (torch: None)
+    cutoff_band: (
+        tuple[int | None, int | None] | None
+    )  # 5-95 % of the cutoff over the profile's draws (None: never)
+    # the single kernel's waves, ceil(tiles / SMs), at each M (torch: None)
+    waves_per_m: np.ndarray | None = None
 
     @property
     def kind(self) -> fused_ops.FusedOpKind:
@@ -65,22 +80,34 @@ class OpAnalysis:
 
     @property
     def crossover_m(self) -> int | None:
-        """The M from which the fused op wins for good (speedup > 1 at every row from it to the budget), None where it
-        does not win at the largest M: where the curves cross, apart from the decided threshold (issue 50 item 8)."""
+        """The M from which the fused op wins for good (speedup > 1 at every row from it to the
+        budget), None where it does not win at the largest M: where the curves cross, apart from the
+        decided threshold (issue 50 item 8)."""
         return crossover_tokens(self.m, self.t_unfused_s, self.t_fused_s)
 
     def events(self) -> list[tuple[int, str]]:
-        """(M, what changes there) for every step in M that explains a jump in a row: the kernel's wave count, the
-        unfused collective vLLM dispatches, and torch's switch from CUDA-graph replay to eager host issue."""
+        """(M, what changes there) for every step in M that explains a jump in a row: the kernel's
+        wave count, the unfused collective vLLM dispatches, and torch's switch from CUDA-graph
+        replay to eager host issue."""
         out: list[tuple[int, str]] = []
         m = self.m.astype(int)
         for i in range(1, m.size):
             if self.waves_per_m is not None and self.waves_per_m[i] != self.waves_per_m[i - 1]:
-                out.append((int(m[i]), f"waves {int(self.waves_per_m[i - 1])} -> {int(self.waves_per_m[i])} "
-                                       "(the kernel's tiles fill one more pass over the SMs)"))
+                out.append(
+                    (
+                        int(m[i]),
+                        f"waves {int(self.waves_per_m[i - 1])} -> {int(self.waves_per_m[i])} "
+                        "(the kernel's tiles fill one more pass over the SMs)",
+                    )
+                )
             if self.unfused_impl_per_m[i] != self.unfused_impl_per_m[i - 1]:
-                out.append((int(m[i]), f"unfused collective {self.unfused_impl_per_m[i - 1]} -> "
-                                       f"{self.unfused_impl_per_m[i]} (vLLM's dispatch limit)"))
+                out.append(
+                    (
+                        int(m[i]),
+                        f"unfused collective {self.unfused_impl_per_m[i - 1]} -> "
+                        f"{self.unfused_impl_per_m[i]} (vLLM's dispatch limit)",
+                    )
+                )
             host = self.kind.event(self.spec, int(m[i - 1]), int(m[i]))
             if host:
                 out.append((int(m[i]), host))
@@ -107,35 +134,72 @@ class OpAnalysis:
 
     @property
     def cutoff_per_rank(self) -> int | None:
-        """The cutoff in rows per rank, ceil(c/tp), where vLLM's gate counts per rank (None: not such a gate)."""
+        """The cutoff in rows per rank, ceil(c/tp), where vLLM's gate counts per rank (None: not
+        such a gate)."""
         if self.spec.baseline != "vllm_sp" or self.cutoff_tokens is None:
             return None
         return -(-self.cutoff_tokens // self.spec.tp)
 
     def to_json(self) -> dict:
-        waves = [None] * self.m.size if self.waves_per_m is None else [int(w) for w in self.waves_per_m]
-        rows = [{"m": int(m), "t_fused_s": float(f), "t_unfused_s": float(u), "speedup": float(u / f),
-                 "vllm_runs_kernel": bool(v), "unfused_impl": str(i), "waves": wv}
-                for m, f, u, v, i, wv in zip(self.m, self.t_fused_s, self.t_unfused_s, self.vllm_runs_kernel,
-                                             self.unfused_impl_per_m, waves)]
+        waves = (
+            [None] * self.m.size if self.waves_per_m is None else [int(w) for w in self.waves_per_m]
+        )
+        rows = [
+            {
+                "m": int(m),
+                "t_fused_s": float(f),
+                "t_unfused_s": float(u),
+                "speedup": float(u / f),
+                "vllm_runs_kernel": bool(v),
+                "unfused_impl": str(i),
+                "waves": wv,
+            }
+            for m, f, u, v, i, wv in zip(
+                self.m,
+                self.t_fused_s,
+                self.t_unfused_s,
+                self.vllm_runs_kernel,
+                self.unfused_impl_per_m,
+                waves,
+            )
+        ]
         sp = self.spec
-        return {"gpu": self.gpu, "op": sp.op, "impl": sp.impl, "tp": sp.tp, "n": sp.n, "k": sp.k,
-                "dtype": sp.dtype, "kernel_sm_share": sp.sm_share, "calls_per_forward": self.calls_per_forward,
-                "cutoff_tokens": self.cutoff_tokens,
-                "cutoff_tokens_per_rank": self.cutoff_per_rank, "baseline": sp.baseline,
-                "answer": self.answer, "vllm_version": sp.vllm.label, "vllm_version_source": sp.vllm.source,
-                "vllm_rule": self.vllm_rule, "vllm_rule_tokens": self.vllm_rule_tokens,
-                "decision_value": self.decision_value, "unfused_impl": self.unfused_impl,
-                "cutoff_band_tokens": None if self.cutoff_band is None else list(self.cutoff_band),
-                "cutoff_band_never_share": getattr(self.cutoff_band, "never_share", None),
-                "cutoff_band_drivers": band_drivers_json(self.cutoff_band),
-                "fused_wins_m_ranges": self.wins_m_ranges(), "crossover_m": self.crossover_m,
-                "events": [{"m": m, "what": w} for m, w in self.events()], "notes": list(self.notes), "rows": rows}
+        return {
+            "gpu": self.gpu,
+            "op": sp.op,
+            "impl": sp.impl,
+            "tp": sp.tp,
+            "n": sp.n,
+            "k": sp.k,
+            "dtype": sp.dtype,
+            "kernel_sm_share": sp.sm_share,
+            "calls_per_forward": self.calls_per_forward,
+            "cutoff_tokens": self.cutoff_tokens,
+            "cutoff_tokens_per_rank": self.cutoff_per_rank,
+            "baseline": sp.baseline,
+            "answer": self.answer,
+            "vllm_version": sp.vllm.label,
+            "vllm_version_source": sp.vllm.source,
+            "vllm_rule": self.vllm_rule,
+            "vllm_rule_tokens": self.vllm_rule_tokens,
+            "decision_value": self.decision_value,
+            "unfused_impl": self.unfused_impl,
+            "cutoff_band_tokens": None if self.cutoff_band is None else list(self.cutoff_band),
+            "cutoff_band_never_share": getattr(self.cutoff_band, "never_share", None),
+            "cutoff_band_drivers": band_drivers_json(self.cutoff_band),
+            "fused_wins_m_ranges": self.wins_m_ranges(),
+            "crossover_m": self.crossover_m,
+            "events": [{"m": m, "what": w} for m, w in self.events()],
+            "notes": list(self.notes),
+            "rows": rows,
+        }
 
 
-def check_combination(profile: HardwareProfile, op: str, impl: str, tp: int, dtype: str, n: int) -> None:
-    """One clear error for an op/impl/dtype/GPU combination that does not exist (costmodel.fused_ops: the registry
-    evaluate reads too)."""
+def check_combination(
+    profile: HardwareProfile, op: str, impl: str, tp: int, dtype: str, n: int
+) -> None:
+    """One clear error for an op/impl/dtype/GPU combination that does not exist
+    (costmodel.fused_ops: the registry evaluate reads too)."""
     try:
         k = fused_ops.kind(op, impl)
     except TpcostError as e:
@@ -145,35 +209,59 @@ def check_combination(profile: HardwareProfile, op: str, impl: str, tp: int, dty
         raise TpcostError(f"--op {op} --impl {impl} --dtype {dtype}: {why}")
 
 
-def vllm_rule(profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int, vllm: Vllm) -> tuple[str, int | None, Any]:
-    """(description, threshold tokens or None, runs(m) -> bool array) of vLLM's own rule for a published row of this
-    op (tpcost evaluate, benchmarks/accuracy.py): the registry entry's published_rule."""
+def vllm_rule(
+    profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int, vllm: Vllm
+) -> tuple[str, int | None, Any]:
+    """(description, threshold tokens or None, runs(m) -> bool array) of vLLM's own rule for a
+    published row of this op (tpcost evaluate, benchmarks/accuracy.py): the registry entry's
+    published_rule."""
     return tuple(fused_ops.kind(op, impl).published_rule(profile, tp, n, k, vllm)[:3])  # type: ignore[return-value]
 
 
-def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, calls_per_forward: int = 1,
-               extra_m: Any = (), with_band: bool = True) -> OpAnalysis:
-    """Fused against unfused over M = the multiples of 128 up to run.max_num_batched_tokens (and `extra_m`), per
-    forward (× calls_per_forward); the cutoff on that grid for run's margin and workload; vLLM's own rule and the
-    saving against it. Of run's regime the op reads the CUDA-graph size and the vLLM."""
+def analyse_op(
+    profile: HardwareProfile,
+    query: OpQuery,
+    run: RunConfig,
+    *,
+    calls_per_forward: int = 1,
+    extra_m: Any = (),
+    with_band: bool = True,
+) -> OpAnalysis:
+    """Fused against unfused over M = the multiples of 128 up to run.max_num_batched_tokens (and
+    `extra_m`), per forward (× calls_per_forward); the cutoff on that grid for run's margin and
+    workload; vLLM's own rule and the saving against it. Of run's regime the op reads the CUDA-graph
+    size and the vLLM."""
     op, impl, n, k = query.op, query.impl, query.n, query.k
-    tp, dtype, max_num_batched_tokens, margin, workload = (run.tp, run.dtype, run.max_num_batched_tokens, run.margin,
-                                                           run.workload)
+    tp, dtype, max_num_batched_tokens, margin, workload = (
+        run.tp,
+        run.dtype,
+        run.max_num_batched_tokens,
+        run.margin,
+        run.workload,
+    )
     cudagraph_max_tokens, vllm = run.regime.cudagraph_max_tokens, run.regime.vllm
     check_combination(profile, op, impl, tp, dtype, n)
     entry = fused_ops.kind(op, impl)
     if query.sm_share != DEFAULT_KERNEL_SM_SHARE and not entry.takes_sm_share:
-        raise TpcostError(f"--kernel-sm-share: {op} ({impl}) does not run on a share of the SMs (the single kernel, "
-                          "--impl kernel, does)")
+        raise TpcostError(
+            f"--kernel-sm-share: {op} ({impl}) does not run on a share of the SMs (the single "
+            "kernel, "
+            "--impl kernel, does)"
+        )
     if max_num_batched_tokens < M_STEP:
-        raise TpcostError(f"--max-num-batched-tokens must be >= {M_STEP} (M runs over the multiples of {M_STEP})")
+        raise TpcostError(
+            f"--max-num-batched-tokens must be >= {M_STEP} (M runs over the multiples of {M_STEP})"
+        )
     grid = np.arange(M_STEP, max_num_batched_tokens // M_STEP * M_STEP + 1, M_STEP, dtype=float)
-    grid = np.concatenate([np.asarray(entry.small_rows, dtype=float), grid])  # decode rows the op runs at
+    grid = np.concatenate(
+        [np.asarray(entry.small_rows, dtype=float), grid]
+    )  # decode rows the op runs at
     m_all = np.union1d(grid, np.asarray(list(extra_m), dtype=float))
     entry.check_rows(m_all, extra_m, tp, M_STEP)
     cap = vllm_tables.capture_size(cudagraph_max_tokens, profile.identity.compute_capability)
     rule_text, rule_tokens, runs, baseline = entry.rule(profile, tp, n, k, vllm)
-    if baseline == "vllm_sp":  # sp_all_gather_matmul: never while a CUDA graph is captured (eager steps only)
+    # sp_all_gather_matmul: never while a CUDA graph is captured (eager steps only)
+    if baseline == "vllm_sp":
         runs, rule_tokens = _eager_only(runs, rule_tokens, cap)
     spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm, baseline, query.sm_share)
     f_all, u_all, unfused_impl, unfused_per_m, waves = op_arms(profile, spec, m_all)
@@ -185,12 +273,29 @@ def analyse_op(profile: HardwareProfile, query: OpQuery, run: RunConfig, *, call
     cut = decide_cutoff(grid, t_off, t_on, margin, weights)
     value = decision_value(grid, t_off, t_on, margin, cut, weights, vllm_default=rule_tokens)
     band = op_cutoff_band(profile, spec, grid, margin, weights) if with_band else None
-    return OpAnalysis(profile.name, spec, calls_per_forward, m_all, f_all, u_all, cut, rule_text, rule_tokens,
-                      runs(m_all), value, unfused_impl, tuple(notes), unfused_per_m, band, waves)
+    return OpAnalysis(
+        profile.name,
+        spec,
+        calls_per_forward,
+        m_all,
+        f_all,
+        u_all,
+        cut,
+        rule_text,
+        rule_tokens,
+        runs(m_all),
+        value,
+        unfused_impl,
+        tuple(notes),
+        unfused_per_m,
+        band,
+        waves,
+    )
 
 
 def _eager_only(runs: Any, rule_tokens: Any, cap: int) -> tuple[Any, Any]:
     """vLLM's model-level AG+matmul rule on eager steps only: M above the capture size too (§4)."""
+
     def eager_runs(m: Any) -> Any:
         return runs(m) & vllm_tables.runs_eagerly(m, cap)
 
@@ -198,16 +303,23 @@ def _eager_only(runs: Any, rule_tokens: Any, cap: int) -> tuple[Any, Any]:
 
 
 def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> fused_ops.Arms:
-    """(fused s, unfused s, the unfused collective, its implementation per row, the kernel's waves per row or None)
-    of one call over rows `m` (the registry entry's predictor pair); the profile's values may be Monte Carlo draws
-    of shape (D, 1)."""
+    """(fused s, unfused s, the unfused collective, its implementation per row, the kernel's waves
+    per row or None) of one call over rows `m` (the registry entry's predictor pair); the profile's
+    values may be Monte Carlo draws of shape (D, 1)."""
     return fused_ops.kind(spec.op, spec.impl).arms(profile, spec, m)
 
 
-def op_cutoff_band(profile: HardwareProfile, spec: OpSpec, grid: np.ndarray, margin: float, weights: Any,
-                   draws: int = BAND_DRAWS, seed: int = BAND_SEED) -> tuple[int | None, int | None]:
-    """5th-95th percentile of the op's cutoff over the fixed-seed Monte Carlo of the profile (never: None); its
-    drivers only among the quantities the op reads (what a --set can move)."""
+def op_cutoff_band(
+    profile: HardwareProfile,
+    spec: OpSpec,
+    grid: np.ndarray,
+    margin: float,
+    weights: Any,
+    draws: int = BAND_DRAWS,
+    seed: int = BAND_SEED,
+) -> tuple[int | None, int | None]:
+    """5th-95th percentile of the op's cutoff over the fixed-seed Monte Carlo of the profile (never:
+    None); its drivers only among the quantities the op reads (what a --set can move)."""
     from .profile import recording
 
     traced, reads = recording(profile)
@@ -216,14 +328,18 @@ def op_cutoff_band(profile: HardwareProfile, spec: OpSpec, grid: np.ndarray, mar
     prof = profile.with_values(vals, None, mark_modified=False)
     f, u, _, _, _ = op_arms(prof, spec, grid)
     u, f = np.broadcast_arrays(u, f)  # one row of times per draw on both arms
-    return band_edges(decide_cutoff(grid, u, f, margin, weights), {k: v for k, v in vals.items() if k in reads})
+    return band_edges(
+        decide_cutoff(grid, u, f, margin, weights), {k: v for k, v in vals.items() if k in reads}
+    )
 
 
 def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:
-    """Each arm of one call at M rows, part by part, with the physical rates that explain it (`tpcost op --at M`):
-    the GEMM's achieved TFLOP/s and its bound (compute or HBM), the unfused collective's achieved bus bandwidth, and
-    the fused op's own terms (the kernel's waves, multicast traffic and fixed cost; torch's chunk GEMMs, pulls,
-    barriers and host issue). Times s, rates SI, per call (not × calls per forward)."""
+    """Each arm of one call at M rows, part by part, with the physical rates that explain it
+    (`tpcost op --at M`):
+    the GEMM's achieved TFLOP/s and its bound (compute or HBM), the unfused collective's achieved
+    bus bandwidth, and the fused op's own terms (the kernel's waves, multicast traffic and fixed
+    cost; torch's chunk GEMMs, pulls, barriers and host issue). Times s, rates SI, per call (not ×
+    calls per forward)."""
     hw = ops.Hw(profile, "fp8" if spec.dtype == "mxfp8" else spec.dtype)
     rows = np.array([float(m)])
     n, k, tp = spec.n, spec.k, spec.tp
@@ -231,41 +347,72 @@ def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:
     t_gemm = one(hw.t_gemm(rows, n, k))
     t_comp, t_hbm = one(hw.t_gemm_comp(rows, n, k)), one(hw.t_gemm_mem(rows, n, k))
     flops = 2.0 * m * n * k
-    gemm = {"t_s": t_gemm, "flops": flops, "achieved_flops_per_s": flops / t_gemm,
-            "bound": "compute" if t_comp >= t_hbm else "HBM", "t_compute_s": t_comp, "t_hbm_s": t_hbm}
+    gemm = {
+        "t_s": t_gemm,
+        "flops": flops,
+        "achieved_flops_per_s": flops / t_gemm,
+        "bound": "compute" if t_comp >= t_hbm else "HBM",
+        "t_compute_s": t_comp,
+        "t_hbm_s": t_hbm,
+    }
     f, u, _, impls, waves = op_arms(profile, spec, rows)
     t_coll = float(u[0]) - t_gemm
     coll_op = fused_ops.kind(spec.op, spec.impl).collective
     msg = m * (k * hw.mode.ag_bytes if spec.op == "ag_gemm" else n * hw.act_bytes)
     factor = float(F.bus_bw_factor(coll_op, tp))
-    unfused = {"t_s": float(u[0]), "gemm": gemm,
-               "collective": {"impl": str(np.asarray(impls).ravel()[0]), "t_s": t_coll, "msg_bytes": msg,
-                              "achieved_bus_bytes_per_s": factor * msg / t_coll if t_coll > 0 else None},
-               "bound": "collective" if t_coll > t_gemm else "GEMM"}
+    unfused = {
+        "t_s": float(u[0]),
+        "gemm": gemm,
+        "collective": {
+            "impl": str(np.asarray(impls).ravel()[0]),
+            "t_s": t_coll,
+            "msg_bytes": msg,
+            "achieved_bus_bytes_per_s": factor * msg / t_coll if t_coll > 0 else None,
+        },
+        "bound": "collective" if t_coll > t_gemm else "GEMM",
+    }
     fused = fused_ops.kind(spec.op, spec.impl).fused_breakdown(hw, spec, rows, float(f[0]))
     return {"m": int(m), "fused": fused, "unfused": unfused}
 
 
-
 def measured_against_vllm(profile: HardwareProfile, spec: OpSpec, path: str) -> dict:
-    """A kernel author's measured rows (evaluate's op CSV) of this op's shape, each against the unfused arm vLLM
-    dispatches at its M (the model's, per call), beside their own baseline; the crossover of the measured kernel
-    against vLLM's arm: the least measured M from which it is faster at every measured M (None: at none).
-    docs/model.md §6d."""
+    """A kernel author's measured rows (evaluate's op CSV) of this op's shape, each against the
+    unfused arm vLLM dispatches at its M (the model's, per call), beside their own baseline; the
+    crossover of the measured kernel against vLLM's arm: the least measured M from which it is
+    faster at every measured M (None: at none). docs/model.md §6d."""
     from .evaluate import read_rows
 
     schema, rows = read_rows(path)
     if schema != "op":
-        raise TpcostError(f"--measured {path}: a model-level CSV; --measured takes op rows (evaluate's op schema)")
-    mine = [(line, r) for line, r in rows if r["op"] == spec.op and r["tp"] == spec.tp and r.get("n") == spec.n
-            and r.get("k") == spec.k and r.get("dtype") == spec.dtype]
+        raise TpcostError(
+            f"--measured {path}: a model-level CSV; --measured takes op rows (evaluate's op schema)"
+        )
+    mine = [
+        (line, r)
+        for line, r in rows
+        if r["op"] == spec.op
+        and r["tp"] == spec.tp
+        and r.get("n") == spec.n
+        and r.get("k") == spec.k
+        and r.get("dtype") == spec.dtype
+    ]
     if not mine:
-        shapes = sorted({f"{r['op']} tp {r['tp']} n {r.get('n')} k {r.get('k')} {r.get('dtype')}" for _, r in rows})
-        raise TpcostError(f"--measured {path}: no row of {spec.op} tp {spec.tp} n {spec.n} k {spec.k} {spec.dtype} "
-                          f"(its rows: {'; '.join(shapes[:4]) or 'none'})")
+        shapes = sorted(
+            {
+                f"{r['op']} tp {r['tp']} n {r.get('n')} k {r.get('k')} {r.get('dtype')}"
+                for _, r in rows
+            }
+        )
+        raise TpcostError(
+            f"--measured {path}: no row of {spec.op} tp {spec.tp} n {spec.n} k {spec.k} "
+            f"{spec.dtype} "
+            f"(its rows: {'; '.join(shapes[:4]) or 'none'})"
+        )
     other = sorted({r["hardware"] for _, r in mine} - {profile.name})
     if other:
-        raise TpcostError(f"--measured {path}: rows measured on {other[0]}, asked about {profile.name} (--gpu)")
+        raise TpcostError(
+            f"--measured {path}: rows measured on {other[0]}, asked about {profile.name} (--gpu)"
+        )
     mine.sort(key=lambda x: x[1]["m"])
     m = np.array([float(r["m"]) for _, r in mine])
     arms = op_arms(profile, spec, m)
@@ -274,8 +421,21 @@ def measured_against_vllm(profile: HardwareProfile, spec: OpSpec, path: str) -> 
     for (line, r), mi, ui in zip(mine, m, u):
         t_f, t_b = r["overlap_us"] * 1e-6, r["baseline_us"] * 1e-6
         wins.append(ui > t_f)
-        out.append({"line": line, "m": int(mi), "t_fused_measured_s": t_f, "t_unfused_vllm_s": float(ui),
-                    "speedup_vs_vllm": float(ui / t_f), "t_baseline_measured_s": t_b,
-                    "speedup_vs_own_baseline": t_b / t_f})
+        out.append(
+            {
+                "line": line,
+                "m": int(mi),
+                "t_fused_measured_s": t_f,
+                "t_unfused_vllm_s": float(ui),
+                "speedup_vs_vllm": float(ui / t_f),
+                "t_baseline_measured_s": t_b,
+                "speedup_vs_own_baseline": t_b / t_f,
+            }
+        )
     cross = next((int(m[i]) for i in range(m.size) if all(wins[i:])), None)
-    return {"file": path, "unfused_vllm": arms.unfused_name, "rows": out, "crossover_m_vs_vllm": cross}
+    return {
+        "file": path,
+        "unfused_vllm": arms.unfused_name,
+        "rows": out,
+        "crossover_m_vs_vllm": cross,
+    }

@@ -32,15 +32,22 @@ def _finish(plt: Any, fig: Any, ax: Any, path: str) -> None:
 
 
 def whatif_series(a: Any) -> dict:
-    """What plot_whatif draws: N (a geometric grid of multiples of tp to 65536), both speedup curves (NaN where a
-    schedule cannot run), the cutoff and its band, the token budget and the 1 + margin line."""
+    """What plot_whatif draws: N (a geometric grid of multiples of tp to 65536), both speedup curves
+    (NaN where a schedule cannot run), the cutoff and its band, the token budget and the 1 + margin
+    line."""
     from .analysis import curve
 
     n = np.unique(np.round(np.geomspace(a.run.tp, 65536, 400) / a.run.tp) * a.run.tp)
     pred = curve(a, n)
-    return {"num_tokens": n, "speedup_sp_asynctp": pred.speedup_sp_asynctp, "speedup_sp": pred.speedup_sp,
-            "cutoff_tokens": a.cutoff_tokens, "band": a.cutoff_band_tokens, "margin_line": 1.0 + a.run.margin,
-            "max_num_batched_tokens": a.run.max_num_batched_tokens}
+    return {
+        "num_tokens": n,
+        "speedup_sp_asynctp": pred.speedup_sp_asynctp,
+        "speedup_sp": pred.speedup_sp,
+        "cutoff_tokens": a.cutoff_tokens,
+        "band": a.cutoff_band_tokens,
+        "margin_line": 1.0 + a.run.margin,
+        "max_num_batched_tokens": a.run.max_num_batched_tokens,
+    }
 
 
 def plot_whatif(a: Any, path: str) -> None:
@@ -52,13 +59,17 @@ def plot_whatif(a: Any, path: str) -> None:
     ax.semilogx(n, s["speedup_sp_asynctp"], label="SP + AsyncTP")
     ax.semilogx(n, s["speedup_sp"], label="SP alone", alpha=0.8)
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.axhline(s["margin_line"], color="k", lw=0.6, ls=":", label=f"1 + margin ({a.run.margin:.0%})")
+    ax.axhline(
+        s["margin_line"], color="k", lw=0.6, ls=":", label=f"1 + margin ({a.run.margin:.0%})"
+    )
     if s["band"]:
         lo, hi = s["band"]
         ax.axvspan(lo or a.run.tp, hi or 65536, color="C2", alpha=0.15, label="cutoff band (5-95%)")
     if s["cutoff_tokens"]:
         ax.axvline(s["cutoff_tokens"], color="C2", ls="--", label=f"cutoff {s['cutoff_tokens']}")
-    ax.axvline(s["max_num_batched_tokens"], color="gray", ls="-.", lw=0.8, label="max_num_batched_tokens")
+    ax.axvline(
+        s["max_num_batched_tokens"], color="gray", ls="-.", lw=0.8, label="max_num_batched_tokens"
+    )
     ax.set_xlabel("tokens per forward N")
     ax.set_ylabel("speedup vs plain TP (t_tp / t)")
     mod = " (modified)" if a.profile.modified else ""
@@ -67,27 +78,56 @@ def plot_whatif(a: Any, path: str) -> None:
 
 
 def plot_collective_log(rows: list[dict], title: str, path: str) -> None:
-    """Measured and predicted busBW over message size (log axes): NCCL's predicted curve against the log's NCCL run,
-    vLLM's dispatched implementation beside it, and the sizes where vLLM's dispatch changes implementation marked."""
+    """Measured and predicted busBW over message size (log axes): NCCL's predicted curve against the
+    log's NCCL run, vLLM's dispatched implementation beside it, and the sizes where vLLM's dispatch
+    changes implementation marked."""
     plt = pyplot()
     size = np.array([r["size_bytes"] for r in rows], dtype=float)
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    ax.loglog(size, [r["busbw_measured_bytes_per_s"] / 1e9 for r in rows], "o-", label="measured (the log: NCCL)")
-    ax.loglog(size, [r["busbw_nccl_bytes_per_s"] / 1e9 for r in rows], "s--", label="predicted NCCL")
-    ax.loglog(size, [r["busbw_vllm_bytes_per_s"] / 1e9 for r in rows], ":", color="gray", label="predicted, vLLM's pick")
+    ax.loglog(
+        size,
+        [r["busbw_measured_bytes_per_s"] / 1e9 for r in rows],
+        "o-",
+        label="measured (the log: NCCL)",
+    )
+    ax.loglog(
+        size, [r["busbw_nccl_bytes_per_s"] / 1e9 for r in rows], "s--", label="predicted NCCL"
+    )
+    ax.loglog(
+        size,
+        [r["busbw_vllm_bytes_per_s"] / 1e9 for r in rows],
+        ":",
+        color="gray",
+        label="predicted, vLLM's pick",
+    )
     for i in range(1, len(rows)):
         if rows[i]["vllm_impl"] != rows[i - 1]["vllm_impl"]:
             ax.axvline(size[i], color="C2", lw=0.8, ls="-.")
-            ax.text(size[i], ax.get_ylim()[0], f" {rows[i]['vllm_impl']}", rotation=90, fontsize=7, va="bottom")
+            ax.text(
+                size[i],
+                ax.get_ylim()[0],
+                f" {rows[i]['vllm_impl']}",
+                rotation=90,
+                fontsize=7,
+                va="bottom",
+            )
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("busBW (GB/s, nccl-tests' convention)")
     ax.set_title(title, fontsize=9)
     _finish(plt, fig, ax, path)
 
 
-def plot_dbo(tokens: Any, t_off_s: Any, t_on_s: Any, crossover: int | None, threshold: int | None, title: str,
-             path: str) -> None:
-    """One phase's step time over tokens per rank, DBO off and on, its crossover and its decided threshold."""
+def plot_dbo(
+    tokens: Any,
+    t_off_s: Any,
+    t_on_s: Any,
+    crossover: int | None,
+    threshold: int | None,
+    title: str,
+    path: str,
+) -> None:
+    """One phase's step time over tokens per rank, DBO off and on, its crossover and its decided
+    threshold."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     ax.plot(tokens, np.asarray(t_off_s) * 1e3, label="DBO off")

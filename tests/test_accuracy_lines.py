@@ -1,6 +1,6 @@
-"""benchmarks/results/accuracy.json's held-out lines (issue 62): one shape for every family, and each line above
-the bias limit names its data limit, with the evidence beside it (no term fitted on the held-out rows, the in-sample
-bias)."""
+"""benchmarks/results/accuracy.json's held-out lines (issue 62): one shape for every family, and
+each line above the bias limit names its data limit, with the evidence beside it (no term fitted on
+the held-out rows, the in-sample bias)."""
 
 import json
 import math
@@ -13,8 +13,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import accuracy as A  # noqa: E402
 
 LINES = json.loads((ROOT / "benchmarks" / "results" / "accuracy.json").read_text())["leave_one_out"]
-KEYS = {"family", "split", "source", "rows", "median_signed_log_error", "in_sample_signed_log_error",
-        "terms_fitted_on_held_out", "within_bias_limit", "data_limit"}
+KEYS = {
+    "family",
+    "split",
+    "source",
+    "rows",
+    "median_signed_log_error",
+    "in_sample_signed_log_error",
+    "terms_fitted_on_held_out",
+    "within_bias_limit",
+    "data_limit",
+}
 
 
 def test_every_family_and_split_is_in_the_one_block():
@@ -23,7 +32,9 @@ def test_every_family_and_split_is_in_the_one_block():
     for ln in LINES:
         assert KEYS <= set(ln), ln["source"]
         b = ln["median_signed_log_error"]
-        assert b is not None and math.isfinite(b), ln["source"]  # the decode line has its signed value too
+        assert b is not None and math.isfinite(b), ln[
+            "source"
+        ]  # the decode line has its signed value too
 
 
 def test_a_line_above_the_limit_names_a_data_limit_with_its_evidence():
@@ -31,7 +42,9 @@ def test_a_line_above_the_limit_names_a_data_limit_with_its_evidence():
         over = abs(ln["median_signed_log_error"]) > A.BIAS_LIMIT
         assert ln["within_bias_limit"] is (not over)
         if over:
-            assert ln["data_limit"], f"{ln['source']}: bias {ln['median_signed_log_error']:+.3f} and no data limit"
+            assert ln["data_limit"], (
+                f"{ln['source']}: bias {ln['median_signed_log_error']:+.3f} and no data limit"
+            )
             assert ln["terms_fitted_on_held_out"] == [], ln["source"]
             assert ln["in_sample_signed_log_error"] is not None, ln["source"]
         else:
@@ -39,7 +52,8 @@ def test_a_line_above_the_limit_names_a_data_limit_with_its_evidence():
 
 
 def test_the_block_is_built_from_the_families_as_written():
-    """leave_one_out_lines recomputes the committed block from the committed per-family results (no edit by hand)."""
+    """leave_one_out_lines recomputes the committed block from the committed per-family results (no
+    edit by hand)."""
     d = json.loads((ROOT / "benchmarks" / "results" / "accuracy.json").read_text())
     again = A.leave_one_out_lines(d["families"], d["kernel"], d["p2p_kernels"])
     assert json.loads(json.dumps(again)) == LINES

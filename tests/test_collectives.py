@@ -1,5 +1,6 @@
-"""NCCL all-reduce as NCCL's tuner runs it (#29): the lower envelope of per-regime α–β curves, fitted to the released
-8-GPU sweeps (calib/nccl_fit.py) and folded into the built-in profiles; what it changes in the decisions."""
+"""NCCL all-reduce as NCCL's tuner runs it (#29): the lower envelope of per-regime α–β curves,
+fitted to the released 8-GPU sweeps (calib/nccl_fit.py) and folded into the built-in profiles; what
+it changes in the decisions."""
 
 import json
 
@@ -16,8 +17,9 @@ from integration.cli import main
 
 
 def test_regimes_are_the_lower_envelope():
-    """min over the curves: never above any one of them, equal to one of them at every size, finite and positive;
-    with one curve it is that curve (the profiles without regime entries predict as before)."""
+    """min over the curves: never above any one of them, equal to one of them at every size, finite
+    and positive; with one curve it is that curve (the profiles without regime entries predict as
+    before)."""
     S = np.geomspace(1e3, 2e10, 200)
     lat, bw = [17e-6, 38e-6, 72e-6], [206e9, 370e9, 476e9]
     t = F.t_all_reduce_regimes_s(S, lat, bw, 8)
@@ -28,8 +30,8 @@ def test_regimes_are_the_lower_envelope():
 
 
 def test_ring_regimes_are_the_lower_envelope():
-    """An all-gather / reduce-scatter over its regimes: the min of its α + (W−1)/W·S/busBW curves; one curve is that
-    curve (a profile without regime entries predicts as before)."""
+    """An all-gather / reduce-scatter over its regimes: the min of its α + (W−1)/W·S/busBW curves;
+    one curve is that curve (a profile without regime entries predicts as before)."""
     S = np.geomspace(1e3, 2e10, 200)
     lat, bw = [9e-6, 41e-6], [183e9, 365e9]
     t = F.t_ring_regimes_s(S, lat, bw, 8)
@@ -39,8 +41,8 @@ def test_ring_regimes_are_the_lower_envelope():
 
 
 def test_fit_ring_regimes_recovers_known_regimes():
-    """Times made from known LL and Simple regimes (LL at F.LL_PAYLOAD_FRACTION of the Simple busBW) come back, and
-    the LL regime carries that fraction of the busBW."""
+    """Times made from known LL and Simple regimes (LL at F.LL_PAYLOAD_FRACTION of the Simple busBW)
+    come back, and the LL regime carries that fraction of the busBW."""
     from calib.fit import fit_ring_regimes
 
     a_ll, a_s, bw = 10e-6, 45e-6, 380e9
@@ -56,18 +58,32 @@ def test_fit_ring_regimes_recovers_known_regimes():
 
 @pytest.mark.parametrize("profile", ["h100-sxm", "h200-sxm", "b200", "gb200-nvl72", "h800", "l40s"])
 def test_nccl_rs_and_ag_run_their_ll_regime_at_small_messages(profile):
-    """The built-in ring all-gather and reduce-scatter at TP 8 have two regimes: below the crossover the LL curve
-    (lower latency, half the busBW), above it the Simple curve; the envelope is what ops runs."""
+    """The built-in ring all-gather and reduce-scatter at TP 8 have two regimes: below the crossover
+    the LL curve (lower latency, half the busBW), above it the Simple curve; the envelope is what
+    ops runs."""
     hw = ops.Hw(load_profile(profile), "bf16")
-    for impl, t_fn in (("nccl_all_gather", ops.t_nccl_all_gather_s), ("nccl_reduce_scatter", ops.t_nccl_reduce_scatter_s)):
+    for impl, t_fn in (
+        ("nccl_all_gather", ops.t_nccl_all_gather_s),
+        ("nccl_reduce_scatter", ops.t_nccl_reduce_scatter_s),
+    ):
         lat, bw = ops.nccl_curves(hw, impl, 8)
-        assert len(lat) == 2 and lat[1] < lat[0] and bw[1] == pytest.approx(F.LL_PAYLOAD_FRACTION * bw[0], rel=1e-3)
-        assert float(t_fn(hw, 8, 1024.0)) == pytest.approx(float(F.t_all_gather_s(1024.0, lat[1], bw[1], 8)))
+        assert (
+            len(lat) == 2
+            and lat[1] < lat[0]
+            and bw[1] == pytest.approx(F.LL_PAYLOAD_FRACTION * bw[0], rel=1e-3)
+        )
+        assert float(t_fn(hw, 8, 1024.0)) == pytest.approx(
+            float(F.t_all_gather_s(1024.0, lat[1], bw[1], 8))
+        )
         big = 16.0 * GiB
-        assert float(t_fn(hw, 8, big)) == pytest.approx(float(F.t_all_gather_s(big, lat[0], bw[0], 8)))
+        assert float(t_fn(hw, 8, big)) == pytest.approx(
+            float(F.t_all_gather_s(big, lat[0], bw[0], 8))
+        )
 
 
-@pytest.mark.parametrize("gpu,source", [("h200", "MLENG_AR_8xH200_NCCL2277"), ("b200", "MLENG_AR_8xB200_P6")])
+@pytest.mark.parametrize(
+    "gpu,source", [("h200", "MLENG_AR_8xH200_NCCL2277"), ("b200", "MLENG_AR_8xB200_P6")]
+)
 def test_in_sample_busbw_within_15pct_from_1mib(gpu, source):
     fit = fit_regimes(SWEEPS[gpu])
     e = fit["per_source"][source]
@@ -78,7 +94,8 @@ def test_in_sample_busbw_within_15pct_from_1mib(gpu, source):
 
 @pytest.mark.parametrize("gpu,profile", [("h200", "h200-sxm"), ("b200", "b200")])
 def test_profiles_carry_the_fit(gpu, profile):
-    """The built-in profile predicts each sweep (plus the harness offset of a torch-timed one) as the fit does."""
+    """The built-in profile predicts each sweep (plus the harness offset of a torch-timed one) as
+    the fit does."""
     fit = fit_regimes(SWEEPS[gpu])
     hw = ops.Hw(load_profile(profile), "bf16")
     for src in SWEEPS[gpu]:
@@ -86,14 +103,16 @@ def test_profiles_carry_the_fit(gpu, profile):
         pred = ops.t_nccl_all_reduce_s(hw, 8, S) + fit["per_source"][src]["offset_s"]
         err = t / pred - 1.0
         big = S >= MiB
-        assert np.max(np.abs(err[big])) <= fit["per_source"][src]["max_abs_busbw_err_from_1mib"] + 0.01  # 4-digit rounding
+        assert (
+            np.max(np.abs(err[big])) <= fit["per_source"][src]["max_abs_busbw_err_from_1mib"] + 0.01
+        )  # 4-digit rounding
 
 
 def test_b200_small_all_reduce_is_nccls_not_the_harness_floor():
-    """#47 item 6: B200 TP 8's small NCCL all-reduce comes from MLENG_NET_README's 1 KiB latency (29.7 us, the
-    derivation its all-gather and reduce-scatter come from), not MLENG_AR_8xB200_P6's ~48 us harness floor, which
-    the joint fit takes as that sweep's offset; the all-reduce then costs what the README's own ratio to the
-    reduce-scatter says (29.7 / 20.5 us), not 2.25x."""
+    """#47 item 6: B200 TP 8's small NCCL all-reduce comes from MLENG_NET_README's 1 KiB latency
+    (29.7 us, the derivation its all-gather and reduce-scatter come from), not MLENG_AR_8xB200_P6's
+    ~48 us harness floor, which the joint fit takes as that sweep's offset; the all-reduce then
+    costs what the README's own ratio to the reduce-scatter says (29.7 / 20.5 us), not 2.25x."""
     hw = ops.Hw(load_profile("b200"), "bf16")
     S = np.array([1024.0, 8 * 1024.0, 64 * 1024.0])
     ar = ops.t_nccl_all_reduce_s(hw, 8, S)
@@ -101,47 +120,77 @@ def test_b200_small_all_reduce_is_nccls_not_the_harness_floor():
     rs = ops.t_nccl_reduce_scatter_s(hw, 8, S)
     assert np.all(ar / rs <= 1.05 * 29.7 / 20.5), ar / rs
     fit = fit_regimes(SWEEPS["b200"])
-    assert fit["sources"][0] == "MLENG_NET_README" and fit["per_source"]["MLENG_NET_README"]["offset_s"] == 0.0
+    assert (
+        fit["sources"][0] == "MLENG_NET_README"
+        and fit["per_source"]["MLENG_NET_README"]["offset_s"] == 0.0
+    )
     S6, t6 = sweep("MLENG_AR_8xB200_P6")
     floor = float(t6[S6 == 32 * 1024.0][0])
-    assert 10e-6 <= fit["per_source"]["MLENG_AR_8xB200_P6"]["offset_s"] <= floor - 25e-6  # most of the floor
-    assert "MLENG_NET_README" in load_profile("b200").provenance["collectives.nccl_all_reduce_small.tp8.latency_s"].source
+    # most of the floor
+    assert 10e-6 <= fit["per_source"]["MLENG_AR_8xB200_P6"]["offset_s"] <= floor - 25e-6
+    assert (
+        "MLENG_NET_README"
+        in load_profile("b200").provenance["collectives.nccl_all_reduce_small.tp8.latency_s"].source
+    )
 
 
 def test_loso_is_reported():
     out = loso(SWEEPS["h200"])
-    assert set(out) == set(SWEEPS["h200"]) and all(v["max_abs_busbw_err_from_1mib"] >= 0 for v in out.values())
+    assert set(out) == set(SWEEPS["h200"]) and all(
+        v["max_abs_busbw_err_from_1mib"] >= 0 for v in out.values()
+    )
 
 
 def test_done_when_points(capsys):
-    """H100 TP 8: 128 MiB NCCL all-reduce in 450-700 us (was 964); B200 TP 8: FlashInfer's fused one-shot
-    all-reduce + norm at 1 MiB in 7-15 us (was ~33); the 405B fp8 32-token step no slower than the 64-token one."""
+    """H100 TP 8: 128 MiB NCCL all-reduce in 450-700 us (was 964); B200 TP 8: FlashInfer's fused
+    one-shot all-reduce + norm at 1 MiB in 7-15 us (was ~33); the 405B fp8 32-token step no slower
+    than the 64-token one."""
     h = ops.Hw(load_profile("h100-sxm"), "bf16")
     assert 450e-6 <= float(ops.t_nccl_all_reduce_s(h, 8, np.array([128 * MiB]))[0]) <= 700e-6
     b = ops.Hw(load_profile("b200"), "bf16")
     ar = ops.all_reduce_dispatch(b, np.array([2.0**20]), 8, True, fi_max_bytes=np.inf, vllm=Vllm())
     assert ar.impl_per_size[0] == "flashinfer_ar_rmsnorm" and 7e-6 <= float(ar.t_s[0]) <= 15e-6
-    assert main(["whatif", "--gpu", "b200", "--model", "llama-3.1-405b", "--tp", "8", "--dtype", "fp8", "--no-band",
-                 "--tokens", "32", "64", "--json"]) == 0
+    assert (
+        main(
+            [
+                "whatif",
+                "--gpu",
+                "b200",
+                "--model",
+                "llama-3.1-405b",
+                "--tp",
+                "8",
+                "--dtype",
+                "fp8",
+                "--no-band",
+                "--tokens",
+                "32",
+                "64",
+                "--json",
+            ]
+        )
+        == 0
+    )
     t = {r["num_tokens"]: r["t_tp_s"] for r in json.loads(capsys.readouterr().out)["rows"]}
     assert t[32] <= t[64]
 
 
-
-
-@pytest.mark.parametrize("size,tp,cc,multicast,fully,want", [
-    (8 * MiB, 8, "10.0", True, True, "custom_rs_lamport"),
-    (16 * MiB, 8, "10.0", True, True, "custom_rs_lamport"),
-    (32 * MiB, 8, "10.0", True, True, "custom_rs_multimem"),
-    (64 * MiB, 4, "10.3", True, True, "custom_rs_multimem"),
-    (65 * MiB, 8, "10.0", True, True, None),
-    (32 * MiB, 6, "10.0", True, True, None),  # multimem only at W 2, 4, 8
-    (32 * MiB, 8, "9.0", True, True, None),  # Hopper: Lamport only
-    (8 * MiB, 8, "9.0", True, True, "custom_rs_lamport"),
-    (8 * MiB, 8, "8.0", False, True, "custom_rs_ipc"),  # A100: no multicast, fully connected
-    (8 * MiB, 4, "8.9", False, False, None),  # 4 PCIe GPUs: not fully connected
-    (8 * MiB, 16, "10.0", True, True, None),
-])
+@pytest.mark.parametrize(
+    "size,tp,cc,multicast,fully,want",
+    [
+        (8 * MiB, 8, "10.0", True, True, "custom_rs_lamport"),
+        (16 * MiB, 8, "10.0", True, True, "custom_rs_lamport"),
+        (32 * MiB, 8, "10.0", True, True, "custom_rs_multimem"),
+        (64 * MiB, 4, "10.3", True, True, "custom_rs_multimem"),
+        (65 * MiB, 8, "10.0", True, True, None),
+        (32 * MiB, 6, "10.0", True, True, None),  # multimem only at W 2, 4, 8
+        (32 * MiB, 8, "9.0", True, True, None),  # Hopper: Lamport only
+        (8 * MiB, 8, "9.0", True, True, "custom_rs_lamport"),
+        (8 * MiB, 8, "8.0", False, True, "custom_rs_ipc"),  # A100: no multicast, fully connected
+        (8 * MiB, 4, "8.9", False, False, None),  # 4 PCIe GPUs: not fully connected
+        (8 * MiB, 16, "10.0", True, True, None),
+    ],
+)
 def test_vllm_custom_reduce_scatter_rule(size, tp, cc, multicast, fully, want):
     from costmodel.vllm_tables import custom_rs_backend
 
@@ -149,46 +198,110 @@ def test_vllm_custom_reduce_scatter_rule(size, tp, cc, multicast, fully, want):
 
 
 def test_model_level_sp_reaches_the_custom_reduce_scatter(capsys):
-    """`op --impl kernel`'s unfused GEMM+RS arm and Kimi-K3's SP mode run vLLM's sp_reduce_scatter (Lamport, then
-    multimem, then NCCL on B200 TP 8); the compile-pass SP of vLLM <= 0.31 (`--impl torch`) keeps NCCL."""
-    assert main(["op", "--gpu", "b200", "--tp", "8", "--op", "gemm_rs", "--impl", "kernel", "--n", "7168", "--k", "1536",
-                 "--json"]) == 0
+    """`op --impl kernel`'s unfused GEMM+RS arm and Kimi-K3's SP mode run vLLM's sp_reduce_scatter
+    (Lamport, then multimem, then NCCL on B200 TP 8); the compile-pass SP of vLLM <= 0.31 (`--impl
+    torch`) keeps NCCL."""
+    assert (
+        main(
+            [
+                "op",
+                "--gpu",
+                "b200",
+                "--tp",
+                "8",
+                "--op",
+                "gemm_rs",
+                "--impl",
+                "kernel",
+                "--n",
+                "7168",
+                "--k",
+                "1536",
+                "--json",
+            ]
+        )
+        == 0
+    )
     rows = {r["m"]: r["unfused_impl"] for r in json.loads(capsys.readouterr().out)["rows"]}
-    assert rows[512] == "custom_rs_lamport" and rows[2048] == "custom_rs_multimem" and rows[8192] == "nccl_reduce_scatter"
-    assert main(["op", "--gpu", "b200", "--tp", "8", "--op", "gemm_rs", "--impl", "torch", "--n", "7168", "--k", "1536",
-                 "--json"]) == 0
-    assert {r["unfused_impl"] for r in json.loads(capsys.readouterr().out)["rows"]} == {"nccl_reduce_scatter"}
+    assert (
+        rows[512] == "custom_rs_lamport"
+        and rows[2048] == "custom_rs_multimem"
+        and rows[8192] == "nccl_reduce_scatter"
+    )
+    assert (
+        main(
+            [
+                "op",
+                "--gpu",
+                "b200",
+                "--tp",
+                "8",
+                "--op",
+                "gemm_rs",
+                "--impl",
+                "torch",
+                "--n",
+                "7168",
+                "--k",
+                "1536",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert {r["unfused_impl"] for r in json.loads(capsys.readouterr().out)["rows"]} == {
+        "nccl_reduce_scatter"
+    }
     hw = ops.Hw(load_profile("b200"), "bf16")
     msg = np.array([512 * 7168 * 2.0])
     t, impl = ops.reduce_scatter_dispatch(hw, msg, 8, model_level_sp=True)
     lat, bw = load_profile("b200").collective("custom_rs_lamport", 8)
-    assert impl[0] == "custom_rs_lamport" and t[0] == pytest.approx(float(F.t_reduce_scatter_s(msg[0], lat, bw, 8)))
+    assert impl[0] == "custom_rs_lamport" and t[0] == pytest.approx(
+        float(F.t_reduce_scatter_s(msg[0], lat, bw, 8))
+    )
     t_nccl, impl_nccl = ops.reduce_scatter_dispatch(hw, msg, 8, model_level_sp=False)
-    assert impl_nccl[0] == "nccl_reduce_scatter" and t_nccl[0] == pytest.approx(float(ops.t_nccl_reduce_scatter_s(hw, 8, msg)[0]))
-    pair = ops.kernel_pair(hw, ops.KernelGemm("gemm_rs", 7168, 1536, 8), msg / (7168 * 2), vllm=Vllm())
-    assert pair.unfused_s[0] == pytest.approx(float(hw.t_gemm(msg / (7168 * 2), 7168, 1536)[0]) + t[0])
+    assert impl_nccl[0] == "nccl_reduce_scatter" and t_nccl[0] == pytest.approx(
+        float(ops.t_nccl_reduce_scatter_s(hw, 8, msg)[0])
+    )
+    pair = ops.kernel_pair(
+        hw, ops.KernelGemm("gemm_rs", 7168, 1536, 8), msg / (7168 * 2), vllm=Vllm()
+    )
+    assert pair.unfused_s[0] == pytest.approx(
+        float(hw.t_gemm(msg / (7168 * 2), 7168, 1536)[0]) + t[0]
+    )
 
 
-@pytest.mark.parametrize("shard,tp,multicast,fully,want", [
-    (2 * MiB, 8, True, True, "custom_ag_lamport"),  # _DEFAULT_MNNVL_ALL_GATHER_MAX_SIZES[8] = 2 MiB, inclusive
-    (2 * MiB + 16, 8, True, True, None),
-    (8 * MiB, 2, True, True, "custom_ag_lamport"),  # 8 MiB at W = 2
-    (4 * MiB + 16, 4, True, False, None),
-    (2 * MiB, 8, False, True, "custom_ag_ipc"),  # the legacy 2 MiB one, fully connected
-    (2 * MiB, 4, False, False, None),  # PCIe beyond 2 GPUs: NCCL
-    (1000, 8, True, True, None),  # not a multiple of 16 bytes
-    (MiB, 16, True, True, None),  # 16 ranks span MNNVL: not modelled
-])
+@pytest.mark.parametrize(
+    "shard,tp,multicast,fully,want",
+    [
+        (
+            2 * MiB,
+            8,
+            True,
+            True,
+            "custom_ag_lamport",
+        ),  # _DEFAULT_MNNVL_ALL_GATHER_MAX_SIZES[8] = 2 MiB, inclusive
+        (2 * MiB + 16, 8, True, True, None),
+        (8 * MiB, 2, True, True, "custom_ag_lamport"),  # 8 MiB at W = 2
+        (4 * MiB + 16, 4, True, False, None),
+        (2 * MiB, 8, False, True, "custom_ag_ipc"),  # the legacy 2 MiB one, fully connected
+        (2 * MiB, 4, False, False, None),  # PCIe beyond 2 GPUs: NCCL
+        (1000, 8, True, True, None),  # not a multiple of 16 bytes
+        (MiB, 16, True, True, None),  # 16 ranks span MNNVL: not modelled
+    ],
+)
 def test_vllm_custom_all_gather_rule(shard, tp, multicast, fully, want):
-    """should_custom_all_gather (custom_all_reduce.py), hand-read: the limit is on the per-rank input shard."""
+    """should_custom_all_gather (custom_all_reduce.py), hand-read: the limit is on the per-rank
+    input shard."""
     from costmodel.vllm_tables import custom_ag_backend
 
     assert custom_ag_backend(shard, tp, multicast, fully) == want
 
 
 def test_model_level_sp_reaches_the_custom_all_gather(capsys):
-    """`collective --op all_gather --model-level-sp` on H100 TP 8: the Lamport all-gather up to 2 MiB shards (16 MiB
-    gathered), NCCL above; its time is the curve's; without model-level SP NCCL at every size."""
+    """`collective --op all_gather --model-level-sp` on H100 TP 8: the Lamport all-gather up to 2
+    MiB shards (16 MiB gathered), NCCL above; its time is the curve's; without model-level SP NCCL
+    at every size."""
     hw = ops.Hw(load_profile("h100-sxm"), "bf16")
     msg = np.array([8 * MiB, 16 * MiB, 32 * MiB], dtype=float)  # gathered bytes
     t, impl = ops.all_gather_dispatch(hw, msg, 8, model_level_sp=True)
@@ -197,38 +310,106 @@ def test_model_level_sp_reaches_the_custom_all_gather(capsys):
     assert t[0] == pytest.approx(float(F.t_all_gather_s(msg[0], lat, bw, 8)))
     assert t[2] == pytest.approx(float(ops.t_nccl_all_gather_s(hw, 8, msg[2:])[0]))
     assert set(ops.all_gather_dispatch(hw, msg, 8, model_level_sp=False)[1]) == {"nccl_all_gather"}
-    assert main(["collective", "--gpu", "h100-sxm", "--tp", "8", "--op", "all_gather", "--model-level-sp",
-                 "--sizes", "8388608", "--json"]) == 0
+    assert (
+        main(
+            [
+                "collective",
+                "--gpu",
+                "h100-sxm",
+                "--tp",
+                "8",
+                "--op",
+                "all_gather",
+                "--model-level-sp",
+                "--sizes",
+                "8388608",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["rows"][0]["vllm_impl"] == "custom_ag_lamport"
 
 
 def test_collective_command(capsys, tmp_path, one_line_error):
-    """`tpcost collective`: nccl-tests-shaped rows of vLLM's pick and NCCL's own; against an nccl-tests log (the
-    calibrate reader) predicted beside measured at the log's sizes."""
-    assert main(["collective", "--gpu", "h200-sxm", "--tp", "8", "--op", "all_reduce", "--json"]) == 0
+    """`tpcost collective`: nccl-tests-shaped rows of vLLM's pick and NCCL's own; against an
+    nccl-tests log (the calibrate reader) predicted beside measured at the log's sizes."""
+    assert (
+        main(["collective", "--gpu", "h200-sxm", "--tp", "8", "--op", "all_reduce", "--json"]) == 0
+    )
     d = json.loads(capsys.readouterr().out)
     rows = {r["size_bytes"]: r for r in d["rows"]}
     hw = ops.Hw(load_profile("h200-sxm"), "bf16")
     for s in (MiB, GiB):
-        assert rows[s]["t_nccl_s"] == pytest.approx(float(ops.t_nccl_all_reduce_s(hw, 8, np.array([float(s)]))[0]))
+        assert rows[s]["t_nccl_s"] == pytest.approx(
+            float(ops.t_nccl_all_reduce_s(hw, 8, np.array([float(s)]))[0])
+        )
         assert rows[s]["busbw_nccl_bytes_per_s"] == pytest.approx(1.75 * s / rows[s]["t_nccl_s"])
-    assert rows[GiB]["vllm_impl"] == "nccl_all_reduce" and rows[KiB]["vllm_impl"] == "custom_ar_1stage"
+    assert (
+        rows[GiB]["vllm_impl"] == "nccl_all_reduce" and rows[KiB]["vllm_impl"] == "custom_ar_1stage"
+    )
     from pathlib import Path
 
     log = str(Path(__file__).parent / "fixtures" / "nccl-tests" / "all_reduce_perf_new.txt")
     assert main(["collective", "--gpu", "h100-sxm", "--log", log, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["op"] == "all_reduce" and d["tp"] == 4 and len(d["rows"]) == 11
-    assert all(r["nccl_pred_over_measured"] == pytest.approx(r["t_nccl_s"] / r["t_measured_s"]) for r in d["rows"])
-    assert main(["collective", "--gpu", "b200", "--tp", "8", "--op", "reduce_scatter", "--model-level-sp",
-                 "--sizes", "1048576"]) == 0
+    assert all(
+        r["nccl_pred_over_measured"] == pytest.approx(r["t_nccl_s"] / r["t_measured_s"])
+        for r in d["rows"]
+    )
+    assert (
+        main(
+            [
+                "collective",
+                "--gpu",
+                "b200",
+                "--tp",
+                "8",
+                "--op",
+                "reduce_scatter",
+                "--model-level-sp",
+                "--sizes",
+                "1048576",
+            ]
+        )
+        == 0
+    )
     assert "custom_rs_lamport" in capsys.readouterr().out
     one_line_error("collective", "--gpu", "h100-sxm", needle="needs --op and --tp")
     one_line_error("collective", "--tp", "1", "--op", "all_reduce", needle="at least 2 ranks")
-    one_line_error("collective", "--gpu", "h100-sxm", "--log", log, "--tp", "8", needle="is all_reduce on 4 ranks")
-    one_line_error("collective", "--gpu", "h100-sxm", "--log", log, "--sizes", "1024", needle="the sizes are the log's")
-    one_line_error("collective", "--tp", "8", "--op", "all_reduce", "--model-level-sp", needle="dispatches the same way")
-    one_line_error("collective", "--tp", "8", "--op", "all_reduce", "--sizes", "0", needle="--sizes must be in")
+    one_line_error(
+        "collective",
+        "--gpu",
+        "h100-sxm",
+        "--log",
+        log,
+        "--tp",
+        "8",
+        needle="is all_reduce on 4 ranks",
+    )
+    one_line_error(
+        "collective",
+        "--gpu",
+        "h100-sxm",
+        "--log",
+        log,
+        "--sizes",
+        "1024",
+        needle="the sizes are the log's",
+    )
+    one_line_error(
+        "collective",
+        "--tp",
+        "8",
+        "--op",
+        "all_reduce",
+        "--model-level-sp",
+        needle="dispatches the same way",
+    )
+    one_line_error(
+        "collective", "--tp", "8", "--op", "all_reduce", "--sizes", "0", needle="--sizes must be in"
+    )
     bad = tmp_path / "x.txt"
     bad.write_text("not a log\n")
     one_line_error("collective", "--log", str(bad), needle="not nccl-tests output")

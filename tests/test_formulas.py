@@ -13,16 +13,23 @@ def test_gemm_flops_and_bytes():
 
 def test_gemm_compute_stream_k_by_hand():
     # m=256, n=256, k=1024 on 2 SMs: the work 2·256·256·1024 split evenly, 1 TFLOP/s in all
-    assert F.t_gemm_compute_s(256, 256, 1024, 1e12, 1.0, 128, 256, 2) == pytest.approx(2 * 256 * 256 * 1024 / 1e12)
-    # 385 rows stay 385 (padding averaged out over the library's tiles), n = 200 pads to 256 (the MMA's 64 columns)
-    assert F.t_gemm_compute_s(385, 200, 1024, 1e12, 1.0, 128, 256, 2) == pytest.approx(2 * 385 * 256 * 1024 / 1e12)
-    # 8 rows x 256 columns on 132 SMs: fewer units than SMs, so one SM's 512-deep slice of one 8 x 256 tile sets it
+    assert F.t_gemm_compute_s(256, 256, 1024, 1e12, 1.0, 128, 256, 2) == pytest.approx(
+        2 * 256 * 256 * 1024 / 1e12
+    )
+    # 385 rows stay 385 (padding averaged out over the library's tiles), n = 200 pads to 256 (the
+    # MMA's 64 columns)
+    assert F.t_gemm_compute_s(385, 200, 1024, 1e12, 1.0, 128, 256, 2) == pytest.approx(
+        2 * 385 * 256 * 1024 / 1e12
+    )
+    # 8 rows x 256 columns on 132 SMs: fewer units than SMs, so one SM's 512-deep slice of one 8 x
+    # 256 tile sets it
     t = F.t_gemm_compute_s(8, 256, 8192, 1e12, 1.0, 128, 256, 132)
     assert t == pytest.approx(2 * 8 * 256 * 512 / (1e12 / 132))
 
 
 def test_gemm_has_no_step_above_the_mma_granularity():
-    """One more row costs one row's work: the time never jumps by more than 1/m (no wave or tile cliff)."""
+    """One more row costs one row's work: the time never jumps by more than 1/m (no wave or tile
+    cliff)."""
     import numpy as np
 
     m = np.arange(512.0, 4097.0)
@@ -32,8 +39,19 @@ def test_gemm_has_no_step_above_the_mma_granularity():
 
 def test_gemm_roofline_memory_bound_small_m():
     # m=1: weights 4096x4096x2 B dominate: t = launch + bytes/(bw*eff)
-    kw = dict(peak_flops_per_s=1e15, max_efficiency=1.0, mem_efficiency=0.5, hbm_bw_bytes_per_s=1e12,
-              tile_m=128, tile_n=256, sm_count=132, launch_overhead_s=1e-6, in_bytes=2, w_bytes=2, out_bytes=2)
+    kw = dict(
+        peak_flops_per_s=1e15,
+        max_efficiency=1.0,
+        mem_efficiency=0.5,
+        hbm_bw_bytes_per_s=1e12,
+        tile_m=128,
+        tile_n=256,
+        sm_count=132,
+        launch_overhead_s=1e-6,
+        in_bytes=2,
+        w_bytes=2,
+        out_bytes=2,
+    )
     t = F.t_gemm_s(1, 4096, 4096, **kw)
     assert t == pytest.approx(1e-6 + (4096 * 2 + 4096 * 4096 * 2 + 4096 * 2) / 0.5e12)
 
@@ -70,10 +88,12 @@ def test_asynctp_pipelines_by_hand():
     # RS: W=4, 2W=8 barriers of 1, reduction 5: 8 + max(32, 30, 10 + 15) + 5 = 45 ; p=20: 8 + 70 + 5
     assert F.t_gemm_rs_gpu_s(4, 10.0, 8.0, 30.0, 5.0, 5.0, 1.0) == 45.0
     assert F.t_gemm_rs_gpu_s(4, 10.0, 8.0, 30.0, 20.0, 5.0, 1.0) == 83.0
-    # exposed pulls: ε = 0.5 of the 3 pulls of 5 behind the GEMMs: 8 + max(32 + 7.5, 30, 25) + 5 ; ε = 1: serial
+    # exposed pulls: ε = 0.5 of the 3 pulls of 5 behind the GEMMs: 8 + max(32 + 7.5, 30, 25) + 5 ; ε
+    # = 1: serial
     assert F.t_gemm_rs_gpu_s(4, 10.0, 8.0, 30.0, 5.0, 5.0, 1.0, 0.5) == 52.5
     assert F.t_gemm_rs_gpu_s(4, 10.0, 8.0, 30.0, 5.0, 0.0, 0.0, 1.0) == 4 * 8.0 + 3 * 5.0
-    # two streams: compute 10 alone, 16 for both chunks -> (0.5·10 + 0.5·8) = 9 ; memory-bound 12 stays 12
+    # two streams: compute 10 alone, 16 for both chunks -> (0.5·10 + 0.5·8) = 9 ; memory-bound 12
+    # stays 12
     assert F.t_chunk_concurrent_s(1.0, 10.0, 16.0, 0.0, 0.5) == 9.0
     assert F.t_chunk_concurrent_s(12.0, 10.0, 16.0, 0.0, 0.5) == 12.0
     assert F.overlapped_fraction(5.0, 10.0) == 0.5 and F.overlapped_fraction(50.0, 10.0) == 1.0
@@ -86,28 +106,52 @@ def test_asynctp_pipelines_by_hand():
 @settings(max_examples=200, deadline=None)
 @given(w=st.integers(2, 16), g=st.floats(1e-6, 1e-2), p=st.floats(1e-7, 1e-2))
 def test_pipeline_bounded_by_overlap_limit(w, g, p):
-    """Per-op overlap speedup ≤ (t_comp + t_comm) / max(t_comp, t_comm) (no concurrency, no overheads)."""
+    """Per-op overlap speedup ≤ (t_comp + t_comm) / max(t_comp, t_comm) (no concurrency, no
+    overheads)."""
     comp, comm = w * g, (w - 1) * p
-    for fused in (F.t_ag_gemm_gpu_s(w, g, g, comp, p, 0.0, 0.0), F.t_gemm_rs_gpu_s(w, g, g, comp, p, 0.0, 0.0)):
+    for fused in (
+        F.t_ag_gemm_gpu_s(w, g, g, comp, p, 0.0, 0.0),
+        F.t_gemm_rs_gpu_s(w, g, g, comp, p, 0.0, 0.0),
+    ):
         assert fused >= max(comp, comm) * (1 - 1e-12)
         assert (comp + comm) / fused <= (comp + comm) / max(comp, comm) + 1e-12
 
 
 @settings(max_examples=200, deadline=None)
-@given(w=st.integers(2, 16), g=st.floats(1e-6, 1e-2), p=st.floats(1e-7, 1e-2), e1=st.floats(0.0, 1.0),
-       e2=st.floats(0.0, 1.0))
+@given(
+    w=st.integers(2, 16),
+    g=st.floats(1e-6, 1e-2),
+    p=st.floats(1e-7, 1e-2),
+    e1=st.floats(0.0, 1.0),
+    e2=st.floats(0.0, 1.0),
+)
 def test_exposed_pulls_only_slow_gemm_rs_and_never_past_serial(w, g, p, e1, e2):
-    """More exposed pulls never speed GEMM+RS up, and ε = 1 is the GEMMs and the pulls one after the other."""
+    """More exposed pulls never speed GEMM+RS up, and ε = 1 is the GEMMs and the pulls one after the
+    other."""
     lo, hi = sorted((e1, e2))
     t = [F.t_gemm_rs_gpu_s(w, g, g, w * g, p, 0.0, 0.0, e) for e in (lo, hi, 1.0)]
     assert t[0] <= t[1] * (1 + 1e-12) and t[2] == pytest.approx(w * g + (w - 1) * p)
 
 
 @settings(max_examples=100, deadline=None)
-@given(m=st.integers(1, 70000), n=st.sampled_from([1280, 2560, 8192, 14336]), k=st.sampled_from([2048, 8192]))
+@given(
+    m=st.integers(1, 70000),
+    n=st.sampled_from([1280, 2560, 8192, 14336]),
+    k=st.sampled_from([2048, 8192]),
+)
 def test_gemm_time_never_below_peak_and_monotone_in_hbm(m, n, k):
-    kw = dict(peak_flops_per_s=989e12, max_efficiency=0.8, mem_efficiency=0.85, tile_m=128, tile_n=256,
-              sm_count=132, launch_overhead_s=2e-6, in_bytes=2, w_bytes=2, out_bytes=2)
+    kw = dict(
+        peak_flops_per_s=989e12,
+        max_efficiency=0.8,
+        mem_efficiency=0.85,
+        tile_m=128,
+        tile_n=256,
+        sm_count=132,
+        launch_overhead_s=2e-6,
+        in_bytes=2,
+        w_bytes=2,
+        out_bytes=2,
+    )
     t = F.t_gemm_s(m, n, k, hbm_bw_bytes_per_s=3.35e12, **kw)
     assert t >= F.gemm_flops(m, n, k) / (989e12 * 0.8)
     assert F.t_gemm_s(m, n, k, hbm_bw_bytes_per_s=6.7e12, **kw) <= t + 1e-15

@@ -1,5 +1,6 @@
-"""NVLink multicast is an explicit interconnect field (issue 57 item 1), never inferred from [fused_kernel]: every
-reader takes it from `interconnect.multicast`, a what-if on it takes effect, and a bad value is one line."""
+"""NVLink multicast is an explicit interconnect field (issue 57 item 1), never inferred from
+[fused_kernel]: every reader takes it from `interconnect.multicast`, a what-if on it takes effect,
+and a bad value is one line."""
 
 import numpy as np
 import pytest
@@ -7,13 +8,28 @@ import pytest
 from costmodel import ops
 from costmodel.profile import builtin_profile_names, load_profile, with_overrides
 
-KERNEL_OP = ["op", "--gpu", "b200", "--tp", "4", "--op", "gemm_rs", "--impl", "kernel", "--n", "7168", "--k", "4096"]
+KERNEL_OP = [
+    "op",
+    "--gpu",
+    "b200",
+    "--tp",
+    "4",
+    "--op",
+    "gemm_rs",
+    "--impl",
+    "kernel",
+    "--n",
+    "7168",
+    "--k",
+    "4096",
+]
 
 
 @pytest.mark.parametrize("name", builtin_profile_names())
 def test_every_profile_states_multicast_and_the_kernel_needs_it(name):
     p = load_profile(name)
-    assert p.provenance["interconnect.multicast"].tier != "assumed"  # each spec says it, with its source
+    # each spec says it, with its source
+    assert p.provenance["interconnect.multicast"].tier != "assumed"
     assert ops.has_multicast(p) == (int(p.interconnect.multicast) == 1)
     if p.fused_kernel is not None:  # the kernel's terms are fitted only where the domain multicasts
         assert ops.has_multicast(p)
@@ -40,16 +56,55 @@ def test_multicast_flag_takes_effect_or_is_refused(one_line_error):
     assert main([*KERNEL_OP, "--json"]) == 0
     one_line_error(*KERNEL_OP, "--set", "interconnect.multicast=0", needle="multicast")
     one_line_error(*KERNEL_OP, "--set", "interconnect.multicast=2", needle="interconnect.multicast")
-    one_line_error(*KERNEL_OP, "--set", "interconnect.multicast=0.5", needle="interconnect.multicast")
-    one_line_error("op", "--gpu", "a100-sxm-80gb", "--tp", "4", "--op", "gemm_rs", "--impl", "kernel", "--n", "7168",
-                   "--k", "4096", "--set", "interconnect.multicast=1", needle="[fused_kernel]")
+    one_line_error(
+        *KERNEL_OP, "--set", "interconnect.multicast=0.5", needle="interconnect.multicast"
+    )
+    one_line_error(
+        "op",
+        "--gpu",
+        "a100-sxm-80gb",
+        "--tp",
+        "4",
+        "--op",
+        "gemm_rs",
+        "--impl",
+        "kernel",
+        "--n",
+        "7168",
+        "--k",
+        "4096",
+        "--set",
+        "interconnect.multicast=1",
+        needle="[fused_kernel]",
+    )
 
 
 def test_a_kernel_profile_without_the_field_is_refused(one_line_error, tmp_path):
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "costmodel" / "profiles" / "b200.toml").read_text()
+    text = (
+        Path(__file__).resolve().parents[1] / "costmodel" / "profiles" / "b200.toml"
+    ).read_text()
     assert text.count("\nmulticast = 1\n") == 1
     bad = tmp_path / "old-b200.toml"
     bad.write_text(text.replace("\nmulticast = 1\n", "\n"))
-    one_line_error(*KERNEL_OP[:2], str(bad), *KERNEL_OP[3:], needle="add multicast = 1 (or 0) to [interconnect]")
+    one_line_error(
+        *KERNEL_OP[:2],
+        str(bad),
+        *KERNEL_OP[3:],
+        needle="add multicast = 1 (or 0) to [interconnect]",
+    )
+
+
+def test_a_profile_names_a_network_that_exists(one_line_error, tmp_path):
+    """Issue 61 (spec files and profiles): interconnect.network is checked where the profile loads,
+    not first where a command crosses the network."""
+    from pathlib import Path
+
+    text = (
+        Path(__file__).resolve().parents[1] / "costmodel" / "profiles" / "b200.toml"
+    ).read_text()
+    assert text.count('network = "ib-cx7-400g"') == 1
+    bad = tmp_path / "b200-bad-network.toml"
+    bad.write_text(text.replace('network = "ib-cx7-400g"', 'network = "ib-nope"'))
+    one_line_error(*KERNEL_OP[:2], str(bad), *KERNEL_OP[3:], needle="interconnect.network: unknown")

@@ -21,7 +21,10 @@ def test_expected_experts_touched_by_hand():
 
 
 def test_weights_that_do_not_fit_are_noted(capsys):
-    assert main(["whatif", "--model", "llama-3.1-405b", "--tp", "2", "--no-band", "--tokens", "1024"]) == 0
+    assert (
+        main(["whatif", "--model", "llama-3.1-405b", "--tp", "2", "--no-band", "--tokens", "1024"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "llama-3.1-405b does not fit" in out and "80 GB" in out
     assert main(["whatif", "--model", "llama-3.1-405b", "--tp", "2", "--no-band", "--json"]) == 0
@@ -32,28 +35,50 @@ def test_weights_that_do_not_fit_are_noted(capsys):
     # by hand: llama-3.1-8b has ~8.03e9 parameters; at tp 1 in bf16 that is ~16 GB
     from costmodel.layer import LayerSpec
 
-    assert LayerSpec.build(load_model("llama-3.1-8b"), 1, "bf16").params_per_rank() == pytest.approx(8.03e9, rel=0.01)
+    assert LayerSpec.build(
+        load_model("llama-3.1-8b"), 1, "bf16"
+    ).params_per_rank() == pytest.approx(8.03e9, rel=0.01)
 
 
 @pytest.mark.parametrize("name", builtin_profile_names())
 def test_every_builtin_has_a_capacity_and_round_trips(name):
     p = load_profile(name)
-    assert p.value("memory.hbm_capacity_bytes") > 1e10 and p.provenance["memory.hbm_capacity_bytes"].tier == "datasheet"
+    assert (
+        p.value("memory.hbm_capacity_bytes") > 1e10
+        and p.provenance["memory.hbm_capacity_bytes"].tier == "datasheet"
+    )
     q = profile_from_dict(profile_to_tree(p), "round-trip")
     assert q.values() == p.values() and q.provenance == p.provenance
 
 
 def test_new_profile_from_builtin_with_faster_link(tmp_path, capsys):
     out = tmp_path / "h100-nvl5.toml"
-    assert main(["profiles", "--new", "h100-nvl5", "--from", "h100-sxm", "--set",
-                 "interconnect.link_bw_bytes_per_s=900e9", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "profiles",
+                "--new",
+                "h100-nvl5",
+                "--from",
+                "h100-sxm",
+                "--set",
+                "interconnect.link_bw_bytes_per_s=900e9",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     p, base = load_profile(str(out)), load_profile("h100-sxm")
     assert p.name == "h100-nvl5" and p.value("interconnect.link_bw_bytes_per_s") == 900e9
     assert p.provenance["interconnect.link_bw_bytes_per_s"].tier == "assumed"
     k = "collectives.nccl_all_reduce.tp4.bus_bw_bytes_per_s"
-    assert p.value(k) == pytest.approx(2 * base.value(k)) and p.provenance[k].tier == "assumed"  # rides on the link
-    assert p.provenance["gemm.max_efficiency"].source == base.provenance["gemm.max_efficiency"].source  # untouched
+    # rides on the link
+    assert p.value(k) == pytest.approx(2 * base.value(k)) and p.provenance[k].tier == "assumed"
+    assert (
+        p.provenance["gemm.max_efficiency"].source == base.provenance["gemm.max_efficiency"].source
+    )  # untouched
     cut = {}
     for gpu in ("h100-sxm", str(out)):
         assert main(["whatif", "--gpu", gpu, "--no-band", "--json", *sp_release_flag()]) == 0
@@ -61,15 +86,34 @@ def test_new_profile_from_builtin_with_faster_link(tmp_path, capsys):
     assert cut["h100-sxm"] != cut[str(out)]
     rc = main(["profiles", "--new", "again", "--from", "h100-sxm", "--out", str(out)])
     assert rc == 2 and "--force" in capsys.readouterr().err
-    rc = main(["profiles", "--new", "bad", "--from", "h100-sxm", "--set", "gemm.max_efficiency=3",
-               "--out", str(tmp_path / "bad.toml")])
+    rc = main(
+        [
+            "profiles",
+            "--new",
+            "bad",
+            "--from",
+            "h100-sxm",
+            "--set",
+            "gemm.max_efficiency=3",
+            "--out",
+            str(tmp_path / "bad.toml"),
+        ]
+    )
     assert rc == 2 and not (tmp_path / "bad.toml").exists()
 
 
 def test_moe_reads_fewer_experts_at_small_n():
-    cfg = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
-               num_hidden_layers=32, vocab_size=32000, num_local_experts=64, num_experts_per_tok=2,
-               moe_intermediate_size=1408)
+    cfg = dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        num_hidden_layers=32,
+        vocab_size=32000,
+        num_local_experts=64,
+        num_experts_per_tok=2,
+        moe_intermediate_size=1408,
+    )
     from costmodel import predict
     from costmodel.shapes import shape_from_config
 

@@ -14,7 +14,12 @@ from costmodel.shapes import builtin_model_names
 
 N_GRID = np.array([1, 8, 64, 100, 256, 512, 513, 1000, 2048, 4097, 8192, 16384, 65536.0])
 DTYPES = ("bf16", "fp8", "fp8-dynamic")
-SEQ = {"qkv": "all_gather", "gate_up": "all_gather", "o": "reduce_scatter", "down": "reduce_scatter"}
+SEQ = {
+    "qkv": "all_gather",
+    "gate_up": "all_gather",
+    "o": "reduce_scatter",
+    "down": "reduce_scatter",
+}
 REL = 1e-9
 
 
@@ -45,7 +50,8 @@ def test_every_prediction_is_physically_possible(prof, model, tp):
                 assert np.all(np.asarray(o.t_s) >= 0), (dtype, s.name, o.name)
                 assert np.all(np.asarray(o.t_host_s) >= 0)
             assert np.all(np.isfinite(s.t_forward_s)) and np.all(s.t_forward_s > 0), (dtype, s.name)
-        # per fused op: t_fused >= max(t_gemm, t_link), so its speedup over the sequential arm is bounded
+        # per fused op: t_fused >= max(t_gemm, t_link), so its speedup over the sequential arm is
+        # bounded
         for o in spa.layer_ops:
             if o.fused is None:
                 continue
@@ -56,23 +62,37 @@ def test_every_prediction_is_physically_possible(prof, model, tp):
             hidden = load_model(model).hidden
             b = pred.num_tokens  # rows of the gathered / scattered tensor are the padded count
             rows = np.ceil(b / tp) * tp
-            moved = rows * hidden * (ops.dtype_mode(dtype).ag_bytes if SEQ[slot] == "all_gather" else 2.0)
+            moved = (
+                rows
+                * hidden
+                * (ops.dtype_mode(dtype).ag_bytes if SEQ[slot] == "all_gather" else 2.0)
+            )
             t_link = F.t_link_s(moved, tp, link)
             lower = np.maximum(whole, t_link)
             assert np.all(f.t_gpu_s >= lower * (1 - REL)), (dtype, o.name)
             assert np.all(f.t_s >= lower * (1 - REL))
             assert np.all((whole + coll) / f.t_s <= (whole + coll) / lower * (1 + REL))
-            assert np.all(f.t_chunks_s >= whole * (1 - REL)), (dtype, o.name, "chunked GEMM cheaper than whole")
+            assert np.all(f.t_chunks_s >= whole * (1 - REL)), (
+                dtype,
+                o.name,
+                "chunked GEMM cheaper than whole",
+            )
         # forward: at most all of plain TP's communication hidden plus the norms done on N/tp rows
-        ar = sum(o.t_s * o.count for o in tps.layer_ops if o.name == "all_reduce") * tps.num_layers + sum(
-            o.t_s for o in tps.nonlayer_ops if o.name == "all_reduce")
-        norm_tp = sum(o.t_s * o.count for o in tps.layer_ops if o.name == "rms_norm") * tps.num_layers + sum(
-            o.t_s for o in tps.nonlayer_ops if o.name == "rms_norm")
-        norm_sp = sum(o.t_s * o.count for o in spa.layer_ops if o.name == "rms_norm_shard") * spa.num_layers + sum(
-            o.t_s for o in spa.nonlayer_ops if o.name == "rms_norm_shard")
+        ar = sum(
+            o.t_s * o.count for o in tps.layer_ops if o.name == "all_reduce"
+        ) * tps.num_layers + sum(o.t_s for o in tps.nonlayer_ops if o.name == "all_reduce")
+        norm_tp = sum(
+            o.t_s * o.count for o in tps.layer_ops if o.name == "rms_norm"
+        ) * tps.num_layers + sum(o.t_s for o in tps.nonlayer_ops if o.name == "rms_norm")
+        norm_sp = sum(
+            o.t_s * o.count for o in spa.layer_ops if o.name == "rms_norm_shard"
+        ) * spa.num_layers + sum(o.t_s for o in spa.nonlayer_ops if o.name == "rms_norm_shard")
         t_tp = tps.t_forward_s
         bound = t_tp / (t_tp - ar - np.maximum(norm_tp - norm_sp, 0.0))
-        assert np.all(pred.speedup_sp_asynctp <= bound * (1 + 1e-9)), (dtype, pred.speedup_sp_asynctp.max())
+        assert np.all(pred.speedup_sp_asynctp <= bound * (1 + 1e-9)), (
+            dtype,
+            pred.speedup_sp_asynctp.max(),
+        )
 
 
 @pytest.mark.parametrize("prof", builtin_profile_names())
@@ -85,21 +105,28 @@ def test_no_fused_ops_beyond_one_interconnect_domain(prof):
     why = ops.fused_ops_available(p, 16)
     assert why and f"tp=16 on {prof}" in why and f"{domain} GPUs per" in why
     pred = predict(p, load_model("llama-3.1-70b"), 16, "bf16", N_GRID)
-    assert not pred.asynctp_available and np.all(np.isnan(pred.speedup_sp_asynctp))  # no schedule: NaN, never 0
-    assert np.all(np.isfinite(pred.t_forward_s("sp"))) and any("not available" in n for n in pred.notes)
+    assert not pred.asynctp_available and np.all(
+        np.isnan(pred.speedup_sp_asynctp)
+    )  # no schedule: NaN, never 0
+    assert np.all(np.isfinite(pred.t_forward_s("sp"))) and any(
+        "not available" in n for n in pred.notes
+    )
 
 
 def test_decode_sized_batches_are_a_clear_slowdown():
     """vLLM PR #28672 saw SP+AsyncTP slow decode-sized batches end to end."""
-    pred = predict(load_profile("h100-sxm"), load_model("llama-3.1-70b"), 4, "bf16", np.array([1, 8, 32, 64.0]))
+    pred = predict(
+        load_profile("h100-sxm"), load_model("llama-3.1-70b"), 4, "bf16", np.array([1, 8, 32, 64.0])
+    )
     assert np.all(pred.speedup_sp_asynctp <= 0.5)
 
 
 @pytest.mark.parametrize("prof", builtin_profile_names())
 def test_torch_pipelined_fused_ops_never_beat_their_sequential_arm_by_2x(prof):
-    """t_seq / t_fused <= 2 for torch's pipelined AG+GEMM and GEMM+RS, every built-in model x TP x dtype, eager and
-    graph-replayed: the fused op overlaps one GEMM with one collective, so it gains at most (a + b)/max(a, b) <= 2
-    over running them back to back (docs/model.md §6 bounds; issue: 85 Blackwell TP 2 configurations broke it)."""
+    """t_seq / t_fused <= 2 for torch's pipelined AG+GEMM and GEMM+RS, every built-in model x TP x
+    dtype, eager and graph-replayed: the fused op overlaps one GEMM with one collective, so it gains
+    at most (a + b)/max(a, b) <= 2 over running them back to back (docs/model.md §6 bounds; issue:
+    85 Blackwell TP 2 configurations broke it)."""
     p = load_profile(prof)
     m = np.unique(np.round(np.geomspace(8, 65536, 160) / 8) * 8)
     for name in builtin_model_names():
@@ -116,20 +143,41 @@ def test_torch_pipelined_fused_ops_never_beat_their_sequential_arm_by_2x(prof):
             h_rank, kv = shape.num_heads // tp, shape.kv_heads_per_rank(tp)
             for dtype in ("bf16", "fp8"):
                 hw = ops.Hw(p, dtype)
-                shapes = {"gemm_rs": ((shape.hidden, h_rank * shape.head_dim), (shape.hidden, inter)),
-                          "ag_gemm": (((h_rank + 2 * kv) * shape.head_dim, shape.hidden), (2 * inter, shape.hidden))}
+                shapes = {
+                    "gemm_rs": ((shape.hidden, h_rank * shape.head_dim), (shape.hidden, inter)),
+                    "ag_gemm": (
+                        ((h_rank + 2 * kv) * shape.head_dim, shape.hidden),
+                        (2 * inter, shape.hidden),
+                    ),
+                }
                 for op, nks in shapes.items():
                     for n, k in nks:
-                        pair = ops.torch_pair(hw, op, mm, n, k, tp)  # the predictor op and evaluate use
-                        for regime, fused in (("eager", pair.fused_eager_s), ("graphs", pair.fused_graph_s)):
+                        pair = ops.torch_pair(
+                            hw, op, mm, n, k, tp
+                        )  # the predictor op and evaluate use
+                        for regime, fused in (
+                            ("eager", pair.fused_eager_s),
+                            ("graphs", pair.fused_graph_s),
+                        ):
                             s = pair.unfused_s / fused
-                            assert np.all(s <= 2.0), (prof, name, tp, dtype, regime, op, n, k, float(s.max()))
+                            assert np.all(s <= 2.0), (
+                                prof,
+                                name,
+                                tp,
+                                dtype,
+                                regime,
+                                op,
+                                n,
+                                k,
+                                float(s.max()),
+                            )
 
 
 @pytest.mark.parametrize("gpu", ["h100-sxm", "h200-sxm"])
 def test_no_chunk_gemm_step_above_two_percent(gpu):
-    """The library's tile choice has no staircase (docs/model.md §2): for every built-in dense model × TP {2, 4, 8},
-    the W chunk GEMMs of each fused op grow by at most 2 % between adjacent multiples of tp from 1024 tokens on."""
+    """The library's tile choice has no staircase (docs/model.md §2): for every built-in dense model
+    × TP {2, 4, 8}, the W chunk GEMMs of each fused op grow by at most 2 % between adjacent
+    multiples of tp from 1024 tokens on."""
     from costmodel.layer import LayerSpec
 
     hw = ops.Hw(load_profile(gpu), "bf16")
@@ -143,8 +191,13 @@ def test_no_chunk_gemm_step_above_two_percent(gpu):
                 continue
             for s in layer.slots:
                 n_tok = np.arange(1024.0, 16385.0, tp)
-                f = (ops.fused_ag_gemm(hw, n_tok, s.n, s.k, tp, hw.act_bytes, False) if s.fuses == "ag_gemm"
-                     else ops.fused_gemm_rs(hw, n_tok, s.n, s.k, tp, False) if s.fuses == "gemm_rs" else None)
+                f = (
+                    ops.fused_ag_gemm(hw, n_tok, s.n, s.k, tp, hw.act_bytes, False)
+                    if s.fuses == "ag_gemm"
+                    else ops.fused_gemm_rs(hw, n_tok, s.n, s.k, tp, False)
+                    if s.fuses == "gemm_rs"
+                    else None
+                )
                 if f is None:
                     continue
                 c = np.asarray(f.t_chunks_s)
@@ -154,16 +207,17 @@ def test_no_chunk_gemm_step_above_two_percent(gpu):
     assert checked >= 40
 
 
-# forward speedups above 2.05 in the sweep below, each explained in docs/calibration.md ("Which measurement wins
-# where"): (profile, model, tp, dtype, schedule)
+# forward speedups above 2.05 in the sweep below, each explained in docs/calibration.md ("Which
+# measurement wins where"): (profile, model, tp, dtype, schedule)
 SPEEDUP_LIMIT = 2.05
 EXPLAINED_ABOVE = {("h800", "cpu-tiny", 2, "fp8", "speedup_sp")}
 
 
 def test_no_forward_speedup_above_the_limit_but_the_explained_ones():
-    """Issue 47: over every built-in profile, model, TP 2/4/8 and dtype, SP or SP+AsyncTP is never more than 2.05x
-    plain TP, but where docs/calibration.md names the measurement behind it (an assumed all-reduce slower than the
-    same profile's ring was the cause of the l40s and h800 cases before one_ring)."""
+    """Issue 47: over every built-in profile, model, TP 2/4/8 and dtype, SP or SP+AsyncTP is never
+    more than 2.05x plain TP, but where docs/calibration.md names the measurement behind it (an
+    assumed all-reduce slower than the same profile's ring was the cause of the l40s and h800 cases
+    before one_ring)."""
     above = set()
     for prof, model, tp in _cases():
         for dtype in DTYPES:

@@ -1,5 +1,6 @@
-"""vllm-config --format serve (issue 61 item 4): everything for `vllm serve` at once, the environment and the
-arguments, equal to what the single-purpose formats print; those keep their own output."""
+"""vllm-config --format serve (issue 61 item 4): everything for `vllm serve` at once, the
+environment and the arguments, equal to what the single-purpose formats print; those keep their own
+output."""
 
 import json
 import shlex
@@ -24,7 +25,17 @@ def _serve(lines):
 
 
 def test_serve_holds_the_compilation_config_and_the_tp(capsys):
-    base = ["vllm-config", "--model", "llama-3.1-70b", "--tp", "4", "--gpu", "h100-sxm", "--vllm-version", "0.31"]
+    base = [
+        "vllm-config",
+        "--model",
+        "llama-3.1-70b",
+        "--tp",
+        "4",
+        "--gpu",
+        "h100-sxm",
+        "--vllm-version",
+        "0.31",
+    ]
     cc = json.loads(_out(capsys, *base, "--format", "json"))
     env, words = _serve(_out(capsys, *base, "--format", "serve"))
     assert env == [] and words[:2] == ["--tensor-parallel-size", "4"]
@@ -40,19 +51,52 @@ def test_serve_holds_the_kernel_switch_and_its_config(capsys):
 
 
 def test_serve_holds_the_dbo_arguments_and_the_setup_they_were_priced_in(capsys):
-    base = ["vllm-config", "--model", "deepseek-v3", "--gpu", "h200-sxm", "--enable-expert-parallel",
-            "--data-parallel-size", "16", "--all2all-backend", "deepep_low_latency", "--vllm-version", "0.34"]
+    base = [
+        "vllm-config",
+        "--model",
+        "deepseek-v3",
+        "--gpu",
+        "h200-sxm",
+        "--enable-expert-parallel",
+        "--data-parallel-size",
+        "16",
+        "--all2all-backend",
+        "deepep_low_latency",
+        "--vllm-version",
+        "0.34",
+    ]
     args = _out(capsys, *base, "--format", "args").split()
     env, words = _serve(_out(capsys, *base, "--format", "serve"))
-    assert env == [] and words[-len(args):] == args and args[0] == "--enable-dbo"
-    assert words[:-len(args)] == ["--data-parallel-size", "16", "--enable-expert-parallel", "--all2all-backend",
-                                  "deepep_low_latency"]
+    assert env == [] and words[-len(args) :] == args and args[0] == "--enable-dbo"
+    assert words[: -len(args)] == [
+        "--data-parallel-size",
+        "16",
+        "--enable-expert-parallel",
+        "--all2all-backend",
+        "deepep_low_latency",
+    ]
 
 
 def test_serve_names_the_checkpoint_where_the_model_flag_does(capsys, tmp_path):
     ckpt = tmp_path / "my-70b"
     ckpt.mkdir()
-    (ckpt / "config.json").write_text((ROOT / "costmodel" / "models" / "llama-3.1-70b.json").read_text())
-    lines = _out(capsys, "vllm-config", "--model", str(ckpt / "config.json"), "--tp", "4", "--gpu", "h100-sxm",
-                 "--vllm-version", "0.31", "--format", "serve").splitlines()
-    assert lines[0] == f"MODEL={shlex.quote(str(ckpt))}" and lines[1].startswith('vllm serve "${MODEL:?')
+    (ckpt / "config.json").write_text(
+        (ROOT / "costmodel" / "models" / "llama-3.1-70b.json").read_text()
+    )
+    lines = _out(
+        capsys,
+        "vllm-config",
+        "--model",
+        str(ckpt / "config.json"),
+        "--tp",
+        "4",
+        "--gpu",
+        "h100-sxm",
+        "--vllm-version",
+        "0.31",
+        "--format",
+        "serve",
+    ).splitlines()
+    assert lines[0] == f"MODEL={shlex.quote(str(ckpt))}" and lines[1].startswith(
+        'vllm serve "${MODEL:?'
+    )

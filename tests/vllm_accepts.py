@@ -1,4 +1,5 @@
-"""Shared by the vLLM scenario scripts (run by the tests in a fresh process, each in its own venv)."""
+"""Shared by the vLLM scenario scripts (run by the tests in a fresh process, each in its own
+venv)."""
 
 import json
 
@@ -6,7 +7,8 @@ from vllm.config import CompilationConfig
 
 
 def accepted(texts):
-    """Each `tpcost vllm-config --format json` output handed to vLLM's own CompilationConfig: what it kept."""
+    """Each `tpcost vllm-config --format json` output handed to vLLM's own CompilationConfig: what
+    it kept."""
     out = []
     for text in texts:
         given = json.loads(text)["pass_config"]

@@ -3,12 +3,13 @@
     python tools/compare_predictions.py dump OUT.json        # this checkout's predictions
     python tools/compare_predictions.py compare A.json B.json
 
-What is dumped: the predicted curves (t_tp, t_sp, t_sp_asynctp per forward, and the breakdown terms) of every
-built-in profile × built-in model (and the MoE fixture) × TP 2/4/8 × dtype bf16/fp8/fp8-dynamic over N = 1…20000 (step 37); the
-`whatif --json` output with its band (h100-sxm llama-3.1-70b TP 4, b200 llama-3.1-8b TP 8 fp8); and the printed
-output of benchmarks/vllm_thresholds.py. Floats are written with repr (every bit), so equal files mean identical
-predictions. Used for the architecture refactors (docs/model.md: "one home per formula"): run `dump` before and
-after, then `compare`.
+What is dumped: the predicted curves (t_tp, t_sp, t_sp_asynctp per forward, and the breakdown terms)
+of every built-in profile × built-in model (and the MoE fixture) × TP 2/4/8 × dtype
+bf16/fp8/fp8-dynamic over N = 1…20000 (step 37); the `whatif --json` output with its band (h100-sxm
+llama-3.1-70b TP 4, b200 llama-3.1-8b TP 8 fp8); and the printed output of
+benchmarks/vllm_thresholds.py. Floats are written with repr (every bit), so equal files mean
+identical predictions. Used for the architecture refactors (docs/model.md: "one home per formula"):
+run `dump` before and after, then `compare`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 N = np.arange(1, 20001, 37, dtype=float)
-WHATIF = (["--gpu", "h100-sxm", "--model", "llama-3.1-70b", "--tp", "4"],
-          ["--gpu", "b200", "--model", "llama-3.1-8b", "--tp", "8", "--dtype", "fp8"])
+WHATIF = (
+    ["--gpu", "h100-sxm", "--model", "llama-3.1-70b", "--tp", "4"],
+    ["--gpu", "b200", "--model", "llama-3.1-8b", "--tp", "8", "--dtype", "fp8"],
+)
 
 
 def _curves() -> dict:
@@ -51,7 +54,9 @@ def _curves() -> dict:
                         out[f"{pn}|{mn}|{tp}|{dtype}"] = str(e)
                         continue
                     rec = {s: [repr(float(x)) for x in pred.t_forward_s(s)] for s in SCHEDULES}
-                    rec["breakdown"] = {k: [repr(float(x)) for x in np.ravel(v)] for k, v in pred.breakdown.items()}
+                    rec["breakdown"] = {
+                        k: [repr(float(x)) for x in np.ravel(v)] for k, v in pred.breakdown.items()
+                    }
                     out[f"{pn}|{mn}|{tp}|{dtype}"] = rec
     return out
 
@@ -69,8 +74,12 @@ def _whatif() -> dict:
 
 
 def dump(path: str) -> None:
-    thr = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vllm_thresholds.py")], capture_output=True,
-                         text=True, cwd=ROOT).stdout
+    thr = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "vllm_thresholds.py")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout
     res = {"curves": _curves(), "whatif": _whatif(), "vllm_thresholds": thr}
     Path(path).write_text(json.dumps(res, sort_keys=True) + "\n")
 
@@ -84,7 +93,9 @@ def compare(a: str, b: str) -> int:
             continue
         bad += 1
         if isinstance(da[part], dict):
-            keys = sorted(k for k in set(da[part]) | set(db[part]) if da[part].get(k) != db[part].get(k))
+            keys = sorted(
+                k for k in set(da[part]) | set(db[part]) if da[part].get(k) != db[part].get(k)
+            )
             print(f"{part}: {len(keys)} entries differ, e.g. {keys[:3]}")
         else:
             print(f"{part}: differs")
@@ -92,7 +103,9 @@ def compare(a: str, b: str) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from costmodel.io import doc_summary
+
+    ap = argparse.ArgumentParser(description=doc_summary(__doc__))
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("dump")
     d.add_argument("out")

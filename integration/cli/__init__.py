@@ -1,13 +1,14 @@
-"""The `tpcost` command line: the one root; one module per subcommand in this package, each with register(sub)
-and its command function(s):
+"""The `tpcost` command line: the one root; one module per subcommand in this package, each with
+register(sub) and its command function(s):
 
     whatif, op, profiles (profiles, models), evaluate, vllm_config, calib_cmds (calibrate, validate)
 
-costmodel holds no argparse; calib (and torch) are imported only inside the calibrate/validate commands.
+costmodel holds no argparse; calib (and torch) are imported only inside the calibrate/validate
+commands.
 
 Used by the console script and by `python -m integration`. Importing a subcommand module is not
-optional: an ImportError there is a bug and fails loudly, never a silently missing command (torch and
-vllm themselves are imported only inside the commands that need them).
+optional: an ImportError there is a bug and fails loudly, never a silently missing command (torch
+and vllm themselves are imported only inside the commands that need them).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from . import calib_cmds, collective, ep, evaluate, op, profiles, vllm_config, w
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with every bad value of a call reported at once, in one line (exit 2, no usage dump)."""
+    """argparse, with every bad value of a call reported at once, in one line (exit 2, no usage
+    dump)."""
 
     _bad: list[str]
 
@@ -32,7 +34,9 @@ class _Parser(argparse.ArgumentParser):
         self._bad = []
         try:
             ns, extras = super().parse_known_args(args, namespace)
-        except TpcostError as e:  # a later error (a missing flag, an unknown command): after the values seen
+        except (
+            TpcostError
+        ) as e:  # a later error (a missing flag, an unknown command): after the values seen
             raise TpcostError("; ".join(dict.fromkeys([*self._bad, str(e)]))) from None
         if self._bad:  # carried up through the subcommand's namespace to parse_args
             setattr(ns, _BAD_VALUES, [*getattr(ns, _BAD_VALUES, []), *self._bad])
@@ -47,7 +51,9 @@ class _Parser(argparse.ArgumentParser):
             raise TpcostError("; ".join(dict.fromkeys(bad)))
         return ns
 
-    def _get_value(self, action, arg_string):  # a bad value is noted and parsing goes on to the next flag
+    def _get_value(
+        self, action, arg_string
+    ):  # a bad value is noted and parsing goes on to the next flag
         if isinstance(action, argparse._SubParsersAction):
             return super()._get_value(action, arg_string)
         try:
@@ -81,7 +87,10 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="tpcost", description="When does SP + AsyncTP pay off? A calibrated cost model for vLLM.")
+    ap = _Parser(
+        prog="tpcost",
+        description="When does SP + AsyncTP pay off? A calibrated cost model for vLLM.",
+    )
     ap.add_argument("--version", action="version", version=f"tpcost {_version()}")
     sub = ap.add_subparsers(dest="cmd", parser_class=_Parser)
     for module in (whatif, op, collective, ep, profiles, evaluate, vllm_config, calib_cmds):
@@ -96,7 +105,8 @@ def main(argv=None) -> int:
         ap = build_parser()
         if not argv:
             argv = ["whatif"]
-        if argv[0] == "whatif" and "--enable-expert-parallel" in argv:  # an MoE under DP+EP: the EP step's command
+        # an MoE under DP+EP: the EP step's command
+        if argv[0] == "whatif" and "--enable-expert-parallel" in argv:
             argv = ["ep", *argv[1:]]
         args = ap.parse_args(argv)
         if not getattr(args, "func", None):
@@ -107,8 +117,12 @@ def main(argv=None) -> int:
         print(f"tpcost: error: {e}", file=sys.stderr)
         return 2
     except MemoryError:
-        print("tpcost: error: out of memory (a smaller --max-num-batched-tokens, fewer --tokens, or --no-band needs "
-              "less)", file=sys.stderr)
+        print(
+            "tpcost: error: out of memory (a smaller --max-num-batched-tokens, fewer --tokens, or "
+            "--no-band needs "
+            "less)",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print("tpcost: interrupted", file=sys.stderr)
