@@ -9,6 +9,7 @@ broadcast against row counts of shape (n,).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -270,8 +271,6 @@ def reduce_scatter_dispatch(
         tp,
         model_level_sp,
         "nccl_reduce_scatter",
-        t_nccl_reduce_scatter_s,
-        F.t_reduce_scatter_s,
         lambda s: vllm_tables.custom_rs_backend(s, tp, cap, multicast, fully),
     )
 
@@ -289,21 +288,19 @@ def all_gather_dispatch(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: bool) -
         tp,
         model_level_sp,
         "nccl_all_gather",
-        t_nccl_all_gather_s,
-        F.t_all_gather_s,
         lambda s: vllm_tables.custom_ag_backend(s / tp, tp, multicast, fully),
     )
 
 
 def _sp_collective(
-    hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: bool, nccl: str, t_nccl, t_formula, backend
+    hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: bool, nccl: str, backend
 ) -> tuple[Any, Any]:
     """One collective of model-level SP: NCCL's time per size, replaced where `backend(size)` names
     a custom implementation the profile has a curve for (an implementation without one keeps
-    NCCL's)."""
+    NCCL's); each priced by its COLLECTIVE_IMPLS entry."""
     msg = np.atleast_1d(np.asarray(msg_bytes, dtype=float))
     p = hw.p
-    t0 = t_nccl(hw, tp, msg)
+    t0 = COLLECTIVE_IMPLS[nccl].t_s(hw, tp, msg)
     t = np.array(np.broadcast_to(t0, np.broadcast_shapes(np.shape(t0), msg.shape)), dtype=float)
     impls = np.full(msg.shape, nccl, dtype=object)
     if model_level_sp:
@@ -312,8 +309,7 @@ def _sp_collective(
             if tp not in p.collective_tps(impl):
                 continue  # no curve for it in this profile: NCCL's stands in
             where = np.flatnonzero(names == impl)
-            lat, bw = p.collective(impl, tp)
-            t[..., where] = t_formula(msg[where], lat, bw, tp)
+            t[..., where] = COLLECTIVE_IMPLS[impl].t_s(hw, tp, msg[where])
             impls[where] = impl
     return t, impls.astype(str)
 
@@ -416,16 +412,100 @@ def all_reduce_dispatch(
             continue
         lat, bw = params[impl]
         sizes = msg_bytes.ravel()[where] if msg_bytes.ndim else msg_bytes
-        t[..., where] = (
-            t_nccl_all_reduce_s(hw, tp, sizes)
-            if impl == "nccl_all_reduce"
-            else F.t_all_reduce_s(sizes, lat, bw, tp)
-        )
+        t[..., where] = COLLECTIVE_IMPLS[impl].t_s(hw, tp, sizes)
         lat_out[..., where] = lat
         fused.ravel()[where] = is_fused
         names.ravel()[where] = impl
         used.append(impl)
     return AllReduce(t, fused, used, lat_out, vllm_tables.citations(vllm), names.astype(str))
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveImpl:
+    """One collective implementation a profile times (docs/model.md §4): its collective and its
+    time, NCCL's from its regime curves or a calibration's measured points, the others' from their
+    one α-β curve."""
+
+    name: str
+    collective: str  # all_reduce | all_gather | reduce_scatter (formulas.COLLECTIVES)
+    t_nccl: Callable[[Hw, int, Arr], Arr] | None = None  # NCCL's own time; None: the α-β curve
+
+    def t_s(self, hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
+        """One call on msg_bytes at this TP (s)."""
+        if self.t_nccl is not None:
+            return self.t_nccl(hw, tp, msg_bytes)
+        lat, bw = hw.p.collective(self.name, tp)
+        return _ALPHA_BETA[self.collective](msg_bytes, lat, bw, tp)
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveKind:
+    """One collective as vLLM dispatches it (docs/model.md §4): NCCL's implementation, and the
+    implementations vLLM picks per size (`dispatch`: (hw, msg, tp, model_level_sp, vllm) -> (time
+    s, implementation per size))."""
+
+    name: str
+    nccl: str
+    dispatch: Callable[..., tuple[Any, Any]]
+
+    def t_nccl_s(self, hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
+        """NCCL's own time for it (s)."""
+        return COLLECTIVE_IMPLS[self.nccl].t_s(hw, tp, msg_bytes)
+
+
+_ALPHA_BETA = {
+    "all_reduce": F.t_all_reduce_s,
+    "all_gather": F.t_all_gather_s,
+    "reduce_scatter": F.t_reduce_scatter_s,
+}
+
+
+def _ar_dispatch(hw: Hw, msg: Arr, tp: int, model_level_sp: bool, vllm: Vllm) -> tuple[Any, Any]:
+    """vLLM's plain all-reduce (no norm to fuse) as a CollectiveKind's dispatch."""
+    ar = plain_all_reduce(hw, msg, tp, vllm=vllm)
+    return np.asarray(ar.t_s, dtype=float), ar.impl_per_size
+
+
+# One entry per implementation a profile may time: a new one is one line here (and its curve in
+# the profiles), its choice by vLLM in costmodel.vllm_tables.
+COLLECTIVE_IMPLS = {
+    c.name: c
+    for c in (
+        CollectiveImpl("nccl_all_reduce", "all_reduce", t_nccl_all_reduce_s),
+        CollectiveImpl("nccl_all_gather", "all_gather", t_nccl_all_gather_s),
+        CollectiveImpl("nccl_reduce_scatter", "reduce_scatter", t_nccl_reduce_scatter_s),
+        *(
+            CollectiveImpl(name, "all_reduce")
+            for name in (
+                "custom_ar_1stage",
+                "custom_ar_2stage",
+                "quick_reduce",
+                "symm_mem_multimem",
+                "symm_mem_two_shot",
+                "flashinfer_ar_rmsnorm",
+                "flashinfer_ar_rmsnorm_twoshot",
+            )
+        ),
+        *(
+            CollectiveImpl(name, "reduce_scatter")
+            for name in ("custom_rs_lamport", "custom_rs_multimem", "custom_rs_ipc")
+        ),
+        *(CollectiveImpl(name, "all_gather") for name in ("custom_ag_lamport", "custom_ag_ipc")),
+    )
+}
+COLLECTIVE_KINDS = {
+    "all_reduce": CollectiveKind("all_reduce", "nccl_all_reduce", _ar_dispatch),
+    "reduce_scatter": CollectiveKind(
+        "reduce_scatter",
+        "nccl_reduce_scatter",
+        lambda hw, msg, tp, sp, vllm: reduce_scatter_dispatch(hw, msg, tp, sp),
+    ),
+    "all_gather": CollectiveKind(
+        "all_gather",
+        "nccl_all_gather",
+        lambda hw, msg, tp, sp, vllm: all_gather_dispatch(hw, msg, tp, sp),
+    ),
+}
 
 
 # ---------------------------------------------------------------------- AsyncTP (§6)

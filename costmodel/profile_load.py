@@ -227,7 +227,7 @@ def _check_measured_and_network(measured: dict, leaves: Mapping[str, Any], where
 
 MEASURED_MAX_TIME_S = 100.0  # no collective of an nccl-tests sweep runs for minutes
 # busBW a measured point may show over the link's line rate: an in-switch (NVLS) all-reduce moves S
-# each way per GPU, 2(W-1)/W·S on the bus (docs/profiles.md "Measured collectives")
+# each way per GPU, 2(W-1)/W·S on the bus (docs/profiles.md, nccl-tests section)
 _LINE_RATE_SLACK = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
 
 

@@ -413,3 +413,68 @@ def test_collective_command(capsys, tmp_path, one_line_error):
     bad = tmp_path / "x.txt"
     bad.write_text("not a log\n")
     one_line_error("collective", "--log", str(bad), needle="not nccl-tests output")
+
+
+def test_every_collective_a_profile_times_is_one_registry_entry():
+    """Issue 57 item 1 for collectives: each implementation vLLM's dispatch can pick, and each one a
+    built-in profile times, is one ops.COLLECTIVE_IMPLS entry (NCCL's regime curves ride on NCCL's);
+    the entry's time is its α-β curve, NCCL's its regime curves."""
+    import numpy as np
+
+    from costmodel import formulas as F
+    from costmodel import ops, vllm_tables
+    from costmodel.profile import builtin_profile_names, load_profile
+
+    picked = {"nccl_all_reduce", "quick_reduce", "custom_ar_1stage", "custom_ar_2stage"}
+    picked |= {"flashinfer_ar_rmsnorm", "flashinfer_ar_rmsnorm_twoshot"}
+    picked |= {f"symm_mem_{a}" for a in vllm_tables.SYMM_MEM_ALGOS}
+    for s in (1e3, 1e5, 1e7, 1e9):
+        for tp in (2, 4, 8):
+            for mc, fc in ((True, True), (False, True), (False, False)):
+                picked.add(
+                    vllm_tables.custom_rs_backend(s, tp, "10.0", mc, fc) or "nccl_reduce_scatter"
+                )
+                picked.add(vllm_tables.custom_ag_backend(s / tp, tp, mc, fc) or "nccl_all_gather")
+    assert picked <= set(ops.COLLECTIVE_IMPLS), picked - set(ops.COLLECTIVE_IMPLS)
+    regimes = tuple(ops.NCCL_REGIMES)
+    for name in builtin_profile_names():
+        p = load_profile(name)
+        for impl in p.collectives:
+            base = next((impl.removesuffix(r) for r in regimes if impl.endswith(r)), impl)
+            assert base in ops.COLLECTIVE_IMPLS, (name, impl)
+    hw = ops.Hw(load_profile("b200"), "bf16")
+    S = np.array([1e4, 1e6, 1e8])
+    lat, bw = hw.p.collective("custom_rs_lamport", 4)
+    got = ops.COLLECTIVE_IMPLS["custom_rs_lamport"].t_s(hw, 4, S)
+    assert np.allclose(got, F.t_reduce_scatter_s(S, lat, bw, 4), rtol=1e-12)
+    nccl = ops.COLLECTIVE_KINDS["all_reduce"].t_nccl_s(hw, 4, S)
+    assert np.allclose(nccl, ops.t_nccl_all_reduce_s(hw, 4, S), rtol=1e-12)
+
+
+def test_the_dispatch_prices_each_pick_through_its_entry(monkeypatch, capsys):
+    """A changed entry changes `tpcost collective` where vLLM picks it, and nowhere else."""
+    import dataclasses
+    import json
+
+    from costmodel import ops
+    from integration.cli import main
+
+    argv = ["collective", "--gpu", "h100-sxm", "--tp", "4", "--op", "all_reduce", "--json"]
+    assert main(argv) == 0
+    before = json.loads(capsys.readouterr().out)["rows"]
+
+    @dataclasses.dataclass(frozen=True)
+    class Slower(ops.CollectiveImpl):
+        def t_s(self, hw, tp, msg_bytes):
+            return 3.0 * super().t_s(hw, tp, msg_bytes)
+
+    monkeypatch.setitem(
+        ops.COLLECTIVE_IMPLS, "custom_ar_1stage", Slower("custom_ar_1stage", "all_reduce")
+    )
+    assert main(argv) == 0
+    after = json.loads(capsys.readouterr().out)["rows"]
+    assert any(r["vllm_impl"] == "custom_ar_1stage" for r in before)
+    for b, a in zip(before, after):
+        want = 3.0 if b["vllm_impl"] == "custom_ar_1stage" else 1.0
+        assert a["t_vllm_s"] == pytest.approx(want * b["t_vllm_s"], rel=1e-12)
+        assert a["t_nccl_s"] == b["t_nccl_s"]

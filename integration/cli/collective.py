@@ -16,7 +16,6 @@ from .common import (
     vllm_arg,
 )
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather")
 DEFAULT_SIZES = [
     float(2**e) for e in range(10, 35, 2)
 ]  # 1 KiB .. 16 GiB, x4 (nccl-tests -b 1K -e 16G -f 4)
@@ -32,16 +31,9 @@ def _rows(prof, op: str, tp: int, sizes, model_level_sp: bool, version) -> list[
 
     hw = ops.Hw(prof, "bf16")
     S = np.asarray(sizes, dtype=float)
-    if op == "all_reduce":
-        ar = ops.all_reduce_dispatch(hw, S, tp, False, fi_max_bytes=0, vllm=version)
-        t_vllm, impl = np.asarray(ar.t_s, dtype=float), ar.impl_per_size
-        t_nccl = ops.t_nccl_all_reduce_s(hw, tp, S)
-    elif op == "reduce_scatter":
-        t_vllm, impl = ops.reduce_scatter_dispatch(hw, S, tp, model_level_sp)
-        t_nccl = ops.t_nccl_reduce_scatter_s(hw, tp, S)
-    else:
-        t_vllm, impl = ops.all_gather_dispatch(hw, S, tp, model_level_sp)
-        t_nccl = ops.t_nccl_all_gather_s(hw, tp, S)
+    kind = ops.COLLECTIVE_KINDS[op]
+    t_vllm, impl = kind.dispatch(hw, S, tp, model_level_sp, version)
+    t_nccl = kind.t_nccl_s(hw, tp, S)
     factor = float(F.bus_bw_factor(op, tp))
     return [
         {
@@ -223,6 +215,8 @@ def cmd_collective(args) -> int:
 
 def register(sub) -> None:
     """Add `collective` to the CLI root's subparsers."""
+    from costmodel import ops
+
     c = sub.add_parser(
         "collective",
         help="one collective on one GPU x TP as vLLM dispatches it (nccl-tests-shaped), "
@@ -233,7 +227,9 @@ def register(sub) -> None:
         default=DEFAULT_GPU,
         help=f"built-in GPU profile, a .toml path, or 'auto' (default {DEFAULT_GPU})",
     )
-    c.add_argument("--op", choices=OPS, help="the collective (default: the log's)")
+    c.add_argument(
+        "--op", choices=tuple(ops.COLLECTIVE_KINDS), help="the collective (default: the log's)"
+    )
     c.add_argument(
         "--tp", type=bounded_int("--tp", 1, 4096, "ranks"), help="ranks (default: the log's)"
     )
