@@ -155,3 +155,26 @@ def test_gemm_time_never_below_peak_and_monotone_in_hbm(m, n, k):
     t = F.t_gemm_s(m, n, k, hbm_bw_bytes_per_s=3.35e12, **kw)
     assert t >= F.gemm_flops(m, n, k) / (989e12 * 0.8)
     assert F.t_gemm_s(m, n, k, hbm_bw_bytes_per_s=6.7e12, **kw) <= t + 1e-15
+
+
+def test_each_formula_has_a_one_line_docstring_pointing_to_its_section():
+    """House style (issue 57 item 6): one small function per formula, its docstring one line that
+    names the docs/model.md section it comes from; that section exists."""
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    heads = re.findall(
+        r"^#+ (\d+[a-z]?(?:\.\d+)?)[. ]", (root / "docs" / "model.md").read_text(), re.M
+    )
+    tree = ast.parse((root / "costmodel" / "formulas.py").read_text())
+    checked = 0
+    for n in tree.body:
+        if isinstance(n, ast.FunctionDef) and not n.name.startswith("_"):
+            doc = ast.get_docstring(n)
+            assert doc and "\n" not in doc, n.name
+            cites = re.findall(r"§(\d+[a-z]?(?:\.\d+)?)", doc)
+            assert cites and all(c in heads for c in cites), (n.name, cites)
+            checked += 1
+    assert checked >= 50
