@@ -140,9 +140,10 @@ def custom_reduce_scatter(p):
     buffer, IPC without: each GPU takes in the (W-1)/W·S foreign shards, one shot, at the same
     latency and link fraction."""
     p = copy.deepcopy(p)
-    coll, link = p["collectives"], p["interconnect"]["link_bw_bytes_per_s"]
-    if "custom_ar_1stage" not in coll or p["interconnect"]["kind"] not in ("nvswitch",):
-        return p
+    coll, ic = p.get("collectives", {}), p.get("interconnect", {})
+    if "custom_ar_1stage" not in coll or ic.get("kind") not in ("nvswitch",):
+        return p  # (a tree without them is refused where it loads, naming what it lacks)
+    link = ic["link_bw_bytes_per_s"]
     multicast = bool(p["interconnect"].get("multicast", 0))
     cc = p["identity"]["compute_capability"]
     for key, c in coll["custom_ar_1stage"].items():

@@ -119,11 +119,17 @@ def load_spec(path: Path) -> dict:
 
 
 def load_specs(dirs=(SPECS,)) -> dict[str, dict]:
-    """Every spec under `dirs` (a later directory's spec of the same name replaces an earlier
-    one's)."""
-    out = {}
+    """Every spec under `dirs`; a name given twice is refused (a spec directory adds GPUs: one that
+    replaced a built-in would silently change every profile that inherits from it)."""
+    out: dict[str, dict] = {}
     for d in dirs:
         for path in sorted(Path(d).glob("*.toml")):
+            if path.stem in out:
+                raise bad(
+                    path,
+                    f"a GPU named {path.stem!r} is already specified ({out[path.stem]['_path']}): "
+                    "give the new GPU its own name (the file's stem and its name =)",
+                )
             out[path.stem] = load_spec(path)
     return out
 

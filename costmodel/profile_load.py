@@ -5,6 +5,7 @@ built-ins, a file, the local GPU's (`--gpu auto`, TPCOST_PROFILE), and a profile
 from __future__ import annotations
 
 import functools
+import re
 import tomllib
 from collections.abc import Mapping
 from importlib import resources
@@ -148,13 +149,12 @@ def _flatten(  # noqa: C901
 def _check_multicast_stated(leaves: Mapping[str, Any], where: str) -> None:
     """A profile with [fused_kernel] says whether its domain has NVLink multicast (never inferred
     from the table)."""
-    if "interconnect.multicast" not in leaves and any(
-        k.startswith("fused_kernel.") for k in leaves
-    ):
+    stated = "interconnect.multicast" in leaves
+    has_ic = any(k.startswith("interconnect.") for k in leaves)  # none: refused as missing later
+    if has_ic and not stated and any(k.startswith("fused_kernel.") for k in leaves):
         raise TpcostError(
             f"{where}: [fused_kernel] models a kernel over NVLink multicast, and [interconnect] "
-            "does "
-            "not say whether the domain has it: add multicast = 1 (or 0) to [interconnect]"
+            "does not say whether the domain has it: add multicast = 1 (or 0) to [interconnect]"
         )
 
 
@@ -177,6 +177,12 @@ def profile_from_dict(tree: Mapping[str, Any], origin: str) -> HardwareProfile:
     _flatten(body, "", leaves, prov, notes, where)
     measured = _measured(tree.get(MEASURED_TABLE, {}), where)
     _check_multicast_stated(leaves, where)
+    cc = leaves.get("identity.compute_capability", "")
+    if cc and not re.fullmatch(r"\d{1,3}\.\d{1,3}", cc):
+        raise TpcostError(
+            f"{where}: identity.compute_capability must be 'major.minor' as torch reports it "
+            f"(e.g. '9.0', '10.0'; empty where there is none), got {cc!r}"
+        )
     for key, (value, source) in OPTIONAL_DEFAULTS.items():
         # profiles written before the quantity existed keep loading, and say so
         if key not in leaves:

@@ -420,7 +420,24 @@ BAD_SPECS = [
         "[capacity] holds",
     ),
     ('name = "x"\ninherits = "h100-sxm"\n[capacity]\nhbm_capacity_bytes = 1e9', "[capacity] holds"),
-    # issue 61's spec-file class: the network it names, the multicast flag's values
+    # issue 61's spec-file class: the network it names, the multicast flag's values, its identity,
+    # collectives faster than its link, a spec with no [interconnect]
+    (
+        'name = "x"\ninherits = "h100-sxm"\n[[step]]\nupdate = "identity"\n'
+        'values = {name = "x", compute_capability = "abc"}',
+        "identity.compute_capability must be 'major.minor'",
+    ),
+    ('name = "x"\ninherits = "h100-sxm"', "is named 'h100-sxm' (its parent's)"),
+    (
+        'name = "x"\ninherits = "h100-sxm"\n[[step]]\nupdate = "identity"\nvalues = {name = "x"}\n'
+        '[[step]]\nupdate = "interconnect"\nvalues = {link_bw_bytes_per_s = 50e9}',
+        "above the link's 50 GB/s",
+    ),
+    (
+        'name = "x"\ninherits = "h100-sxm"\n[[step]]\nupdate = "identity"\nvalues = {name = "x"}\n'
+        '[[step]]\ndrop = "interconnect"',
+        "missing required quantity interconnect.",
+    ),
     (
         'name = "x"\ninherits = "h100-sxm"\n[[step]]\nupdate = "interconnect"\n'
         'values = {network = "ib-nope"}',
@@ -449,6 +466,21 @@ def test_a_bad_spec_is_one_line_and_exit_2(tmp_path, capsys, text, needle):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err, err
     assert not (out / "x.toml").exists()
+
+
+def test_a_spec_named_like_a_builtin_is_refused(tmp_path, capsys):
+    """Issue 61: a spec directory adds GPUs; one named like a built-in would change every profile
+    that inherits from it, so it is one line, exit 2, and nothing written."""
+    from calib import assemble as A
+
+    specs, out = tmp_path / "specs", tmp_path / "out"
+    specs.mkdir()
+    text = (A.SPECS / "h100-sxm.toml").read_text()
+    (specs / "h100-sxm.toml").write_text(text.replace("NVIDIA H100 SXM5 80GB", "Mine"))
+    assert B.main(["--spec-dir", str(specs), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a GPU named 'h100-sxm' is already specified" in err, err
+    assert not out.exists() or not any(out.iterdir())
 
 
 @pytest.mark.parametrize(
@@ -523,8 +555,9 @@ def test_the_family_fits_start_trees_come_from_the_specs():
 
 
 def test_a_failed_build_writes_nothing_and_out_is_made(tmp_path, monkeypatch, capsys):
-    """Issue 61 item 6: a build with an inconsistent profile exits 1 and leaves OUT empty; a good
-    build creates a missing --out; --help keeps its whole first sentence."""
+    """Issue 61 item 6: a build with an inconsistent profile is one line naming the value to change,
+    exit 2, and leaves OUT empty; a good build creates a missing --out; --help keeps its whole first
+    sentence."""
     specs, out = tmp_path / "specs", tmp_path / "new" / "out"
     specs.mkdir()
     monkeypatch.setattr(
@@ -536,8 +569,9 @@ def test_a_failed_build_writes_nothing_and_out_is_made(tmp_path, monkeypatch, ca
             else []
         ),
     )
-    assert B.main(["--spec-dir", str(specs), "--out", str(out)]) == 1
-    assert "to change" in capsys.readouterr().out and not out.exists()
+    assert B.main(["--spec-dir", str(specs), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "to change" in err and not out.exists()
     monkeypatch.undo()
     assert B.main(["--spec-dir", str(specs), "--out", str(out)]) == 0
     assert (out / "h100-sxm.toml").exists()

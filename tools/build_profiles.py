@@ -210,14 +210,17 @@ def write_profiles(checks: dict, specs: dict, out: Path, check: bool) -> list[st
             "calib/data.\n"
             "# Do not edit by hand: change the spec and rerun the builder.\n" + dump_profile(tree)
         )
-        try:
-            prof = profile_from_dict(
-                tree, name
-            )  # validates, the plausible ranges included (docs/profiles.md)
+        try:  # validates, the plausible ranges included (docs/profiles.md)
+            prof = profile_from_dict(tree, name)
         except TpcostError as e:
             raise A.SpecError(
                 f"{specs[name]['_path']}: the profile it builds is refused: {e}"
             ) from None
+        if prof.name != name:
+            raise A.SpecError(
+                f"{specs[name]['_path']}: the profile it builds is named {prof.name!r} (its "
+                f'parent\'s): give it its own, a [[step]] update = "identity" with name = "{name}"'
+            )
         bad += [f"inconsistent collectives: {x}" for x in inconsistent_collectives(name, tree)]
         path = out / f"{name}.toml"
         if check:
@@ -327,10 +330,15 @@ def main(argv=None) -> int:
     except A.SpecError as e:
         print(f"build_profiles: error: {e}", file=sys.stderr)
         return 2
-    except TpcostError as e:
-        print(f"build_profiles: {e}", file=sys.stderr)
-        return 1
-    if bad:
+    except TpcostError as e:  # --check: the committed state fails its check (1); a build: bad input
+        print(f"build_profiles: error: {e}", file=sys.stderr)
+        return 1 if args.check else 2
+    # a build that would write inconsistent profiles: one line, nothing written
+    if bad and not args.check:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        print(f"build_profiles: error: {bad[0]}{more}", file=sys.stderr)
+        return 2
+    if bad:  # --check: every stale profile, one per line
         print("\n".join(bad))
         return 1
     return 0
