@@ -307,3 +307,47 @@ def test_costmodel_has_no_import_circle():
     assert _cycles({"fused_ops": {"ops"}, "ops": {"fused_ops"}}) == [
         ["fused_ops", "ops", "fused_ops"]
     ]
+
+
+def test_whatif_prices_the_asynctp_slots_through_the_release_entry(monkeypatch, capsys):
+    """The layer's AsyncTP slots (vLLM <= 0.31) are priced by the entry the release names
+    (Release.symm_mem_impl): a made-up release naming a made-up pipelined op moves whatif's
+    SP+AsyncTP column by exactly that op's extra GPU time, and no other column."""
+    from costmodel import vllm_tables as T
+
+    extra_s = 50e-6
+
+    @dataclasses.dataclass(frozen=True)
+    class Slower(fused_ops.TorchPipelined):
+        def pipelined(self, hw, rows, n, k, tp, eager):
+            f = super().pipelined(hw, rows, n, k, tp, eager)
+            return dataclasses.replace(f, t_gpu_s=f.t_gpu_s + extra_s, t_s=f.t_s + extra_s)
+
+    for op in ("ag_gemm", "gemm_rs"):
+        base = fused_ops.kind(op, "torch")
+        monkeypatch.setitem(
+            fused_ops.REGISTRY,
+            (op, "slower"),
+            Slower(op, "slower", base.collective, base.dtypes, "x"),
+        )
+    sp = T.newest_sp_release()
+    v = (sp.version[0], 99)
+    monkeypatch.setitem(
+        T.RELEASES,
+        v,
+        dataclasses.replace(
+            sp, version=v, serves_from=v, symm_mem_impl="slower", ep=T.current().ep
+        ),  # the newest record: it carries the current EP rules too
+    )
+    argv = ["whatif", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--tp", "4", "--json"]
+    argv += ["--no-band", "--tokens", "256"]  # below the capture size: graph replay, no host cost
+    rows = {}
+    for label in (sp.label, f"{v[0]}.{v[1]}"):
+        assert main([*argv, "--vllm-version", label]) == 0
+        rows[label] = json.loads(capsys.readouterr().out)["rows"][0]
+    a, b = rows[sp.label], rows[f"{v[0]}.{v[1]}"]
+    assert b["t_tp_s"] == a["t_tp_s"] and b["t_sp_s"] == a["t_sp_s"]
+    layers = 32  # llama-3.1-8b: qkv and gate_up fuse AG+GEMM, o and down GEMM+RS: 4 slots a layer
+    assert b["t_sp_asynctp_s"] - a["t_sp_asynctp_s"] == pytest.approx(
+        4 * layers * extra_s, rel=1e-6
+    )
