@@ -1,7 +1,7 @@
 """The fused-op registry carries its callables (issue 57 item 1): a made-up implementation is one
-entry plus its predictor, and `tpcost op`, `tpcost evaluate` and `tpcost vllm-config` use it with no
-other file touched; nothing outside the registry tests which implementation it holds; costmodel has
-no import circle."""
+entry plus its predictor, and `tpcost op`, `tpcost evaluate`, `tpcost vllm-config` and `tpcost
+whatif` use it with no other file touched; nothing outside the registry tests which implementation
+it holds; costmodel has no import circle."""
 
 import ast
 import dataclasses
