@@ -580,3 +580,26 @@ def test_mutated_gate_model_configs_are_refused(tmp_path, capsys, change, needle
     )
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("cmd", ["whatif", "vllm-config"])
+def test_every_bad_name_of_a_call_is_in_the_one_line(one_line_error, cmd):
+    """Issue 61 item 2: a call with a bad GPU, a bad model and a bad dtype names all three in its
+    one error line, not the first alone."""
+    err = one_line_error(
+        cmd,
+        "--gpu",
+        "H100-sxmm",
+        "--model",
+        "Llama-3.1-70X",
+        "--dtype",
+        "fp9",
+        "--tp",
+        "4",
+        needle="unknown GPU profile 'H100-sxmm'",
+    )
+    assert "unknown model 'Llama-3.1-70X'" in err and "unknown dtype 'fp9'" in err
+    err = one_line_error(
+        cmd, "--gpu", "h100-sxm", "--model", "Llama-3.1-70X", needle="unknown model"
+    )
+    assert "GPU profile" not in err

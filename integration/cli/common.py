@@ -448,10 +448,23 @@ def resolve_inputs(args, vllm=None):
     it already)."""
     from costmodel.shapes import check_dtype, load_model
 
-    prof, overrides = resolve_profile(args)
-    shape = load_model(args.model)
-    check_dtype(args.dtype)
-    shape.check_tp(args.tp)
+    errors: list[str] = []  # every bad input of the four, reported at once in the one line
+
+    def attempt(fn):
+        try:
+            return fn()
+        except TpcostError as e:
+            errors.append(str(e))
+            return None
+
+    got = attempt(lambda: resolve_profile(args))
+    shape = attempt(lambda: load_model(args.model))
+    attempt(lambda: check_dtype(args.dtype))
+    if shape is not None:
+        attempt(lambda: shape.check_tp(args.tp))
+    if errors or got is None or shape is None:
+        raise TpcostError("; ".join(errors))
+    prof, overrides = got
     return prof, overrides, shape, vllm_arg(args, prof, args.tp) if vllm is None else vllm
 
 

@@ -172,12 +172,30 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _model_config(args):
+    """(config, name, where) of --model; where it is bad, with the other bad names of the call (the
+    GPU, the dtype) in the one error line."""
+    from costmodel.errors import TpcostError
+    from costmodel.shapes import check_dtype, load_model_config
+
+    try:
+        return load_model_config(args.model)
+    except TpcostError as e:
+        errors = [str(e)]
+        for check in (lambda: resolve_profile(args), lambda: check_dtype(args.dtype)):
+            try:
+                check()
+            except TpcostError as other:
+                errors.append(str(other))
+        raise TpcostError("; ".join(errors)) from None
+
+
 def cmd_vllm_config(args) -> int:
     from costmodel.decide import decide_fusion, recommend
     from integration.recommend import explain
 
     from costmodel.errors import TpcostError
-    from costmodel.shapes import kernel_family, load_model_config
+    from costmodel.shapes import kernel_family
 
     if args.format == "env" and not args.kernel_op:
         raise TpcostError(
@@ -190,7 +208,7 @@ def cmd_vllm_config(args) -> int:
             f"--json prints a report; --format {args.format} prints the value: give one of them"
         )
     vllm = vllm_version_arg(args)
-    cfg, name, where = load_model_config(args.model)
+    cfg, name, where = _model_config(args)
     if kernel_family(cfg):
         given = [_flag(f) for f in DBO_FLAGS if getattr(args, f) is not None]
         if args.num_speculative_tokens is not None:
