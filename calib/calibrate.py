@@ -504,12 +504,11 @@ def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgete
                 f"tpcost calibrate {r['impl']} {prov['host']} {prov['date']},torch"
             )
     atomic_write_text(ops_path, "\n".join(rows) + "\n")
-    net_lines = write_ep_network(
+    net_lines = ep_holdout_lines(records, prior, ep) + write_ep_network(
         args,
         records,
         prior,
         prof,
-        ep,
         net_path,
         src=f"tpcost calibrate on {prov['host']} "
         f"({prov.get('device_name', '')}, {prov['backend']}, {prov['date']})",
@@ -530,29 +529,35 @@ def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgete
         print(f"  skipped for the budget: {', '.join(skipped)}")
 
 
-def write_ep_network(args, records, prior, prof, ep, path: Path, src: str) -> list[str]:
+def ep_holdout_lines(records, prior, ep) -> list[str]:
+    """The run's EP expert GEMMs held out against the prior profile's model, one line per group
+    (calib.epbench.holdout); printed whether or not a network is written."""
+    from .epbench import holdout
+
+    return [
+        f"held out, {ep.name} {group}: {v['rows']} rows, median ln(pred/meas) "
+        f"{v['median_log_error']:+.3f}, max |.| {v['max_abs_log_error']:.3f}"
+        for group, v in holdout(records, prior, ep).items()
+    ]
+
+
+def write_ep_network(args, records, prior, prof, path: Path, src: str) -> list[str]:
     """The network of this run (--network, else the prior profile's) with its all-to-all calls and
     the transport terms torch's calls measure, written to `path` (calib.epbench.network_from_run);
     lines saying what was written, or why nothing was."""
     from costmodel.io import atomic_write_text
     from costmodel.network import load_network, network_toml
 
-    from .epbench import holdout, network_from_run
+    from .epbench import network_from_run
 
-    out = []
-    for group, v in holdout(records, prior, ep).items():
-        out.append(
-            f"held out, {ep.name} {group}: {v['rows']} rows, median ln(pred/meas) "
-            f"{v['median_log_error']:+.3f}, max |.| {v['max_abs_log_error']:.3f}"
-        )
     if not any(r["kind"] == "ep_all2all" for r in records):
-        return out + [
+        return [
             "EP all-to-all: not timed (one rank, experts that do not split over the ranks, or the "
             "budget ran out); no network written"
         ]
     name = args.network or prior.interconnect.network
     if not name:
-        return out + [
+        return [
             "EP all-to-all: timed (raw samples), no network written: give --network NAME|FILE to "
             "start from"
         ]
@@ -569,7 +574,7 @@ def write_ep_network(args, records, prior, prof, ep, path: Path, src: str) -> li
         ),
     )
     cal = [k for k, t in net.tiers.items() if t == "calibrated" and net.sources[k].startswith(src)]
-    return out + [
+    return [
         f"network: {path} ({len(net.measured)} measured calls; fitted: {', '.join(cal) or 'none'})",
         *notes,
         f"use it: tpcost ep --gpu {args.out} --network {path} ...",

@@ -117,8 +117,17 @@ class FusedOpKind:
         """One clear error where the op cannot run at some of rows `m` (`extra_m`: the rows the user
         asked)."""
 
-    def rule(self, profile: HardwareProfile, tp: int, n: int, k: int, vllm: Vllm) -> Rule:
-        """vLLM's own use of this op on these shapes in `vllm` (`tpcost op`)."""
+    def rule(
+        self,
+        profile: HardwareProfile,
+        tp: int,
+        n: int,
+        k: int,
+        vllm: Vllm,
+        capture_tokens: int | None = None,
+    ) -> Rule:
+        """vLLM's own use of this op on these shapes in `vllm` (`tpcost op`; `capture_tokens`:
+        vLLM's largest CUDA-graph capture size, where the rule depends on it)."""
         return Rule(
             f"none: vLLM {vllm.label} does not run {self.op} ({self.impl})", None, _never, "nccl"
         )
@@ -221,12 +230,12 @@ class TorchPipelined(FusedOpKind):
                 f"{step}, which {tp} does not divide; use a tp that divides {step}"
             )
 
-    def rule(self, profile, tp, n, k, vllm):
+    def rule(self, profile, tp, n, k, vllm, capture_tokens=None):
         hidden = n if self.op == "gemm_rs" else k  # the scattered N or the gathered K
         ident = profile.identity
         return Rule(
             *vllm_tables.torch_op_rule(
-                vllm, self.op, ident.vendor, ident.compute_capability, hidden, tp
+                vllm, self.op, ident.vendor, ident.compute_capability, hidden, tp, capture_tokens
             )
         )
 
@@ -375,13 +384,12 @@ class SingleKernel(FusedOpKind):
         (ops.kernel_shipped)."""
         return self.why_not(profile, tp, dtype, n) or ops.kernel_shipped(profile)
 
-    def rule(self, profile, tp, n, k, vllm):
+    def rule(self, profile, tp, n, k, vllm, capture_tokens=None):
         cc = profile.identity.compute_capability
         if not vllm_tables.kernel_ships_on(cc):
             return Rule(
                 f"none: vLLM {vllm.label} does not run gemm_rs_ar on {profile.name} (SM100 family "
-                "only), so "
-                "no row runs it and no saving is priced against a rule",
+                "only), so no row runs it and no saving is priced against a rule",
                 None,
                 _never,
                 "nccl",

@@ -259,10 +259,7 @@ def analyse_op(
     m_all = np.union1d(grid, np.asarray(list(extra_m), dtype=float))
     entry.check_rows(m_all, extra_m, tp, M_STEP)
     cap = vllm_tables.capture_size(cudagraph_max_tokens, profile.identity.compute_capability)
-    rule_text, rule_tokens, runs, baseline = entry.rule(profile, tp, n, k, vllm)
-    # sp_all_gather_matmul: never while a CUDA graph is captured (eager steps only)
-    if baseline == "vllm_sp":
-        runs, rule_tokens = _eager_only(runs, rule_tokens, cap)
+    rule_text, rule_tokens, runs, baseline = entry.rule(profile, tp, n, k, vllm, cap)
     spec = OpSpec(op, impl, tp, n, k, dtype, cap, vllm, baseline, query.sm_share)
     f_all, u_all, unfused_impl, unfused_per_m, waves = op_arms(profile, spec, m_all)
     notes = entry.notes(profile, spec, m_all)
@@ -291,15 +288,6 @@ def analyse_op(
         band,
         waves,
     )
-
-
-def _eager_only(runs: Any, rule_tokens: Any, cap: int) -> tuple[Any, Any]:
-    """vLLM's model-level AG+matmul rule on eager steps only: M above the capture size too (§4)."""
-
-    def eager_runs(m: Any) -> Any:
-        return runs(m) & vllm_tables.runs_eagerly(m, cap)
-
-    return eager_runs, (None if rule_tokens is None else max(int(rule_tokens), cap + 1))
 
 
 def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> fused_ops.Arms:

@@ -535,12 +535,21 @@ def kernel_rule(
     return rule
 
 
-def torch_op_rule(vllm: Vllm, op: str, vendor: str, capability: str, hidden: int, tp: int) -> tuple:
+def torch_op_rule(
+    vllm: Vllm,
+    op: str,
+    vendor: str,
+    capability: str,
+    hidden: int,
+    tp: int,
+    capture_tokens: int | None = None,
+) -> tuple:
     """(description, threshold tokens or None, runs(m) -> bool array, the unfused arm's baseline) of
     `vllm`'s own use of torch's pipelined op on raw shapes (tpcost op): the SP passes'
     sp_min_token_num table where the release has them (NCCL arm); else a model-level gate of common
-    code (0.34's sp_all_gather_matmul: ceil(M/tp) >= its constant, eager steps only, against
-    sp_all_gather); else none."""
+    code (0.34's sp_all_gather_matmul: ceil(M/tp) >= its constant, against sp_all_gather), on eager
+    steps only: M above `capture_tokens`, vLLM's largest CUDA-graph capture size, where it is given
+    (sequence_parallel.py can_sp_all_gather_matmul); else none."""
     rel = vllm.release
     never = lambda m: np.zeros(np.shape(m), dtype=bool)  # noqa: E731
     if rel.sp_passes:
@@ -562,12 +571,17 @@ def torch_op_rule(vllm: Vllm, op: str, vendor: str, capability: str, hidden: int
             "nccl",
         )
     lo = int(g.value)
+    tokens = lo * tp if capture_tokens is None else max(lo * tp, int(capture_tokens) + 1)
+
+    def runs(m: Any) -> Any:
+        gate = np.ceil(np.asarray(m) / tp) >= lo
+        return gate if capture_tokens is None else gate & runs_eagerly(m, capture_tokens)
+
     return (
         f"{g.constant} = {lo}: {lo} rows per rank, M >= {lo * tp} at tp {tp}, eager steps only "
-        "(vLLM "
-        f"{vllm.label} {g.where})",
-        lo * tp,
-        lambda m: np.ceil(np.asarray(m) / tp) >= lo,
+        f"(vLLM {vllm.label} {g.where})",
+        tokens,
+        runs,
         "vllm_sp",
     )
 
