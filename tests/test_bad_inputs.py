@@ -603,3 +603,19 @@ def test_every_bad_name_of_a_call_is_in_the_one_line(one_line_error, cmd):
         cmd, "--gpu", "h100-sxm", "--model", "Llama-3.1-70X", needle="unknown model"
     )
     assert "GPU profile" not in err
+
+
+def test_ep_names_every_bad_name_at_once(one_line_error):
+    """The same for `tpcost ep`: a bad GPU and a bad model in the one line."""
+    err = one_line_error(
+        "ep",
+        "--gpu",
+        "H100x",
+        "--model",
+        "nope2",
+        "--enable-expert-parallel",
+        "--data-parallel-size",
+        "8",
+        needle="unknown GPU profile 'H100x'",
+    )
+    assert "unknown model 'nope2'" in err

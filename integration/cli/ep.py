@@ -195,9 +195,20 @@ def setup_from_args(args, phase: str | None = None):
             "ep prices vLLM's expert parallelism: add --enable-expert-parallel (without it vLLM "
             "shards the experts by TP and runs no all-to-all)"
         )
-    prof = load_profile(args.gpu)
-    shape = load_moe_model(args.model)
-    b = backend(args.all2all_backend)
+    errors: list[str] = []  # the bad names of the call, all in the one line
+
+    def attempt(fn):
+        try:
+            return fn()
+        except TpcostError as e:
+            errors.append(str(e))
+            return None
+
+    prof = attempt(lambda: load_profile(args.gpu))
+    shape = attempt(lambda: load_moe_model(args.model))
+    b = attempt(lambda: backend(args.all2all_backend))
+    if errors:
+        raise TpcostError("; ".join(errors))
     if b.predict is None:
         raise TpcostError(b.refusal)
     dom = int(prof.interconnect.domain_size)
