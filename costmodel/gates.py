@@ -191,10 +191,19 @@ class GateOp:
     )  # (profile, site, n, run); None: printed, never derived
     fused_range: str  # "from_sp_floor": N >= the SP floor; "below_sp_floor": N < it; "any": every N
     curve: str | None = None  # a collective of the profile the fused arm is priced on
+    # (profile, run) -> why the fused arm cannot be priced on this profile (None: it can)
+    unpriced: Callable[..., str | None] | None = None
+
+
+def _kernel_unpriced(profile, run: RunConfig) -> str | None:
+    """Where the profile cannot price the single kernel at all: no multicast, or no kernel terms."""
+    if ops.has_multicast(profile) and profile.fused_kernel is not None:
+        return None
+    return fused_ops.kernel_entry("gemm_rs", run.regime.vllm).why_not(profile, run.tp, "bf16")
 
 
 GATE_OPS: dict[str, GateOp] = {
-    "gemm_rs": GateOp(_gemm_sites, _gemm_rs_arms, "from_sp_floor"),
+    "gemm_rs": GateOp(_gemm_sites, _gemm_rs_arms, "from_sp_floor", unpriced=_kernel_unpriced),
     "ag_gemm": GateOp(_gemm_sites, _ag_gemm_arms, "from_sp_floor"),
     "oneshot_ar": GateOp(_gemm_sites, _oneshot_ar_arms, "below_sp_floor", "flashinfer_ar_rmsnorm"),
     "finalize_ar": GateOp(
@@ -306,6 +315,21 @@ def _decide_gate(
             (),
             applies or f"vLLM runs it nowhere ({why})",
             "no call site the fused path takes",
+            sp_floor,
+        )
+    unpriced = kind.unpriced(profile, run) if kind.unpriced else None
+    if unpriced:
+        return GateDecision(
+            gate,
+            tp,
+            vllm_tok,
+            None,
+            None,
+            None,
+            None,
+            priced,
+            applies or unpriced,
+            unpriced,
             sp_floor,
         )
     if kind.curve and not profile.has_collective(kind.curve):

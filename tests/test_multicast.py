@@ -108,3 +108,19 @@ def test_a_profile_names_a_network_that_exists(one_line_error, tmp_path):
     bad = tmp_path / "b200-bad-network.toml"
     bad.write_text(text.replace('network = "ib-cx7-400g"', 'network = "ib-nope"'))
     one_line_error(*KERNEL_OP[:2], str(bad), *KERNEL_OP[3:], needle="interconnect.network: unknown")
+
+
+@pytest.mark.parametrize("gpu", ["a100-sxm-80gb", "l40s"])
+def test_the_gates_report_stands_on_a_gpu_without_multicast(gpu, capsys):
+    """Issue 61 (0.34 gates): on a GPU without NVLS the gates' report is the answer, each gate
+    saying it is not derived and why, never a refusal of the whole command."""
+    from pathlib import Path
+
+    from integration.cli import main
+
+    cfg = Path(__file__).resolve().parents[1] / "data/reference/models/minimax-m3.config.json"
+    argv = ["vllm-config", "--model", str(cfg), "--vllm-version", "0.34", "--gpu", gpu, "--tp", "4"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "gate minimax_m3.gemm_rs" in err and "not derived: no single-kernel fused" in err
+    assert "NVLink multicast" in err
