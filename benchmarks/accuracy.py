@@ -280,9 +280,8 @@ def family_results() -> dict:
                 "in_sample": ins,
                 "leave_one_source_out": _loso(family, trees, sid, loso_fit),
             }
-        for sid in R.scored_only_sources(
-            family
-        ):  # never in a fit: the family's GPU terms, its own host terms
+        # never in a fit: the family's GPU terms, its own host terms
+        for sid in R.scored_only_sources(family):
             fam["sources"][sid] = {"leave_one_source_out": _loso(family, trees, sid, full)}
         # does the decode difference follow from the other sources? (profile likelihood)
         if family == "hopper":
@@ -308,11 +307,12 @@ IMPL_METRICS = {
     "reducescatter_time": "nccl_reduce_scatter",
     "reduce_scatter_latency_median": "nccl_reduce_scatter",
 }
+# NCCL as its tuner runs it: ops' regime envelope
 NCCL_TIME = {
     "nccl_all_reduce": ops.t_nccl_all_reduce_s,
     "nccl_all_gather": ops.t_nccl_all_gather_s,
     "nccl_reduce_scatter": ops.t_nccl_reduce_scatter_s,
-}  # NCCL as its tuner runs it: ops' regime envelope
+}
 GPU_PROFILES = (
     ("GB200", "gb200-nvl72"),
     ("B300", "b300"),
@@ -349,9 +349,8 @@ def collective_impl_results() -> dict:
             or "prototype" in r["workload"]
         ):
             continue  # (NCCL_PR2307's CTA-count prototype is no NCCL vLLM runs)
-        w = (
-            int(r["num_gpus"]) if r["num_gpus"] else 8
-        )  # VLLM_PR42324's SM 9.0 rows: presumed 8, as their fit does
+        # VLLM_PR42324's SM 9.0 rows: presumed 8, as their fit does
+        w = int(r["num_gpus"]) if r["num_gpus"] else 8
         prof = load_profile(prof_name)
         if not prof.has_collective(impl):
             continue
@@ -361,9 +360,8 @@ def collective_impl_results() -> dict:
                 if r["M_or_tokens"]
                 else R.size_in_notes(r["notes"])
             )
-        except (
-            ValueError
-        ):  # a row without a message size (a quoted "under 8 us"): nothing to predict at
+        # a row without a message size (a quoted "under 8 us"): nothing to predict at
+        except ValueError:
             continue
         t_meas = float(r["baseline_value"]) * {"ms": 1e-3, "us": 1e-6}[r["unit"]]
         hw = ops.Hw(prof, "bf16")
@@ -388,9 +386,8 @@ def collective_impl_results() -> dict:
             },
         )
         g["errs"].append(abs(t_pred / t_meas - 1.0))
-        g["points"].append(
-            (size, t_meas - h)
-        )  # the implementation's own time, the harness floor off
+        # the implementation's own time, the harness floor off
+        g["points"].append((size, t_meas - h))
     out = {}
     for (sid, prof_name, w, impl), g in sorted(groups.items()):
         e = np.array(g["errs"])
@@ -475,6 +472,7 @@ def band_coverage() -> dict:
     return out
 
 
+# σ of asynctp.time_scale tried, beside the profile's own
 WHATIF_SIGMAS = (
     0.0,
     0.05,
@@ -483,7 +481,7 @@ WHATIF_SIGMAS = (
     0.10,
     0.13,
     0.18,
-)  # σ of asynctp.time_scale tried, beside the profile's own
+)
 
 
 def whatif_band_by_sigma(sigmas=None) -> list[dict]:
@@ -601,11 +599,12 @@ def main() -> int:
     )
     for family, fam in fams.items():
         for sid, res in fam["sources"].items():
+            # a scored-only source has no in-sample line
             for label, r in (
                 (lb, res[key])
                 for lb, key in (("in", "in_sample"), ("LOSO", "leave_one_source_out"))
                 if key in res
-            ):  # a scored-only source has no in-sample line
+            ):
                 v = r.get("vllm_rule", {})
                 dec = (
                     (

@@ -23,9 +23,8 @@ def main():
     from costmodel import RunConfig, analyse, load_model, load_profile
     from costmodel.model import DecodeRegime, Regime
 
-    OPERATOR = Regime(
-        decode=DecodeRegime()
-    )  # as vllm-config and the plugin decide: decodes at the stated default
+    # as vllm-config and the plugin decide: decodes at the stated default
+    OPERATOR = Regime(decode=DecodeRegime())
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -49,9 +48,8 @@ def main():
     for r in ref:
         tp, thr = int(r["num_gpus"]), int(r["M_or_tokens"])
         gpu = "h100-sxm" if r["gpu"].startswith("H100") else "b200"
-        max_tokens = (
-            8192 if 2 * thr <= 8192 else 32768
-        )  # room above vLLM's threshold for the cutoff to land
+        # room above vLLM's threshold for the cutoff to land
+        max_tokens = 8192 if 2 * thr <= 8192 else 32768
         an = analyse(
             load_profile(gpu),
             load_model("llama-3.1-70b"),
@@ -196,9 +194,8 @@ def kernel_matrix() -> list[dict]:
                         vllm=Vllm(),
                         fi_max_bytes=fi,
                     )
-                    grid = np.arange(
-                        float(rule_m), 8193.0, 128.0
-                    )  # where vLLM's rule runs the kernel, to the budget
+                    # where vLLM's rule runs the kernel, to the budget
+                    grid = np.arange(float(rule_m), 8193.0, 128.0)
                     over = ops.kernel_pair(
                         hw,
                         ops.KernelGemm(op, s.n, s.k, tp, norm_after=s.norm_after),
@@ -258,10 +255,11 @@ GEMM_AR_SETTINGS = (
     ("TP 8, Kimi-K3's call site, the kernel on 3/4 of the SMs (the rest held back)", 8, True, 0.75),
     ("TP 4, Kimi-K3's call site, the kernel on 3/4 of the SMs (the rest held back)", 4, True, 0.75),
 )
+# Kimi-K3's o_proj GEMM-AR call site at TP 4 (n, k per rank): issue 62's shape
 GEMM_AR_SHAPE = (
     7168,
     1536,
-)  # Kimi-K3's o_proj GEMM-AR call site at TP 4 (n, k per rank): issue 62's shape
+)
 
 
 def gemm_ar_settings(gpu: str = "b200") -> list[dict]:
@@ -629,10 +627,11 @@ def fusion_ranges():
     from costmodel.model import DecodeRegime, Regime, RunConfig
     from costmodel.decide import decide_fusion
 
+    # the oldest record's tables and the current's
     releases = (
         RELEASES[min(RELEASES)].version,
         current().version,
-    )  # the oldest record's tables and the current's
+    )
     out = []
     for gpu in FI_GPUS:
         prof = load_profile(gpu)

@@ -53,9 +53,8 @@ from . import reference as R
 from .results import BAND_CMD, BAND_FIT, load_family_fits
 
 CALIBRATION_SOURCES = ("KRAKEN_PR19", "PT_ISSUE179770", "FLASHINFER_GB200_GEMMRS_MATRIX")
-SCORED_ONLY = (
-    "META_AH_H100_ASYNCTP",
-)  # out of sample, another path in part: scored, never calibrating
+# out of sample, another path in part: scored, never calibrating
+SCORED_ONLY = ("META_AH_H100_ASYNCTP",)
 FAMILY_OF = {
     "KRAKEN_PR19": "hopper",
     "PT_ISSUE179770": "blackwell",
@@ -65,9 +64,8 @@ TARGET = 0.90  # a 5-95 % band claims 90 %
 # the standard normal's 95 % point: a lognormal's 5-95 % half-width in ln is Z95·σ
 Z95 = 1.6448536269514722
 GRID = np.round(np.arange(0.0, 1.0 + 1e-9, 0.01), 2)
-TRADE_OFF_SIGMAS = GRID[
-    :31
-]  # each source's coverage (run noise kept) over σ_m 0-0.30: what a narrower band costs
+# each source's coverage (run noise kept) over σ_m 0-0.30: what a narrower band costs
+TRADE_OFF_SIGMAS = GRID[:31]
 KEY = "asynctp.time_scale"
 
 
@@ -252,13 +250,14 @@ def row_bands(grid=GRID) -> list[dict]:
             continue
         r = written[x.line - 2]
         shift = shifts.get((x.source, r["line"]))
+        # a scored-only source: its own leave-one-source-out speedup
         d = (
             1.0
             if shift is None
             else math.exp(shift)
             if x.source in CALIBRATION_SOURCES
             else shift / x.s_predicted
-        )  # a scored-only source: its own leave-one-source-out speedup
+        )
         lo = np.array([run[i].band_lo * d for run in runs])
         hi = np.array([run[i].band_hi * d for run in runs])
         sig = float(
@@ -322,9 +321,8 @@ def kernel_row_bands(grid=GRID, draws: int | None = None, seed: int | None = Non
     noise, lognormal at the row's run_noise_sigma, independent ("lo"/"hi")."""
     from .kernel_fit import HELD_OUT_DRAWS, HELD_OUT_SEED, SOURCES, held_out_draws, read_rows
 
-    draws = (
-        HELD_OUT_DRAWS if draws is None else draws
-    )  # the draws whose median is the source's nominal
+    # the draws whose median is the source's nominal
+    draws = HELD_OUT_DRAWS if draws is None else draws
     seed = HELD_OUT_SEED if seed is None else seed
     rows, out, noise = read_rows(), [], run_noise()
     z = np.random.default_rng(seed + 1).standard_normal(draws)

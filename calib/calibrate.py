@@ -37,15 +37,15 @@ PLANS = {  # what each backend measures; sizes from the models' per-rank shapes
 }
 # built-in (costmodel/models/cpu-tiny.json): the CPU calibration fixture, hidden 512
 CPU_MODEL = "cpu-tiny"
-CPU_EP_MODEL = str(
-    Path(__file__).with_name("cpu-tiny-moe.json")
-)  # the CPU EP loop's MoE (MLA) fixture
+# the CPU EP loop's MoE (MLA) fixture
+CPU_EP_MODEL = str(Path(__file__).with_name("cpu-tiny-moe.json"))
 
 
+# the EP phases' model where --models names no MoE one
 EP_MODEL = {
     "cuda": "deepseek-v3",
     "cpu": CPU_EP_MODEL,
-}  # the EP phases' model where --models names no MoE one
+}
 
 
 def split_models(models, device: str):
@@ -367,9 +367,8 @@ def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgete
     ops = AsyncTPOps(dev, rank, world) if world > 1 else None
     out = Path(args.out)
     samples_path, ops_path, net_path = side_paths(out)
-    gpn = int(
-        os.environ.get("LOCAL_WORLD_SIZE", world) or world
-    )  # torchrun's ranks per node; spawned: all
+    # torchrun's ranks per node; spawned: all
+    gpn = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
     phases = [
         ("gemm", lambda: bench_gemms(local, shapes, plan["gemm_rows"], dev, dtypes)),
         ("memory", lambda: bench_memory(local, plan["mem"], dev, hidden=shapes[0][2])),
@@ -428,9 +427,8 @@ def worker(args) -> None:  # noqa: C901 (the phases in their order, each budgete
     partial = partial_path(samples_path)
     if rank == 0:
         samples_path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(
-            partial, "w"
-        )  # streamed as taken; renamed to samples_path when the run ends or is interrupted
+        # streamed as taken; renamed to samples_path when the run ends or is interrupted
+        fh = open(partial, "w")
         try:
             from tqdm import tqdm
 
@@ -622,9 +620,8 @@ def run(args) -> int:
 
     tp_models, ep = split_models(models or builtin_model_names(), args.device)
     for m in tp_models:
-        load_model(m).check_tp(
-            world
-        )  # unknown model or a TP it cannot split: one line, exit 2, before any worker
+        # unknown model or a TP it cannot split: one line, exit 2, before any worker
+        load_model(m).check_tp(world)
     try:
         launch.run(
             worker,

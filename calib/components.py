@@ -80,9 +80,8 @@ def b200_collectives() -> dict:
         if op == "all_reduce":
             out["readme"][impl] = _ab(S, t, f, **meta)
             continue
-        reg, res = fit_ring_regimes(
-            S, t, 8
-        )  # ring all-gather / reduce-scatter: LL and Simple, three points
+        # ring all-gather / reduce-scatter: LL and Simple, three points
+        reg, res = fit_ring_regimes(S, t, 8)
         out["readme"][impl] = {**reg["large"], "rms_rel_err": res["rms_log_residual"], **meta}
         out["readme"][impl + "_small"] = {
             **reg["small"],

@@ -177,12 +177,13 @@ def custom_reduce_scatter(p):
                 latency_s=lat,
                 bus_bw_bytes_per_s=RING * link,
             )
+        # its rate is the fused kernel's multicast efficiency
         if (
             multicast
             and "fused_kernel" in p
             and cc in T.CUSTOM_RS_MULTIMEM_CAPABILITIES
             and w in T.CUSTOM_RS_MULTIMEM_WORLDS
-        ):  # its rate is the fused kernel's multicast efficiency
+        ):
             eta = p["fused_kernel"]["_link_efficiency"]["link_efficiency"]
             coll.setdefault("custom_rs_multimem", {})[key] = sec(
                 "assumed (physics, no released row): multimem.ld_reduce reduce-scatter, ~S egress "

@@ -47,6 +47,7 @@ SIGMA_BETWEEN = {
     "ll_combine_extra_s": 1.5,
     "nvl_efficiency": 0.5,
 }
+# the fit's start, whatever the files hold now
 PRIOR = {
     "rdma_efficiency": 0.8,
     "msg_overhead_s": 2e-9,
@@ -54,7 +55,7 @@ PRIOR = {
     "ll_latency_per_log2_ep_s": 3e-6,
     "ll_combine_extra_s": 1e-5,
     "nvl_efficiency": 0.7,
-}  # the fit's start, whatever the files hold now
+}
 SIGMA_ROW = 0.1  # a row's own log-error scale (run-to-run and harness spread)
 # source_id -> (GPU profile, network); rows of other backends (UCCL, DeepEP V2) are kept out with
 # their reason
@@ -75,12 +76,10 @@ EXCLUDED = {
     "DEEPEP_V2_README": "DeepEP V2 (deepep_v2) is not priced; its logical bandwidth is a transport "
     "check",
 }
-LL_DEFAULT = dict(
-    tokens=128, hidden=7168, topk=8, experts=288
-)  # DeepEP tests/test_low_latency.py defaults
-HT_DEFAULT = dict(
-    tokens=4096, hidden=7168, topk=8, experts=256
-)  # tests/test_intranode.py, test_internode.py
+# DeepEP tests/test_low_latency.py defaults
+LL_DEFAULT = dict(tokens=128, hidden=7168, topk=8, experts=288)
+# tests/test_intranode.py, test_internode.py
+HT_DEFAULT = dict(tokens=4096, hidden=7168, topk=8, experts=256)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,10 +19,11 @@ from costmodel.network import TORCH_A2A
 if TYPE_CHECKING:
     from .timing import Timer
 
+# tokens per rank per call
 EP_TOKENS = {
     "cuda": (1, 8, 32, 128, 256, 1024, 4096),
     "cpu": (1, 8, 32, 128),
-}  # tokens per rank per call
+}
 # MLA at DeepSeek-V3's shape: decode (tokens, context) absorbed; prefill one sequence of S tokens,
 # not absorbed
 MLA_DECODE = ((1, 4096), (16, 4096), (64, 4096), (128, 4096), (16, 16384), (64, 16384), (64, 1024))
@@ -67,9 +68,8 @@ def _torch_a2a(timer: Timer, shape, tokens, device, rank, world, gpus_per_node, 
             local,
             world,
         )
-        recv = torch.empty(
-            world, dtype=torch.int64, device=device
-        )  # NCCL moves device tensors only
+        # NCCL moves device tensors only
+        recv = torch.empty(world, dtype=torch.int64, device=device)
         dist.all_to_all_single(recv, torch.from_numpy(send).to(device))
         s_l, r_l = send.tolist(), recv.tolist()
         for quantity, tb, out_n, in_n in (

@@ -18,11 +18,12 @@ def fit_least_squares(resid, x0, lo=-np.inf, hi=np.inf, **kw):
     bounded, with σ of each parameter from the Jacobian, sqrt(diag(s²·pinv(JᵀJ))), s² the residual
     variance; a parameter the residuals do not move (a flat column) gets σ = inf. Parameters fitted
     as logs make σ relative. Returns (scipy result, σ array)."""
+    # a caller may ask for plain least squares (loss="linear")
     kw = {
         "loss": "soft_l1",
         "f_scale": 0.1,
         **kw,
-    }  # a caller may ask for plain least squares (loss="linear")
+    }
     r = least_squares(resid, x0, bounds=(lo, hi), **kw)
     dof = max(1, r.fun.size - len(x0))
     s2 = float(np.sum(r.fun**2)) / dof

@@ -93,9 +93,8 @@ class CheckSizes:
     worlds: tuple = tuple(WORLDS)
     mem_sizes: tuple = tuple(MEM_SIZES)
     interference_m: int = 4096
-    holdout_shapes: tuple = dataclasses.field(
-        default_factory=_kernel_shapes
-    )  # read when a check is sized
+    # read when a check is sized
+    holdout_shapes: tuple = dataclasses.field(default_factory=_kernel_shapes)
     holdout_rows: tuple = tuple(HOLDOUT_ROWS)
     sm_carveouts: tuple = tuple(SM_CARVEOUTS)
     sm_budget_rows: tuple = tuple(SM_BUDGET_ROWS)

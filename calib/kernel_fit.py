@@ -69,14 +69,16 @@ VLLM_RS, VLLM_AR, FI_RS = (
 )
 SOURCES = (VLLM_RS, VLLM_AR, FI_RS)
 KERNEL_OF = {VLLM_RS: "vllm", VLLM_AR: "vllm", FI_RS: "flashinfer"}
+# one benchmark script lineage (module docstring)
 HARNESS_OF = {
     VLLM_RS: "vllm-bench",
     VLLM_AR: "vllm-bench",
-}  # one benchmark script lineage (module docstring)
+}
+# NCCL_PROTO/ALGO forced by the source: its latency is the source's own
 FORCED_PROTOCOLS = (
     "RING_LL",
     "LDMC",
-)  # NCCL_PROTO/ALGO forced by the source: its latency is the source's own
+)
 PROFILE_OF = {VLLM_RS: "b200", VLLM_AR: "gb300-nvl72", FI_RS: "gb200-nvl72"}
 # the source of a cluster owner's own timings of vLLM's kernel (tpcost calibrate)
 CALIBRATION = "calibration"
@@ -406,9 +408,8 @@ def score(rows: list[KernelRow], pred: list[tuple[float, float]]) -> dict:
             }
         )
     err = [abs(p["speedup_predicted"] - p["speedup_measured"]) for p in per]
-    bias = [
-        float(np.log(p["speedup_predicted"] / p["speedup_measured"])) for p in per
-    ]  # > 0: predicted too good
+    # > 0: predicted too good
+    bias = [float(np.log(p["speedup_predicted"] / p["speedup_measured"])) for p in per]
     decided = [p for p in per if abs(p["speedup_measured"] - 1.0) > 0.05]
     right = sum((p["speedup_predicted"] > 1.0) == (p["speedup_measured"] > 1.0) for p in decided)
     return {
@@ -439,10 +440,11 @@ def _held_out(rows: list[KernelRow], sid: str) -> tuple[list[KernelRow], dict, d
     return mine, fit, own, prior_kept
 
 
+# a held-out source's draws: its nominal (leave_one_out) and its band (calib/band.py)
 HELD_OUT_DRAWS, HELD_OUT_SEED = (
     400,
     0,
-)  # a held-out source's draws: its nominal (leave_one_out) and its band (calib/band.py)
+)
 
 
 def leave_one_out(
@@ -458,9 +460,8 @@ def leave_one_out(
     d = held_out_draws(rows, sid, draws, seed)
     central = d["central"]
     median = np.median(d["seq_s"] / d["fused_s"], axis=0)
-    pred = [
-        (seq, seq / s) for (seq, _), s in zip(central, median)
-    ]  # the baseline arm as fitted, the median speedup
+    # the baseline arm as fitted, the median speedup
+    pred = [(seq, seq / s) for (seq, _), s in zip(central, median)]
     at_central = score(d["rows"], central)
     return {
         **score(d["rows"], pred),
@@ -762,11 +763,12 @@ def fit_records(prior: HardwareProfile, records: list[dict]) -> tuple[dict, dict
     # both arms timed by tpcost the same way (calib/timing.py): no harness floor to fit, the offset
     # is 0
     fit = _fit(rows, fixed={_offset_key(CALIBRATION): 0.0}, profiles={CALIBRATION: prior})
+    # None: unidentified, prior kept
     out = {
         f"fused_kernel.{k.split(':', 1)[1]}": {"value": fit["values"][k], "uncertainty_rel": sg}
         for k, sg in fit["sigma_rel"].items()
         if k in keys and sg is not None
-    }  # None: unidentified, prior kept
+    }
     return out, {"rows": len(rows), "rms_log": fit["rms_log"], "unidentified": fit["unidentified"]}
 
 

@@ -162,9 +162,8 @@ def run(target, args, device: str, nproc: int, what: str, wall_timeout_s: float)
     deadline = time.monotonic() + wall_timeout_s
     try:
         while any(p.is_alive() for p in procs):
-            if any(
-                p.exitcode not in (None, 0) for p in procs
-            ):  # one rank failed: the others would hang
+            # one rank failed: the others would hang
+            if any(p.exitcode not in (None, 0) for p in procs):
                 time.sleep(2.0)  # let the peers report their own error first
                 break
             if time.monotonic() > deadline:

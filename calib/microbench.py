@@ -205,9 +205,8 @@ def bench_interference(timer: Timer, shapes, m, device, dtype, reps=30):
         return
     from .timing import summary
 
-    hi = torch.cuda.Stream(
-        priority=torch.cuda.Stream.priority_range()[1]
-    )  # (least, greatest): greatest first
+    # (least, greatest): greatest first
+    hi = torch.cuda.Stream(priority=torch.cuda.Stream.priority_range()[1])
     for name, n, k in shapes:
         g = make_gemm(m, n, k, dtype, device)
         alone = timer(g)

@@ -32,11 +32,12 @@ from costmodel import formulas as F
 from . import reference
 from .fit import fit_least_squares
 
+# small -> large messages
 REGIMES = (
     "nccl_all_reduce_small",
     "nccl_all_reduce_mid",
     "nccl_all_reduce",
-)  # small -> large messages
+)
 SWEEPS = {
     "h200": (
         "MLENG_AR_8xH200_NCCL2307_NCCLTESTS",
@@ -44,9 +45,8 @@ SWEEPS = {
     ),  # reference first (offset 0)
     "b200": ("MLENG_NET_README", "MLENG_AR_8xB200_P6"),
 }
-README_GPU = {
-    "MLENG_NET_README": "B200"
-}  # three-point sources (readme_points): the GPU whose rows a sweep takes
+# three-point sources (readme_points): the GPU whose rows a sweep takes
+README_GPU = {"MLENG_NET_README": "B200"}
 WORLD = 8
 _INIT_LAT = ([15e-6, 30e-6, 70e-6], [45e-6, 60e-6, 120e-6], [45e-6, 80e-6, 200e-6])
 _INIT_BW = ([200e9, 320e9, 480e9], [100e9, 400e9, 740e9], [60e9, 300e9, 800e9])
@@ -102,9 +102,8 @@ def fit_regime_curves(data: list, world: int = WORLD) -> tuple:
     best = None
     for lat0, bw0 in itertools.product(_INIT_LAT, _INIT_BW):
         x0 = np.log(np.concatenate([lat0, 1.0 / np.asarray(bw0), [20e-6] * (len(data) - 1)]))
-        r, _ = fit_least_squares(
-            resid, x0, loss="linear"
-        )  # every size counts: the target is the worst one
+        # every size counts: the target is the worst one
+        r, _ = fit_least_squares(resid, x0, loss="linear")
         if best is None or r.cost < best.cost:
             best = r
     x = best.x

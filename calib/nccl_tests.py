@@ -69,9 +69,8 @@ _OUT_OF_BOUNDS = re.compile(r"Out of bounds values\s*:\s*(\d+)")
 BUSBW_OVER_LINK_MAX = 1.5
 
 
-_SUFFIXED = re.compile(
-    r"^\d+(\.\d+)?[KMGTkmgt]i?[Bb]?$"
-)  # '1M', '4KiB', '2GB': a size with its unit, not bytes
+# '1M', '4KiB', '2GB': a size with its unit, not bytes
+_SUFFIXED = re.compile(r"^\d+(\.\d+)?[KMGTkmgt]i?[Bb]?$")
 MIN_TIME_US = 0.1  # 100 ns: below a kernel launch; a smaller time is a corrupted row
 
 

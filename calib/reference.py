@@ -441,11 +441,12 @@ def asynctp_slowdown_h100(peak_bf16, max_eff):
 # --------------------------------------------------------------------------- fused AsyncTP ops
 
 FUSED_CSV = CSV.with_name("fused_ops.csv")
+# gpu column -> built-in profile
 FUSED_HARDWARE = {
     "H100": "h100-sxm",
     "B300": "b300",
     "GB200": "gb200-nvl72",
-}  # gpu column -> built-in profile
+}
 # dtype column -> tpcost dtype mode; fp16 runs the same tensor-core rate and bytes as bf16 (scored
 # as bf16, said so)
 FUSED_DTYPES = {
@@ -471,9 +472,8 @@ def _row_semantics(r: dict) -> tuple[str, int | None, str]:
     """(impl, per-rank k, how read) of one fused_ops.csv row: which fused arm it times and the
     GEMM's per-rank contraction size k (the README of each source; docs/model.md §6 "Reading the
     released sweeps")."""
-    k = (
-        int(r["K"]) if r["K"].isdigit() else None
-    )  # PR 53053: "768 or 1536 (not stated)", read by calib/kernel_fit.py
+    # PR 53053: "768 or 1536 (not stated)", read by calib/kernel_fit.py
+    k = int(r["K"]) if r["K"].isdigit() else None
     impl = "kernel" if "CuTe" in r["workload"] else "torch"
     if r["source_id"] in HOPPER_P2P_KERNELS:
         return (
@@ -540,9 +540,8 @@ def pipelined_weight_floor_s(
 def _h100_hbm_bytes_per_s() -> float:
     from costmodel.profile import load_profile
 
-    return float(
-        load_profile("h100-sxm").memory.hbm_bw_bytes_per_s
-    )  # the datasheet's (NVIDIA H100 SXM5)
+    # the datasheet's (NVIDIA H100 SXM5)
+    return float(load_profile("h100-sxm").memory.hbm_bw_bytes_per_s)
 
 
 # docs/model.md §6 "Reading the released sweeps"
@@ -643,9 +642,8 @@ def fit_fused_param(tree, rows, key, name, arm="fused"):
 
     from costmodel.profile import value_range
 
-    rng = value_range(
-        key
-    )  # the search stays inside the quantity's plausible range (docs/profiles.md)
+    # the search stays inside the quantity's plausible range (docs/profiles.md)
+    rng = value_range(key)
     lo, hi = np.log(max(rng.lo, 1e-9)), np.log(rng.hi) - 1e-9
     x0 = np.clip(np.log([max(base.value(key), 1e-7)]), lo + 1e-6, hi - 1e-6)
     r, sig = fit_least_squares(resid, x0, [lo], [hi], x_scale=1.0, diff_step=1e-3)
@@ -807,11 +805,12 @@ class FamilyFit:
                     res.append(np.log(r["seq_predicted_s"] / r["seq_measured_s"]))
         return np.array(res)
 
+    # max(GPU, host + tail) is flat in the host term until it binds: multi-start
     HOST_STARTS_S = (
         3e-6,
         1e-5,
         3e-5,
-    )  # max(GPU, host + tail) is flat in the host term until it binds: multi-start
+    )
 
     def fit(self) -> dict:
         """The fit; a term the data cannot identify (sigma_rel > calib.fit.IDENTIFIED_SIGMA_REL) is
@@ -943,9 +942,8 @@ def fit_family(family: str, trees: dict, leave_out: str | None = None) -> dict:
 
 # what decides PR 28672's graph-mode decode difference (docs/accuracy.md)
 DECODE_TERM = "asynctp.barrier_s"
-DECODE_GRID_S = tuple(
-    1e-6 * 2.0 ** (i / 4) for i in range(21)
-)  # 1 ... 32 us (an NVLink round trip and up), 4 an octave
+# 1 ... 32 us (an NVLink round trip and up), 4 an octave
+DECODE_GRID_S = tuple(1e-6 * 2.0 ** (i / 4) for i in range(21))
 
 
 def decode_identifiability(trees: dict, grid_s=DECODE_GRID_S) -> dict:
@@ -959,9 +957,8 @@ def decode_identifiability(trees: dict, grid_s=DECODE_GRID_S) -> dict:
 
     srcs = {k: v for k, v in family_sources("hopper").items() if k != "VLLM_PR28672"}
     problem = FamilyFit("hopper", srcs, FAMILY_SHARED["hopper"], trees)
-    n_terms = len(
-        problem.names
-    )  # before any is found unidentified: the terms the rows are asked to fix
+    # before any is found unidentified: the terms the rows are asked to fix
+    n_terms = len(problem.names)
     free = problem.fit()
     shared = tuple(k for k in FAMILY_SHARED["hopper"] if k != DECODE_TERM)
 

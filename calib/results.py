@@ -31,9 +31,8 @@ FAMILY_FIT = DATA / "family_fit.json"
 FAMILY_CMD = "python -m calib.reference"
 KERNEL_FIT = DATA / "kernel_fit.json"
 KERNEL_CMD = "python -m calib.kernel_fit"
-P2P_FIT = (
-    DATA / "p2p_fit.json"
-)  # the Hopper put/ring kernels (calib/p2p_fit.py): NVLink4's P2P efficiency
+# the Hopper put/ring kernels (calib/p2p_fit.py): NVLink4's P2P efficiency
+P2P_FIT = DATA / "p2p_fit.json"
 P2P_CMD = "python -m calib.p2p_fit"
 BAND_FIT = DATA / "band_fit.json"
 BAND_CMD = "python -m calib.band"

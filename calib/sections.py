@@ -25,11 +25,12 @@ HOST_OP = (
     "host): a property of the host, never carried from one source's machine to another",
     "assumed",
 )
+# signal-pad put + wait (SYMMMEM_RECIPES_PR3: one-shot AR, 2 barriers 10.8 us)
 BARRIER_PRIOR = (
     4e-6,
     "fit start",
     "assumed",
-)  # signal-pad put + wait (SYMMMEM_RECIPES_PR3: one-shot AR, 2 barriers 10.8 us)
+)
 K_CMD = "python -m calib.kernel_fit, then python tools/build_profiles.py"
 # measured on one Hopper part, a property of the GH100 die (132 SMs) that H100 and H800 share
 SAME_DIE_KEYS = ("asynctp.stream_concurrency",)
@@ -321,9 +322,8 @@ def calibrated_overrides(
     prov = fit["provenance"]
     shown = Path(fit_path).resolve()
     shown = shown.relative_to(root) if shown.is_relative_to(root) else shown
-    runs = (
-        f", {prov['combined']}" if prov.get("combined") else ""
-    )  # calib.gpu_check --combine: the runs' median
+    # calib.gpu_check --combine: the runs' median
+    runs = f", {prov['combined']}" if prov.get("combined") else ""
     where = (
         f"calibrated: {shown} ({prov.get('device_name')}, torch {prov.get('torch')}, "
         f"{prov.get('date')}{runs}){note}"

@@ -56,10 +56,11 @@ def mleng_h200_collectives(p: dict, fits: Fits) -> dict:
     )
     for impl, key in (("nccl_all_gather", "all_gather"), ("nccl_reduce_scatter", "reduce_scatter")):
         bw = h2[f"sharp_{key}_tp8_bus_bw_bytes_per_s"]
+        # Simple, and LL at its share
         for name, share in (
             (impl, 1.0),
             (impl + "_small", F.LL_PAYLOAD_FRACTION),
-        ):  # Simple, and LL at its share
+        ):
             e = p["collectives"][name]["tp8"]
             p["collectives"][name]["tp8"] = sec(
                 f"latency: {e['source'].split(';')[0]} (H100); busBW: "

@@ -38,9 +38,8 @@ def _layer_fns(shape, world, rank, dev, seq_len, ops):
     from costmodel.layer import LayerSpec
 
     dt = torch.bfloat16 if dev.startswith("cuda") else torch.float32
-    spec = LayerSpec.build(
-        shape, world, "bf16"
-    )  # the one per-rank description (dense: run() refuses MoE)
+    # the one per-rank description (dense: run() refuses MoE)
+    spec = LayerSpec.build(shape, world, "bf16")
     H, d = spec.hidden, spec.head_dim
     h, kv = spec.heads_per_rank, spec.kv_heads_per_rank
     I = spec.intermediate_per_rank

@@ -34,9 +34,8 @@ class A2ACall:
     dispatch_dtype: str  # "fp8" (block-quantised, with scales) or "bf16"
     combine_dtype: str = "bf16"
     imbalance: float = 1.0  # hot rank's receive load / the mean (>= 1)
-    comm_sms: int = (
-        EP.deepep_sms
-    )  # SMs the high-throughput kernels may use (DBO: VLLM_DBO_COMM_SMS, capped)
+    # SMs the high-throughput kernels may use (DBO: VLLM_DBO_COMM_SMS, capped)
+    comm_sms: int = EP.deepep_sms
 
     @property
     def nodes(self) -> int:
@@ -297,9 +296,8 @@ def measured_times(b: Backend, call: A2ACall, links: Links, model: A2ATimes) -> 
     for q in ("dispatch", "combine"):
         own = [m for m in pts if m.quantity in (q, "total")]
         same = [m for m in own if q == "combine" or m.dispatch_dtype == call.dispatch_dtype]
-        use = (
-            same or own
-        )  # another dtype's measurement still corrects the model where none of this one exists
+        # another dtype's measurement still corrects the model where none of this one exists
+        use = same or own
         if not use:
             continue
         ratio: dict[int, list[float]] = {}

@@ -116,14 +116,12 @@ def expected_time_by_threshold_s(
     at (1+margin)·t_on, the others t_off), and for 'never' in the last column (s). Shapes (..., n)
     -> (..., n+1)."""
     w = np.asarray(weights, dtype=float)
-    with np.errstate(
-        invalid="ignore"
-    ):  # an unavailable schedule (inf) at a zero-weight N costs nothing
+    # an unavailable schedule (inf) at a zero-weight N costs nothing
+    with np.errstate(invalid="ignore"):
         off = np.where(w > 0, np.asarray(t_off_s) * w, 0.0)
         on = np.where(w > 0, np.asarray(t_on_s) * ((1.0 + margin) * w), 0.0)
-    below = np.concatenate(
-        [np.zeros(off.shape[:-1] + (1,)), np.cumsum(off, axis=-1)], axis=-1
-    )  # Σ_{j<i} off
+    # Σ_{j<i} off
+    below = np.concatenate([np.zeros(off.shape[:-1] + (1,)), np.cumsum(off, axis=-1)], axis=-1)
     above = np.concatenate(
         [np.cumsum(on[..., ::-1], axis=-1)[..., ::-1], np.zeros(on.shape[:-1] + (1,))], axis=-1
     )
@@ -223,9 +221,8 @@ def decision_value(
         return float(true[int(np.searchsorted(grid, c, side="left"))])
 
     t_never, t_cut = at(None), at(cutoff)
-    real = np.where(
-        np.append(np.asarray(grid, dtype=float) >= below, False), np.inf, true
-    )  # the oracle: realisable
+    # the oracle: realisable
+    real = np.where(np.append(np.asarray(grid, dtype=float) >= below, False), np.inf, true)
     i_best = int(real.size - 1 - np.argmin(real[::-1]))
     oracle = None if i_best == grid.size else int(grid[i_best])
     with_premium = expected_time_by_threshold_s(t_off_s, t_on_s, w, margin)
@@ -243,9 +240,8 @@ def decision_value(
         vd = (
             None if vllm_default > grid[-1] else int(grid[int(np.searchsorted(grid, vllm_default))])
         )
-        out["saving_vs_vllm_default_s"] = (
-            at(vd) - t_cut
-        )  # inf where vLLM would enable what cannot run
+        # inf where vLLM would enable what cannot run
+        out["saving_vs_vllm_default_s"] = at(vd) - t_cut
     return {k: (v if not isinstance(v, float) or np.isfinite(v) else None) for k, v in out.items()}
 
 
@@ -339,12 +335,10 @@ def cutoff_band(
     from .profile import recording
 
     tp, dtype, margin = run.tp, run.dtype, run.margin
-    traced, reads = recording(
-        profile
-    )  # the drivers named are quantities this query reads (a --set can move them)
-    predict(
-        traced, shape, tp, dtype, grid, run.regime
-    )  # every size: each dispatches its own collective
+    # the drivers named are quantities this query reads (a --set can move them)
+    traced, reads = recording(profile)
+    # every size: each dispatches its own collective
+    predict(traced, shape, tp, dtype, grid, run.regime)
     vals = perturbed_values(profile, draws, seed)
     cuts = []
     for lo in range(0, draws, BAND_CHUNK):
@@ -554,9 +548,8 @@ def analyse(
     if not (0.0 <= margin < 1.0):
         raise TpcostError(f"--margin must be in [0, 1), got {margin}")
     grid = token_grid(tp, max_num_batched_tokens)
-    budget = float(
-        max_num_batched_tokens
-    )  # vLLM realises SP thresholds c < budget only (decide_cutoff)
+    # vLLM realises SP thresholds c < budget only (decide_cutoff)
+    budget = float(max_num_batched_tokens)
     weights, by_spread = None, None
     if workload is not None:
         from .workload import SPREADS, grid_weights

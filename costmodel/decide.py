@@ -84,15 +84,13 @@ class Recommendation:
     tp: int
     dtype: str
     max_num_batched_tokens: int
-    cutoff_tokens: (
-        int | None
-    )  # the decided schedule's threshold (None: neither pays off, or this vLLM has no SP)
+    # the decided schedule's threshold (None: neither pays off, or this vLLM has no SP)
+    cutoff_tokens: int | None
     speedup_at_cutoff: float | None
     speedup_at_max_tokens: float
     worst_speedup_below_cutoff: float | None
-    fusion: (
-        FusionRange | None
-    )  # None: this GPU has no FlashInfer fusion in vLLM's tables (nothing to tune)
+    # None: this GPU has no FlashInfer fusion in vLLM's tables (nothing to tune)
+    fusion: FusionRange | None
     interconnect_kind: str = ""
     # why torch's fused ops cannot run at this TP (None: they can)
     asynctp_unavailable: str | None = None
@@ -222,9 +220,8 @@ def decide_fusion(
             f"{shape.hidden}: vLLM's compile range and its fused pass {agree})"
         )
         tokens = draft_cap
-    cost = expected_time_by_threshold_s(
-        t_fused, t_unfused, w, 0.0
-    )  # what each limit really costs (no premium)
+    # what each limit really costs (no premium)
+    cost = expected_time_by_threshold_s(t_fused, t_unfused, w, 0.0)
     at = lambda c: float(cost[min(max(c, 0), n.size)])  # noqa: E731  (c tokens fused -> split index c)
     units = 2 * shape.num_layers + 1 if units_per_forward is None else units_per_forward
     confidence = None
@@ -294,9 +291,8 @@ def _fusion_confidence(
     t_u = ops.unfused_all_reduce_norm_s(hd, n, hidden, tp, vllm=vllm)
     t_f, t_u = np.broadcast_arrays(t_f, t_u)
     cost = expected_time_by_threshold_s(t_f, t_u, w, 0.0)
-    i_default, i_tokens = (
-        min(max(c, 0), n.size) for c in (default_tokens, tokens)
-    )  # as decide_fusion's at()
+    # as decide_fusion's at()
+    i_default, i_tokens = (min(max(c, 0), n.size) for c in (default_tokens, tokens))
     return float(np.mean(cost[:, i_default] > cost[:, i_tokens]))
 
 
@@ -438,9 +434,8 @@ class SiteDecision:
     expected_on_s: float
     # the switch off: the GEMM, then vLLM's collective (and the norm, fused where vLLM fuses)
     expected_off_s: float
-    cutoff_tokens: (
-        int | None
-    )  # tpcost's own M from which the kernel pays here (None: never; costmodel.analysis)
+    # tpcost's own M from which the kernel pays here (None: never; costmodel.analysis)
+    cutoff_tokens: int | None
     # the M from which the kernel is faster at every M to the budget (None: not)
     crossover_tokens: int | None = None
 
@@ -456,9 +451,8 @@ class KernelSwitch:
     expected_off_s: float
     margin: float  # the risk premium a move away from vLLM's default must clear
     sites: tuple[SiteDecision, ...]
-    fi_tokens: (
-        int | None
-    )  # the FlashInfer AR+norm range the unfused arm was priced with (None: vLLM's table)
+    # the FlashInfer AR+norm range the unfused arm was priced with (None: vLLM's table)
+    fi_tokens: int | None
     steps_above_budget: (
         float  # share of the workload's steps above max_num_batched_tokens (weighted as chunks)
     )
@@ -595,9 +589,8 @@ class KernelModelConfig:
     fused-kernel switch it answers (costmodel.vllm_tables): the fusion range first, then the switch
     priced with exactly that range."""
 
-    fusion: (
-        FusionRange | None
-    )  # None: not in vLLM's tables here, or model-level SP (no all-reduce to fuse)
+    # None: not in vLLM's tables here, or model-level SP (no all-reduce to fuse)
+    fusion: FusionRange | None
     switch: KernelSwitch | None  # None: no --kernel-op asked
     mode: str | None  # the mode the worker binds (gemm_ar | gemm_rs | None)
     # costmodel.gates.GateDecision: the release's hand cutoffs in this model's code

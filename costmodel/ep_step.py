@@ -60,9 +60,8 @@ class EPSetup:
     dtype: str = "fp8"
     # a step's largest DP rank's tokens / its smallest's (§12)
     dp_token_spread: float = DEFAULT_DP_TOKEN_SPREAD
-    shared_stream_tokens: int = (
-        EP.shared_stream_tokens
-    )  # VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (§11.4)
+    # VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (§11.4)
+    shared_stream_tokens: int = EP.shared_stream_tokens
 
     @property
     def nodes(self) -> int:
@@ -118,9 +117,8 @@ def a2a(s: EPSetup, tokens: Any, hw: Hw | None = None, comm_sms: int | None = No
     the SMs DBO gives the high-throughput kernels (VLLM_DBO_COMM_SMS), None: DeepEP's own."""
     hw = hw or Hw(s.prof, s.dtype)
     sh = s.shape
-    dd = (
-        "fp8" if sh.weight_bytes == 1 and s.backend.startswith("deepep") else "bf16"
-    )  # fp8_dispatch
+    # fp8_dispatch
+    dd = "fp8" if sh.weight_bytes == 1 and s.backend.startswith("deepep") else "bf16"
     call = A2ACall(
         tokens=tokens,
         hidden=sh.hidden,
@@ -314,9 +312,8 @@ def step(s: EPSetup, tokens: Any) -> Step:
     lm = _lm_head_s(s, hw, t)
     moe = Lm * moe_layer_s(s, b, t)
     gpu = attn + norms + Ld * b.t_dense_s + moe + lm
-    comm = moe - Lm * (
-        b.t_router_s + b.t_experts_s + b.t_shared_s
-    )  # what the compute does not cover
+    # what the compute does not cover
+    comm = moe - Lm * (b.t_router_s + b.t_experts_s + b.t_shared_s)
     host = _host_s(s, hw, 1)
     return Step(
         tokens=t,
@@ -373,11 +370,12 @@ def timeline(
         for u in UBATCH_IDS:
             comm = np.maximum(comm, c_start[u]) + comb[u]
             ready[u] = comm
+    # the last post may outlast its combine
     return (
         np.maximum(np.maximum(ready[0], ready[1]), comp),
         comp,
         comm,
-    )  # the last post may outlast its combine
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -420,9 +418,8 @@ def dbo_step(s: EPSetup, tokens: Any, zero_comm: bool = False, eager: Any = Fals
     sms = s.comm_sms if s.backend == "deepep_high_throughput" else None
     blocks = (block(s, ta, share, hw, sms), block(s, tb, share, hw, sms))
     z = 0.0 if zero_comm else 1.0
-    beside = (
-        b.shared_beside_combine
-    )  # the shared experts after the experts, during the combine, else before
+    # the shared experts after the experts, during the combine, else before
+    beside = b.shared_beside_combine
     pre = [
         x.t_attention_s + x.t_norms_s + x.t_router_s + (0.0 if beside else x.t_shared_s)
         for x in blocks
@@ -671,9 +668,8 @@ def dbo_band(
     from .analysis import band_edges, perturbed_values
     from .profile import recording
 
-    traced, reads = recording(
-        s.prof
-    )  # only what the step reads is drawn, so only that can move the band
+    # only what the step reads is drawn, so only that can move the band
+    traced, reads = recording(s.prof)
     dbo_step(dataclasses.replace(s, prof=traced), np.array([2.0, float(t_max)]))
     step(dataclasses.replace(s, prof=traced), np.array([1.0, float(t_max)]))
     prof_draws = {k: v for k, v in perturbed_values(s.prof, draws, seed).items() if k in reads}
@@ -742,10 +738,11 @@ def _attention_work(s: EPSetup, t: float) -> tuple[float, float]:
         )
         mats = [*q, (L + R, sh.hidden, wb), (sh.hidden, N * V, wb)]
         if s.decode:
+            # the absorbed W_UK / W_UV, batched per head (bf16)
             mats += [
                 (N * L, P, a),
                 (N * V, L, a),
-            ]  # the absorbed W_UK / W_UV, batched per head (bf16)
+            ]
             qk, v, kv = L + R, L, L + R
         else:
             mats += [(N * (P + V), L, wb)]

@@ -31,20 +31,22 @@ MODEL_COLUMNS = (
     "scope",
     "source",
 )
+# tp (default) | sp; default defaults.DEFAULT_SEQ_LEN
 OPTIONAL_MODEL_COLUMNS = (
     "baseline_schedule",
     "seq_len",
-)  # tp (default) | sp; default defaults.DEFAULT_SEQ_LEN
+)
 # impl: torch (default; torch's pipelined symm-mem ops) | kernel (the single-kernel GEMM+RS/AR,
 # docs/model.md §6b); baseline_impl: nccl (the GEMM then NCCL) | vllm (the GEMM then vLLM's
 # dispatched collective); default the arm `tpcost op` prices against (fused_ops: nccl for torch's
 # ops, vllm for the single kernel); harness_us: a benchmark's own time on both arms (>= 0; a
 # source's fitted offset, calib/reference.py FamilyFit)
 OPTIONAL_OP_COLUMNS = ("impl", "baseline_impl", "harness_us")
+# a published row's unfused arm (fused_ops: "nccl" unless its column says)
 BASELINE_IMPLS = (
     "nccl",
     "vllm",
-)  # a published row's unfused arm (fused_ops: "nccl" unless its column says)
+)
 TIE_BAND = 0.02  # a measured speedup within 2 % of 1 is a tie: either verdict counts as right
 INT_LIMITS = {"tp": 4096, "m": 2**24, "n": 2**20, "k": 2**20, "num_tokens": 2**24, "seq_len": 2**24}
 
@@ -318,9 +320,8 @@ def predict_op_row(
         kind = fused_ops.kind(op, impl)
     except TpcostError as e:
         raise _Skip(str(e)) from None
-    baseline_impl = (
-        row.get("baseline_impl") or kind.published_baseline
-    )  # the arm `op` prices against
+    # the arm `op` prices against
+    baseline_impl = row.get("baseline_impl") or kind.published_baseline
     why = kind.why_not(prof, tp, dtype, n)  # the registry's eligibility, the one `op` applies
     if why:
         raise _Skip(why)

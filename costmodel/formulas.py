@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 Arr = float | np.ndarray  # a number, or a numpy array of them: every formula broadcasts over arrays
+# binary byte units (the one home; vLLM's tables and messages are in them)
 KiB, MiB, GiB = (
     1024,
     1024**2,
     1024**3,
-)  # binary byte units (the one home; vLLM's tables and messages are in them)
+)
 # NCCL ring all-reduce busBW / per-direction link on H100 (NCCL_ISSUE1455): a ring's link share
 RING_LINK_RATIO = 0.816
 # NCCL's LL protocol: each 8-byte store carries 4 bytes of data and a 4-byte flag
@@ -322,9 +323,8 @@ def multicast_bw_bytes_per_s(
     link_efficiency: Arr,
 ) -> Arr:
     """Multicast rate: min(η·link, CTAs·bytes in flight / round trip) (bytes/s; §6b)."""
-    with np.errstate(
-        divide="ignore"
-    ):  # λ = 0 (its documented bound): no latency limit, the link's η·peak alone
+    # λ = 0 (its documented bound): no latency limit, the link's η·peak alone
+    with np.errstate(divide="ignore"):
         little = np.divide(ctas * inflight_bytes_per_cta, latency_s)
     return np.minimum(link_efficiency * link_bw_bytes_per_s, little)
 

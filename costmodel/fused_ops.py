@@ -530,9 +530,8 @@ for _op in vllm_tables.KERNEL_OPS:
             takes_sm_share=True,
         )
     )
-TORCH_FUSES = tuple(
-    op for (op, _), k in REGISTRY.items() if isinstance(k, TorchPipelined)
-)  # a layer's slot (layer)
+# a layer's slot (layer)
+TORCH_FUSES = tuple(op for (op, _), k in REGISTRY.items() if isinstance(k, TorchPipelined))
 
 
 def op_names() -> tuple[str, ...]:

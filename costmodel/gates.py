@@ -60,12 +60,10 @@ class GateDecision:
     gate: ModelGate
     tp: int
     vllm_tokens: int | None  # vLLM's constant at this TP (None: the gate has no value here)
-    tpcost_tokens: (
-        int | None
-    )  # tpcost's value; None: never (a "min" gate) or not derived; 0: off (a "max" gate)
-    band_tokens: (
-        tuple[int | None, int | None] | None
-    )  # 5 % and 95 % of tpcost's value over the draws
+    # tpcost's value; None: never (a "min" gate) or not derived; 0: off (a "max" gate)
+    tpcost_tokens: int | None
+    # 5 % and 95 % of tpcost's value over the draws
+    band_tokens: tuple[int | None, int | None] | None
     expected_at_vllm_s: float | None  # per forward on the workload, over the sites the gate covers
     expected_at_tpcost_s: float | None
     sites: tuple = ()  # costmodel.shapes.CallSite: what was priced
@@ -186,9 +184,8 @@ class GateOp:
     curve that pair needs."""
 
     sites: Callable[..., list]  # (km, gate, par, vllm)
-    arms: (
-        Callable[..., tuple[Any, Any]] | None
-    )  # (profile, site, n, run); None: printed, never derived
+    # (profile, site, n, run); None: printed, never derived
+    arms: Callable[..., tuple[Any, Any]] | None
     fused_range: str  # "from_sp_floor": N >= the SP floor; "below_sp_floor": N < it; "any": every N
     curve: str | None = None  # a collective of the profile the fused arm is priced on
     # (profile, run) -> why the fused arm cannot be priced on this profile (None: it can)
@@ -391,9 +388,8 @@ def _decide_gate(
     drawn = profile.with_values(
         perturbed_values(profile, BAND_DRAWS, BAND_SEED), None, mark_modified=False
     )
-    nb, wb, _ = band_grid(
-        nf, wf
-    )  # at most BAND_GRID_MAX step sizes for the draws (each a block's weight)
+    # at most BAND_GRID_MAX step sizes for the draws (each a block's weight)
+    nb, wb, _ = band_grid(nf, wf)
     fd, ud = gate_arms(drawn, gate, priced, nb, run)
     band = band_edges(_decide(gate, nb, fd, ud, wb, run.margin, tp))
     cut_i = None if cut is None or not np.isfinite(cut) else int(cut)

@@ -15,9 +15,8 @@ from typing import Any
 from .errors import TpcostError
 from .formulas import MiB
 
-MAX_INPUT_BYTES = (
-    64 * MiB
-)  # a profile, config.json, CSV or metrics file larger than this is not ours
+# a profile, config.json, CSV or metrics file larger than this is not ours
+MAX_INPUT_BYTES = 64 * MiB
 # config.json / fit.json nest a few levels; thousands deep is an attack or a mistake
 MAX_JSON_DEPTH = 64
 

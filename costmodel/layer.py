@@ -30,9 +30,8 @@ class GemmSlot:
     in_bytes: float  # bytes per input element (quantised GEMMs: the fp8 mode's width)
     w_bytes: float  # bytes per weight element
     out_bytes: float  # bytes per output element (partials of a reduce: bf16 even for fp8 GEMMs)
-    collective: (
-        str | None
-    )  # "all_gather" before it (under SP), "reduce" after it (all-reduce / reduce-scatter), None
+    # "all_gather" before it (under SP), "reduce" after it (all-reduce / reduce-scatter), None
+    collective: str | None
     fuses: str | None  # "ag_gemm" | "gemm_rs" | None: the fused op vLLM 0.31's AsyncTP makes of it
 
 

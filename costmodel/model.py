@@ -152,9 +152,8 @@ class Regime:
     cudagraph_max_tokens: int | None = None
     # FlashInfer fused AR+RMSNorm limit (None: vLLM's table; 0: the pass off)
     fi_max_bytes: float | None = None
-    vllm: Vllm = dataclasses.field(
-        default_factory=Vllm
-    )  # the vLLM whose dispatch runs (and --vllm-set limits)
+    # the vLLM whose dispatch runs (and --vllm-set limits)
+    vllm: Vllm = dataclasses.field(default_factory=Vllm)
     # decode steps at a context length (None: every token is prefill)
     decode: DecodeRegime | None = None
 
@@ -183,9 +182,8 @@ class Prediction:
     schedules: dict[str, Schedule]
     notes: tuple[str, ...]
     asynctp_available: bool = True
-    unavailable: Any = dataclasses.field(
-        default_factory=dict
-    )  # schedule -> why it cannot run here (one line)
+    # schedule -> why it cannot run here (one line)
+    unavailable: Any = dataclasses.field(default_factory=dict)
     num_layers: int = 0
     # the SP schedule's all-gather and reduce-scatter per call (the breakdown's terms)
     t_all_gather_s: Any = 0.0
@@ -343,9 +341,8 @@ def dispatch_edges(n: Any, impls: Any, msg_bytes: Any) -> list[tuple[int, int, s
         return []
     order = np.argsort(n, kind="stable")
     n, impls, msg = n[order], impls[order], msg[order]
-    steps = (
-        np.flatnonzero(impls[1:] != impls[:-1]) + 1
-    )  # vectorised: predict runs this on every sweep
+    # vectorised: predict runs this on every sweep
+    steps = np.flatnonzero(impls[1:] != impls[:-1]) + 1
     return [
         (int(n[i - 1]), int(n[i]), str(impls[i - 1]), str(impls[i]), float(msg[i]) / F.MiB)
         for i in steps
@@ -467,9 +464,8 @@ class _Ops:
         hw, spec, act, decode = self.hw, self.spec, self.act, self.regime.decode
         h_rank, kv_rank, d = spec.heads_per_rank, spec.kv_heads_per_rank, spec.head_dim
         real = np.minimum(n, self.N)  # the step's own tokens; the rest is padding
-        seqs = (
-            0.0 if decode is None else np.minimum(real, float(decode.max_num_seqs))
-        )  # decodes of this step
+        # decodes of this step
+        seqs = 0.0 if decode is None else np.minimum(real, float(decode.max_num_seqs))
         pre = real - seqs  # chunked-prefill tokens
         flops = F.attention_flops(pre, self.regime.seq_len, h_rank, d)
         nbytes = F.attention_bytes(n, h_rank, kv_rank, d, act)
@@ -786,9 +782,8 @@ def breakdown_terms(
         f, k = o.fused, mult * o.count
         rs_op = o.name.endswith("reduce_scatter")
         t_coll = t_rs if rs_op else t_ag
-        t_whole = _whole_gemm(
-            sp, o
-        )  # the whole GEMM it replaces: same rows, n and k in the SP schedule
+        # the whole GEMM it replaces: same rows, n and k in the SP schedule
+        t_whole = _whole_gemm(sp, o)
         pipe = f.t_gpu_s - f.t_sync_s - f.t_memory_s
         floor = np.maximum(f.t_chunks_contended_s, t_whole)
         out["overlap_gain_s"] = out["overlap_gain_s"] + k * (t_coll - (pipe - floor))

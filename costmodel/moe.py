@@ -309,9 +309,8 @@ def t_mlp_s(hw: Hw, t: Any, hidden: int, inter: int, w_bytes: float) -> Any:
 
 def t_norms_s(hw: Hw, t: Any, hidden: int) -> Any:
     """A layer's two fused add+RMSNorm kernels (memory-bound) (s)."""
-    return 2 * hw.t_mem(
-        np.asarray(t, dtype=float) * hidden * hw.act_bytes * 3.0
-    )  # read x and residual, write
+    # read x and residual, write
+    return 2 * hw.t_mem(np.asarray(t, dtype=float) * hidden * hw.act_bytes * 3.0)
 
 
 def t_experts_s(

@@ -67,9 +67,8 @@ class OpAnalysis:
     unfused_impl: str
     notes: tuple[str, ...]
     unfused_impl_per_m: np.ndarray  # the collective vLLM dispatches at each M
-    cutoff_band: (
-        tuple[int | None, int | None] | None
-    )  # 5-95 % of the cutoff over the profile's draws (None: never)
+    # 5-95 % of the cutoff over the profile's draws (None: never)
+    cutoff_band: tuple[int | None, int | None] | None
     # the single kernel's waves, ceil(tiles / SMs), at each M (torch: None)
     waves_per_m: np.ndarray | None = None
 
@@ -253,9 +252,8 @@ def analyse_op(
             f"--max-num-batched-tokens must be >= {M_STEP} (M runs over the multiples of {M_STEP})"
         )
     grid = np.arange(M_STEP, max_num_batched_tokens // M_STEP * M_STEP + 1, M_STEP, dtype=float)
-    grid = np.concatenate(
-        [np.asarray(entry.small_rows, dtype=float), grid]
-    )  # decode rows the op runs at
+    # decode rows the op runs at
+    grid = np.concatenate([np.asarray(entry.small_rows, dtype=float), grid])
     m_all = np.union1d(grid, np.asarray(list(extra_m), dtype=float))
     entry.check_rows(m_all, extra_m, tp, M_STEP)
     cap = vllm_tables.capture_size(cudagraph_max_tokens, profile.identity.compute_capability)

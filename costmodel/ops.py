@@ -91,9 +91,8 @@ class Hw:
         self.act_bytes = mode.act_bytes
         peaks = p.compute.peak_flops_per_s
         self.peak_flops_per_s = getattr(peaks, mode.gemm_dtype)
-        self.peak_act_flops_per_s = getattr(
-            peaks, mode.act_dtype
-        )  # unquantised GEMMs and attention
+        # unquantised GEMMs and attention
+        self.peak_act_flops_per_s = getattr(peaks, mode.act_dtype)
         self.hbm_bw_bytes_per_s = p.memory.hbm_bw_bytes_per_s
         self.mem_efficiency = p.kernels.mem_efficiency
         self.launch_overhead_s = p.kernels.launch_overhead_s
@@ -189,10 +188,11 @@ def collective_latency_s(hw: Hw, impl: str, tp: int) -> Arr:
     return hw.p.collective(impl, tp)[0]
 
 
+# regime curves beside an NCCL curve `impl` (calib/nccl_fit.py, calib.fit)
 NCCL_REGIMES = (
     "_small",
     "_mid",
-)  # regime curves beside an NCCL curve `impl` (calib/nccl_fit.py, calib.fit)
+)
 
 
 def nccl_curves(hw: Hw, impl: str, tp: int) -> tuple[list, list]:
@@ -260,10 +260,11 @@ def reduce_scatter_dispatch(
     profile has their curves, else NCCL; the generic reduce_scatter (vLLM <= 0.31's compile-pass SP)
     always NCCL."""
     p = hw.p
+    # the NVLS buffer the backends need
     cap, multicast = (
         p.identity.compute_capability,
         has_multicast(p),
-    )  # the NVLS buffer the backends need
+    )
     fully = vllm_tables.fully_connected(p.interconnect, tp)
     return _sp_collective(
         hw,
@@ -601,12 +602,13 @@ def fused_gemm_rs(hw: Hw, m: Arr, n: int, k: int, tp: int, eager: bool) -> Fused
     a = hw.asynctp
     W = tp
     m_c = hw.rows(m, W)
+    # partials bf16 even for fp8
     p = F.t_pull_s(
         m_c * (n * hw.act_bytes),
         a["copy_engine_bw_bytes_per_s"],
         a["link_bw_bytes_per_s"],
         a["copy_latency_s"],
-    )  # partials bf16 even for fp8
+    )
     t_whole = hw.t_gemm(m, n, k)
     g, g_c, g_eff = _chunk_gemms(hw, a, m_c, n, k, W, p, t_whole)
     t_red = hw.t_mem(F.reduction_bytes(m, n, hw.act_bytes, W))
@@ -791,9 +793,8 @@ def sm_share_hw(hw: Hw, share: float) -> Hw:
 
     sms = int(hw.gemm["sm_count"])
     mine = max(1, int(np.floor(share * sms)))
-    out = copy.copy(
-        hw
-    )  # the profile itself untouched (it may be a band's draws or a recording copy)
+    # the profile itself untouched (it may be a band's draws or a recording copy)
+    out = copy.copy(hw)
     out.gemm = {**hw.gemm, "sm_count": mine}
     out.peak_flops_per_s = hw.peak_flops_per_s * (mine / sms)
     out.peak_act_flops_per_s = hw.peak_act_flops_per_s * (mine / sms)
@@ -834,9 +835,8 @@ def fused_kernel(
     fixed = fk.fixed_s + (fk.ar_fence_s if ar else 0.0)
     t = F.t_fused_kernel_s(t_whole, t_comm, waves, fixed, fk.compute_overhead, fk.exposed_fraction)
     t_copy = hw.t_mem(2.0 * m * n * hw.act_bytes) if ar else 0.0
-    t_call = np.maximum(
-        fk.time_scale * (t + t_copy), np.maximum(t_whole, t_comm)
-    )  # never below max(g, L)
+    # never below max(g, L)
+    t_call = np.maximum(fk.time_scale * (t + t_copy), np.maximum(t_whole, t_comm))
     return KernelOp(t_call, t_whole, t_comm, tiles, ctas, waves, bw, egress, ingress, fixed, t_copy)
 
 

@@ -222,9 +222,8 @@ def _check_measured_and_network(measured: dict, leaves: Mapping[str, Any], where
                     f"[collectives.{impl}.tp{tp}] beside it (the model extends the points with it)"
                 )
             _check_measured_physics(impl, tp, curve, link_bw, where)
-    if leaves.get(
-        "interconnect.network"
-    ):  # the network it names exists and reads (costmodel.network)
+    # the network it names exists and reads (costmodel.network)
+    if leaves.get("interconnect.network"):
         try:
             load_network(leaves["interconnect.network"])
         except TpcostError as e:

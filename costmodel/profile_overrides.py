@@ -23,11 +23,12 @@ class _Recorder:
     __slots__ = ("_obj", "_path", "_reads")
 
     def __init__(self, obj, path: str, reads: tuple[set, ...]):
+        # reads: one set per recording that wraps it
         self._obj, self._path, self._reads = (
             obj,
             path,
             reads,
-        )  # reads: one set per recording that wraps it
+        )
 
     def __getattr__(self, name):
         v = getattr(self._obj, name)
@@ -87,9 +88,8 @@ def with_overrides(
                 f"--set: unknown quantity {k!r} for profile {profile.name!r} "
                 f"(see `tpcost profiles --keys {profile.name}`)"
             )
-    check_params(
-        values, source
-    )  # the keys as typed first: an error names what the user wrote, not a dependant
+    # the keys as typed first: an error names what the user wrote, not a dependant
+    check_params(values, source)
     derived: dict[str, Any] = {}
     current = profile.values()
     if "interconnect.link_bw_bytes_per_s" in values:

@@ -139,9 +139,8 @@ def _si_hint(key: str, v: float, r: Any) -> str:
             if math.isfinite(hi) and hi > 0
             else math.log10(lo) + 1
         )
-    exp = min(
-        fits, key=lambda e: abs(math.log10(abs(v) * 10.0**e) - mid)
-    )  # 9.6 HBM -> 9.6e12, not 9.6e9
+    # 9.6 HBM -> 9.6e12, not 9.6e9
+    exp = min(fits, key=lambda e: abs(math.log10(abs(v) * 10.0**e) - mid))
     # 900 -> 900e9; a value typed with its own exponent -> the value itself (9e+09)
     typed = f"{v:g}"
     return (

@@ -222,11 +222,12 @@ class FusedKernel:
 MEASURED_TABLE = "measured"
 
 
+# what a log measures (nccl-tests)
 MEASURED_IMPLS = (
     "nccl_all_reduce",
     "nccl_all_gather",
     "nccl_reduce_scatter",
-)  # what a log measures (nccl-tests)
+)
 
 
 MEASURED_MAX_POINTS = 4096
@@ -365,9 +366,10 @@ class HardwareProfile:
     modified: tuple[str, ...] = ()  # keys changed by --set
     # single-kernel fused GEMM+collective, where the hardware has it
     fused_kernel: FusedKernel | None = None
+    # impl -> TP size -> a calibration's measured points
     measured: Mapping[str, Mapping[int, MeasuredCurve]] = dataclasses.field(
         default_factory=lambda: MappingProxyType({})
-    )  # impl -> TP size -> a calibration's measured points
+    )
 
     def __repr__(self) -> str:
         return (
@@ -393,9 +395,8 @@ class HardwareProfile:
         out: dict[str, Any] = {}
 
         def walk(obj, prefix):
-            obj = getattr(
-                obj, "_obj", obj
-            )  # a recording copy's section (profile_overrides): its values, unrecorded
+            # a recording copy's section (profile_overrides): its values, unrecorded
+            obj = getattr(obj, "_obj", obj)
             for f in dataclasses.fields(obj):
                 v = getattr(obj, f.name)
                 if dataclasses.is_dataclass(getattr(v, "_obj", v)):

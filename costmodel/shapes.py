@@ -24,12 +24,13 @@ from .vllm_tables import (
     shared_expert_can_shard,
 )
 
+# the model's dtype modes (ops.DTYPE_MODES); fp32: CPU runs
 DTYPES = (
     "bf16",
     "fp8",
     "fp8-dynamic",
     "fp32",
-)  # the model's dtype modes (ops.DTYPE_MODES); fp32: CPU runs
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,17 +287,15 @@ def load_model_config(name_or_path: str) -> tuple[dict, str, str]:
             f"{type(cfg).__name__}"
         )
     name = cfg.get("_name_or_path")
-    if not (
-        isinstance(name, str) and name
-    ):  # the directory of a config.json, else the file's own stem
+    # the directory of a config.json, else the file's own stem
+    if not (isinstance(name, str) and name):
         stem = path.name.removesuffix(".json").removesuffix(".config")
         name = (path.parent.name or str(path)) if path.name == "config.json" else stem
     return cfg, name, str(path)
 
 
-HUB_ID = re.compile(
-    r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*"
-)  # org/name, as vLLM's --model takes it
+# org/name, as vLLM's --model takes it
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
 def hf_hub_cache() -> Path:
@@ -385,9 +384,8 @@ class CallSite:
     n: int  # output width (the hidden size)
     k: int  # reduction depth per rank
     calls_per_forward: int
-    weights: (
-        str | None
-    )  # "bf16" | "mxfp8": what can_run takes; None: can_run refuses (see `refused`)
+    # "bf16" | "mxfp8": what can_run takes; None: can_run refuses (see `refused`)
+    weights: str | None
     # followed by vLLM's residual-add RMSNorm: FlashInfer's AR+norm pattern in the unfused arm
     norm_after: bool
     # why vLLM keeps the unfused path at this site (None: the kernel binds)
@@ -464,9 +462,8 @@ class SpCondition:
     """When a family's model code turns model-level SP on: PP 1 (where it asks) ∧ expert parallel ∧
     TP > 1 ∧ (a MegaMoE backend ∨, where it counts, DP > 1)."""
 
-    backends: tuple[
-        str, ...
-    ]  # the MoE backends that turn it on ("prefix*": every backend starting so)
+    # the MoE backends that turn it on ("prefix*": every backend starting so)
+    backends: tuple[str, ...]
     needs_pp1: bool
     dp_enables: bool  # DP > 1 turns it on with any MoE backend
     where: str  # the function in vLLM's model code
@@ -712,27 +709,24 @@ class KernelModel:
             ar = op == "gemm_ar"
             lac = c.get("linear_attn_config") or {}
             kda = set(lac.get("kda_layers") or ())
-            n_kda = sum(
-                1 for i in range(self.num_layers) if i + 1 in kda
-            )  # is_kda_layer: (layer_idx + 1) in kda
+            # is_kda_layer: (layer_idx + 1) in kda
+            n_kda = sum(1 for i in range(self.num_layers) if i + 1 in kda)
             n_mla = self.num_layers - n_kda
             if n_mla:
                 k_tot = _pos(c, "num_attention_heads", self.name) * _pos(c, "v_head_dim", self.name)
                 sites.append(
                     ("o_proj (MLA)", "model.layers.0.self_attn.o_proj", h, k_tot, n_mla, ar)
                 )
-            if n_kda and lac.get(
-                "use_full_rank_gate", False
-            ):  # Kimi-Linear's own KDA does not bind the kernel
+            # Kimi-Linear's own KDA does not bind the kernel
+            if n_kda and lac.get("use_full_rank_gate", False):
                 k_tot = _pos(lac, "num_heads", self.name) * _pos(lac, "head_dim", self.name)
                 sites.append(
                     ("o_proj (KDA)", "model.layers.1.self_attn.o_proj", h, k_tot, n_kda, ar)
                 )
             dense = self.num_layers - self.num_moe_layers()
             shard = par.shard_sp_shared_expert
-            if dense and (
-                ar or shard
-            ):  # the dense MLP: all-reduces, or reduce-scatters when sharded under SP
+            # the dense MLP: all-reduces, or reduce-scatters when sharded under SP
+            if dense and (ar or shard):
                 sites.append(
                     (
                         "down_proj (dense MLP)",
@@ -902,12 +896,13 @@ class KernelModel:
                         f"{self.name}: quantization_config ignore pattern {pat!r} is not a regular "
                         f"expression ({e})"
                     ) from None
+            # ModelOpt's exclude_modules: fnmatch
             elif (
                 module == pat
                 or module.endswith("." + pat)
                 or pat in module.split(".")
                 or ("*" in pat and fnmatch.fnmatchcase(module, pat))
-            ):  # ModelOpt's exclude_modules: fnmatch
+            ):
                 return "bf16", None
         fmt = " ".join(
             str(q.get(x) or "") for x in ("quant_method", "format", "quant_algo")
@@ -921,15 +916,15 @@ class KernelModel:
         )
 
 
+# unquantised modules
 QUANT_IGNORE_KEYS = (
     "ignore",
     "ignored_layers",
     "modules_to_not_convert",
     "exclude_modules",
-)  # unquantised modules
-KERNEL_FIELD_CAP = (
-    2**20
-)  # any other shape field of a kernel model's config.json (o_lora_rank, o_groups, ...)
+)
+# any other shape field of a kernel model's config.json (o_lora_rank, o_groups, ...)
+KERNEL_FIELD_CAP = 2**20
 
 
 def _pos(cfg: Mapping[str, Any], key: str, where: str) -> int:

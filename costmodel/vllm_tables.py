@@ -78,11 +78,12 @@ _FI_ONESHOT_MAX_MB = {
     103: {2: 32, 4: 4, 8: 2},
     107: {2: 32, 4: 4, 8: 2},
 }
+# only with VLLM_USE_NCCL_SYMM_MEM=1 (default off)
 _NCCL_SYMM_MEM_CONFIG = {
     "min_world_size": 4,
     "custom_ar_preferred_ranges": {4: [16 * KiB, 512 * KiB], 8: [16 * KiB, 128 * KiB]},
     "always_use_above_world_size": 8,
-}  # only with VLLM_USE_NCCL_SYMM_MEM=1 (default off)
+}
 _MNNVL_031 = {(103, 4, 1): 80, (103, 8, 1): 64, (103, 8, 2): 64, (103, 16, 4): 8}
 _MNNVL_033 = {
     (100, 8, 1): 128,
@@ -171,22 +172,20 @@ def custom_ar_1stage_max_bytes(world: int) -> int:
 # model-level SP's `sp_reduce_scatter` (models/common/ops/sequence_parallel.py l. 41-51); the
 # generic reduce_scatter, which vLLM <= 0.31's compile-pass SP uses, goes to NCCL
 # (cuda_communicator.py l. 496-531).
-CUSTOM_RS_LAMPORT_MAX_BYTES = (
-    16 * MiB
-)  # with the multicast buffer (NVLS: Hopper and Blackwell over NVSwitch)
-CUSTOM_RS_MULTIMEM_MAX_BYTES = (
-    64 * MiB
-)  # above Lamport's, multicast, capability 10.0 / 10.3, W in (2, 4, 8)
+# with the multicast buffer (NVLS: Hopper and Blackwell over NVSwitch)
+CUSTOM_RS_LAMPORT_MAX_BYTES = 16 * MiB
+# above Lamport's, multicast, capability 10.0 / 10.3, W in (2, 4, 8)
+CUSTOM_RS_MULTIMEM_MAX_BYTES = 64 * MiB
 CUSTOM_RS_MULTIMEM_CAPABILITIES, CUSTOM_RS_MULTIMEM_WORLDS = ("10.0", "10.3"), (2, 4, 8)
-CUSTOM_RS_LEGACY_MAX_BYTES = (
-    16 * MiB
-)  # without multicast, fully connected (NVSwitch, or 2 PCIe GPUs)
+# without multicast, fully connected (NVSwitch, or 2 PCIe GPUs)
+CUSTOM_RS_LEGACY_MAX_BYTES = 16 * MiB
+# CustomAllreduce._SUPPORTED_WORLD_SIZES on one node (16 needs MNNVL)
 CUSTOM_RS_WORLDS = (
     2,
     4,
     6,
     8,
-)  # CustomAllreduce._SUPPORTED_WORLD_SIZES on one node (16 needs MNNVL)
+)
 
 
 def custom_rs_backend(
@@ -215,15 +214,15 @@ def custom_rs_backend(
 # l. 119-127, 564-616): reached only through model-level SP's `sp_all_gather`
 # (models/common/ops/sequence_parallel.py, 0.31.0 l. 23-28, 0.33.0 l. 35-40); its limit is on the
 # input shard (inp.nbytes), a 16-byte multiple of a float dtype
-CUSTOM_AG_MAX_BYTES = (
-    2 * MiB
-)  # the legacy IPC all-gather (_DEFAULT_ALL_GATHER_MAX_SIZE), fully connected only
+# the legacy IPC all-gather (_DEFAULT_ALL_GATHER_MAX_SIZE), fully connected only
+CUSTOM_AG_MAX_BYTES = 2 * MiB
+# _DEFAULT_MNNVL_ALL_GATHER_MAX_SIZES
 CUSTOM_AG_LAMPORT_MAX_BYTES = {
     2: 8 * MiB,
     4: 4 * MiB,
     6: 2 * MiB,
     8: 2 * MiB,
-}  # _DEFAULT_MNNVL_ALL_GATHER_MAX_SIZES
+}
 
 
 def custom_ag_backend(
@@ -462,11 +461,12 @@ KERNEL_TILE_M = KERNEL_TILE_N = 128
 # - each CTA's communicating warps issue one RS tile's multimem.ld_reduce before any store (l.
 # 560-575): bytes in
 #   flight = one tile's (formulas.kernel_inflight_bytes, scale 1);
+# the provenance of fused_kernel.inflight_scale = 1
 KERNEL_INFLIGHT_SOURCE = (
     "vLLM's design: each CTA's communicating warps issue one RS tile's multimem.ld_reduce "
     "(BM/W rows x BN from each of W ranks) before any store (gemm_rs_ar.py l. 560-575): "
     "scale 1 by construction"
-)  # the provenance of fused_kernel.inflight_scale = 1
+)
 # - GEMM+AR ends with `partial[:M].clone()` (l. 1081): one more m·n copy in HBM;
 # - MXFP8 weights: the kernel quantises its activations first (l. 1009-1026: m·k·(b+1) bytes).
 # maybe_init_gemm_rs_ar: is_device_capability_family(100) (gemm_rs_ar.py l. 1131)
@@ -918,9 +918,8 @@ class Release:
 
     version: tuple[int, int]
     wheel: str  # the wheel (or CPU build) the record was read from
-    serves_from: tuple[
-        int, int
-    ]  # the oldest minor this record answers for (its tables and rules held since)
+    # the oldest minor this record answers for (its tables and rules held since)
+    serves_from: tuple[int, int]
     tables: Mapping[str, tuple[Any, str]]  # the dispatch tables: name -> (value, file:line)
     sp_passes: bool  # the compile-time SP and AsyncTP passes (and their PassConfig fields) exist
     sp_passes_cite: str

@@ -28,14 +28,14 @@ from .io import finite_float, read_text
 
 METRIC = "vllm:iteration_tokens_total"
 MAX_CONTEXT_LEN = 2**24  # 16 M tokens: beyond any context window served today
-MAX_STEP_TOKENS = (
-    2**40
-)  # tokens of one step (or a finite bucket bound): ~1e12, beyond any token budget by 10^6
+# tokens of one step (or a finite bucket bound): ~1e12, beyond any token budget by 10^6
+MAX_STEP_TOKENS = 2**40
 SPREADS = ("uniform", "upper", "lower")
+# a workload's phase column: vLLM's uniform-decode steps, and every other step
 PHASES = (
     "decode",
     "mixed",
-)  # a workload's phase column: vLLM's uniform-decode steps, and every other step
+)
 _SAMPLE = re.compile(
     r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$"
 )

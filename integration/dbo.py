@@ -79,9 +79,8 @@ def decide_dbo(args, s, band: bool = True) -> dict:
     enable = d.threshold_tokens is not None or p.threshold_tokens is not None
     never = s.budget_tokens + 1  # a threshold above the budget: that phase never microbatches
     k = getattr(args, "num_speculative_tokens", None) or 0
-    floor = UBATCHES * (
-        1 + k
-    )  # vLLM raises both thresholds to this under speculative decoding (EP.spec_decode_cite)
+    # vLLM raises both thresholds to this under speculative decoding (EP.spec_decode_cite)
+    floor = UBATCHES * (1 + k)
     dt = max(d.threshold_tokens or never, floor)
     pt = max(p.threshold_tokens or never, floor)
     why = []

@@ -151,10 +151,11 @@ PLAN_ATTRS = {
 }
 
 
+# costmodel.vllm_tables.SWITCHES (not imported here)
 PLAN_ENV = (
     "VLLM_KIMI_K3_GEMM_AR",
     "VLLM_ENABLE_GEMM_RS",
-)  # costmodel.vllm_tables.SWITCHES (not imported here)
+)
 
 
 def _is_plan(plan) -> bool:

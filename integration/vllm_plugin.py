@@ -267,19 +267,19 @@ def _dbo_plan(inputs: dict) -> dict:
     from .dbo import decide_dbo
 
     s = dbo_setup(inputs, detect_profile())
+    # the band is for people, not the engine
     d = decide_dbo(
         argparse.Namespace(
             margin=None, num_speculative_tokens=inputs.get("num_speculative_tokens")
         ),
         s,
         band=False,
-    )  # the band is for people, not the engine
+    )
     sets, said = [], []
     for ph in inputs["unset"]:
         x = d["phases"][ph]
-        value = (
-            d[f"{ph}_token_threshold"] or s.budget_tokens + 1
-        )  # never pays: no step of the budget microbatches
+        # never pays: no step of the budget microbatches
+        value = d[f"{ph}_token_threshold"] or s.budget_tokens + 1
         sets.append((_DBO_FIELDS[ph], value))
         what = (
             f"saves {x['saving_s'] * 1e3:.3f} ms per step "
@@ -372,9 +372,8 @@ def _vllm_version(has_sp: bool) -> list[int]:
     from costmodel.errors import TpcostError
     from costmodel.vllm_tables import resolve
 
-    mod = sys.modules.get(
-        "vllm"
-    )  # the plugin runs inside vLLM: its version is already loaded, no metadata scan
+    # the plugin runs inside vLLM: its version is already loaded, no metadata scan
+    mod = sys.modules.get("vllm")
     text = getattr(mod, "__version__", None) if mod is not None else None
     if not isinstance(text, str):
         raise TpcostError(
@@ -435,9 +434,8 @@ def _fusion_plan(inputs: dict, f) -> tuple[list, list[str]]:
     sets: list = []
     said: list[str] = []
     why = inputs.get("fuse_why", "")
-    if inputs["fuse_allreduce_rms"] is False and not why.startswith(
-        "user"
-    ):  # vLLM turns it off itself: say so
+    # vLLM turns it off itself: say so
+    if inputs["fuse_allreduce_rms"] is False and not why.startswith("user"):
         said.append(f"FlashInfer all-reduce+RMSNorm fusion off ({why}); decided without it")
     if not inputs["want_fi"] or f is None or f.why.startswith("user"):
         return sets, said
@@ -626,9 +624,8 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
             plan["profile_tier"],
             " (cached decision)" if hit else "",
         )
-    for line in plan.get(
-        "gates", []
-    ):  # one line per hand cutoff in the model's code: reported, never patched
+    # one line per hand cutoff in the model's code: reported, never patched
+    for line in plan.get("gates", []):
         logger.info("%s", line)
 
 

@@ -32,9 +32,8 @@ def test_every_family_and_split_is_in_the_one_block():
     for ln in LINES:
         assert KEYS <= set(ln), ln["source"]
         b = ln["median_signed_log_error"]
-        assert b is not None and math.isfinite(b), ln[
-            "source"
-        ]  # the decode line has its signed value too
+        # the decode line has its signed value too
+        assert b is not None and math.isfinite(b), ln["source"]
 
 
 def test_a_line_above_the_limit_names_a_data_limit_with_its_evidence():

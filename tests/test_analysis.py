@@ -30,9 +30,8 @@ def test_band_draws_are_clipped_into_the_range_not_refused():
     eff = perturbed(p, "gemm.max_efficiency", z)
     assert kappa.max() == 1.0 and kappa.min() < 1.0
     assert eff.max() == 1.0 and eff.min() > 0
-    bar = perturbed(
-        p, "asynctp.barrier_s", np.array([1e3])
-    )  # a draw far out is clipped at the top of the range
+    # a draw far out is clipped at the top of the range
+    bar = perturbed(p, "asynctp.barrier_s", np.array([1e3]))
     assert bar[0] == value_range("asynctp.barrier_s").hi
 
 
@@ -161,9 +160,8 @@ def test_band_drivers_rank_what_moves_the_decision(capsys):
 
     a = np.arange(1.0, 101.0)
     cuts = np.where(a > 90, np.inf, 10.0 * a)  # follows a, never at its top tenth
-    unrelated = np.tile(
-        [1.0, 2.0, 2.0, 1.0], 25
-    )  # ρ 0 with any monotone order of a by construction
+    # ρ 0 with any monotone order of a by construction
+    unrelated = np.tile([1.0, 2.0, 2.0, 1.0], 25)
     d = band_drivers({"a": a, "minus_a": -a, "flat": np.ones(100), "unrelated": unrelated}, cuts)
     assert d == (("a", 1.0), ("minus_a", -1.0))
     assert band_drivers({"a": a}, np.full(100, 7.0)) == ()

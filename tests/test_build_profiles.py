@@ -212,12 +212,10 @@ def test_builtin_curves_reproduce_the_rows_they_were_fitted_to(
     hw = ops.Hw(prof, "bf16")
     op = impl.removeprefix("nccl_")
 
-    def all_reduce_curve(
-        hw, w, S
-    ):  # the curve fitted to the row; H100's regimes are H200's (assumed), scored as
-        return F.t_all_reduce_s(
-            S, *prof.collective(impl, w), w
-        )  # out-of-sample in docs/accuracy.md
+    # the curve fitted to the row; H100's regimes are H200's (assumed), scored as
+    def all_reduce_curve(hw, w, S):
+        # out-of-sample in docs/accuracy.md
+        return F.t_all_reduce_s(S, *prof.collective(impl, w), w)
 
     t_fn = {
         "all_reduce": all_reduce_curve,
@@ -376,9 +374,8 @@ source = "a made-up datasheet"
     assert "= the H100 fit" in prof.provenance["asynctp.barrier_s"].source
     assert set(prof.collectives) == {"nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter"}
     t = float(ops.t_nccl_all_gather_s(ops.Hw(prof, "bf16"), 8, 64 * F.MiB))
-    assert t > float(
-        ops.t_nccl_all_gather_s(ops.Hw(h100, "bf16"), 8, 64 * F.MiB)
-    )  # the slower link costs
+    # the slower link costs
+    assert t > float(ops.t_nccl_all_gather_s(ops.Hw(h100, "bf16"), 8, 64 * F.MiB))
     # and checks as current
     assert B.main(["--check", "--spec-dir", str(specs), "--out", str(out)]) == 0
 

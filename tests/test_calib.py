@@ -362,9 +362,8 @@ def test_gpu_check_pipeline_runs_on_cpu_and_folds_into_a_profile(tmp_path, capsy
     folded = [k for k, v in p.provenance.items() if v.tier == "calibrated"]
     assert set(folded) <= set(fit["params"])
     for k in folded:
-        assert p.value(k) == pytest.approx(
-            fit["params"][k]["value"], rel=1e-3
-        )  # profiles keep 4 digits
+        # profiles keep 4 digits
+        assert p.value(k) == pytest.approx(fit["params"][k]["value"], rel=1e-3)
 
 
 def test_gpu_check_without_the_kimi_config_skips_the_held_out_gemms(tmp_path, monkeypatch):
@@ -458,10 +457,11 @@ def test_gemm_holdout_and_sm_budget_score_the_roofline():
     assert b["a"]["honoured"] and b["a"]["slowdown"]["max_abs_log_error"] == pytest.approx(
         0.0, abs=1e-12
     )
+    # half the SMs: about twice
     assert [q["model_slowdown"] > 1.5 for q in b["a"]["rows"]] == [
         False,
         True,
-    ]  # half the SMs: about twice
+    ]
     assert not b["b"]["honoured"]
 
 

@@ -37,13 +37,11 @@ def test_sigma_is_the_least_that_covers_the_mean_of_the_sources():
     assert B.coverage(rows, float(B.GRID[4])) == 0.0
     assert B.coverage(rows, float(B.GRID[5])) == pytest.approx(0.5)
     assert B.sigma_for(rows) == pytest.approx(float(B.GRID[30]))
-    assert B.sharpness(rows, float(B.GRID[30])) == pytest.approx(
-        0.3
-    )  # the profile's band, not the scored one
+    # the profile's band, not the scored one
+    assert B.sharpness(rows, float(B.GRID[30])) == pytest.approx(0.3)
     assert B.coverage(rows, float(B.GRID[4]), "_model") == 1.0
-    assert B.sigma_for(_rows("C", 3, B.GRID.size)) == float(
-        B.GRID[-1]
-    )  # never covered: the grid's end
+    # never covered: the grid's end
+    assert B.sigma_for(_rows("C", 3, B.GRID.size)) == float(B.GRID[-1])
 
 
 def test_time_scale_scales_the_fused_op_and_nothing_else():

@@ -58,9 +58,10 @@ def test_correlation_of_collinear_and_independent_parameters():
     diagonal."""
     x_pts = np.linspace(0.0, 1.0, 20)
 
+    # a + b on twenty points, a alone on one point at a tenth of the weight, c its own line
     def resid(
         p,
-    ):  # a + b on twenty points, a alone on one point at a tenth of the weight, c its own line
+    ):
         return np.concatenate(
             [p[0] + p[1] - 5.0 + 0.0 * x_pts, [0.1 * (p[0] - 2.0)], p[2] * x_pts - x_pts]
         )

@@ -91,9 +91,8 @@ def _one_row_slower(path, tmp_path, column, pick):
 
 
 def _fresh_components() -> dict:
-    return json.loads(
-        json.dumps(CMP.component_fits())
-    )  # as the JSON holds it (tuples become lists)
+    # as the JSON holds it (tuples become lists)
+    return json.loads(json.dumps(CMP.component_fits()))
 
 
 def test_committed_component_fits_are_current():
@@ -236,6 +235,5 @@ def test_decode_identifiability_profiles_the_barrier_without_pr28672():
     ]
     assert d["interval_decode_s"][0] <= d["best"]["decode_s"] <= d["interval_decode_s"][1]
     assert d["measured_decode_s"] == pytest.approx(R.pr28672_measured_decode_s())
-    assert all(
-        p["host_identified"] or p["host_op_s"] == pytest.approx(3e-6) for p in pts
-    )  # the prior where unidentified
+    # the prior where unidentified
+    assert all(p["host_identified"] or p["host_op_s"] == pytest.approx(3e-6) for p in pts)

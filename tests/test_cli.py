@@ -187,9 +187,8 @@ def test_memory_error_is_one_line(monkeypatch, capsys, one_line_error):
     def boom(*a, **k):
         raise MemoryError
 
-    monkeypatch.setattr(
-        an, "analyse", boom
-    )  # our own code raising it: the CLI's handler is what is under test
+    # our own code raising it: the CLI's handler is what is under test
+    monkeypatch.setattr(an, "analyse", boom)
     one_line_error("whatif", "--no-band", needle="out of memory")
 
 
@@ -245,6 +244,7 @@ def test_flags_that_would_be_ignored_are_refused(tmp_path, one_line_error, capsy
         "asynctp.barrier_s=1e-6",
         needle="--set asynctp.barrier_s: no effect",
     )
+    # the torch op reads it
     assert (
         main(
             [
@@ -262,7 +262,7 @@ def test_flags_that_would_be_ignored_are_refused(tmp_path, one_line_error, capsy
             ]
         )
         == 0
-    )  # the torch op reads it
+    )
     capsys.readouterr()
     one_line_error(
         "profiles",

@@ -103,9 +103,10 @@ def test_profiles_carry_the_fit(gpu, profile):
         pred = ops.t_nccl_all_reduce_s(hw, 8, S) + fit["per_source"][src]["offset_s"]
         err = t / pred - 1.0
         big = S >= MiB
+        # 4-digit rounding
         assert (
             np.max(np.abs(err[big])) <= fit["per_source"][src]["max_abs_busbw_err_from_1mib"] + 0.01
-        )  # 4-digit rounding
+        )
 
 
 def test_b200_small_all_reduce_is_nccls_not_the_harness_floor():

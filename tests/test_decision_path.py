@@ -44,9 +44,8 @@ def test_whatif_and_vllm_config_agree(capsys, model, gpu):
             assert w["decided_schedule"] == sched, (common, pc, w["decided_schedule"])
             assert w["decided_threshold_tokens"] == pc.get("sp_min_token_num"), common
             own = {"sp_asynctp": w["cutoff_tokens"], "sp": w["sp_cutoff_tokens"], None: None}[sched]
-            assert own == pc.get(
-                "sp_min_token_num"
-            )  # the decided schedule's own cutoff, named beside the others
+            # the decided schedule's own cutoff, named beside the others
+            assert own == pc.get("sp_min_token_num")
             f = w["fusion_range"]
             if f is None:
                 assert "fuse_allreduce_rms" not in pc
@@ -142,6 +141,7 @@ def test_mb_at_vllms_granularity(tokens, hidden, digits):
     assert int(mb * MiB) // (hidden * 2) == tokens
     assert _digits(mb) == digits, mb
     lo, hi = tokens * hidden * 2 / MiB, (tokens + 1) * hidden * 2 / MiB
+    # no shorter rounding lands
     assert all(
         not (
             lo <= float(f"{v:.{d}g}") < hi
@@ -149,7 +149,7 @@ def test_mb_at_vllms_granularity(tokens, hidden, digits):
         )
         for d in range(1, digits)
         for v in (lo, hi, (lo + hi) / 2)
-    )  # no shorter rounding lands
+    )
     own = 2.0  # vLLM's 2 MB lands on 2 MiB // 8192 = 256 tokens at hidden 4096
     assert fusion_mb(256, 4096, 2.0, own) == own
     assert fusion_mb(204, 4096, 2.0) == 1.6  # not 1.5937504768371582

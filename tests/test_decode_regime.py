@@ -13,9 +13,8 @@ from integration.cli import main
 from costmodel import formulas as F
 from costmodel import load_model, load_profile
 
-MEASURED_S = (
-    50.318 - 18.911
-)  # data/reference/end_to_end.csv: SP+AsyncTP at every size minus thresholded
+# data/reference/end_to_end.csv: SP+AsyncTP at every size minus thresholded
+MEASURED_S = 50.318 - 18.911
 STEPS = 1023
 
 
@@ -58,9 +57,8 @@ def test_enforce_eager_adds_the_host_issue_time_of_torchs_pipeline(capsys):
     assert eager["t_tp_s"] >= graph["t_tp_s"]
     # the Python pipeline's calls at 10.6 us each
     assert eager["t_sp_asynctp_s"] > graph["t_sp_asynctp_s"]
-    capture = _rows(capsys, "--cudagraph-max-tokens", "32")[
-        64
-    ]  # 64 > 32: this step runs eagerly too
+    # 64 > 32: this step runs eagerly too
+    capture = _rows(capsys, "--cudagraph-max-tokens", "32")[64]
     assert capture["t_sp_asynctp_s"] == pytest.approx(eager["t_sp_asynctp_s"])
 
 
@@ -109,9 +107,8 @@ def test_kv_read_grows_with_the_context(capsys):
         _t64(capsys, "--context-len", "8192"),
     )
     assert t0 < t512 < t8k and t8k - t512 >= 5e-3
-    assert _t64(capsys) == pytest.approx(
-        _t64(capsys, "--context-len", "1024")
-    )  # the stated default
+    # the stated default
+    assert _t64(capsys) == pytest.approx(_t64(capsys, "--context-len", "1024"))
     prof, shape = load_profile("h100-sxm"), load_model("llama-3.1-70b")
     kv = (
         F.kv_cache_read_bytes(64, 8192 - 512, shape.kv_heads_per_rank(4), shape.head_dim, 2.0)

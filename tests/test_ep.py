@@ -47,9 +47,8 @@ def test_bins_hit_matches_a_routing_monte_carlo(bins):
     ):
         with pytest.raises(TpcostError):
             DSV3.check_ep(bins)
-        shape = dict(
-            k=6, E=96 * 4, n_group=8, topk_group=4
-        )  # a model whose experts split 24 and 48 ways
+        # a model whose experts split 24 and 48 ways
+        shape = dict(k=6, E=96 * 4, n_group=8, topk_group=4)
     else:
         shape = dict(k=8, E=256, n_group=8, topk_group=4)
     exact = F.expected_bins_hit(shape["k"], shape["E"], shape["n_group"], shape["topk_group"], bins)
@@ -109,9 +108,8 @@ def test_a2a_physics(be, ep):
     for t, rdma in ((x.t_dispatch_s, x.rdma_dispatch_bytes), (x.t_combine_s, x.rdma_combine_bytes)):
         assert np.all(np.isfinite(t)) and np.all(t > 0)
         assert np.all(np.diff(t) >= 0)  # never falls as tokens grow
-        assert np.all(
-            t >= np.asarray(rdma) / net.line_rate_per_gpu_bytes_per_s
-        )  # no transfer beats line rate
+        # no transfer beats line rate
+        assert np.all(t >= np.asarray(rdma) / net.line_rate_per_gpu_bytes_per_s)
     faster = predict(
         be,
         _call(ep),
@@ -159,9 +157,8 @@ def test_experts_read_the_active_experts_weights_at_decode():
     assert float(t[0]) >= weights / hw.hbm_bw_bytes_per_s
     whole, _ = t_experts_s(hw, DSV3, np.array([4096.0]), 16)
     half, _ = t_experts_s(hw, DSV3, np.array([2048.0]), 16)
-    assert 2 * float(half[0]) >= float(
-        whole[0]
-    )  # a microbatched grouped GEMM is never cheaper than the whole
+    # a microbatched grouped GEMM is never cheaper than the whole
+    assert 2 * float(half[0]) >= float(whole[0])
 
 
 def test_memory_check_refuses_h100_at_ep8_and_fits_h200():
@@ -445,9 +442,8 @@ def test_dbo_thresholds_benchmark_is_current():
         ("b200", 32, "deepep_low_latency"),
         ("h100-sxm", 8, "deepep_high_throughput"),
     ):
-        assert json.loads(json.dumps(DT.cell(*key))) == cells[key], (
-            key
-        )  # the whole grid takes minutes
+        # the whole grid takes minutes
+        assert json.loads(json.dumps(DT.cell(*key))) == cells[key], key
 
 
 def test_the_registry_holds_every_backend_of_the_release_record():
@@ -611,9 +607,8 @@ def test_plugin_dbo_plan_sets_what_was_left_unset(monkeypatch, capsys):
     )
     only = _dbo_plan(_dbo_inputs(unset=["prefill"]))
     assert [a for a, _ in only["set"]] == ["dbo_prefill_token_threshold"]
-    off = _dbo_plan(
-        _dbo_inputs(dp=8, dp_local=8)
-    )  # one node: DBO never pays, the thresholds go above the budget
+    # one node: DBO never pays, the thresholds go above the budget
+    off = _dbo_plan(_dbo_inputs(dp=8, dp_local=8))
     assert all(v == 257 for _, v in off["set"]) and all("never pays" in s for s in off["said"])
     with pytest.raises(TpcostError, match="TP 1"):
         _dbo_plan(_dbo_inputs(tp=2))
@@ -827,9 +822,8 @@ def test_ops_add_up_to_the_step_and_none_beats_its_roofline(be, phase, n, capsys
     above the GPU's peak FLOP/s or its HBM rate (issue 58 item 5)."""
     from costmodel.ops import Hw
 
-    ph = (
-        ["--phase", phase] if phase != "decode" else []
-    )  # decode is the default: giving it is refused as inert
+    # decode is the default: giving it is refused as inert
+    ph = ["--phase", phase] if phase != "decode" else []
     assert main([*EP, "--all2all-backend", be, *ph, "--ops", str(n), "--json"]) == 0
     ops = json.loads(capsys.readouterr().out)["ops"]["ops"]
     s = _setup(ep=16, be=be, decode=phase == "decode")
@@ -926,15 +920,13 @@ def test_shared_experts_run_beside_an_async_backends_combine():
     ):
         s = _setup(be=be)
         b = block(s, T)
-        got = moe_layer_s(s, b, T, 0) - (
-            b.t_router_s + b.t_dispatch_s + b.t_experts_s
-        )  # no aux stream
+        # no aux stream
+        got = moe_layer_s(s, b, T, 0) - (b.t_router_s + b.t_dispatch_s + b.t_experts_s)
         if beside:
             assert np.allclose(got, np.maximum(b.t_combine_s, b.t_shared_beside_s), rtol=1e-12)
             assert np.all(got < b.t_combine_s + b.t_shared_s)
-            assert np.array_equal(
-                moe_layer_s(s, b, T, 4096), moe_layer_s(s, b, T, 0)
-            )  # the threshold: no effect
+            # the threshold: no effect
+            assert np.array_equal(moe_layer_s(s, b, T, 4096), moe_layer_s(s, b, T, 0))
         else:
             assert np.allclose(got, b.t_combine_s + b.t_shared_s, rtol=1e-12)
         if be == "deepep_high_throughput":
@@ -967,9 +959,8 @@ def test_the_dp_vote_sends_a_lopsided_microbatched_step_eager():
     """vLLM's DP vote runs a microbatched step without its graph when the largest rank holds more
     than twice the smallest (EP.dp_vote_eager_cite): the host issue time comes back to a low-latency
     decode step there, and only there."""
-    slow = load_profile("h200-sxm").with_values(
-        {"asynctp.host_op_s": 2e-4}
-    )  # a host that binds when eager
+    # a host that binds when eager
+    slow = load_profile("h200-sxm").with_values({"asynctp.host_op_s": 2e-4})
     T = np.array([16.0, 64.0])
     s = dataclasses.replace(_setup(), prof=slow)
     graph, eager = dbo_step(s, T), dbo_step(s, T, eager=True)
@@ -978,9 +969,8 @@ def test_the_dp_vote_sends_a_lopsided_microbatched_step_eager():
         and np.all(eager.t_host_s > 0)
         and np.all(eager.t_step_s >= eager.t_host_s)
     )
-    near = dbo_threshold(
-        dataclasses.replace(s, dp_token_spread=1.9), 256, 0.02
-    )  # never past 2x: graphs stay
+    # never past 2x: graphs stay
+    near = dbo_threshold(dataclasses.replace(s, dp_token_spread=1.9), 256, 0.02)
     fast = dbo_threshold(dataclasses.replace(_setup(), dp_token_spread=1.9), 256, 0.02)
     assert near.threshold_tokens == fast.threshold_tokens
     far = dbo_threshold(dataclasses.replace(s, dp_token_spread=3.0), 256, 0.02)

@@ -26,9 +26,8 @@ def test_route_draws_distinct_experts_inside_the_group_limit_and_balanced():
     assert all(len(set(r)) == 4 for r in ex[:500])  # distinct experts per token
     assert max(len(set(r // 4)) for r in ex) <= 2  # at most topk_group of the n_group groups
     share = np.bincount(ex.ravel(), minlength=16) / ex.size
-    assert share == pytest.approx(
-        np.full(16, 1 / 16), abs=0.01
-    )  # balanced: each expert k/E of the tokens
+    # balanced: each expert k/E of the tokens
+    assert share == pytest.approx(np.full(16, 1 / 16), abs=0.01)
 
 
 def test_local_rows_match_the_models_expected_active_experts():

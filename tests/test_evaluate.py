@@ -128,12 +128,13 @@ def test_band_coverage_of_op_rows(tmp_path, capsys):
     from integration.cli import main
 
     f = tmp_path / "ops.csv"
+    # a 10x speedup no band holds
     f.write_text(
         "hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,impl\n"
         "h100-sxm,8,gemm_rs,bf16,512,4096,14336,133.653,613.784,x,torch\n"
         "h100-sxm,8,gemm_rs,bf16,2048,4096,14336,422.704,755.246,x,torch\n"
         "h100-sxm,8,gemm_rs,bf16,2048,4096,14336,422.704,40.0,x,torch\n"
-    )  # a 10x speedup no band holds
+    )
     assert main(["evaluate", str(f), "--band", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     for r in d["rows"]:

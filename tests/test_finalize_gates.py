@@ -80,9 +80,8 @@ def test_both_arms_obey_physics(prof, tp):
             for t in (a.fused_s, a.unfused_s):
                 assert np.all(np.isfinite(t)) and np.all(t > 0)
             assert np.all(a.fused_s >= a.t_oneshot_s)
-            line = F.t_link_s(
-                N * tail.hidden * 2.0 * 2 * (tp - 1) / tp, tp, link
-            )  # the all-reduce's bytes
+            # the all-reduce's bytes
+            line = F.t_link_s(N * tail.hidden * 2.0 * 2 * (tp - 1) / tp, tp, link)
             assert np.all(a.fused_s >= line * (1 - 1e-9)) and np.all(
                 a.unfused_s >= line * (1 - 1e-9)
             )
@@ -172,9 +171,10 @@ def test_muse_spark_takes_its_multi_node_constant_where_the_tp_group_spans_trays
     )
     assert two.sites[0].cross_host and not one.sites[0].cross_host
     assert two.tpcost_tokens <= one.tpcost_tokens  # the unfused arm only loses a path across trays
+    # 8 / EP 4
     assert (
         _fin(gb300, km, Parallel(4, enable_expert_parallel=True)).sites[0].tail.routed_rows == 2.0
-    )  # 8 / EP 4
+    )
     for par, why in (
         (Parallel(4), "--enable-expert-parallel"),
         (

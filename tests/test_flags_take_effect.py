@@ -159,9 +159,8 @@ def test_draft_hidden_size_takes_effect_or_is_refused(capsys, one_line_error):
         if x.replace(".", "").isdigit()
     ]
     assert t[0] == t[1], line
-    assert t[2] == t[1], (
-        line
-    )  # vLLM's own limit with this draft fuses nothing either (its first range ends beyond it)
+    # vLLM's own limit with this draft fuses nothing either (its first range ends beyond it)
+    assert t[2] == t[1], line
 
 
 def test_kernel_path_refuses_draft_where_nothing_is_fused(one_line_error):
@@ -391,9 +390,8 @@ def test_whatif_sensitivity_heading_says_how_many_move_it(capsys, tmp_path):
     out = capsys.readouterr().out
     head = next(ln for ln in out.splitlines() if ln.startswith("what moves the cutoff"))
     listed = []
-    for ln in out.split(head)[1].splitlines()[
-        2:
-    ]:  # after the column heading, up to the first other line
+    # after the column heading, up to the first other line
+    for ln in out.split(head)[1].splitlines()[2:]:
         if not ln.startswith("  "):
             break
         listed.append(ln)
@@ -494,10 +492,11 @@ def test_min_confidence_takes_effect_or_is_refused(capsys, one_line_error):
     )
     base = ["vllm-config", "--gpu", "h100-sxm", "--tp", "2", "--model", "llama-3.1-70b"]
     outs = []
+    # the default moves vLLM's limit; asking for every draw keeps it
     for extra in (
         [],
         ["--min-confidence", "1"],
-    ):  # the default moves vLLM's limit; asking for every draw keeps it
+    ):
         assert main([*base, *extra]) == 0
         outs.append(json.loads(capsys.readouterr().out)["pass_config"])
     assert outs[0] != outs[1]

@@ -315,13 +315,14 @@ def test_op_bad_input(one_line_error, argv, needle):
 def test_evaluate_kernel_columns(tmp_path, capsys, one_line_error):
     f = tmp_path / "k.csv"
     head = "hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,impl,baseline_impl\n"
+    # two: refused, never guessed
     f.write_text(
         head + "gb200-nvl72,4,gemm_rs,bf16,2048,2048,1024,231,134,x,kernel,nccl\n"
         "b200,4,gemm_ar,bf16,4096,7168,1536,300,280,x,kernel,vllm\n"
         "h100-sxm,8,gemm_rs,bf16,4096,8192,2048,300,280,x,torch,\n"
         "h100-sxm,8,ag_gemm,bf16,4096,8192,2048,300,280,x,,\n"  # one implementation: torch's
         "h100-sxm,8,gemm_rs,bf16,4096,8192,2048,300,280,x,,\n"
-    )  # two: refused, never guessed
+    )
     assert main(["evaluate", str(f), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["rows_scored"] == 4 and d["skipped"][0]["reason"].startswith(
@@ -648,9 +649,8 @@ def test_code_path_noise_by_hand():
     meas = {16: 0.80, 32: 0.93, 64: 1.10, 96: 1.02, 128: 0.97, 256: 1.30, 384: 1.0}
     rows = [row(m, s) for m, s in meas.items()]
     pred = [(1.0 * 50e-6, 50e-6)] * len(rows)  # the model: speedup 1 everywhere
-    e = np.log(
-        [meas[m] for m in (16, 32, 64, 96, 128)]
-    )  # one path (1 M-tile); 256 and 384 are paths of 1 row
+    # one path (1 M-tile); 256 and 384 are paths of 1 row
+    e = np.log([meas[m] for m in (16, 32, 64, 96, 128)])
     sigma = np.sqrt(np.sum((e - e.mean()) ** 2) / (len(e) - 1))
     got = K.code_path_noise(rows, pred)["S"]
     assert (
@@ -658,12 +658,13 @@ def test_code_path_noise_by_hand():
         and got["paths"] == 1
         and got["sigma_log"] == pytest.approx(sigma, abs=1e-4)
     )
+    # 1.02, 0.97 and 1.0 are inside ±5 %
     assert [d["m"] for d in got["decided"]] == [
         16,
         32,
         64,
         256,
-    ]  # 1.02, 0.97 and 1.0 are inside ±5 %
+    ]
     for d in got["decided"]:
         assert d["z"] == pytest.approx(np.log(meas[d["m"]]) / sigma, abs=0.01)
         assert d["right"] == (meas[d["m"]] < 1.0)  # predicted 1.0 is "not faster"

@@ -68,9 +68,8 @@ def test_call_sites_as_vllm_builds_them():
         92,
     )
     text = json.loads(Path(KIMI).read_text())["text_config"]
-    n_kda = sum(
-        KimiLinearConfig(**text).is_kda_layer(i) for i in range(93)
-    )  # vLLM's own layer rule
+    # vLLM's own layer rule
+    n_kda = sum(KimiLinearConfig(**text).is_kda_layer(i) for i in range(93))
     ar = {
         s.name: (s.n, s.k, s.calls_per_forward, s.weights, s.norm_after)
         for s in km.call_sites("gemm_ar", Parallel(8), Vllm((0, 33)))
@@ -168,11 +167,12 @@ def test_format_env_prints_the_switch_and_the_saving(capsys, tmp_path):
         ]
         on = sum(float(p.fused_s[0]) * c for p, c in zip(wins, (93, 1)))
         off = sum(float(p.unfused_s[0]) * c for p, c in zip(wins, (93, 1)))
+        # moves only past the premium
         assert decided[m] == ("0" if off * 1.02 < on else "1"), (
             m,
             on,
             off,
-        )  # moves only past the premium
+        )
     # the kernel loses at 256 rows and wins at 8192 here
     assert decided[256] == "0" and decided[8192] == "1"
 

@@ -145,9 +145,8 @@ def test_no_public_function_takes_more_than_eight_parameters():
 
         def visit(body, rel=rel):
             for node in body:
-                if isinstance(node, ast.ClassDef) and not node.name.startswith(
-                    "_"
-                ):  # a private class's are private
+                # a private class's are private
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                     visit(node.body)
                 elif isinstance(
                     node, (ast.FunctionDef, ast.AsyncFunctionDef)

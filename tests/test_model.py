@@ -394,9 +394,8 @@ def test_cutoff_sensitivity_rows_are_single_input_what_ifs():
         # it moves
         assert r["cutoff_minus_sigma_tokens"] != base or r["cutoff_plus_sigma_tokens"] != base
         for sign, key in ((-1, "cutoff_minus_sigma_tokens"), (1, "cutoff_plus_sigma_tokens")):
-            x = H100.value(r["quantity"]) * np.exp(
-                sign * prm.sigma_rel
-            )  # by hand: e^(±σ), efficiencies capped at 1
+            # by hand: e^(±σ), efficiencies capped at 1
+            x = H100.value(r["quantity"]) * np.exp(sign * prm.sigma_rel)
             if r["quantity"].endswith(("efficiency", "concurrency")):
                 x = min(x, 1.0)
             assert cut(H100.with_values({r["quantity"]: x}, None, mark_modified=False)) == r[key]
@@ -469,6 +468,7 @@ def test_cutoff_is_the_argmin_by_brute_force():
     assert a.cutoff_tokens == (None if best == grid.size else int(grid[best]))
 
 
+# Qwen3-235B-A22B's published shape
 QWEN3_LIKE = {
     "hidden_size": 4096,
     "num_attention_heads": 64,
@@ -479,7 +479,7 @@ QWEN3_LIKE = {
     "num_experts": 128,
     "num_experts_per_tok": 8,
     "vocab_size": 151936,
-}  # Qwen3-235B-A22B's published shape
+}
 
 
 def test_sp_padding_rows_route_as_one_token():
@@ -515,12 +515,13 @@ def test_moe_routing_kernels_by_hand():
     prof = load_profile("h100-sxm")
     ops_ = {o.name: o for o in predict(prof, shape, 8, "bf16", [64.0]).schedules["tp"].layer_ops}
     n, E, k, H = 64, 128, 8, 4096
+    # k expert outputs in, their sum out
     want = {
         "moe_topk": n * E * 2 + n * k * 8,  # logits in, fp32 weights + int32 ids out
         "moe_align": 4
         * (n * k + (n * k + E * 63) + (n * k + E * 63) / 64),  # ids in, sorted ids + block map out
         "moe_sum": n * k * H * 2 + n * H * 2,
-    }  # k expert outputs in, their sum out
+    }
     names = [o.name for o in predict(prof, shape, 8, "bf16", [64.0]).schedules["tp"].layer_ops]
     assert (
         names.index("moe_topk")

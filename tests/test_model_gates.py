@@ -149,9 +149,8 @@ def test_each_value_is_the_least_expected_time_by_brute_force(gpu, tp):
         f, u = gate_arms(prof, g, gd.sites, nf, run)
         w = np.full(nf.shape, 1.0 / n.size)
         if g.runs_from == "min":
-            cost = expected_time_by_threshold_s(
-                u, f, w, run.margin
-            )  # index i: fused from nf[i]; last: never
+            # index i: fused from nf[i]; last: never
+            cost = expected_time_by_threshold_s(u, f, w, run.margin)
             i = (
                 nf.size
                 if gd.tpcost_tokens is None
@@ -160,12 +159,10 @@ def test_each_value_is_the_least_expected_time_by_brute_force(gpu, tp):
                 )
             )
         else:
-            cost = expected_time_by_threshold_s(
-                f * (1 + run.margin), u, w, 0.0
-            )  # index i: fused up to nf[i-1]
-            i = int(
-                np.searchsorted(nf, gd.tpcost_tokens, side="right")
-            )  # index: fused up to nf[i-1]
+            # index i: fused up to nf[i-1]
+            cost = expected_time_by_threshold_s(f * (1 + run.margin), u, w, 0.0)
+            # index: fused up to nf[i-1]
+            i = int(np.searchsorted(nf, gd.tpcost_tokens, side="right"))
         assert cost[i] <= cost.min() * (1 + 1e-9), (g.key, gd.tpcost_tokens)
 
 
@@ -371,9 +368,8 @@ def test_the_plugin_logs_one_line_per_gate():
 def test_a_gate_with_no_eligible_step_says_why():
     km = _km(MUSE)
     par = Parallel(4, enable_expert_parallel=True, moe_backend="deep_gemm_mega_moe")
-    run = RunConfig(
-        4, "bf16", Regime(vllm=V034, cudagraph_max_tokens=8192), 8192
-    )  # every step under graphs
+    # every step under graphs
+    run = RunConfig(4, "bf16", Regime(vllm=V034, cudagraph_max_tokens=8192), 8192)
     ag = next(g for g in V034.release.gates_of("muse_spark") if g.op == "ag_gemm")
     gd = decide_gate(load_profile("b300"), ag, km.call_sites("ag_gemm", par, V034), run, 4)
     assert gd.tpcost_tokens is None and gd.applies and "no step size" in gd.applies
@@ -492,9 +488,8 @@ def test_vllm_config_lists_every_gate_of_the_family(capsys):
     )
     assert all(g["where"].startswith("vllm/models/minimax_m3/") and g["status"] for g in inv)
     assert main(argv) == 0
-    err = (
-        capsys.readouterr().err
-    )  # both comm gates priced: the finalize is a model gate, not an "other" gate
+    # both comm gates priced: the finalize is a model gate, not an "other" gate
+    err = capsys.readouterr().err
     assert (
         "gate minimax_m3.finalize_ar (FUSED_MOE_FINALIZE_MAX_TOKENS" in err
         and "other gates" not in err

@@ -144,9 +144,8 @@ def _calib(tmp_path, *texts, gpu="h100-sxm"):
 def test_nccl_tests_failed_or_thin_or_foreign_logs(tmp_path, one_line_error):
     good = _log("all_reduce_perf_new.txt")
     rows = [ln for ln in good.splitlines() if ln.strip() and ln.split()[0].isdigit()]
-    wrong = good.replace(
-        rows[3], rows[3][: rows[3].rindex("0")] + "7"
-    )  # the in-place #wrong of one size: 7
+    # the in-place #wrong of one size: 7
+    wrong = good.replace(rows[3], rows[3][: rows[3].rindex("0")] + "7")
     one_line_error(*_calib(tmp_path, wrong), needle="nccl-tests counted 7 wrong values")
     failed = good.replace("# Out of bounds values : 0 OK", "# Out of bounds values : 3 FAILED")
     one_line_error(*_calib(tmp_path, failed), needle="nccl-tests marked this run failed")
@@ -512,9 +511,8 @@ def test_between_measured_sizes_the_measurement_is_interpolated(tmp_path, capsys
         ops.t_nccl_all_reduce_s(hw, 8, np.array(sizes, dtype=float)), m.time_s, rtol=1e-12
     )
     assert np.allclose(m.time_s, t_log, rtol=1e-3)
-    mid = np.sqrt(
-        sizes[4] * sizes[5]
-    )  # between 16 and 32 MiB: the geometric mean of the neighbours' times
+    # between 16 and 32 MiB: the geometric mean of the neighbours' times
+    mid = np.sqrt(sizes[4] * sizes[5])
     assert float(ops.t_nccl_all_reduce_s(hw, 8, np.array([mid]))[0]) == pytest.approx(
         np.sqrt(m.time_s[4] * m.time_s[5]), rel=1e-9
     )

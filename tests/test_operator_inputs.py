@@ -76,9 +76,10 @@ def test_new_profile_from_builtin_with_faster_link(tmp_path, capsys):
     k = "collectives.nccl_all_reduce.tp4.bus_bw_bytes_per_s"
     # rides on the link
     assert p.value(k) == pytest.approx(2 * base.value(k)) and p.provenance[k].tier == "assumed"
+    # untouched
     assert (
         p.provenance["gemm.max_efficiency"].source == base.provenance["gemm.max_efficiency"].source
-    )  # untouched
+    )
     cut = {}
     for gpu in ("h100-sxm", str(out)):
         assert main(["whatif", "--gpu", gpu, "--no-band", "--json", *sp_release_flag()]) == 0

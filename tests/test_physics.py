@@ -105,9 +105,8 @@ def test_no_fused_ops_beyond_one_interconnect_domain(prof):
     why = ops.fused_ops_available(p, 16)
     assert why and f"tp=16 on {prof}" in why and f"{domain} GPUs per" in why
     pred = predict(p, load_model("llama-3.1-70b"), 16, "bf16", N_GRID)
-    assert not pred.asynctp_available and np.all(
-        np.isnan(pred.speedup_sp_asynctp)
-    )  # no schedule: NaN, never 0
+    # no schedule: NaN, never 0
+    assert not pred.asynctp_available and np.all(np.isnan(pred.speedup_sp_asynctp))
     assert np.all(np.isfinite(pred.t_forward_s("sp"))) and any(
         "not available" in n for n in pred.notes
     )
@@ -152,9 +151,8 @@ def test_torch_pipelined_fused_ops_never_beat_their_sequential_arm_by_2x(prof):
                 }
                 for op, nks in shapes.items():
                     for n, k in nks:
-                        pair = ops.torch_pair(
-                            hw, op, mm, n, k, tp
-                        )  # the predictor op and evaluate use
+                        # the predictor op and evaluate use
+                        pair = ops.torch_pair(hw, op, mm, n, k, tp)
                         for regime, fused in (
                             ("eager", pair.fused_eager_s),
                             ("graphs", pair.fused_graph_s),

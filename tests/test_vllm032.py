@@ -62,9 +62,8 @@ def scenarios():
     return json.loads(line[0][7:]), r.stdout + r.stderr, jsons
 
 
-@pytest.mark.parametrize(
-    "tp", [4, 8]
-)  # where tpcost enables the fusion (at TP 2 it never wins on H100)
+# where tpcost enables the fusion (at TP 2 it never wins on H100)
+@pytest.mark.parametrize("tp", [4, 8])
 def test_plugin_sets_the_fusion_range_and_ranges_split_there(scenarios, tp):
     from costmodel import load_model, load_profile
     from costmodel.decide import recommend
@@ -104,10 +103,11 @@ def test_vllm_config_json_for_032_is_accepted_and_has_no_sp_key(scenarios):
     for pc in given:
         assert not {"enable_sp", "fuse_gemm_comms", "sp_min_token_num"} & set(pc)
         assert "fuse_allreduce_rms" in pc
+    # the user's value
     assert given[2] == {
         "fuse_allreduce_rms": True,
         "fi_allreduce_fusion_max_size_mb": 12.0,
-    }  # the user's value
+    }
 
 
 def test_vllm_config_reads_the_installed_version(capsys):

@@ -98,15 +98,13 @@ def _needles() -> dict[str, list[str]]:
     for (
         g
     ) in REC.gate_inventory:  # each gate-named constant stands on its line as the record writes it
-        one_line = (
-            "-" not in g.where.rsplit(":", 1)[1]
-        )  # a constant set there; a range cites where it is read
+        # a constant set there; a range cites where it is read
+        one_line = "-" not in g.where.rsplit(":", 1)[1]
         out[g.where] = [g.name, f"= {g.value}"] if one_line else [g.name]
         if "vllm/" in g.exposed:
             out[g.exposed] = [g.name, f'"{g.value}"']
-    for g in (
-        REC.model_gates
-    ):  # each gate's strings: checked cite by cite in test_every_model_gate_cite_is_in_the_wheel
+    # each gate's strings: checked cite by cite in test_every_model_gate_cite_is_in_the_wheel
+    for g in REC.model_gates:
         for text in (g.where, g.used, g.activates):
             out.setdefault(text, [])
     return out
@@ -352,9 +350,8 @@ def test_every_model_gate_cite_is_in_the_wheel():
 def test_every_cited_line_of_the_034_record_is_in_the_wheel():
     needles = _needles()
     cites = _cites(REC)
-    assert set(cites) <= set(needles), set(cites) - set(
-        needles
-    )  # nothing the record cites goes unchecked
+    # nothing the record cites goes unchecked
+    assert set(cites) <= set(needles), set(cites) - set(needles)
     for cite in cites:
         text = _lines(cite)
         for needle in needles[cite]:
@@ -560,9 +557,8 @@ def test_the_plugin_sets_its_switch_and_logs_each_gate_with_034s_classes(monkeyp
     assert set(lines) == {"minimax_m3.gemm_rs", "minimax_m3.finalize_ar"}
     line = lines["minimax_m3.gemm_rs"]
     assert "_GEMM_RS_MIN_TOKENS = 1024" in line and "tpcost's" in line
-    fin = lines[
-        "minimax_m3.finalize_ar"
-    ]  # MegaMoE finalizes in its own kernel: the deferred finalize is not reached
+    # MegaMoE finalizes in its own kernel: the deferred finalize is not reached
+    fin = lines["minimax_m3.finalize_ar"]
     assert "FUSED_MOE_FINALIZE_MAX_TOKENS = 32" in fin and "not reached here" in fin
     # reported, never patched
     assert all("left as vLLM has it" in x for x in lines.values()) and not plan["set"]

@@ -352,10 +352,11 @@ def test_emitted_sp_threshold_is_one_vllm_realises(capsys, tmp_path):
             )
         )
         assert says_runs == vllm_runs, (pc, b)
+        # never the unrealisable budget itself
         assert c is None or c < b["max_num_batched_tokens"], (
             pc,
             b,
-        )  # never the unrealisable budget itself
+        )
         runs_somewhere.append(vllm_runs)
     assert runs_somewhere[0] and runs_somewhere[1] and not runs_somewhere[2]
 

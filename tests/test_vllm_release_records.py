@@ -169,9 +169,8 @@ def test_the_plugin_refuses_an_unknown_or_disagreeing_version(monkeypatch):
         vllm_plugin._vllm_version(False)
     monkeypatch.setattr(sys.modules["vllm"], "__version__", "0.31.0", raising=False)
     assert vllm_plugin._vllm_version(True) == [0, 31]
-    with pytest.raises(
-        TpcostError, match="has no SP fields"
-    ):  # 0.31's record has the passes; this config does not
+    # 0.31's record has the passes; this config does not
+    with pytest.raises(TpcostError, match="has no SP fields"):
         vllm_plugin._vllm_version(False)
 
 
@@ -200,9 +199,8 @@ def test_every_record_is_consistent():
         }
         assert r.sp_passes == ("sp_min_token_num" in r.pass_config_fields)
     ranges = sorted((r.serves_from, r.version) for r in T.RELEASES.values())
-    assert all(
-        a[1] < b[0] for a, b in zip(ranges, ranges[1:])
-    )  # no version answered by two records
+    # no version answered by two records
+    assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:]))
 
 
 # versions spelled as tuples or compared, and the gate constants of the records: only

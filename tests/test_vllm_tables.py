@@ -79,18 +79,16 @@ def test_dispatch_by_gpu_hand_values():
     echoed)."""
     from costmodel.formulas import KiB, MiB
 
-    h = _disp(
-        "h100-sxm", 8
-    )  # sm90 TP 8: custom AR 256 KiB (all 1-stage), symm-mem multimem 64 MiB, FI 0.5 MB
+    # sm90 TP 8: custom AR 256 KiB (all 1-stage), symm-mem multimem 64 MiB, FI 0.5 MB
+    h = _disp("h100-sxm", 8)
     assert (h.custom_ar_max_bytes, h.custom_ar_1stage_max_bytes) == (256 * KiB, 256 * KiB)
     assert (h.symm_mem_max_bytes, h.symm_mem_algo, h.fi_fusion_max_bytes) == (
         64 * MiB,
         "multimem",
         MiB // 2,
     )
-    b = _disp(
-        "b200", 2
-    )  # sm100 TP 2: custom AR 2 MiB, symm-mem two-shot 8 MiB (multimem only at 6, 8)
+    # sm100 TP 2: custom AR 2 MiB, symm-mem two-shot 8 MiB (multimem only at 6, 8)
+    b = _disp("b200", 2)
     assert (b.custom_ar_max_bytes, b.symm_mem_algo, b.symm_mem_max_bytes) == (
         2 * MiB,
         "two_shot",
@@ -107,9 +105,8 @@ def test_dispatch_by_gpu_hand_values():
     ) == (8 * MiB, 512 * KiB, None, None)
     # PCIe: custom AR only at 2 GPUs (custom_all_reduce.py: more than 2 need full connectivity)
     assert _disp("l40s", 2).custom_ar_max_bytes == 8 * MiB and _disp("l40s", 4) == T.Dispatch()
-    m = _disp(
-        "mi300x", 8
-    )  # ROCm over xGMI (fully connected): custom AR at its default, nothing of CUDA's
+    # ROCm over xGMI (fully connected): custom AR at its default, nothing of CUDA's
+    m = _disp("mi300x", 8)
     assert (m.custom_ar_max_bytes, m.custom_ar_1stage_max_bytes, m.fi_fusion_max_bytes) == (
         8 * MiB,
         256 * KiB,
@@ -172,9 +169,8 @@ def test_vllm_config_033_uses_033_tables_and_the_draft_rule(capsys):
     )
     out, err = capsys.readouterr()
     pc = json.loads(out)["pass_config"]
-    limit_tokens = int(0.5 * T.MiB) // (
-        8192 * 2
-    )  # 0.33's sm90 TP 8 limit: 0.5 MB -> 32 tokens of hidden 8192
+    # 0.33's sm90 TP 8 limit: 0.5 MB -> 32 tokens of hidden 8192
+    limit_tokens = int(0.5 * T.MiB) // (8192 * 2)
     assert f"vLLM's own limit here: {limit_tokens} tokens" in err
     mb = pc.get("fi_allreduce_fusion_max_size_mb")
     assert mb is None or int(mb * T.MiB) // (8192 * 2) <= limit_tokens
@@ -400,9 +396,8 @@ def test_unsupported_vllm_versions(one_line_error, v, needle):
         ],
     ):
         one_line_error(*cmd, "--vllm-version", v, needle=needle)
-        one_line_error(
-            *cmd, "--vllm-version", v, needle=f"--vllm-version {v}"
-        )  # names where the version came from
+        # names where the version came from
+        one_line_error(*cmd, "--vllm-version", v, needle=f"--vllm-version {v}")
     text = (ROOT / "docs" / "vllm.md").read_text()
     # the docs say what the code refuses outside
     assert f"Supported: {T.supported_text().replace(' - ', ' – ')}" in text

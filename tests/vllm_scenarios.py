@@ -49,9 +49,8 @@ out["sp_off_tp2"] = build(2, {"pass_config": {"enable_sp": False}})
 cache = os.environ["TPCOST_CACHE_DIR"]
 out["cache_entries"] = len([f for f in os.listdir(cache) if f.endswith(".json")])
 out["cached_tp2"] = build(2, sp_on)
-for i, f in enumerate(
-    sorted(os.listdir(cache))
-):  # malformed entries, and plans setting what the plugin never sets
+# malformed entries, and plans setting what the plugin never sets
+for i, f in enumerate(sorted(os.listdir(cache))):
     with open(os.path.join(cache, f), "w") as fh:
         fh.write(
             "{not json"
@@ -78,9 +77,8 @@ del os.environ["TPCOST_CACHE"]
 os.environ["TPCOST_CACHE_DIR"] = os.path.join(
     cache, next(f for f in os.listdir(cache) if f.endswith(".json"))
 )
-out["cache_dir_is_file_tp2"] = build(
-    2, sp_on
-)  # a file as the directory: one warning, the decision stands
+# a file as the directory: one warning, the decision stands
+out["cache_dir_is_file_tp2"] = build(2, sp_on)
 os.environ["TPCOST_CACHE_DIR"] = cache
 # TPCOST_WORKLOAD: the decision serves that traffic, and the cache keys on the file's bytes (same
 # path, new content)

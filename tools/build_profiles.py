@@ -34,10 +34,11 @@ CHECK_REL_TOL = 1e-3  # values are written with 4 significant digits
 OUT = ROOT / "costmodel" / "profiles"
 # each reads only those before it (p2p_fit: Hopper's put/ring kernels, not in the profiles yet)
 REFIT = ("calib.components", "calib.reference", "calib.kernel_fit", "calib.p2p_fit", "calib.band")
+# these read the built profiles: written before the first of them
 READ_BUILT = (
     "calib.p2p_fit",
     "calib.band",
-)  # these read the built profiles: written before the first of them
+)
 
 
 def build_all(gpu_checks=None, specs=None) -> dict:
@@ -73,10 +74,11 @@ def same_values(a, b, rel=CHECK_REL_TOL, path=""):
 
 
 CONSISTENCY_MSG_BYTES = 64 * F.MiB  # a message where every collective is bandwidth-bound
+# t_AR / (t_RS + t_AG): an all-reduce is a reduce-scatter and an all-gather
 CONSISTENCY_BAND = (
     0.5,
     1.5,
-)  # t_AR / (t_RS + t_AG): an all-reduce is a reduce-scatter and an all-gather
+)
 
 
 def inconsistent_collectives(name, tree) -> list[str]:
@@ -138,9 +140,8 @@ def range_line(prof) -> str:
         lo = math.inf if r.lo <= 0 or v <= 0 else math.log10(v / r.lo)
         return min(lo, math.log10(r.hi / v) if v > 0 else math.inf)
 
-    vals = (
-        prof.values()
-    )  # all checked on load; the edge reported among the dimensioned ones (fractions sit near 1)
+    # all checked on load; the edge reported among the dimensioned ones (fractions sit near 1)
+    vals = prof.values()
     key = min((k for k in vals if value_range(k).unit), key=lambda k: margin(k, vals[k]))
     r = value_range(key)
     return (

@@ -63,6 +63,7 @@ def accuracy_table() -> str:
     ]
     for fam, f in d["families"].items():
         for sid, res in f["sources"].items():
+            # a scored-only source has no in-sample line
             for label, r in (
                 (lb, res[key])
                 for lb, key in (
@@ -70,7 +71,7 @@ def accuracy_table() -> str:
                     ("leave-one-source-out", "leave_one_source_out"),
                 )
                 if key in res
-            ):  # a scored-only source has no in-sample line
+            ):
                 v = r.get("vllm_rule", {})
                 dec = (
                     f"{r['decode_measured_s']:.1f} / {r['decode_predicted_s']:.1f}"
@@ -194,9 +195,8 @@ def band_calibration_table() -> str:
     return "\n".join(lines)
 
 
-BAND_RATIO_BOUND = (
-    2 * 5764 / 1780
-)  # twice the default whatif's hi/lo at 6337905 (band 1780-5764): the bound set for it
+# twice the default whatif's hi/lo at 6337905 (band 1780-5764): the bound set for it
+BAND_RATIO_BOUND = 2 * 5764 / 1780
 
 
 def band_trade_off_table() -> str:
@@ -984,9 +984,8 @@ def rendered(docs: Path = ROOT / "docs") -> dict[Path, tuple[str, str]]:
     return out
 
 
-BAND_COVERAGE = (
-    ROOT / "integration" / "band_coverage.json"
-)  # what whatif states beside its band (package data)
+# what whatif states beside its band (package data)
+BAND_COVERAGE = ROOT / "integration" / "band_coverage.json"
 
 
 def band_coverage_json() -> str:
@@ -994,9 +993,8 @@ def band_coverage_json() -> str:
     reads it."""
     from costmodel.io import dumps_json
 
-    band = _load("accuracy.json")[
-        "band_calibration"
-    ]  # the calibrating sources; the scored-only are another path
+    # the calibrating sources; the scored-only are another path
+    band = _load("accuracy.json")["band_calibration"]
     cov = {
         sid: {"rows": c["rows"], "covered": c["coverage"]}
         for sid, c in band["per_source"].items()

@@ -51,9 +51,8 @@ class _Parser(argparse.ArgumentParser):
             raise TpcostError("; ".join(dict.fromkeys(bad)))
         return ns
 
-    def _get_value(
-        self, action, arg_string
-    ):  # a bad value is noted and parsing goes on to the next flag
+    # a bad value is noted and parsing goes on to the next flag
+    def _get_value(self, action, arg_string):
         if isinstance(action, argparse._SubParsersAction):
             return super()._get_value(action, arg_string)
         try:

@@ -7,11 +7,12 @@ from costmodel.defaults import DEFAULT_MARGIN, DEFAULT_SEQ_LEN
 from .common import bounded_int
 
 
+# a benchmark run's, declared once
 DEFAULT_DEVICE, DEFAULT_NPROC, DEFAULT_BUDGET_S = (
     "cuda",
     2,
     480.0,
-)  # a benchmark run's, declared once
+)
 
 
 def _common(p, default=True):

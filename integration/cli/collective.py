@@ -16,9 +16,8 @@ from .common import (
     vllm_arg,
 )
 
-DEFAULT_SIZES = [
-    float(2**e) for e in range(10, 35, 2)
-]  # 1 KiB .. 16 GiB, x4 (nccl-tests -b 1K -e 16G -f 4)
+# 1 KiB .. 16 GiB, x4 (nccl-tests -b 1K -e 16G -f 4)
+DEFAULT_SIZES = [float(2**e) for e in range(10, 35, 2)]
 
 
 def _rows(prof, op: str, tp: int, sizes, model_level_sp: bool, version) -> list[dict]:

@@ -18,9 +18,8 @@ from costmodel.defaults import (
 )
 
 DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TP, DEFAULT_DTYPE = "h100-sxm", "llama-3.1-70b", 4, "bf16"
-MAX_TOKENS = (
-    2**20
-)  # vLLM's largest useful token budget is ~1e5; the arrays of 2^20 points take ~100 MB
+# vLLM's largest useful token budget is ~1e5; the arrays of 2^20 points take ~100 MB
+MAX_TOKENS = 2**20
 MAX_SEQ_LEN = 2**24  # 16 M tokens: beyond any context window served today
 MAX_TP = 4096
 
@@ -429,9 +428,8 @@ def resolve_profile(args):
         from costmodel.profile import detect_profile_name
 
         args.gpu = detect_profile_name()
-    elif os.environ.get(
-        "TPCOST_PROFILE"
-    ):  # set for the plugin or --gpu auto: say it does not act here
+    # set for the plugin or --gpu auto: say it does not act here
+    elif os.environ.get("TPCOST_PROFILE"):
         print(
             "tpcost: note: TPCOST_PROFILE is read with --gpu auto only; this run uses --gpu "
             f"{args.gpu}",

@@ -43,9 +43,8 @@ def cmd_op(args) -> int:
     )
     kw = dict(calls_per_forward=args.calls_per_forward, extra_m=args.m or ())
     model_prof, reads = traced(prof, overrides)
-    a = analyse_op(
-        model_prof, query, run, **kw
-    )  # the one model call: the answer, and the keys it read
+    # the one model call: the answer, and the keys it read
+    a = analyse_op(model_prof, query, run, **kw)
     rides = any(
         prof.provenance[k].source == DERIVED_FROM_LINK for k in reads if k in prof.provenance
     )

@@ -161,11 +161,12 @@ PARALLEL_FLAGS = (
     "network",
     "nnodes",
 )
+# read only by the DP+EP path (dual-batch overlap)
 DBO_FLAGS = (
     "data_parallel_size_local",
     "network",
     "dp_token_spread",
-)  # read only by the DP+EP path (dual-batch overlap)
+)
 
 
 def _flag(name: str) -> str:
@@ -366,9 +367,8 @@ def serve_lines(args, env: dict, decided: list[str], parallel: list[str]) -> lis
     where = Path(model)
     if where.name == "config.json":
         lines.append(f"MODEL={shlex.quote(str(where.parent))}")
-    elif where.is_dir() or (
-        model.count("/") == 1 and not where.exists()
-    ):  # a checkpoint directory or a hub id
+    # a checkpoint directory or a hub id
+    elif where.is_dir() or (model.count("/") == 1 and not where.exists()):
         lines.append(f"MODEL={shlex.quote(model)}")
     return [
         *lines,
