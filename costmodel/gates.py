@@ -67,10 +67,8 @@ class GateDecision:
     expected_at_vllm_s: float | None  # per forward on the workload, over the sites the gate covers
     expected_at_tpcost_s: float | None
     sites: tuple = ()  # costmodel.shapes.CallSite: what was priced
-    applies: str | None = (
-        # None: the gate acts in this setup; else why it does not (the value is for its shapes)
-        None
-    )
+    # None: the gate acts in this setup; else why it does not (the value is for its shapes)
+    applies: str | None = None
     why_not_derived: str | None = None  # the gate is printed only
     sp_floor_tokens: int = 1  # the fewest tokens of a step that shards the stream in this setup
     multi_node: bool = False  # vLLM's multi-node constant holds (the TP group spans hosts)
@@ -192,15 +190,13 @@ class GateOp:
     unpriced: Callable[..., str | None] | None = None
 
 
-def _kernel_unpriced(profile, run: RunConfig) -> str | None:
-    """Where the profile cannot price the single kernel at all: no multicast, or no kernel terms."""
-    if ops.has_multicast(profile) and profile.fused_kernel is not None:
-        return None
-    return fused_ops.kernel_entry("gemm_rs", run.regime.vllm).why_not(profile, run.tp, "bf16")
-
-
 GATE_OPS: dict[str, GateOp] = {
-    "gemm_rs": GateOp(_gemm_sites, _gemm_rs_arms, "from_sp_floor", unpriced=_kernel_unpriced),
+    "gemm_rs": GateOp(
+        _gemm_sites,
+        _gemm_rs_arms,
+        "from_sp_floor",
+        unpriced=lambda profile, run: ops.kernel_unpriceable(profile),
+    ),
     "ag_gemm": GateOp(_gemm_sites, _ag_gemm_arms, "from_sp_floor"),
     "oneshot_ar": GateOp(_gemm_sites, _oneshot_ar_arms, "below_sp_floor", "flashinfer_ar_rmsnorm"),
     "finalize_ar": GateOp(
@@ -285,64 +281,30 @@ def _decide_gate(
     vllm_tok = gate_value(gate, tp, spans_nodes)
     priced = tuple(s for s in sites if s.weights is not None)
     kind = GATE_OPS[gate.op]
-    if not gate.derived or kind.arms is None:
+
+    def undecided(why_not_derived: str | None, applies_here: str | None, at=priced) -> GateDecision:
+        """vLLM's value alone: tpcost derives none here (why_not_derived), or none pays."""
         return GateDecision(
-            gate,
-            tp,
-            vllm_tok,
-            None,
-            None,
-            None,
-            None,
-            priced,
-            applies,
-            "vLLM's switch between two MoE kernels, which tpcost does not model",
-            sp_floor,
+            gate, tp, vllm_tok, None, None, None, None, at, applies_here, why_not_derived, sp_floor
+        )
+
+    if not gate.derived or kind.arms is None:
+        return undecided(
+            "vLLM's switch between two MoE kernels, which tpcost does not model", applies
         )
     if not priced:
         why = "; ".join(f"{s.name}: {s.refused}" for s in sites) or "no call site"
-        return GateDecision(
-            gate,
-            tp,
-            vllm_tok,
-            None,
-            None,
-            None,
-            None,
-            (),
-            applies or f"vLLM runs it nowhere ({why})",
-            "no call site the fused path takes",
-            sp_floor,
+        return undecided(
+            "no call site the fused path takes", applies or f"vLLM runs it nowhere ({why})", ()
         )
     unpriced = kind.unpriced(profile, run) if kind.unpriced else None
     if unpriced:
-        return GateDecision(
-            gate,
-            tp,
-            vllm_tok,
-            None,
-            None,
-            None,
-            None,
-            priced,
-            applies or unpriced,
-            unpriced,
-            sp_floor,
-        )
+        return undecided(unpriced, applies or unpriced)
     if kind.curve and not profile.has_collective(kind.curve):
-        return GateDecision(
-            gate,
-            tp,
-            vllm_tok,
-            None,
-            None,
-            None,
-            None,
-            priced,
-            applies,
+        return undecided(
             f"{profile.name} has no {kind.curve} curve (the one-shot all-reduce the fused path is "
             "priced on)",
-            sp_floor,
+            applies,
         )
     n = np.arange(1, run.max_num_batched_tokens + 1, dtype=float)
     w = weights_on(run.workload, n)
@@ -362,18 +324,8 @@ def _decide_gate(
         if align:
             can_fuse &= n % align == 0
     if not can_fuse.any():
-        return GateDecision(
-            gate,
-            tp,
-            vllm_tok,
-            None,
-            None,
-            None,
-            None,
-            priced,
-            applies or "no step size of this budget and regime takes the fused path",
-            None,
-            sp_floor,
+        return undecided(
+            None, applies or "no step size of this budget and regime takes the fused path"
         )
     # only the step sizes where the fused path can run decide: elsewhere both settings run the
     # unfused path (and no premium is paid), whatever the threshold

@@ -711,6 +711,23 @@ def sequential_gemm_rs_s(hw: Hw, m: Arr, n: int, k: int, tp: int) -> Arr:
 # GEMM+RS
 
 
+def kernel_unpriceable(profile: HardwareProfile) -> str | None:
+    """Why this profile cannot price the single kernel at all (no multicast, no [fused_kernel]
+    terms), else None (docs/model.md §6b)."""
+    if not has_multicast(profile):
+        cc = profile.identity.compute_capability
+        return (
+            f"no single-kernel fused GEMM+collective on {profile.name} (cc {cc or 'n/a'}): it "
+            "needs NVLink multicast (NVLS) over NVSwitch, which this profile does not have"
+        )
+    if profile.fused_kernel is None:
+        return (
+            f"no single-kernel fused GEMM+collective on {profile.name}: the profile has NVLink "
+            "multicast but no [fused_kernel] terms to price the kernel with"
+        )
+    return None
+
+
 def kernel_available(
     profile: HardwareProfile, tp: int, dtype: str = "bf16", n: int | None = None
 ) -> str | None:
@@ -718,20 +735,7 @@ def kernel_available(
     line): NVLink multicast inside one domain (interconnect.multicast), the kernel's terms
     ([fused_kernel]) and vLLM's shape gate (costmodel.vllm_tables.kernel_gate). Whether vLLM ships
     it on this GPU is kernel_shipped()."""
-    cc = profile.identity.compute_capability
-    if not has_multicast(profile):
-        return (
-            f"no single-kernel fused GEMM+collective on {profile.name} (cc {cc or 'n/a'}): it "
-            "needs NVLink "
-            "multicast (NVLS) over NVSwitch, which this profile does not have"
-        )
-    if profile.fused_kernel is None:
-        return (
-            f"no single-kernel fused GEMM+collective on {profile.name}: the profile has NVLink "
-            "multicast but no "
-            "[fused_kernel] terms to price the kernel with"
-        )
-    why = vllm_tables.kernel_gate(dtype, tp)
+    why = kernel_unpriceable(profile) or vllm_tables.kernel_gate(dtype, tp)
     if why:
         return why
     if tp > int(profile.interconnect.domain_size):

@@ -440,28 +440,39 @@ def resolve_profile(args):
     return (with_overrides(prof, overrides) if overrides else prof), overrides
 
 
+class BadInputs:
+    """The bad inputs of one call, gathered so that its one error line names them all."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def attempt(self, fn):
+        """fn(), or None with its error kept."""
+        try:
+            return fn()
+        except TpcostError as e:
+            self.found.append(str(e))
+            return None
+
+    def raise_any(self) -> None:
+        """One TpcostError naming every bad input found, if any."""
+        if self.found:
+            raise TpcostError("; ".join(self.found))
+
+
 def resolve_inputs(args, vllm=None):
     """(profile, its --set overrides, model shape, vLLM) of whatif and vllm-config, each resolved
     once: --gpu and --set, --model, --dtype, --tp, and the version (`vllm` where the caller resolved
     it already)."""
     from costmodel.shapes import check_dtype, load_model
 
-    errors: list[str] = []  # every bad input of the four, reported at once in the one line
-
-    def attempt(fn):
-        try:
-            return fn()
-        except TpcostError as e:
-            errors.append(str(e))
-            return None
-
-    got = attempt(lambda: resolve_profile(args))
-    shape = attempt(lambda: load_model(args.model))
-    attempt(lambda: check_dtype(args.dtype))
+    bad = BadInputs()
+    got = bad.attempt(lambda: resolve_profile(args))
+    shape = bad.attempt(lambda: load_model(args.model))
+    bad.attempt(lambda: check_dtype(args.dtype))
     if shape is not None:
-        attempt(lambda: shape.check_tp(args.tp))
-    if errors or got is None or shape is None:
-        raise TpcostError("; ".join(errors))
+        bad.attempt(lambda: shape.check_tp(args.tp))
+    bad.raise_any()
     prof, overrides = got
     return prof, overrides, shape, vllm_arg(args, prof, args.tp) if vllm is None else vllm
 
@@ -500,6 +511,19 @@ def check_overrides_read(prof, overrides, reads, shape, args) -> None:
     """Refuse a --set key the command's model call did not read for this (model, tp, dtype): it
     would be marked MODIFIED while changing nothing. `reads`: what that call read of the recording
     copy (traced)."""
+    key = first_unread(prof, overrides, reads)
+    if key is not None:
+        why = "the model does not read it"
+        if key.startswith("collectives."):
+            why = f"it is not the entry used at tp={args.tp}"
+        raise TpcostError(
+            f"--set {key}: no effect for {shape.name} at tp={args.tp}, {args.dtype} ({why})"
+        )
+
+
+def first_unread(prof, overrides, reads) -> str | None:
+    """The first --set key one model call did not read (None: every one was): a key on the link
+    counts as read where the dependants it carries (collectives, pulls) were."""
     from costmodel.profile import DERIVED_FROM_LINK
 
     rides_on_link = any(
@@ -509,9 +533,5 @@ def check_overrides_read(prof, overrides, reads, shape, args) -> None:
         if key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s") and rides_on_link:
             continue  # its dependants (collectives, pulls) were read
         if key not in reads:
-            why = "the model does not read it"
-            if key.startswith("collectives."):
-                why = f"it is not the entry used at tp={args.tp}"
-            raise TpcostError(
-                f"--set {key}: no effect for {shape.name} at tp={args.tp}, {args.dtype} ({why})"
-            )
+            return key
+    return None

@@ -12,7 +12,7 @@ from costmodel.io import JSON_SCHEMA_VERSION, dumps_json
 from costmodel.defaults import DEFAULT_CONTEXT_LEN, DEFAULT_SEQ_LEN
 from costmodel.vllm_tables import ep_rules
 
-from .common import bounded_int, fraction
+from .common import BadInputs, bounded_int, fraction
 
 DEFAULT_EP_GPU = "h200-sxm"
 DEFAULT_EP_MODEL = "deepseek-v3"
@@ -195,20 +195,11 @@ def setup_from_args(args, phase: str | None = None):
             "ep prices vLLM's expert parallelism: add --enable-expert-parallel (without it vLLM "
             "shards the experts by TP and runs no all-to-all)"
         )
-    errors: list[str] = []  # the bad names of the call, all in the one line
-
-    def attempt(fn):
-        try:
-            return fn()
-        except TpcostError as e:
-            errors.append(str(e))
-            return None
-
-    prof = attempt(lambda: load_profile(args.gpu))
-    shape = attempt(lambda: load_moe_model(args.model))
-    b = attempt(lambda: backend(args.all2all_backend))
-    if errors:
-        raise TpcostError("; ".join(errors))
+    bad = BadInputs()  # the bad names of the call, all in the one line
+    prof = bad.attempt(lambda: load_profile(args.gpu))
+    shape = bad.attempt(lambda: load_moe_model(args.model))
+    b = bad.attempt(lambda: backend(args.all2all_backend))
+    bad.raise_any()
     if b.predict is None:
         raise TpcostError(b.refusal)
     dom = int(prof.interconnect.domain_size)

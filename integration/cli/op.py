@@ -14,6 +14,7 @@ from .common import (
     add_vllm_args,
     bounded_int,
     cudagraph_arg,
+    first_unread,
     fraction,
     load_workload_arg,
     refuse_unused_limits,
@@ -28,7 +29,6 @@ def cmd_op(args) -> int:
     from costmodel.analysis import band_drivers_text, provenance_line
     from costmodel.model import Regime, RunConfig
     from costmodel.op_analysis import M_STEP, OpQuery, analyse_op
-    from costmodel.profile import DERIVED_FROM_LINK
 
     prof, overrides = resolve_profile(args)
     query = OpQuery(args.op, args.impl, args.n, args.k, args.kernel_sm_share)
@@ -45,17 +45,12 @@ def cmd_op(args) -> int:
     model_prof, reads = traced(prof, overrides)
     # the one model call: the answer, and the keys it read
     a = analyse_op(model_prof, query, run, **kw)
-    rides = any(
-        prof.provenance[k].source == DERIVED_FROM_LINK for k in reads if k in prof.provenance
-    )
-    for key in overrides:
-        if key not in reads and not (
-            rides and key in ("interconnect.link_bw_bytes_per_s", "interconnect.latency_s")
-        ):
-            raise TpcostError(
-                f"--set {key}: no effect on {args.op} ({args.impl}) at tp={args.tp} (the op does "
-                "not read it)"
-            )
+    key = first_unread(prof, overrides, reads)
+    if key is not None:
+        raise TpcostError(
+            f"--set {key}: no effect on {args.op} ({args.impl}) at tp={args.tp} (the op does "
+            "not read it)"
+        )
     out = a.to_json()
     check_op_inputs_take_effect(args, prof, query, run, kw, out["rows"])
     _add_extras(args, prof, a, out)

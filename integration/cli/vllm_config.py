@@ -12,6 +12,7 @@ from costmodel.io import dumps_json
 from costmodel.vllm_tables import SWITCHES
 
 from .common import (
+    BadInputs,
     VERSION_HELP,
     add_shape_args,
     bounded_int,
@@ -176,19 +177,15 @@ def _flag(name: str) -> str:
 def _model_config(args):
     """(config, name, where) of --model; where it is bad, with the other bad names of the call (the
     GPU, the dtype) in the one error line."""
-    from costmodel.errors import TpcostError
     from costmodel.shapes import check_dtype, load_model_config
 
-    try:
-        return load_model_config(args.model)
-    except TpcostError as e:
-        errors = [str(e)]
-        for check in (lambda: resolve_profile(args), lambda: check_dtype(args.dtype)):
-            try:
-                check()
-            except TpcostError as other:
-                errors.append(str(other))
-        raise TpcostError("; ".join(errors)) from None
+    bad = BadInputs()
+    found = bad.attempt(lambda: load_model_config(args.model))
+    if found is None:
+        bad.attempt(lambda: resolve_profile(args))
+        bad.attempt(lambda: check_dtype(args.dtype))
+        bad.raise_any()
+    return found
 
 
 def cmd_vllm_config(args) -> int:
