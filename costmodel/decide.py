@@ -540,7 +540,7 @@ def kernel_switch(
         why = entry.why_not_served(profile, tp, site.weights, site.n)
         if why:
             raise TpcostError(f"{sw.env} has no effect here: {why}")
-        act_bytes = ops.Hw(profile, "fp8" if site.weights == "mxfp8" else "bf16").act_bytes
+        act_bytes = ops.dtype_mode("fp8" if site.weights == "mxfp8" else "bf16").act_bytes
         fi = None if fi_tokens is None else float(fi_tokens * site.n * act_bytes)
         spec = fused_ops.OpSpec(
             op,
