@@ -1,5 +1,5 @@
-"""tpcost's analytic cost model (pure numpy): hardware profile → model shape → schedule times →
-speedup curve → cutoff. Imports neither torch nor scipy."""
+"""tpcost's analytic cost model (pure numpy; no torch or scipy at import): docs/model.md §1."""
+# hardware profile → model shape → schedule times → speedup curve → cutoff.
 
 # The public names, imported on first use (PEP 562): `import costmodel.device` or the vLLM plugin's
 # cache lookup must not pay for the whole model.

@@ -1,5 +1,5 @@
-"""The MoE all-to-all as vLLM 0.34 runs it: one registry entry per `--all2all-backend`, each
-carrying its predictor or its one-line refusal (docs/model.md §11.3)."""
+"""The MoE all-to-all as vLLM 0.34 runs it: one registry entry per backend (docs/model.md §11.3)."""
+# Each entry carries its predictor or its one-line refusal.
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ ALL2ALL_CITE = f"vLLM 0.34 {EP.all2all_backends_cite}, distributed/device_commun
 
 @dataclasses.dataclass(frozen=True)
 class A2ACall:
-    """One dispatch/combine pair's inputs: tokens per rank, the MoE shape, the EP layout, the dtypes
-    (SI, counts)."""
+    """One dispatch/combine pair's inputs: tokens per rank, MoE shape, EP layout, dtypes (§11.3)."""
 
     tokens: Any  # tokens this rank dispatches per call (array over a sweep)
     hidden: int
@@ -52,7 +51,7 @@ HT_BYTES_PER_SM_S = {"dispatch": 643e9 * 7 / 8 / 24, "combine": 675e9 * 7 / 8 / 
 
 @dataclasses.dataclass(frozen=True)
 class Links:
-    """The links an all-to-all may use: NVLink inside the domain, the network beyond it."""
+    """The links an all-to-all may use: NVLink in the domain, the network beyond it (§11.3)."""
 
     nvlink_bw_bytes_per_s: float
     network: Network
@@ -62,8 +61,7 @@ class Links:
 
 @dataclasses.dataclass(frozen=True)
 class A2ATimes:
-    """One dispatch and one combine (s), the bytes each puts on RDMA and NVLink, and the bound that
-    decides each."""
+    """One dispatch and one combine (s), their RDMA and NVLink bytes, each one's bound (§11.3)."""
 
     t_dispatch_s: Any
     t_combine_s: Any
@@ -191,8 +189,7 @@ def _times(out: dict, holds_sms: int) -> A2ATimes:
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
-    """One `--all2all-backend` value: its predictor, or the one line that says why it is not
-    priced."""
+    """One `--all2all-backend` value: its predictor, or why it is not priced (§11.3)."""
 
     name: str
     predict: Callable[[A2ACall, Links], A2ATimes] | None
@@ -201,18 +198,19 @@ class Backend:
 
     @property
     def microbatches(self) -> bool:
-        """vLLM 0.34 runs DBO with it on CUDA (EP.dbo_backends_cite)."""
+        """vLLM 0.34 runs DBO with it on CUDA (EP.dbo_backends_cite; §12)."""
         return self.name in EP.dbo_backends
 
     @property
     def shared_beside_combine(self) -> bool:
-        """vLLM 0.34's modular kernel runs the shared experts while this backend's combine is in
-        flight (EP.shared_overlap_cite): its prepare/finalize is asynchronous."""
+        """The shared experts run while its combine is in flight (EP.shared_overlap_cite; §11.4)."""
+        # vLLM 0.34's modular kernel does so where the backend's prepare/finalize is asynchronous.
         return self.name in EP.async_backends
 
     @property
     def batched_dp(self) -> bool:
-        """Its default token budget is 256 per rank under EP with DP > 1 (EP.batched_dp_cite)."""
+        """Its default budget is 256 tokens per rank under EP with DP > 1 (§12)."""
+        # EP.batched_dp_cite.
         return self.name in EP.batched_dp_backends
 
 
@@ -255,7 +253,7 @@ BACKENDS: dict[str, Backend] = {
 
 
 def backend(name: str) -> Backend:
-    """The registry entry of a backend vLLM 0.34 lists, or one line naming them."""
+    """The registry entry of a backend vLLM 0.34 lists, or one line naming them (§11.3)."""
     b = BACKENDS.get(name)
     if b is None:
         raise TpcostError(
@@ -266,8 +264,7 @@ def backend(name: str) -> Backend:
 
 
 def predict(name: str, call: A2ACall, links: Links) -> A2ATimes:
-    """One dispatch and one combine of `call` under backend `name` (one line where it is not
-    priced)."""
+    """One dispatch and one combine of `call` under backend `name` (s; §11.3)."""
     b = backend(name)
     if b.predict is None:
         raise TpcostError(b.refusal)
@@ -280,9 +277,10 @@ def predict(name: str, call: A2ACall, links: Links) -> A2ATimes:
 
 
 def measured_times(b: Backend, call: A2ACall, links: Links, model: A2ATimes) -> A2ATimes:
-    """A measurement beats a prior: where the network carries measured calls of this backend at this
-    EP layout, the model's times scaled by measured / model at each measured point, interpolated in
-    ln(tokens) and held flat past the ends; exact at a measured point's own shape (§11.5)."""
+    """The model's times scaled to the network's measured calls of this backend (§11.5)."""
+    # A measurement beats a prior: where the network carries measured calls of this backend at this
+    # EP layout, the model's times scaled by measured / model at each measured point, interpolated
+    # in ln(tokens) and held flat past the ends; exact at a measured point's own shape (§11.5).
     name = b.alias_of or b.name
     pts = [
         m

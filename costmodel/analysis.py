@@ -1,4 +1,4 @@
-"""Speedup curve → cutoff (with a Monte Carlo band) → the numbers `tpcost whatif` reports."""
+"""Speedup curve → cutoff (with a Monte Carlo band) → what `tpcost whatif` reports (§9)."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ class Analysis:
     grid_speedup_sp: np.ndarray | None = None  # SP alone's speedup on the grid
 
     def cutoff_mib(self, tokens: int | None = None) -> float | None:
-        """The cutoff (or `tokens`) as the residual-stream message per GPU in MiB
-        (formulas.mib_per_gpu)."""
+        """The cutoff (or `tokens`) as the residual-stream message per GPU in MiB (§9)."""
+        # formulas.mib_per_gpu.
         from . import formulas as F
         from .ops import DTYPE_MODES
 
@@ -66,9 +66,9 @@ class Analysis:
         )
 
     def crossover(self, schedule: str = "sp_asynctp") -> int | None:
-        """The grid point from which the schedule is faster than plain TP at every N to the budget
-        (no premium, any traffic), apart from the cutoff, which weighs the traffic and the premium
-        (issue 61 item 13)."""
+        """The grid point from which the schedule beats plain TP at every N to the budget (§9)."""
+        # No premium, any traffic; apart from the cutoff, which weighs the traffic and the premium
+        # (issue 61 item 13).
         s = self.grid_speedup_sp_asynctp if schedule == "sp_asynctp" else self.grid_speedup_sp
         if s is None:
             return None
@@ -85,13 +85,13 @@ def _host_bound(s: Any, i: int) -> bool:
 
 
 def curve(a: Analysis, num_tokens: Any) -> Prediction:
-    """The prediction of analysis `a` (same profile, model, TP, dtype, fusion range and regime) at
-    other N."""
+    """The prediction of analysis `a` at other N, all else the same (§9)."""
+    # Same profile, model, TP, dtype, fusion range and regime.
     return predict(a.profile, a.shape, a.run.tp, a.run.dtype, num_tokens, a.run.regime)
 
 
 def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
-    """Multiples of tp from tp to max_num_batched_tokens (the N vLLM can run with SP enabled)."""
+    """Multiples of tp from tp to max_num_batched_tokens: the N vLLM runs with SP (§9)."""
     top = (max_num_batched_tokens // tp) * tp
     if top < tp:
         raise TpcostError(f"--max-num-batched-tokens {max_num_batched_tokens} is below tp={tp}")
@@ -99,9 +99,9 @@ def token_grid(tp: int, max_num_batched_tokens: int) -> np.ndarray:
 
 
 def band_grid(grid: np.ndarray, weights: Any = None) -> tuple[np.ndarray, np.ndarray, int]:
-    """(grid, weights, k) the band is decided on: the grid itself (k = 1) up to BAND_GRID_MAX
-    points, else every k-th point (k = ⌈n / BAND_GRID_MAX⌉), each carrying the summed weight of its
-    block of k."""
+    """(grid, weights, k) the band is decided on: every k-th point of the grid (§9)."""
+    # the grid itself (k = 1) up to BAND_GRID_MAX points, else every k-th point (k = ⌈n /
+    # BAND_GRID_MAX⌉), each carrying the summed weight of its block of k.
     w = uniform_workload(grid) if weights is None else np.asarray(weights, dtype=float)
     k = -(-grid.size // BAND_GRID_MAX)
     if k == 1:
@@ -112,9 +112,10 @@ def band_grid(grid: np.ndarray, weights: Any = None) -> tuple[np.ndarray, np.nda
 def expected_time_by_threshold_s(
     t_off_s: Any, t_on_s: Any, weights: Any, margin: float
 ) -> np.ndarray:
-    """E[forward time] for each threshold c = grid[i] (steps with N ≥ c run the overlapped schedule
-    at (1+margin)·t_on, the others t_off), and for 'never' in the last column (s). Shapes (..., n)
-    -> (..., n+1)."""
+    """E[forward time] at each threshold c = grid[i], and at 'never' in the last column (§9)."""
+    # E[forward time] for each threshold c = grid[i] (steps with N ≥ c run the overlapped schedule
+    # at (1+margin)·t_on, the others t_off), and for 'never' in the last column (s). Shapes (..., n)
+    # -> (..., n+1).
     w = np.asarray(weights, dtype=float)
     # an unavailable schedule (inf) at a zero-weight N costs nothing
     with np.errstate(invalid="ignore"):
@@ -129,9 +130,10 @@ def expected_time_by_threshold_s(
 
 
 def best_split(cost: Any, prefer_larger: bool) -> Any:
-    """Index of the smallest expected time over the split points (..., n+1); ties to the larger
-    index or the smaller one. The one argmin both decisions share (the SP cutoff and the FlashInfer
-    fusion limit)."""
+    """Index of the smallest expected time over the split points (..., n+1) (§9)."""
+    # Index of the smallest expected time over the split points (..., n+1); ties to the larger index
+    # or the smaller one. The one argmin both decisions share (the SP cutoff and the FlashInfer
+    # fusion limit).
     cost = np.where(np.isfinite(cost), cost, np.inf)
     if prefer_larger:
         return cost.shape[-1] - 1 - np.argmin(cost[..., ::-1], axis=-1)
@@ -139,9 +141,10 @@ def best_split(cost: Any, prefer_larger: bool) -> Any:
 
 
 def crossover_tokens(grid: np.ndarray, t_off_s: Any, t_on_s: Any) -> int | None:
-    """The smallest grid point from which the fused side is faster at every point to the end of the
-    grid (where the curves cross for good), None where it is not faster at the last one: apart from
-    the decided threshold, which weighs the traffic and the premium (issue 50 item 8)."""
+    """The smallest grid point from which the fused side wins at every point to the end (§9)."""
+    # The smallest grid point from which the fused side is faster at every point to the end of the
+    # grid (where the curves cross for good), None where it is not faster at the last one: apart
+    # from the decided threshold, which weighs the traffic and the premium (issue 50 item 8).
     wins = np.asarray(t_on_s) < np.asarray(t_off_s)
     if wins.size == 0 or not wins[-1]:
         return None
@@ -157,13 +160,13 @@ def decide_cutoff(
     weights: Any = None,
     below: float = np.inf,
 ) -> Any:
-    """The threshold that minimises the expected forward time over the workload (docs/model.md §9).
-
-    c ∈ grid (multiples of tp) or None (never); steps with N ≥ c pay (1+margin)·t_on, the rest
-    t_off; ties go to the larger c. Only c < `below` is a candidate: vLLM's SP threshold acts only
-    below the token budget (_set_compile_ranges splits at c − 1 only when 1 < c <
-    max_num_batched_tokens, and no compile range starts at c ≥ the budget), so c = budget is "never"
-    in all but name. For (draws, n) inputs returns a float array (inf = never)."""
+    """The threshold that minimises the expected forward time over the workload (§9)."""
+    # The threshold that minimises the expected forward time over the workload (docs/model.md §9). c
+    # ∈ grid (multiples of tp) or None (never); steps with N ≥ c pay (1+margin)·t_on, the rest
+    # t_off; ties go to the larger c. Only c < `below` is a candidate: vLLM's SP threshold acts only
+    # below the token budget (_set_compile_ranges splits at c − 1 only when 1 < c <
+    # max_num_batched_tokens, and no compile range starts at c ≥ the budget), so c = budget is
+    # "never" in all but name. For (draws, n) inputs returns a float array (inf = never).
     w = uniform_workload(grid) if weights is None else weights
     cost = expected_time_by_threshold_s(t_off_s, t_on_s, w, margin)
     unreal = np.append(np.asarray(grid, dtype=float) >= below, False)
@@ -185,10 +188,11 @@ def decide_fusion_limit(
     weights: Any = None,
     cap_tokens: int | None = None,
 ) -> int:
-    """The FlashInfer fused all-reduce+RMSNorm limit (tokens) by the same rule as the SP cutoff:
-    steps with N ≤ c pay (1+margin)·t_fused, the rest t_unfused; c minimises the expected time over
-    the workload (0 = fusion off); ties go to the smaller c; never above `cap_tokens` (vLLM's own
-    limit: FlashInfer's workspace is sized by it, docs/model.md §9)."""
+    """The FlashInfer fused all-reduce+RMSNorm limit (tokens) by the SP cutoff's rule (§9)."""
+    # The FlashInfer fused all-reduce+RMSNorm limit (tokens) by the same rule as the SP cutoff:
+    # steps with N ≤ c pay (1+margin)·t_fused, the rest t_unfused; c minimises the expected time
+    # over the workload (0 = fusion off); ties go to the smaller c; never above `cap_tokens` (vLLM's
+    # own limit: FlashInfer's workspace is sized by it, docs/model.md §9).
     w = uniform_workload(grid) if weights is None else weights
     t_f = np.asarray(t_fused_s, dtype=float)
     t_u = np.asarray(t_unfused_s, dtype=float)
@@ -209,9 +213,9 @@ def decision_value(
     vllm_default: int | None = None,
     below: float = np.inf,
 ) -> dict:
-    """What the cutoff is worth on the workload: expected forward time (s) at it, at never, at
-    vLLM's default and at the best threshold in hindsight (the oracle: no risk premium), and the
-    savings between them."""
+    """What the cutoff is worth on the workload: expected forward time at it and beside (§9)."""
+    # expected forward time (s) at it, at never, at vLLM's default and at the best threshold in
+    # hindsight (the oracle: no risk premium), and the savings between them.
     w = uniform_workload(grid) if weights is None else weights
     true = expected_time_by_threshold_s(t_off_s, t_on_s, w, 0.0)  # what each threshold really costs
 
@@ -246,12 +250,12 @@ def decision_value(
 
 
 def decided_schedule(a: Analysis, asynctp: bool | None = None) -> tuple[str | None, int | None]:
-    """(schedule, threshold) vLLM should run: "sp_asynctp" or "sp" from its cutoff, or (None, None)
-    for plain TP. `asynctp` None: tpcost chooses between the two (AsyncTP only where torch's fused
-    ops can run); False: SP alone (the user's choice, or vLLM's resolution of an unset
-    fuse_gemm_comms); True: SP+AsyncTP. Each schedule's cost is its expected forward time at its own
-    cutoff with the risk premium on the steps it runs (decision_value); plain TP wins ties, then SP
-    alone."""
+    """(schedule, threshold) vLLM should run, or (None, None) for plain TP (§9)."""
+    # "sp_asynctp" or "sp" from its cutoff, or (None, None) for plain TP. `asynctp` None: tpcost
+    # chooses between the two (AsyncTP only where torch's fused ops can run); False: SP alone (the
+    # user's choice, or vLLM's resolution of an unset fuse_gemm_comms); True: SP+AsyncTP. Each
+    # schedule's cost is its expected forward time at its own cutoff with the risk premium on the
+    # steps it runs (decision_value); plain TP wins ties, then SP alone.
     if not a.run.regime.vllm.sp_passes:  # a release without the SP and AsyncTP passes
         return None, None
     cands: list[tuple[float, int, str | None, int | None]] = []
@@ -281,9 +285,10 @@ def decided_schedule(a: Analysis, asynctp: bool | None = None) -> tuple[str | No
 def perturbed(
     profile: HardwareProfile, key: str, z: Any, sigma_rel: float | None = None
 ) -> np.ndarray:
-    """The value of `key` moved by z standard deviations of its tier (or `sigma_rel`): x·e^(σ·z),
-    clipped into the key's plausible range (profile.VALUE_RANGES: efficiencies and fractions at 1,
-    slowdowns at 10, ...); draws are never refused."""
+    """The value of `key` moved by z sigmas of its tier: x·e^(σ·z), clipped (§9)."""
+    # The value of `key` moved by z standard deviations of its tier (or `sigma_rel`): x·e^(σ·z),
+    # clipped into the key's plausible range (profile.VALUE_RANGES: efficiencies and fractions at 1,
+    # slowdowns at 10, ...); draws are never refused.
     sig = profile.provenance[key].sigma_rel if sigma_rel is None else sigma_rel
     x = profile.value(key) * np.exp(sig * np.asarray(z, dtype=float))
     r = value_range(key)
@@ -291,8 +296,9 @@ def perturbed(
 
 
 def perturbable_keys(profile: HardwareProfile) -> list[str]:
-    """The profile's quantities the band and the sensitivity table move, sorted: not code constants
-    or shapes (UNPERTURBED_PREFIXES), not 0 (an ideal part)."""
+    """The profile's quantities the band and the sensitivity table move, sorted (§9)."""
+    # The profile's quantities the band and the sensitivity table move, sorted: not code constants
+    # or shapes (UNPERTURBED_PREFIXES), not 0 (an ideal part).
     return [
         k
         for k, v in sorted(profile.values().items())
@@ -303,10 +309,11 @@ def perturbable_keys(profile: HardwareProfile) -> list[str]:
 def perturbed_values(
     profile: HardwareProfile, draws: int, seed: int, sigma_rel: Mapping[str, float] | None = None
 ) -> dict[str, np.ndarray]:
-    """Lognormal draws (median = profile value, σ by provenance tier, or `sigma_rel`'s for the keys
-    it names) as (draws, 1) arrays. Each key draws from its own stream, seeded by (seed, crc32 of
-    the key): a key added to or removed from a profile leaves every other key's draws, and so the
-    band, unchanged."""
+    """Lognormal draws of the profile's values as (draws, 1) arrays, one stream per key (§9)."""
+    # Lognormal draws (median = profile value, σ by provenance tier, or `sigma_rel`'s for the keys
+    # it names) as (draws, 1) arrays. Each key draws from its own stream, seeded by (seed, crc32 of
+    # the key): a key added to or removed from a profile leaves every other key's draws, and so the
+    # band, unchanged.
     import zlib
 
     def z(key: str) -> np.ndarray:
@@ -329,9 +336,10 @@ def cutoff_band(
     draws: int = BAND_DRAWS,
     seed: int = BAND_SEED,
 ) -> tuple[int | None, int | None]:
-    """5th–95th percentile of the cutoff decision over a fixed-seed Monte Carlo of the profile
-    (never = +inf), on `grid` with its `weights` (run.workload is not re-read: the caller may have
-    coarsened the grid)."""
+    """5th-95th percentile of the cutoff over a fixed-seed Monte Carlo of the profile (§9)."""
+    # 5th–95th percentile of the cutoff decision over a fixed-seed Monte Carlo of the profile (never
+    # = +inf), on `grid` with its `weights` (run.workload is not re-read: the caller may have
+    # coarsened the grid).
     from .profile import recording
 
     tp, dtype, margin = run.tp, run.dtype, run.margin
@@ -354,10 +362,12 @@ def cutoff_band(
 
 
 class Band(tuple):
-    """(5th, 95th percentile) of a decision over the profile's draws, None for "never";
-    `never_share`: the share of the draws in which the op never pays (what an edge at "never" leaves
-    unsaid); `drivers`: the inputs whose draws move the decision most ((quantity, rank correlation),
-    band_drivers; empty where not asked)."""
+    """(5th, 95th percentile) of a decision over the draws, None for "never" (§9)."""
+
+    # (5th, 95th percentile) of a decision over the profile's draws, None for "never";
+    # `never_share`: the share of the draws in which the op never pays (what an edge at "never"
+    # leaves unsaid); `drivers`: the inputs whose draws move the decision most ((quantity, rank
+    # correlation), band_drivers; empty where not asked).
 
     never_share: float
     drivers: tuple[tuple[str, float], ...]
@@ -375,17 +385,18 @@ class Band(tuple):
         return band
 
     def text(self) -> str:
-        """'[lo, hi]' in tokens; where an edge is never, also the share of draws that never pay."""
+        """'[lo, hi]' in tokens; where an edge is never, the share of draws that never pay (§9)."""
         lo, hi = self
         out = f"[{'never' if lo is None else lo}, {'never' if hi is None else hi}]"
         return out + (f" (never pays in {self.never_share:.0%} of the draws)" if hi is None else "")
 
 
 def band_edges(cuts: Any, draws: Mapping[str, Any] | None = None) -> Band:
-    """The 5th and 95th percentile of a decision over the draws (observed values: the lower / higher
-    neighbour), an infinite one ("never") as None, and the share of draws that never pay: the one
-    reading of every band; with the `draws` the decision was made from, also what drives it
-    (band_drivers)."""
+    """The 5th and 95th percentile of a decision over the draws: the one reading of a band (§9)."""
+    # The 5th and 95th percentile of a decision over the draws (observed values: the lower / higher
+    # neighbour), an infinite one ("never") as None, and the share of draws that never pay: the one
+    # reading of every band; with the `draws` the decision was made from, also what drives it
+    # (band_drivers).
     c = np.atleast_1d(np.asarray(cuts, dtype=float))
     lo, hi = np.percentile(c, 5, method="lower"), np.percentile(c, 95, method="higher")
     return Band(
@@ -397,15 +408,14 @@ def band_edges(cuts: Any, draws: Mapping[str, Any] | None = None) -> Band:
 
 
 def band_drivers_json(band: Any) -> list[dict] | None:
-    """A band's drivers as JSON ([{quantity, rank_correlation}]; None where there is no band)."""
+    """A band's drivers as JSON: [{quantity, rank_correlation}], None without a band (§9)."""
     if band is None:
         return None
     return [{"quantity": k, "rank_correlation": r} for k, r in getattr(band, "drivers", ())]
 
 
 def band_drivers_text(band: Any) -> str:
-    """One line naming what moves a band ("" where nothing does): the human tables of op and
-    whatif."""
+    """One line naming what moves a band ("" where nothing does) for op and whatif (§9)."""
     drivers = getattr(band, "drivers", ())
     return (
         (
@@ -429,10 +439,10 @@ BAND_DRIVERS_SHOWN, BAND_DRIVER_MIN = 5, 0.1
 
 
 def band_drivers(draws: Mapping[str, Any], cuts: np.ndarray) -> tuple[tuple[str, float], ...]:
-    """The inputs that move a decision across the draws: Spearman's rank correlation of each drawn
-    quantity with the decision (never = +inf, so a quantity that makes the op never pay correlates
-    positively), the largest BAND_DRIVERS_SHOWN with |ρ| ≥ BAND_DRIVER_MIN, largest first. A
-    constant decision has none."""
+    """The inputs that move a decision across the draws, by rank correlation (§9)."""
+    # Spearman's rank correlation of each drawn quantity with the decision (never = +inf, so a
+    # quantity that makes the op never pay correlates positively), the largest BAND_DRIVERS_SHOWN
+    # with |ρ| ≥ BAND_DRIVER_MIN, largest first. A constant decision has none.
     rc = _ranks(np.asarray(cuts, dtype=float).ravel())
     if np.ptp(rc) == 0:
         return ()
@@ -449,8 +459,8 @@ def band_drivers(draws: Mapping[str, Any], cuts: np.ndarray) -> tuple[tuple[str,
 
 
 def model_inputs(profile: HardwareProfile, tp: int) -> list[str]:
-    """The perturbable inputs the model reads at this TP size (collective entries of other TP sizes
-    dropped)."""
+    """The perturbable inputs the model reads at this TP size (§9)."""
+    # Collective entries of other TP sizes dropped.
     keys = []
     for key in perturbable_keys(profile):
         parts = key.split(".")
@@ -473,9 +483,10 @@ def cutoff_sensitivity(
     weights: Any = None,
     below: float = np.inf,
 ) -> list[dict]:
-    """One at a time, each model input × e^(−σ) and × e^(+σ) (σ of its tier; efficiencies capped at
-    1): the cutoff with each. Returned for the inputs that move it away from `base_cutoff` (the
-    profile's own), largest move first ("never" = beyond the grid)."""
+    """The cutoff with each model input moved by one sigma either way (§9)."""
+    # One at a time, each model input × e^(−σ) and × e^(+σ) (σ of its tier; efficiencies capped at
+    # 1): the cutoff with each. Returned for the inputs that move it away from `base_cutoff` (the
+    # profile's own), largest move first ("never" = beyond the grid).
     tp, dtype, margin = run.tp, run.dtype, run.margin
     keys = model_inputs(profile, tp)
     variants = [(k, sign) for k in keys for sign in (-1.0, 1.0)]
@@ -532,13 +543,14 @@ def analyse(
     display_max_tokens: int = 65536,
     tokens: Any = None,
 ) -> Analysis:
-    """Cutoff decision, band and a table at `tokens` (default: powers of two up to
-    display_max_tokens, plus the cutoff) for the query `run`. Its workload
-    (costmodel.workload.Workload; None: uniform over the multiples of tp) is the traffic the
-    decision serves; its histogram buckets are spread uniformly, and the other spreads are reported.
-    Its regime's fi_max_bytes is the FlashInfer fusion limit vLLM will run with,
-    cudagraph_max_tokens vLLM's largest CUDA-graph capture size (steps above it pay the host's issue
-    time)."""
+    """Cutoff decision, band and a table at `tokens` for the query `run` (§9)."""
+    # Cutoff decision, band and a table at `tokens` (default: powers of two up to
+    # display_max_tokens, plus the cutoff) for the query `run`. Its workload
+    # (costmodel.workload.Workload; None: uniform over the multiples of tp) is the traffic the
+    # decision serves; its histogram buckets are spread uniformly, and the other spreads are
+    # reported. Its regime's fi_max_bytes is the FlashInfer fusion limit vLLM will run with,
+    # cudagraph_max_tokens vLLM's largest CUDA-graph capture size (steps above it pay the host's
+    # issue time).
     tp, dtype, margin = run.tp, run.dtype, run.margin
     max_num_batched_tokens, workload, reg = run.max_num_batched_tokens, run.workload, run.regime
     if tokens is not None and (len(tokens) == 0 or any(int(t) != t or t <= 0 for t in tokens)):
@@ -632,8 +644,8 @@ def _workload_text(workload: Any, budget: int) -> str:
 
 
 def memory_fit(profile: HardwareProfile, shape: ModelShape, tp: int, dtype: str) -> dict:
-    """Weights per GPU (at this TP and dtype) against the profile's HBM capacity (when it has
-    one)."""
+    """Weights per GPU at this TP and dtype against the profile's HBM capacity (§8b)."""
+    # When the profile has one.
     from . import formulas as F
     from .ops import dtype_mode
 
@@ -672,9 +684,9 @@ def provenance(profile: HardwareProfile) -> dict:
 
 
 def calibration_note(profile: HardwareProfile, tp: int) -> str | None:
-    """One line where the profile's collectives were calibrated (measured points, or fitted values
-    of tier calibrated) at other TP sizes only: the answer at this TP is the prior's (issue 61 item
-    10)."""
+    """One line where the collectives were calibrated at other TP sizes only (§10)."""
+    # Measured points, or fitted values of tier calibrated: the answer at this TP is the prior's
+    # (issue 61 item 10).
     import re
 
     tps = {
@@ -696,8 +708,8 @@ def calibration_note(profile: HardwareProfile, tp: int) -> str | None:
 
 
 def provenance_line(profile: HardwareProfile) -> str:
-    """One line: the profile, where it came from, its weakest tier and its values by tier (whatif,
-    op)."""
+    """One line: the profile, its origin, its weakest tier, its values by tier (§17)."""
+    # whatif, op.
     pv = provenance(profile)
     counts = ", ".join(f"{k} {v}" for k, v in pv["tier_counts"].items() if v)
     mod = f"; MODIFIED by --set: {', '.join(pv['modified'])}" if pv["modified"] else ""
@@ -772,9 +784,9 @@ def analysis_json(a: Analysis) -> dict:
 
 
 def ops_view(pred: Prediction) -> dict[str, list[dict]]:
-    """Every op of each schedule at the first N of `pred`: count, per-call GPU and host time,
-    achieved rates, the bound it hits (the largest of its parts) and the formula that times it
-    (docs/model.md §k)."""
+    """Every op of each schedule at the first N of `pred`, with the formula that times it (§1)."""
+    # count, per-call GPU and host time, achieved rates, the bound it hits (the largest of its
+    # parts) and the formula that times it (docs/model.md §k).
 
     def first(x):
         return float(np.ravel(x)[0]) if np.ndim(x) else float(x)

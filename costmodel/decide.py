@@ -1,7 +1,8 @@
-"""What tpcost decides for vLLM (docs/vllm.md): the FlashInfer fusion range, the SP/AsyncTP schedule
-and its threshold (vLLM <= 0.31), and the fused kernel's switch of a kernel model, each priced on
-the workload. The one decision path of `tpcost vllm-config`, `tpcost whatif` and the plugin;
-integration only adapts it to vLLM."""
+"""What tpcost decides for vLLM: fusion range, schedule, kernel switch (docs/model.md §9, §15)."""
+# What tpcost decides for vLLM (docs/vllm.md): the FlashInfer fusion range, the SP/AsyncTP
+# schedule and its threshold (vLLM <= 0.31), and the fused kernel's switch of a kernel model, each
+# priced on the workload. The one decision path of `tpcost vllm-config`, `tpcost whatif` and the
+# plugin; integration only adapts it to vLLM.
 
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ MIN_CONFIDENCE = 0.8
 
 
 def fusion_mb(tokens: int, hidden: int, elem_bytes: float, vllm_mb: float | None = None) -> float:
-    """The MB value to emit for `tokens`: vLLM's own when it lands there, else the shortest decimal
-    (fewest significant digits, at most 4 where one exists) whose vLLM conversion int(mb·MiB) //
-    (hidden·itemsize) lands exactly on `tokens` (config/vllm.py _set_compile_ranges,
-    allreduce_rms_fusion.py)."""
+    """The MB value to emit so that vLLM's conversion lands exactly on `tokens` (§9)."""
+    # vLLM's own when it lands there, else the shortest decimal (fewest significant digits, at most
+    # 4 where one exists) whose vLLM conversion int(mb·MiB) // (hidden·itemsize) lands exactly on
+    # `tokens` (config/vllm.py _set_compile_ranges, allreduce_rms_fusion.py).
     row = int(hidden * elem_bytes)
 
     def lands(mb: float) -> bool:
@@ -49,7 +50,7 @@ def fusion_mb(tokens: int, hidden: int, elem_bytes: float, vllm_mb: float | None
 
 @dataclasses.dataclass(frozen=True)
 class UserChoices:
-    """What the user set in vLLM's own config, which tpcost keeps (None: unset, tpcost decides)."""
+    """What the user set in vLLM's own config, which tpcost keeps (None: unset; §9)."""
 
     fuse_allreduce_rms: bool | None = None  # PassConfig.fuse_allreduce_rms
     fi_max_mb: float | None = None  # PassConfig.fi_allreduce_fusion_max_size_mb
@@ -63,7 +64,7 @@ class UserChoices:
 
 @dataclasses.dataclass(frozen=True)
 class FusionRange:
-    """The FlashInfer fused all-reduce+RMSNorm range decided for one configuration."""
+    """The FlashInfer fused all-reduce+RMSNorm range decided for one configuration (§9)."""
 
     tokens: int  # the fused kernel runs for N <= tokens (0: fusion off)
     vllm_default_tokens: int  # vLLM's own limit here (its table: costmodel.vllm_tables.dispatch)
@@ -110,7 +111,7 @@ class Recommendation:
         return self.vllm.sp_passes
 
     def saving_line(self) -> str:
-        """The expected saving of this decision on the workload, in one line."""
+        """The expected saving of this decision on the workload, in one line (§9)."""
         dv = self.decision_value or {}
         if not dv or not self.has_sp:
             return ""
@@ -137,8 +138,7 @@ class Recommendation:
         ]
 
     def pass_config(self) -> dict:
-        """The pass_config for this vLLM version: SP/AsyncTP (<= 0.31) and the fusion range
-        (both)."""
+        """The pass_config for this vLLM: SP/AsyncTP (<= 0.31) and the fusion range (§15)."""
         pc: dict = {}
         if self.has_sp:
             pc = {"enable_sp": self.enable, "fuse_gemm_comms": self.schedule == "sp_asynctp"}
@@ -163,14 +163,15 @@ def decide_fusion(
     units_per_forward: int | None = None,
     min_confidence: float = MIN_CONFIDENCE,
 ) -> FusionRange | None:
-    """The FlashInfer fusion range: the user's when given, else the largest token count up to which
-    the fused all-reduce+RMSNorm beats the next all-reduce + RMSNorm on the workload, by the SP
-    cutoff's rule (costmodel.analysis.decide_fusion_limit), never above vLLM's own limit
-    (FlashInfer's workspace is sized by it: raising it costs HBM on every rank and may exceed the
-    one-shot/two-shot kernels' tuned range). `shape` needs `.hidden`; the all-reduce+norm units per
-    forward default to a dense model's 2·layers + 1. vLLM's own limit moves only when it is worth
-    it: the gain exceeds the risk premium `margin` of the all-reduce+norm time the range controls,
-    and the decided range beats vLLM's in at least `min_confidence` of the profile's draws."""
+    """The FlashInfer fusion range: the user's, else the one the workload makes fastest (§9)."""
+    # the user's when given, else the largest token count up to which the fused all-reduce+RMSNorm
+    # beats the next all-reduce + RMSNorm on the workload, by the SP cutoff's rule
+    # (costmodel.analysis.decide_fusion_limit), never above vLLM's own limit (FlashInfer's workspace
+    # is sized by it: raising it costs HBM on every rank and may exceed the one-shot/two-shot
+    # kernels' tuned range). `shape` needs `.hidden`; the all-reduce+norm units per forward default
+    # to a dense model's 2·layers + 1. vLLM's own limit moves only when it is worth it: the gain
+    # exceeds the risk premium `margin` of the all-reduce+norm time the range controls, and the
+    # decided range beats vLLM's in at least `min_confidence` of the profile's draws.
     from . import ops
     from .analysis import decide_fusion_limit, expected_time_by_threshold_s
     from .workload import weights_on
@@ -306,13 +307,14 @@ def recommend(
     tokens: Any = "budget",
     min_confidence: float = MIN_CONFIDENCE,
 ) -> Recommendation:
-    """The one decision path (vllm-config, the plugin, whatif): the fusion range first, then (vLLM
-    <= 0.31) the schedule and its SP threshold computed with exactly that range, so every number
-    printed belongs to the configuration emitted. `user.asynctp` None: tpcost chooses SP+AsyncTP, SP
-    alone or neither; False: SP alone or neither (AsyncTP off by the user, or by vLLM's resolution
-    of an unset fuse_gemm_comms); True: SP+AsyncTP or neither. `tokens`: the table's token counts
-    ("budget": the budget alone; None: analyse's display default). The fusion range is decided here:
-    run.regime.fi_max_bytes must be unset (the user's value is user.fi_max_mb)."""
+    """The one decision path: the fusion range, then (<= 0.31) the schedule and its cutoff (§9)."""
+    # the fusion range first, then (vLLM <= 0.31) the schedule and its SP threshold computed with
+    # exactly that range, so every number printed belongs to the configuration emitted.
+    # `user.asynctp` None: tpcost chooses SP+AsyncTP, SP alone or neither; False: SP alone or
+    # neither (AsyncTP off by the user, or by vLLM's resolution of an unset fuse_gemm_comms); True:
+    # SP+AsyncTP or neither. `tokens`: the table's token counts ("budget": the budget alone; None:
+    # analyse's display default). The fusion range is decided here: run.regime.fi_max_bytes must be
+    # unset (the user's value is user.fi_max_mb).
     from .analysis import analyse, decided_schedule
     from . import ops
     from . import fused_ops
@@ -383,17 +385,16 @@ def recommend(
 
 
 def draft_token_cap(hidden: int, draft_hidden: int | None, vllm: Vllm) -> int | None:
-    """The largest fused token count on which vLLM's two limits agree with a speculative-decoding
-    draft model wider than the target (releases whose fused workspace is sized by the draft:
-    Release.fusion_sized_by_draft), None where no cap applies. Refuses (TpcostError) a draft width
-    that could not change anything.
-
-    vLLM splits its compile ranges at int(mb·MiB) // (hidden·b) tokens (config/vllm.py
-    _set_compile_ranges) but sizes the fused pass at int(mb·MiB) // (max(hidden, draft)·b)
-    (allreduce_rms_fusion.py _fused_ar_workspace_hidden_dim), and fuses a range only if it ends
-    within the pass's limit: with a wider draft the whole first range is left unfused. Both
-    conversions give the same T only for T < hidden/(draft − hidden); the range is capped there and
-    the MB value taken from the draft's width, so that the two limits agree."""
+    """The largest fused token count on which vLLM's limits agree under a wider draft (§9)."""
+    # The largest fused token count on which vLLM's two limits agree with a speculative-decoding
+    # draft model wider than the target (releases whose fused workspace is sized by the draft:
+    # Release.fusion_sized_by_draft), None where no cap applies. Refuses (TpcostError) a draft width
+    # that could not change anything. vLLM splits its compile ranges at int(mb·MiB) // (hidden·b)
+    # tokens (config/vllm.py _set_compile_ranges) but sizes the fused pass at int(mb·MiB) //
+    # (max(hidden, draft)·b) (allreduce_rms_fusion.py _fused_ar_workspace_hidden_dim), and fuses a
+    # range only if it ends within the pass's limit: with a wider draft the whole first range is
+    # left unfused. Both conversions give the same T only for T < hidden/(draft − hidden); the range
+    # is capped there and the MB value taken from the draft's width, so that the two limits agree.
     if draft_hidden is None:
         return None
     if not vllm.release.fusion_sized_by_draft:
@@ -414,8 +415,7 @@ def draft_token_cap(hidden: int, draft_hidden: int | None, vllm: Vllm) -> int | 
 def no_fusion_draft(
     user: UserChoices, fusion: FusionRange | None, profile_name: str, tp: int, why: str = ""
 ) -> None:
-    """Refuse --draft-hidden-size where there is no FlashInfer fusion range for it to size
-    (TpcostError)."""
+    """Refuse --draft-hidden-size where there is no FlashInfer fusion range to size (§9)."""
     if user.draft_hidden_size is not None and fusion is None:
         raise TpcostError(
             "--draft-hidden-size: no effect here "
@@ -426,8 +426,7 @@ def no_fusion_draft(
 
 @dataclasses.dataclass(frozen=True)
 class SiteDecision:
-    """One call site of the fused kernel on the workload (s per forward, expected over the
-    steps)."""
+    """One call site of the fused kernel on the workload (s per forward, expected; §15)."""
 
     site: Any  # costmodel.shapes.CallSite
     # the switch on: the kernel where vLLM's rule (M >= 128) runs it, the unfused path below
@@ -442,7 +441,7 @@ class SiteDecision:
 
 @dataclasses.dataclass(frozen=True)
 class KernelSwitch:
-    """Should vLLM's switch for its fused GEMM+RS/AR kernel be on for this model and traffic?"""
+    """Should vLLM's switch for its fused GEMM+RS/AR kernel be on for this traffic (§15)?"""
 
     env: str
     vllm_default_on: bool
@@ -463,8 +462,7 @@ class KernelSwitch:
 
     @property
     def saving_vs_vllm_default_s(self) -> float:
-        """Expected time per forward saved by tpcost's setting against vLLM's default (0 when they
-        agree)."""
+        """Expected time per forward saved against vLLM's default (0 when they agree; §15)."""
         at = lambda on: self.expected_on_s if on else self.expected_off_s  # noqa: E731
         return at(self.vllm_default_on) - at(self.set_on)
 
@@ -502,11 +500,11 @@ class KernelSwitch:
 def kernel_switch(
     profile, sites, op: str, run: RunConfig, fi_tokens: int | None = None, family: str | None = None
 ) -> KernelSwitch:
-    """The switch of vLLM's fused GEMM+RS/AR kernel for this traffic: the expected time per forward
-    with it on (the kernel at every site where vLLM's rule, M >= 128, runs it) against off, over
-    every step of 1 .. max_num_batched_tokens tokens (the release's fused_ops entry, its arms per
-    site). vLLM's default moves only when the other setting is faster by more than the risk premium
-    `margin` on the time the switch controls."""
+    """The switch of vLLM's fused GEMM+RS/AR kernel, decided on the traffic (§15)."""
+    # the expected time per forward with it on (the kernel at every site where vLLM's rule, M >=
+    # 128, runs it) against off, over every step of 1 .. max_num_batched_tokens tokens (the
+    # release's fused_ops entry, its arms per site). vLLM's default moves only when the other
+    # setting is faster by more than the risk premium `margin` on the time the switch controls.
     from . import fused_ops, ops
     from .analysis import crossover_tokens, decide_cutoff
     from .workload import weights_on
@@ -585,9 +583,11 @@ def kernel_switch(
 
 @dataclasses.dataclass(frozen=True)
 class KernelModelConfig:
-    """vllm-config and the plugin for a model whose forward tpcost does not model but whose
-    fused-kernel switch it answers (costmodel.vllm_tables): the fusion range first, then the switch
-    priced with exactly that range."""
+    """vllm-config for a model whose switch tpcost answers but whose forward it does not (§15)."""
+
+    # vllm-config and the plugin for a model whose forward tpcost does not model but whose fused-
+    # kernel switch it answers (costmodel.vllm_tables): the fusion range first, then the switch
+    # priced with exactly that range.
 
     # None: not in vLLM's tables here, or model-level SP (no all-reduce to fuse)
     fusion: FusionRange | None
@@ -615,10 +615,11 @@ def kernel_model_config(
     user: UserChoices = UserChoices(),
     min_confidence: float = MIN_CONFIDENCE,
 ) -> KernelModelConfig:
-    """The one decision path of a kernel model (vllm-config --kernel-op and the plugin): raises
-    TpcostError, in one line, where the switch has no effect. `run` (None: bf16 at par.tp, the
-    current release) gives the budget, margin, workload and vLLM; its tp must be the parallel
-    setup's."""
+    """The one decision path of a kernel model (vllm-config --kernel-op, the plugin; §15)."""
+    # The one decision path of a kernel model (vllm-config --kernel-op and the plugin): raises
+    # TpcostError, in one line, where the switch has no effect. `run` (None: bf16 at par.tp, the
+    # current release) gives the budget, margin, workload and vLLM; its tp must be the parallel
+    # setup's.
     from .errors import TpcostError
     from .vllm_tables import SWITCHES, kernel_missing
 

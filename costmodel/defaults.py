@@ -1,6 +1,7 @@
-"""The run's defaults, declared once (no imports: the vLLM plugin reads them without loading the
-model). costmodel.model's RunConfig / Regime / DecodeRegime take them as their field defaults; every
-command's flags and their --help read them from here."""
+"""The run's defaults, declared once; every command and the plugin read them here (§9)."""
+# The run's defaults, declared once (no imports: the vLLM plugin reads them without loading the
+# model). costmodel.model's RunConfig / Regime / DecodeRegime take them as their field defaults;
+# every command's flags and their --help read them from here.
 
 DEFAULT_SEQ_LEN = 1024  # prefill sequence length (attention's quadratic term)
 # vLLM's max_num_batched_tokens where the caller states none (vLLM's own default)

@@ -1,13 +1,13 @@
-"""Which GPU this process sees: one small query, imported alone by the vLLM plugin's cache lookup
-(no model code)."""
+"""Which GPU this process sees: one small query for the plugin's lookup (docs/model.md §17)."""
+# Imported alone by the vLLM plugin's cache lookup (no model code).
 
 from __future__ import annotations
 
 
 def local_device() -> tuple[str | None, str | None]:
-    """(device name, 'major.minor') of GPU 0 via vLLM's platform if importable, else torch; (None,
-    None) if none. Imported only when called: `--gpu auto` is the one path of costmodel that asks
-    the machine."""
+    """(device name, 'major.minor') of GPU 0, or (None, None) (§17)."""
+    # Via vLLM's platform if importable, else torch. Imported only when called: `--gpu auto` is the
+    # one path of costmodel that asks the machine.
     try:
         from vllm.platforms import current_platform
 

@@ -1,5 +1,4 @@
-"""One step of an MoE model per DP rank under DP attention + EP, and its dual-batch-overlap schedule
-(docs/model.md §11.4, §12)."""
+"""One MoE step per DP rank under DP attention + EP, and its DBO schedule (§11.4, §12)."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class EPSetup:
-    """What one EP deployment is: GPU, model, EP size and nodes, backend, network, and the step's
-    kind."""
+    """One EP deployment: GPU, model, EP size, nodes, backend, network, step kind (§11.4)."""
 
     prof: HardwareProfile
     shape: M.MoEShape
@@ -69,13 +67,14 @@ class EPSetup:
 
     @property
     def graphs(self) -> bool:
-        """Replayed as a FULL CUDA graph: low-latency decode; DP > 1 forces graphs off for
-        high-throughput (EP.graphs_off_cite), and prefill steps run eagerly here."""
+        """Whether the step replays a full CUDA graph (low-latency decode; §11.4)."""
+        # DP > 1 forces graphs off for high-throughput (EP.graphs_off_cite); prefill steps run
+        # eagerly.
         return self.decode and backend(self.backend).batched_dp
 
 
 def check_setup(s: EPSetup) -> None:
-    """One line for what vLLM (or the step) cannot run."""
+    """One line for what vLLM (or the step) cannot run (§11.4)."""
     other = sorted({m.gpu for m in s.network.measured} - {s.prof.name})
     if other:
         raise TpcostError(
@@ -113,8 +112,9 @@ def _links(s: EPSetup, hw: Hw) -> Links:
 
 
 def a2a(s: EPSetup, tokens: Any, hw: Hw | None = None, comm_sms: int | None = None) -> A2ATimes:
-    """One dispatch and one combine of `tokens` per rank under the setup's backend (s); `comm_sms`:
-    the SMs DBO gives the high-throughput kernels (VLLM_DBO_COMM_SMS), None: DeepEP's own."""
+    """One dispatch and one combine of `tokens` per rank under the setup's backend (s; §11.3)."""
+    # `comm_sms`: the SMs DBO gives the high-throughput kernels (VLLM_DBO_COMM_SMS); None: DeepEP's
+    # own.
     hw = hw or Hw(s.prof, s.dtype)
     sh = s.shape
     # fp8_dispatch
@@ -137,8 +137,7 @@ def a2a(s: EPSetup, tokens: Any, hw: Hw | None = None, comm_sms: int | None = No
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-    """One microbatch's per-layer times (s): compute before the dispatch, the dispatch, the experts,
-    the combine."""
+    """One microbatch's per-layer times (s): pre, dispatch, experts, combine (§12)."""
 
     t_attention_s: Any
     t_dense_s: Any  # a dense layer's MLP
@@ -163,8 +162,7 @@ def block(
     hw: Hw | None = None,
     comm_sms: int | None = None,
 ) -> Block:
-    """Every per-layer term for `tokens` per rank (s); `comm_sms` as in a2a (under DBO: the
-    setup's)."""
+    """Every per-layer term for `tokens` per rank (s; `comm_sms` as in a2a; §11.4)."""
     hw = hw or Hw(s.prof, s.dtype)
     sh = s.shape
     t = np.asarray(tokens, dtype=float)
@@ -249,7 +247,7 @@ def _host_s(s: EPSetup, hw: Hw, microbatches: int, eager: bool = False) -> float
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """A step per rank (s): its terms summed over layers, and the critical path."""
+    """A step per rank (s): its terms summed over layers, and the critical path (§11.4)."""
 
     tokens: Any
     t_step_s: Any
@@ -277,11 +275,12 @@ AUX_STREAM_EVENTS = 2  # the record / wait pair that joins the aux stream to the
 
 
 def moe_layer_s(s: EPSetup, b: Block, tokens: Any, shared_stream_tokens: Any = None) -> Any:
-    """One MoE layer as vLLM 0.34 runs it (s; §11.4): router, dispatch, experts, combine and the
-    shared experts. An asynchronous backend runs the shared experts beside its combine (modular
-    kernel, EP.shared_overlap_cite); otherwise they run on the aux stream from before the router at
-    or below `shared_stream_tokens` (vLLM's VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD,
-    EP.shared_stream_cite; default the setup's), else in series."""
+    """One MoE layer as vLLM 0.34 runs it, shared experts included (s; §11.4)."""
+    # router, dispatch, experts, combine and the shared experts. An asynchronous backend runs the
+    # shared experts beside its combine (modular kernel, EP.shared_overlap_cite); otherwise they run
+    # on the aux stream from before the router at or below `shared_stream_tokens` (vLLM's
+    # VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD, EP.shared_stream_cite; default the setup's), else
+    # in series.
     main = b.t_router_s + b.t_dispatch_s + b.t_experts_s
     if backend(s.backend).shared_beside_combine:
         return main + np.maximum(b.t_combine_s, b.t_shared_beside_s)
@@ -301,8 +300,8 @@ def moe_layer_s(s: EPSetup, b: Block, tokens: Any, shared_stream_tokens: Any = N
 
 
 def step(s: EPSetup, tokens: Any) -> Step:
-    """The step without microbatches: every layer in order, each all-to-all exposed but for the
-    shared experts beside an asynchronous backend's combine (s; §11.4)."""
+    """The step without microbatches: layers in order, each all-to-all exposed (s; §11.4)."""
+    # But for the shared experts beside an asynchronous backend's combine.
     hw = Hw(s.prof, s.dtype)
     t = np.asarray(tokens, dtype=float)
     b = block(s, t, hw=hw)
@@ -344,11 +343,12 @@ def timeline(
     n_moe: int,
     post: list | None = None,
 ) -> tuple:
-    """Two microbatches on one compute and one comm stream in vLLM's yield order (§12): per MoE
-    layer the compute stream runs pre_a, pre_b, experts_a (+ post_a), experts_b (+ post_b) and the
-    comm stream dispatch_a, dispatch_b, combine_a, combine_b; experts wait for their dispatch, a
-    combine for its experts (not its post: the shared experts run beside it), the next layer's pre
-    for the combine. Returns (end, compute busy, comm busy)."""
+    """Two microbatches on one compute and one comm stream in vLLM's yield order (s; §12)."""
+    # Two microbatches on one compute and one comm stream in vLLM's yield order (§12): per MoE layer
+    # the compute stream runs pre_a, pre_b, experts_a (+ post_a), experts_b (+ post_b) and the comm
+    # stream dispatch_a, dispatch_b, combine_a, combine_b; experts wait for their dispatch, a
+    # combine for its experts (not its post: the shared experts run beside it), the next layer's pre
+    # for the combine. Returns (end, compute busy, comm busy).
     post = post or [0.0, 0.0]
     comp = comm = 0.0 * pre[0]
     ready = [comp, comp]  # when each microbatch may run its next compute
@@ -380,8 +380,9 @@ def timeline(
 
 @dataclasses.dataclass(frozen=True)
 class DboStep:
-    """The microbatched step (s): the timeline's end, each microbatch's compute and comm, what stays
-    exposed, and the weight reads and per-call costs the split doubles."""
+    """The microbatched step (s): end, each microbatch's compute and comm, what is exposed (§12)."""
+
+    # Also the weight reads and per-call costs the split doubles.
 
     tokens: Any
     t_step_s: Any
@@ -397,9 +398,9 @@ class DboStep:
 
 
 def dbo_step(s: EPSetup, tokens: Any, zero_comm: bool = False, eager: Any = False) -> DboStep:
-    """The step as DBO runs it: split at the midpoint, two microbatches overlapped on the timeline
-    (s; §12). `eager` (per row): issued eagerly although the setup replays graphs (the DP vote's
-    fallback, dbo_threshold)."""
+    """The step as DBO runs it: split at the midpoint, two microbatches on the timeline (s; §12)."""
+    # `eager` (per row): issued eagerly although the setup replays graphs (the DP vote's fallback,
+    # dbo_threshold).
     b = backend(s.backend)
     if not b.microbatches:
         raise TpcostError(
@@ -461,8 +462,7 @@ def dbo_step(s: EPSetup, tokens: Any, zero_comm: bool = False, eager: Any = Fals
 
 @dataclasses.dataclass(frozen=True)
 class DboThreshold:
-    """One phase's DBO threshold: the least expected step time over uniform traffic of 1..t_max
-    tokens per rank."""
+    """One phase's DBO threshold: least expected step time over 1..t_max tokens per rank (§12)."""
 
     threshold_tokens: int | None  # None: DBO never pays on this traffic
     crossover_tokens: int | None  # from here on DBO is faster at every size (no premium)
@@ -478,20 +478,20 @@ class DboThreshold:
 
 
 def dp_step_tokens(s: EPSetup, smallest: Any, t_max: int) -> Any:
-    """The tokens every DP rank's step runs at when the smallest rank holds `smallest`: the largest
-    rank's, ceil(spread · smallest), at most the budget t_max (the ranks pad to it; §12 "The DP
-    vote")."""
+    """Tokens every DP rank's step runs at when the smallest holds `smallest` (§12)."""
+    # The largest rank's, ceil(spread · smallest), at most the budget t_max (the ranks pad to it).
     return np.minimum(
         np.ceil(s.dp_token_spread * np.asarray(smallest, dtype=float) - 1e-9), float(t_max)
     )
 
 
 def dbo_threshold(s: EPSetup, t_max: int, margin: float, weights: Any = None) -> DboThreshold:
-    """vLLM's rule (microbatch from `threshold` tokens, EP.dbo_rule_cite) priced over 1..t_max
-    tokens per rank, weighted by the traffic (`weights` over 1..t_max, sum 1; default uniform). The
-    traffic's count is the step's smallest DP rank's, which vLLM's vote compares with the threshold;
-    the step runs at the largest rank's (dp_step_tokens). The premium `margin` rides on the DBO side
-    (§12)."""
+    """vLLM's DBO rule priced over 1..t_max tokens per rank, weighted by the traffic (§12)."""
+    # vLLM's rule (microbatch from `threshold` tokens, EP.dbo_rule_cite) priced over 1..t_max tokens
+    # per rank, weighted by the traffic (`weights` over 1..t_max, sum 1; default uniform). The
+    # traffic's count is the step's smallest DP rank's, which vLLM's vote compares with the
+    # threshold; the step runs at the largest rank's (dp_step_tokens). The premium `margin` rides on
+    # the DBO side (§12).
     T = np.arange(1, t_max + 1, dtype=float)
     w = np.full(t_max, 1.0 / t_max) if weights is None else np.asarray(weights, dtype=float)
     Tm = dp_step_tokens(s, T, t_max)
@@ -535,9 +535,11 @@ def dbo_threshold(s: EPSetup, t_max: int, margin: float, weights: Any = None) ->
 
 @dataclasses.dataclass(frozen=True)
 class CommSmsChoice:
-    """VLLM_DBO_COMM_SMS for the high-throughput backend under DBO: the SMs DeepEP's kernels run on
-    (at most its own), the rest to DeepGEMM; the least expected microbatched step over the traffic
-    where DBO runs (§12)."""
+    """VLLM_DBO_COMM_SMS under DBO: least expected microbatched step over the traffic (§12)."""
+
+    # VLLM_DBO_COMM_SMS for the high-throughput backend under DBO: the SMs DeepEP's kernels run on
+    # (at most its own), the rest to DeepGEMM; the least expected microbatched step over the traffic
+    # where DBO runs (§12).
 
     sms: int  # tpcost's value
     vllm_sms: int  # vLLM's default (EP.comm_sms)
@@ -558,10 +560,11 @@ COMM_SMS_GRID = 256
 def comm_sms_choice(
     s: EPSetup, t_max: int, margin: float, threshold: int, weights: Any = None
 ) -> CommSmsChoice:
-    """VLLM_DBO_COMM_SMS decided on the traffic (`weights` over 1..t_max, default uniform) for DBO
-    from `threshold` tokens per rank: each candidate prices both microbatches' all-to-alls on min(S,
-    DeepEP's own) SMs and the DeepGEMM work on the other SM - S (EP.sm_control_cite); leaving vLLM's
-    default must beat it by the premium."""
+    """VLLM_DBO_COMM_SMS decided on the traffic for DBO from `threshold` tokens per rank (§12)."""
+    # VLLM_DBO_COMM_SMS decided on the traffic (`weights` over 1..t_max, default uniform) for DBO
+    # from `threshold` tokens per rank: each candidate prices both microbatches' all-to-alls on
+    # min(S, DeepEP's own) SMs and the DeepGEMM work on the other SM - S (EP.sm_control_cite);
+    # leaving vLLM's default must beat it by the premium.
     if s.backend != "deepep_high_throughput":
         raise TpcostError(
             "VLLM_DBO_COMM_SMS sets the SMs of deepep_high_throughput's kernels under DBO only "
@@ -604,8 +607,9 @@ def comm_sms_choice(
 
 @dataclasses.dataclass(frozen=True)
 class SharedStreamThreshold:
-    """The aux-stream threshold of the shared experts (VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD):
-    the aux stream at or below it, in series above, over 1..t_max tokens per rank (§11.4)."""
+    """The shared experts' aux-stream threshold over 1..t_max tokens per rank (§11.4)."""
+
+    # VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD: the aux stream at or below it, in series above.
 
     threshold_tokens: int  # 0: never on the aux stream; t_max: at every size
     saving_s: float  # mean step time saved per step against the shared experts always in series
@@ -618,9 +622,10 @@ class SharedStreamThreshold:
 def shared_stream_threshold(
     s: EPSetup, t_max: int, margin: float, weights: Any = None
 ) -> SharedStreamThreshold:
-    """The least expected step time over the traffic (`weights` over 1..t_max; default uniform) of
-    vLLM's rule "aux stream at or below θ", the premium on the aux side (§11.4). Only where the rule
-    applies: a backend whose shared experts are not already beside its combine."""
+    """The aux-stream threshold of the shared experts decided on the traffic (§11.4)."""
+    # The least expected step time over the traffic (`weights` over 1..t_max; default uniform) of
+    # vLLM's rule "aux stream at or below θ", the premium on the aux side (§11.4). Only where the
+    # rule applies: a backend whose shared experts are not already beside its combine.
     if backend(s.backend).shared_beside_combine:
         raise TpcostError(
             f"{s.backend}: vLLM 0.34's modular kernel runs the shared experts beside the combine "
@@ -662,9 +667,10 @@ def shared_stream_threshold(
 def dbo_band(
     s: EPSetup, t_max: int, margin: float, draws: int = 100, seed: int = 0, weights: Any = None
 ) -> Any:
-    """The 5-95 % band of the DBO threshold over a fixed-seed Monte Carlo of the GPU profile's and
-    the network's numbers (each at its sigma; analysis.band_edges reads it: None = never, with the
-    share that never pays and the quantities that move it most) (§12)."""
+    """The 5-95 % band of the DBO threshold over Monte Carlo draws of GPU and network (§12)."""
+    # The 5-95 % band of the DBO threshold over a fixed-seed Monte Carlo of the GPU profile's and
+    # the network's numbers (each at its sigma; analysis.band_edges reads it: None = never, with the
+    # share that never pays and the quantities that move it most) (§12).
     from .analysis import band_edges, perturbed_values
     from .profile import recording
 
@@ -758,9 +764,8 @@ def _attention_work(s: EPSetup, t: float) -> tuple[float, float]:
 
 
 def ops_at(s: EPSetup, n: int) -> list[dict]:
-    """Every op of a step at n tokens per rank (§11.4): per call its time, FLOPs, bytes, achieved
-    TFLOP/s or GB/s and the bound it hits, and how many times the step runs it (times from the
-    step's own terms)."""
+    """Every op of a step at n tokens per rank: time, FLOPs, bytes, rate, bound, count (§11.4)."""
+    # Times from the step's own terms.
     hw = Hw(s.prof, s.dtype)
     sh, t = s.shape, float(n)
     b = block(s, np.array([t]), hw=hw)

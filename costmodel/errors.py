@@ -1,6 +1,7 @@
-"""One exception type for every user-facing input error (the CLI turns it into one line, exit 2)."""
+"""One exception type for every user-facing input error: one line, exit 2 (§18)."""
 
 
 class TpcostError(ValueError):
-    """Bad user input: unknown GPU or model, malformed file, impossible shape. Message is one
-    line."""
+    """Bad user input; its message is one line (§18)."""
+
+    # Unknown GPU or model, malformed file, impossible shape.

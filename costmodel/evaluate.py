@@ -1,5 +1,6 @@
-"""`tpcost evaluate`: score predictions against measured overlap data (verdict accuracy, regret,
-error), side by side with vLLM 0.31's own sp_min_token_num rule on the same rows."""
+"""`tpcost evaluate`: predictions scored against measured overlap data (docs/model.md §16)."""
+# Verdict accuracy, regret and error, side by side with vLLM 0.31's own sp_min_token_num rule on
+# the same rows.
 
 from __future__ import annotations
 
@@ -52,14 +53,13 @@ INT_LIMITS = {"tp": 4096, "m": 2**24, "n": 2**20, "k": 2**20, "num_tokens": 2**2
 
 
 def op_csv_header() -> str:
-    """The header calibrate writes for its fused-vs-sequential ops (the op-level schema, impl
-    named)."""
+    """The header calibrate writes for its fused-vs-sequential ops (op schema; §16)."""
     return ",".join(OP_COLUMNS + ("impl",))
 
 
 def schemas_text() -> str:
-    """Both schemas' columns in one line (the error of a header neither fits; docs/commands.md "CSV
-    formats")."""
+    """Both schemas' columns in one line, for a header neither fits (§16)."""
+    # docs/commands.md "CSV formats".
     return (
         f"an op CSV has {','.join(OP_COLUMNS)} (optional: {','.join(OPTIONAL_OP_COLUMNS)}); a "
         "model CSV has "
@@ -70,7 +70,7 @@ def schemas_text() -> str:
 
 
 def model_csv_header() -> str:
-    """The header validate writes for its layer timings (the model-level schema)."""
+    """The header validate writes for its layer timings (the model-level schema; §16)."""
     return ",".join(MODEL_COLUMNS)
 
 
@@ -93,7 +93,7 @@ class Scored:
 
     @property
     def covered(self) -> bool | None:
-        """Whether the band holds the measured speedup (None: no band computed)."""
+        """Whether the band holds the measured speedup (None: no band computed; §16)."""
         if self.band_lo is None or self.band_hi is None:
             return None
         return self.band_lo <= self.s_measured <= self.band_hi
@@ -123,10 +123,11 @@ def score(
     vllm_runs: bool,
     band: tuple[float | None, float | None] = (None, None),
 ) -> Scored:
-    """One measured row scored (the one scoring: tpcost evaluate and benchmarks/accuracy.py):
-    `where` = (path, line, label, source); the measured baseline and overlapped times (any one
-    unit), the predicted speedup, whether vLLM's own rule runs the fused path there; verdicts, ties
-    (TIE_BAND) and regrets follow."""
+    """One measured row scored: the one scoring of evaluate and the accuracy benchmark (§16)."""
+    # One measured row scored (the one scoring: tpcost evaluate and benchmarks/accuracy.py): `where`
+    # = (path, line, label, source); the measured baseline and overlapped times (any one unit), the
+    # predicted speedup, whether vLLM's own rule runs the fused path there; verdicts, ties
+    # (TIE_BAND) and regrets follow.
     v_pred = s_predicted > 1.0
     return Scored(
         *where,
@@ -176,10 +177,8 @@ def _time_cell(path, line, col, text, zero_ok=False):
 
 
 def read_rows(path: str) -> tuple[str, list]:  # noqa: C901 (one pass of per-cell checks, each a one-line error)
-    """(schema, rows with line numbers): every cell checked; a malformed one is exit 2 naming
-    file:line.
-
-    A file with only a header gives (schema, []); the caller reports it."""
+    """(schema, rows with line numbers); a malformed cell is exit 2 naming file:line (§16)."""
+    # A file with only a header gives (schema, []); the caller reports it.
     text = read_text(path, "CSV")
     lines = text.splitlines()
     numbered = [(i, ln) for i, ln in enumerate(lines, start=1) if ln.strip()]
@@ -306,12 +305,14 @@ def _profile(cache, name):
 def predict_op_row(
     prof: Any, row: Mapping[str, Any], vllm: Vllm, eager: bool = True, all_draws: bool = False
 ) -> tuple[Any, int]:
-    """(predicted speedup of the fused op over its sequential arm, hidden size vLLM's rule sees) for
-    one microbenchmark row (an op CSV's parsed row: op, dtype, tp, m, n, k, impl, baseline_impl); by
-    default the fused op runs eagerly (a Python loop issued per call, as in the benchmarks),
-    `eager=False` under CUDA-graph replay (no host issue time). impl "kernel": the single-kernel
-    family; baseline_impl "vllm": the GEMM then vLLM's dispatched collective of `vllm`. `all_draws`:
-    the speedup of every Monte Carlo draw of a drawn profile (an array) instead of one float."""
+    """(predicted speedup, hidden size vLLM's rule sees) of one microbenchmark row (§16)."""
+    # (predicted speedup of the fused op over its sequential arm, hidden size vLLM's rule sees) for
+    # one microbenchmark row (an op CSV's parsed row: op, dtype, tp, m, n, k, impl, baseline_impl);
+    # by default the fused op runs eagerly (a Python loop issued per call, as in the benchmarks),
+    # `eager=False` under CUDA-graph replay (no host issue time). impl "kernel": the single-kernel
+    # family; baseline_impl "vllm": the GEMM then vLLM's dispatched collective of `vllm`.
+    # `all_draws`: the speedup of every Monte Carlo draw of a drawn profile (an array) instead of
+    # one float.
     op, dtype, tp = row["op"], row["dtype"], row["tp"]
     n, k = row.get("n") or None, row.get("k") or None
     impl = row.get("impl") or _implied_impl(op)
@@ -385,11 +386,12 @@ def evaluate_files(
     band: bool = False,
     band_sigma: Mapping[str, float] | None = None,
 ) -> tuple[list[Scored], list[dict]]:
-    """Score every row of `paths`. `cudagraph_max_tokens`: None keeps each set's own regime (op
-    microbenchmarks eager; model rows vLLM's default capture size), else rows of more tokens run
-    eagerly and the rest replay graphs (0: everything eager). `band`: each op row's 5-95 % band over
-    the profile's draws, the keys `band_sigma` names drawn at its σ instead of their own
-    (calib/band.py: the model error it calibrates, 0 holding it)."""
+    """Score every row of `paths` (§16)."""
+    # Score every row of `paths`. `cudagraph_max_tokens`: None keeps each set's own regime (op
+    # microbenchmarks eager; model rows vLLM's default capture size), else rows of more tokens run
+    # eagerly and the rest replay graphs (0: everything eager). `band`: each op row's 5-95 % band
+    # over the profile's draws, the keys `band_sigma` names drawn at its σ instead of their own
+    # (calib/band.py: the model error it calibrates, 0 holding it).
     from .model import Regime, predict
     from .vllm_tables import vllm_sp_min_token_num
 
@@ -549,7 +551,7 @@ def summarise(scored: list[Scored], skipped: list[dict]) -> dict:
 
 
 def evaluation_series(scored: list[Scored]) -> dict:
-    """What plot_evaluation draws: measured and predicted speedups, and which verdicts are wrong."""
+    """What plot_evaluation draws: measured and predicted speedups, wrong verdicts (§16)."""
     return {
         "measured": np.array([x.s_measured for x in scored]),
         "predicted": np.array([x.s_predicted for x in scored]),

@@ -1,5 +1,6 @@
-"""One small pure function per formula. SI units; numpy-vectorised over token counts (and over
-Monte Carlo draws: any argument may be an array, shapes broadcast). Derivations: docs/model.md."""
+"""One small pure function per formula, SI, vectorised over tokens and draws (docs/model.md §2)."""
+# Numpy-vectorised over token counts and over Monte Carlo draws: any argument may be an array,
+# shapes broadcast. Each function's docstring names its section of docs/model.md.
 
 from __future__ import annotations
 

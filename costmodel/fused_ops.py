@@ -1,19 +1,20 @@
-"""The one registry of fused GEMM+collective ops (docs/model.md §6, §6b): one entry per (op, impl),
-carrying its callables. Each entry holds its weight formats, its eligibility on a GPU and shape, its
-predictor pair (the fused arm and the unfused arm vLLM dispatches), vLLM's rule for it, its notes
-and its `--at` breakdown. `tpcost op`, `tpcost evaluate` (and the benchmarks and fits that score
-through it), the model's layer (costmodel.layer) and the CLI's choices call through the entry;
-nothing outside this file tests which implementation it holds.
-
-A new implementation is one subclass of FusedOpKind (its `arms` at least) and one `register()` call.
-
-The defaults are what each input means, declared here once: a published row measured its fused op
-eagerly (a Python loop per call, as in the benchmarks) against the unfused arm `op` prices (NCCL for
-torch's ops, vLLM's dispatched collective for the single kernel) unless its `baseline_impl` column
-says otherwise; `op` asks about vLLM's own dispatch, under CUDA graphs below vLLM's capture size.
-vLLM's gates and the release fields each op depends on are read from the vLLM home
-(costmodel.vllm_tables), never restated here.
-"""
+"""The one registry of fused GEMM+collective ops, one entry per (op, impl) (docs/model.md §6d)."""
+# The one registry of fused GEMM+collective ops (docs/model.md §6, §6b): one entry per (op, impl),
+# carrying its callables. Each entry holds its weight formats, its eligibility on a GPU and shape,
+# its predictor pair (the fused arm and the unfused arm vLLM dispatches), vLLM's rule for it, its
+# notes and its `--at` breakdown. `tpcost op`, `tpcost evaluate` (and the benchmarks and fits that
+# score through it), the model's layer (costmodel.layer) and the CLI's choices call through the
+# entry; nothing outside this file tests which implementation it holds.
+#
+# A new implementation is one subclass of FusedOpKind (its `arms` at least) and one `register()`
+# call.
+#
+# The defaults are what each input means, declared here once: a published row measured its fused
+# op eagerly (a Python loop per call, as in the benchmarks) against the unfused arm `op` prices
+# (NCCL for torch's ops, vLLM's dispatched collective for the single kernel) unless its
+# `baseline_impl` column says otherwise; `op` asks about vLLM's own dispatch, under CUDA graphs
+# below vLLM's capture size. vLLM's gates and the release fields each op depends on are read from
+# the vLLM home (costmodel.vllm_tables), never restated here.
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ SMALL_M = tuple(float(2**i) for i in range(7))  # 1, 2, ..., 64: decode rows bel
 
 @dataclasses.dataclass(frozen=True)
 class OpSpec:
-    """One fused op and its regime: what an entry's arms need besides the profile and the rows."""
+    """One fused op and its regime: what an entry's arms need besides profile and rows (§6d)."""
 
     op: str
     impl: str
@@ -71,8 +72,7 @@ class Rule(NamedTuple):
 
 
 class Arms(NamedTuple):
-    """One call of the fused op and of its unfused arm over rows (s; the profile's values may be
-    draws)."""
+    """One call of the fused op and of its unfused arm over rows (s; values may be draws; §6d)."""
 
     fused_s: Any
     unfused_s: Any
@@ -87,9 +87,10 @@ def _never(m: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class FusedOpKind:
-    """One fused op in one implementation, as tpcost models it. Subclasses give `arms` (the
-    predictor pair) and override what differs: eligibility, vLLM's rule, the rows it runs at, notes
-    and the breakdown."""
+    """One fused op in one implementation, as tpcost models it (§6d)."""
+
+    # Subclasses give `arms` (the predictor pair) and override what differs: eligibility, vLLM's
+    # rule, the rows it runs at, notes and the breakdown.
 
     op: str  # ag_gemm | gemm_rs | gemm_ar
     impl: str  # torch | kernel | ...
@@ -108,14 +109,14 @@ class FusedOpKind:
     def why_not(
         self, profile: HardwareProfile, tp: int, dtype: str, n: int | None = None
     ) -> str | None:
-        """None if this op can run on `profile` at `tp`, `dtype` and N, else why not (one line)."""
+        """None if this op can run on `profile` at `tp`, `dtype` and N, else why not (§6d)."""
         if dtype not in self.dtypes:
             return f"{self.op} ({self.impl}) takes {', '.join(self.dtypes)}, not {dtype}"
         return "tp must be >= 2 for a collective" if tp < 2 else None
 
     def check_rows(self, m: np.ndarray, extra_m: Any, tp: int, step: int) -> None:
-        """One clear error where the op cannot run at some of rows `m` (`extra_m`: the rows the user
-        asked)."""
+        """One clear error where the op cannot run at some of rows `m` (§6d)."""
+        # `extra_m`: the rows the user asked.
 
     def rule(
         self,
@@ -126,43 +127,43 @@ class FusedOpKind:
         vllm: Vllm,
         capture_tokens: int | None = None,
     ) -> Rule:
-        """vLLM's own use of this op on these shapes in `vllm` (`tpcost op`; `capture_tokens`:
-        vLLM's largest CUDA-graph capture size, where the rule depends on it)."""
+        """vLLM's own use of this op on these shapes in `vllm` (`tpcost op`; §6d)."""
+        # `capture_tokens`: vLLM's largest CUDA-graph capture size, where the rule depends on it.
         return Rule(
             f"none: vLLM {vllm.label} does not run {self.op} ({self.impl})", None, _never, "nccl"
         )
 
     def published_rule(self, profile: HardwareProfile, tp: int, n: int, k: int, vllm: Vllm) -> Rule:
-        """vLLM's rule a published row of this op is scored against (`tpcost evaluate`)."""
+        """vLLM's rule a published row of this op is scored against (`tpcost evaluate`; §6d)."""
         return self.rule(profile, tp, n, k, vllm)
 
     def arms(self, profile: HardwareProfile, spec: OpSpec, m: Any) -> Arms:
-        """The predictor pair over rows `m`."""
+        """The predictor pair over rows `m` (§6d)."""
         raise NotImplementedError(f"{type(self).__name__}.arms")
 
     def notes(self, profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> list[str]:
-        """What the reader of `tpcost op` should know about this op's arms (one line each)."""
+        """What the reader of `tpcost op` should know about this op's arms (§6d)."""
         return []
 
     def event(self, spec: OpSpec, m_prev: int, m: int) -> str | None:
-        """What changes between rows m_prev and m on the host side (None: nothing)."""
+        """What changes between rows m_prev and m on the host side (None: nothing; §6d)."""
         return None
 
     def why_not_served(self, profile: HardwareProfile, tp: int, dtype: str, n: int) -> str | None:
-        """None if vLLM can serve this op at a model's call site here, else why its switch has no
-        effect."""
+        """None if vLLM can serve this op at a model's call site here, else why not (§6d)."""
+        # Why vLLM's switch has no effect.
         return self.why_not(profile, tp, dtype, n)
 
     def pipelined(self, hw: ops.Hw, rows: Any, n: int, k: int, tp: int, eager: bool) -> ops.FusedOp:
-        """The op's parts in a layer slot under vLLM <= 0.31's AsyncTP (costmodel.model)."""
+        """The op's parts in a layer slot under vLLM <= 0.31's AsyncTP (§6)."""
         raise TpcostError(f"{self.op} ({self.impl}) has no pipelined form for a layer slot")
 
     def fused_breakdown(self, hw: ops.Hw, spec: OpSpec, rows: np.ndarray, t_fused_s: float) -> dict:
-        """The fused arm of one call at `rows` (one row), part by part (`tpcost op --at`)."""
+        """The fused arm of one call at `rows`, part by part (`tpcost op --at`; §6d)."""
         return {"t_s": t_fused_s, "bound": "fused op"}
 
     def breakdown_text(self, fused: Mapping[str, Any]) -> str:
-        """fused_breakdown in one line."""
+        """fused_breakdown in one line (§6d)."""
         return f"fused {fused['t_s'] * 1e6:.2f} us"
 
     def published_speedup(
@@ -173,8 +174,8 @@ class FusedOpKind:
         eager: bool,
         harness_s: float,
     ) -> tuple[np.ndarray, int]:
-        """(speedup of every draw, hidden size vLLM's rule sees) of one published row (`tpcost
-        evaluate`); its benchmark's own time `harness_s` on both arms."""
+        """(speedup of every draw, hidden size vLLM's rule sees) of one published row (§16)."""
+        # Its benchmark's own time `harness_s` on both arms.
         spec = OpSpec(
             self.op,
             self.impl,
@@ -195,8 +196,9 @@ def _us(x: float) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class TorchPipelined(FusedOpKind):
-    """torch's pipelined symmetric-memory op (vLLM <= 0.31's AsyncTP; 0.34's model-level SP):
-    ops.torch_pair."""
+    """torch's pipelined symmetric-memory op: ops.torch_pair (§6)."""
+
+    # vLLM <= 0.31's AsyncTP; 0.34's model-level SP.
 
     def why_not(self, profile, tp, dtype, n=None):
         if dtype not in self.dtypes:
@@ -240,8 +242,8 @@ class TorchPipelined(FusedOpKind):
         )
 
     def published_rule(self, profile, tp, n, k, vllm):
-        """The SP table of the newest release with the SP passes: the dispatch the rows' NCCL arm
-        stands for."""
+        """The SP table of the newest release with the SP passes (§6d)."""
+        # The dispatch the rows' NCCL arm stands for.
         return self.rule(profile, tp, n, k, Vllm(vllm_tables.newest_sp_release().version))
 
     def arms(self, profile, spec, m):
@@ -296,8 +298,7 @@ class TorchPipelined(FusedOpKind):
         return None
 
     def pipelined(self, hw, rows, n, k, tp, eager):
-        """ops.fused_ag_gemm (the gathered input at the mode's all-gather width) or
-        ops.fused_gemm_rs."""
+        """ops.fused_ag_gemm (gathered input at the all-gather width) or ops.fused_gemm_rs (§6)."""
         if self.op == "ag_gemm":
             return ops.fused_ag_gemm(hw, rows, n, k, tp, hw.mode.ag_bytes, eager)
         return ops.fused_gemm_rs(hw, rows, n, k, tp, eager)
@@ -352,8 +353,8 @@ class TorchPipelined(FusedOpKind):
         )
 
     def published_speedup(self, prof, row, vllm, eager, harness_s):
-        """The base's speedup (this entry's arms against NCCL) at an M the tp chunks divide; vLLM's
-        SP table reads the gathered K (ag_gemm) or the scattered N as the hidden size."""
+        """The base's speedup against NCCL at an M the tp chunks divide (§16)."""
+        # vLLM's SP table reads the gathered K (ag_gemm) or the scattered N as the hidden size.
         if row["m"] % row["tp"]:
             raise TpcostError(f"m={row['m']} not divisible by tp={row['tp']}")
         s, _ = super().published_speedup(prof, row, vllm, eager, harness_s)
@@ -367,8 +368,9 @@ def _one(x: Any) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class SingleKernel(FusedOpKind):
-    """vLLM's single-kernel fused GEMM+RS/AR over NVLink multicast (gemm_rs_ar, SM100 family):
-    ops.kernel_pair."""
+    """vLLM's single-kernel fused GEMM+RS/AR over NVLink multicast: ops.kernel_pair (§6b)."""
+
+    # gemm_rs_ar, the SM100 family.
 
     def why_not(self, profile, tp, dtype, n=None):
         if dtype not in self.dtypes:
@@ -380,8 +382,8 @@ class SingleKernel(FusedOpKind):
         return ops.kernel_available(profile, tp, dtype, n)
 
     def why_not_served(self, profile, tp, dtype, n):
-        """Where the kernel cannot run, or vLLM does not ship it on this GPU
-        (ops.kernel_shipped)."""
+        """Where the kernel cannot run, or vLLM does not ship it on this GPU (§6b)."""
+        # ops.kernel_shipped.
         return self.why_not(profile, tp, dtype, n) or ops.kernel_shipped(profile)
 
     def rule(self, profile, tp, n, k, vllm, capture_tokens=None):
@@ -501,7 +503,7 @@ REGISTRY: dict[tuple[str, str], FusedOpKind] = {}
 
 
 def register(k: FusedOpKind) -> FusedOpKind:
-    """Add one (op, impl) to the registry; every command reads it from then on."""
+    """Add one (op, impl) to the registry; every command reads it from then on (§6d)."""
     REGISTRY[(k.op, k.impl)] = k
     return k
 
@@ -535,22 +537,22 @@ TORCH_FUSES = tuple(op for (op, _), k in REGISTRY.items() if isinstance(k, Torch
 
 
 def op_names() -> tuple[str, ...]:
-    """Every registered op: ag_gemm, gemm_rs, gemm_ar."""
+    """Every registered op: ag_gemm, gemm_rs, gemm_ar (§6d)."""
     return tuple(dict.fromkeys(op for op, _ in REGISTRY))
 
 
 def impl_names() -> tuple[str, ...]:
-    """Every registered implementation: torch, kernel, ..."""
+    """Every registered implementation: torch, kernel, ... (§6d)."""
     return tuple(dict.fromkeys(impl for _, impl in REGISTRY))
 
 
 def dtype_names() -> tuple[str, ...]:
-    """Every weight format some registered op takes."""
+    """Every weight format some registered op takes (§6d)."""
     return tuple(dict.fromkeys(d for k in REGISTRY.values() for d in k.dtypes))
 
 
 def impl_help() -> str:
-    """`--impl`'s help: each implementation in one line."""
+    """`--impl`'s help: each implementation in one line (§6d)."""
     seen = {impl: k.help for (_, impl), k in REGISTRY.items()}
     return "; ".join(f"{impl}: {h}" for impl, h in seen.items())
 
@@ -562,8 +564,8 @@ def kernel_entry(op: str, vllm: Vllm) -> FusedOpKind:
 
 
 def symm_mem_entry(op: str, vllm: Vllm) -> FusedOpKind:
-    """The entry that prices torch's symm-mem op `vllm` runs for op (Release.symm_mem_impl;
-    docs/model.md §6)."""
+    """The entry that prices torch's symm-mem op `vllm` runs for op (§6)."""
+    # Release.symm_mem_impl.
     return kind(op, vllm.release.symm_mem_impl)
 
 
@@ -578,7 +580,7 @@ _NOT_REGISTERED = {
 
 
 def kind(op: str, impl: str) -> FusedOpKind:
-    """The registered (op, impl), or one clear error for a combination that does not exist."""
+    """The registered (op, impl), or one clear error for a combination that does not exist (§6d)."""
     if op not in op_names():
         raise TpcostError(f"op {op!r}: one of {', '.join(op_names())}")
     if impl not in impl_names():

@@ -1,32 +1,31 @@
-"""vLLM's hand cutoffs in model code (0.34 on: costmodel.vllm_tables.ModelGate) against tpcost's
-value for each.
-
-A gate is a token count at which a model's code switches between a fused GEMM+collective (or a fused
-collective) and the unfused path. For the call sites the gate covers (costmodel.shapes.KernelModel),
-both arms are priced over every step size N = 1 .. max_num_batched_tokens with the one predictor of
-each pair (costmodel.ops):
-
-- "gemm_rs": the single-kernel GEMM+RS (its fused_ops entry) against the GEMM then model-level SP's
-reduce-scatter;
-- "ag_gemm": torch's fused_all_gather_matmul, issued eagerly (ops.torch_pair, baseline "vllm_sp"),
-against
-  sp_all_gather then the GEMM; under CUDA-graph capture (N <= the capture size) vLLM cannot run it;
-- "oneshot_ar": FlashInfer's one-shot all-reduce fused with the norms against vLLM's all-reduce then
-the norm;
-- "finalize_ar": a MoE's top-k finalize fused into a one-shot Lamport all-reduce (ops.ar_tail_pair,
-docs/model.md
-  §4b) against the finalize kernel, vLLM's all-reduce and what follows it (the norm, MXFP8
-  quantisation).
-One GATE_OPS entry per kind carries its sites, its predictor pair and where its fused path can run.
-
-tpcost's value is the threshold minimising the expected time per forward on the workload, the fused
-side paying the risk premium (costmodel.analysis.decide_cutoff / decide_fusion_limit, the rule of
-every other decision), on the step sizes where the gate decides at all (at or above the SP floor for
-the SP gates, below it for the one-shot range, every size for the finalize); its band is the 5-95 %
-of that value over the profile's fixed-seed draws (on at most BAND_GRID_MAX step sizes,
-costmodel.analysis.band_grid). A gate tpcost does not derive (Muse Spark's SP floor, the switch
-between two MoE kernels) is reported with vLLM's value only.
-"""
+"""vLLM's hand cutoffs in model code against tpcost's value for each (docs/model.md §15)."""
+# vLLM's hand cutoffs in model code (0.34 on: costmodel.vllm_tables.ModelGate) against tpcost's
+# value for each.
+#
+# A gate is a token count at which a model's code switches between a fused GEMM+collective (or a
+# fused collective) and the unfused path. For the call sites the gate covers
+# (costmodel.shapes.KernelModel), both arms are priced over every step size N = 1 ..
+# max_num_batched_tokens with the one predictor of each pair (costmodel.ops):
+#
+# - "gemm_rs": the single-kernel GEMM+RS (its fused_ops entry) against the GEMM then model-level
+#   SP's reduce-scatter;
+# - "ag_gemm": torch's fused_all_gather_matmul, issued eagerly (ops.torch_pair, baseline
+#   "vllm_sp"), against sp_all_gather then the GEMM; under CUDA-graph capture (N <= the capture
+#   size) vLLM cannot run it;
+# - "oneshot_ar": FlashInfer's one-shot all-reduce fused with the norms against vLLM's all-reduce
+#   then the norm;
+# - "finalize_ar": a MoE's top-k finalize fused into a one-shot Lamport all-reduce
+#   (ops.ar_tail_pair, docs/model.md §4b) against the finalize kernel, vLLM's all-reduce and what
+#   follows it (the norm, MXFP8 quantisation). One GATE_OPS entry per kind carries its sites, its
+#   predictor pair and where its fused path can run.
+#
+# tpcost's value is the threshold minimising the expected time per forward on the workload, the
+# fused side paying the risk premium (costmodel.analysis.decide_cutoff / decide_fusion_limit, the
+# rule of every other decision), on the step sizes where the gate decides at all (at or above the
+# SP floor for the SP gates, below it for the one-shot range, every size for the finalize); its
+# band is the 5-95 % of that value over the profile's fixed-seed draws (on at most BAND_GRID_MAX
+# step sizes, costmodel.analysis.band_grid). A gate tpcost does not derive (Muse Spark's SP floor,
+# the switch between two MoE kernels) is reported with vLLM's value only.
 
 from __future__ import annotations
 
@@ -54,8 +53,9 @@ from .workload import weights_on
 
 @dataclasses.dataclass(frozen=True)
 class GateDecision:
-    """One of vLLM's model gates at this GPU, TP and traffic, beside tpcost's value (tokens of a
-    step; per rank where the gate counts per rank)."""
+    """One of vLLM's model gates at this GPU, TP and traffic, beside tpcost's value (§15)."""
+
+    # Tokens of a step; per rank where the gate counts per rank.
 
     gate: ModelGate
     tp: int
@@ -75,8 +75,8 @@ class GateDecision:
 
     @property
     def constant(self) -> str:
-        """The constant that holds vLLM's value here (a gate's multi-node one where the TP group
-        spans hosts)."""
+        """The constant that holds vLLM's value here (§15)."""
+        # A gate's multi-node one where the TP group spans hosts.
         g = self.gate
         return g.multi_node_constant if self.multi_node else g.constant
 
@@ -115,8 +115,9 @@ class GateDecision:
 
 
 def gate_value(gate: ModelGate, tp: int, spans_nodes: bool = False) -> int | None:
-    """vLLM's constant at this TP (a per-TP table, or one number; its multi-node value where the TP
-    group spans hosts and the gate has one)."""
+    """vLLM's constant at this TP (§15)."""
+    # A per-TP table, or one number; its multi-node value where the TP group spans hosts and the
+    # gate has one.
     if spans_nodes and gate.multi_node_value is not None:
         return int(gate.multi_node_value)
     v = gate.value
@@ -177,9 +178,10 @@ def _gemm_sites(km, gate: ModelGate, par: Parallel, vllm) -> list:
 
 @dataclasses.dataclass(frozen=True)
 class GateOp:
-    """One kind of model gate (ModelGate.op): the sites it covers, the one predictor pair of a site
-    (fused, unfused seconds per call over step sizes), where its fused path can run, and the profile
-    curve that pair needs."""
+    """One kind of model gate: sites, predictor pair, where it runs, the curve it needs (§15)."""
+
+    # the sites it covers, the one predictor pair of a site (fused, unfused seconds per call over
+    # step sizes), where its fused path can run, and the profile curve that pair needs.
 
     sites: Callable[..., list]  # (km, gate, par, vllm)
     # (profile, site, n, run); None: printed, never derived
@@ -210,9 +212,9 @@ GATE_OPS: dict[str, GateOp] = {
 
 
 def gate_arms(profile, gate: ModelGate, sites, n: np.ndarray, run: RunConfig) -> tuple[Any, Any]:
-    """(fused, unfused) seconds per forward at each step size `n`, summed over `sites` (profile
-    values may be draws of shape (D, 1)); the caller passes only the step sizes where the fused path
-    can run."""
+    """(fused, unfused) seconds per forward at each step size `n`, summed over `sites` (§15)."""
+    # Profile values may be draws of shape (D, 1); the caller passes only the step sizes where the
+    # fused path can run.
     arms = GATE_OPS[gate.op].arms
     assert arms is not None, gate.key
     f: Any = 0.0
@@ -261,9 +263,9 @@ def decide_gate(
     applies: str | None = None,
     spans_nodes: bool = False,
 ) -> GateDecision:
-    """vLLM's gate against tpcost's value over `sites` on run's traffic (sp_floor: the fewest tokens
-    of a step that shards the stream; spans_nodes: the TP group crosses hosts, where a gate has a
-    multi-node constant)."""
+    """vLLM's gate against tpcost's value over `sites` on run's traffic (§15)."""
+    # sp_floor: the fewest tokens of a step that shards the stream; spans_nodes: the TP group
+    # crosses hosts, where a gate has a multi-node constant.
     gd = _decide_gate(profile, gate, sites, run, sp_floor, applies, spans_nodes)
     return dataclasses.replace(gd, multi_node=spans_nodes and gate.multi_node_value is not None)
 
@@ -461,9 +463,8 @@ def _finalize_ar_blocker(profile, km, par: Parallel) -> str | None:
 
 
 def model_gates(profile, km, par: Parallel, run: RunConfig) -> tuple[GateDecision, ...]:
-    """Every model gate of run's vLLM release that a model of km's family reaches, decided on run's
-    traffic (the ones that do not act in this setup too, for the call-site shapes, with the
-    reason)."""
+    """Every model gate of run's release that km's family reaches, decided on its traffic (§15)."""
+    # The ones that do not act in this setup too, for the call-site shapes, with the reason.
     vllm = run.regime.vllm
     out = []
     for gate in vllm.release.gates_of(km.family):

@@ -1,8 +1,8 @@
-"""File input and output shared by every subcommand: bounded UTF-8 reads, atomic writes that never
-replace a file unless asked to, and JSON that is always valid (no NaN, no Infinity).
-
-Every failure is a TpcostError: one line naming the file, exit code 2 from the CLI.
-"""
+"""File input and output shared by every subcommand (docs/model.md §18)."""
+# File input and output shared by every subcommand: bounded UTF-8 reads, atomic writes that never
+# replace a file unless asked to, and JSON that is always valid (no NaN, no Infinity).
+#
+# Every failure is a TpcostError: one line naming the file, exit code 2 from the CLI.
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ MAX_JSON_DEPTH = 64
 
 
 def finite_float(value: Any, label: str, nonneg: bool = False) -> float:
-    """`value` as a finite float (>= 0 with `nonneg`), or one TpcostError naming `label` (a text
-    that is no number, one beyond a float's range, inf, NaN, or a negative where it may not be)."""
+    """`value` as a finite float (>= 0 with `nonneg`), or one TpcostError naming `label` (§18)."""
+    # A text that is no number, one beyond a float's range, inf, NaN, or a negative where it may not
+    # be.
     try:
         v = float(value)
     except OverflowError:
@@ -38,7 +39,7 @@ def finite_float(value: Any, label: str, nonneg: bool = False) -> float:
 
 
 def read_text(path: str | os.PathLike, what: str = "file") -> str:
-    """The UTF-8 text of `path` (a BOM is dropped), or one clear TpcostError."""
+    """The UTF-8 text of `path` (a BOM is dropped), or one clear TpcostError (§18)."""
     p = Path(path)
     try:
         if p.is_dir():
@@ -70,9 +71,9 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
 
 
 def bracket_depth(text: str, json_strings: bool = True) -> int:
-    """Deepest [ / { nesting of a text (linear, no recursion): outside JSON strings, or
-    (json_strings=False) every bracket, an upper bound for formats with other quoting (TOML). The
-    one nesting scanner (io, profile)."""
+    """Deepest [ / { nesting of a text, linear: the one nesting scanner (§18)."""
+    # Outside JSON strings, or (json_strings=False) every bracket, an upper bound for formats with
+    # other quoting (TOML).
     depth = best = 0
     in_str = esc = False
     for ch in text:
@@ -98,8 +99,8 @@ def _reject_constant(name: str):
 
 
 def loads_json(text: str, where: str) -> Any:
-    """json.loads that refuses NaN/Infinity and nesting deeper than MAX_JSON_DEPTH, with one-line
-    errors."""
+    """json.loads that refuses NaN/Infinity and deep nesting, in one-line errors (§18)."""
+    # Nesting deeper than MAX_JSON_DEPTH.
     if bracket_depth(text) > MAX_JSON_DEPTH:
         raise TpcostError(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
@@ -113,7 +114,7 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
 
 
 def finite_json(obj: Any) -> Any:
-    """obj with every non-finite float replaced by None, so that json.dumps writes valid JSON."""
+    """obj with every non-finite float replaced by None, so json.dumps writes valid JSON (§18)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
@@ -130,13 +131,14 @@ JSON_SCHEMA_VERSION = 2
 
 
 def dumps_json(obj: Any, **kw) -> str:
-    """json.dumps of finite_json(obj), refusing NaN/Infinity outright (allow_nan=False)."""
+    """json.dumps of finite_json(obj), refusing NaN/Infinity outright (§18)."""
     return json.dumps(finite_json(obj), allow_nan=False, **kw)
 
 
 def check_output_path(path: str | os.PathLike, force: bool, flag: str, protect: tuple = ()) -> Path:
-    """A path a command may write: not a directory, its folder exists, not one of the files it reads
-    (`protect`), and not an existing file unless `force`."""
+    """A path a command may write; else one line (§18)."""
+    # Not a directory, its folder exists, not one of the files it reads (`protect`), and not an
+    # existing file unless `force`.
     p = Path(path)
     if str(path).strip() == "":
         raise TpcostError(f"{flag}: empty path")
@@ -158,8 +160,8 @@ def check_output_path(path: str | os.PathLike, force: bool, flag: str, protect: 
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, fsync it, then rename it over `path`: readers
-    see the old file or the whole new one. The temporary is removed if anything fails."""
+    """Write `data` beside `path`, fsync, rename over it: old file or whole new one (§18)."""
+    # The temporary is removed if anything fails.
     p = Path(path)
     tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
     try:
@@ -187,8 +189,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def savefig_atomic(fig: Any, path: str | os.PathLike, **kw: Any) -> None:
-    """matplotlib savefig through an in-memory buffer and an atomic rename (a PNG appears whole or
-    not at all)."""
+    """matplotlib savefig through a buffer and an atomic rename: a PNG whole or none (§18)."""
     import io as _io
 
     buf = _io.BytesIO()
@@ -201,9 +202,9 @@ def savefig_atomic(fig: Any, path: str | os.PathLike, **kw: Any) -> None:
 
 
 def match_builtin(name: str, names: list[str], what: str) -> str | None:
-    """The built-in `name` means (issue 61): itself; else the one equal to it ignoring case; else
-    the one it begins, ignoring case (h100 -> h100-sxm). Several such: one line naming them. None:
-    no built-in (maybe a path)."""
+    """The built-in `name` means: itself, case-insensitive, or the one it begins (§18)."""
+    # h100 -> h100-sxm. Several such: one line naming them. None: no built-in (maybe a path). Issue
+    # 61.
     if name in names:
         return name
     low = name.casefold()
@@ -221,5 +222,5 @@ def match_builtin(name: str, names: list[str], what: str) -> str | None:
 
 
 def doc_summary(doc: str | None) -> str:
-    """A docstring's first paragraph on one line: a command's description in its --help."""
+    """A docstring's first paragraph on one line: a command's --help description (§18)."""
     return " ".join((doc or "").split("\n\n")[0].split())

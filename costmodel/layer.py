@@ -1,10 +1,10 @@
-"""One per-rank description of a transformer layer, built once from (model shape, TP, dtype mode).
-
-Everything that needs a per-rank GEMM shape or a byte width reads it here: the schedules
-(costmodel.model), the all-reduce + norm unit (costmodel.decide, benchmarks), the calibration and
-validation runs (calib), and the fits (tools). A fused-op family plugs in through a slot's `fuses`
-(docs/model.md §1, "The per-rank layer").
-"""
+"""One per-rank description of a transformer layer, from shape, TP and dtype mode (§1)."""
+# One per-rank description of a transformer layer, built once from (model shape, TP, dtype mode).
+#
+# Everything that needs a per-rank GEMM shape or a byte width reads it here: the schedules
+# (costmodel.model), the all-reduce + norm unit (costmodel.decide, benchmarks), the calibration
+# and validation runs (calib), and the fits (tools). A fused-op family plugs in through a slot's
+# `fuses` (docs/model.md §1, "The per-rank layer").
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ FUSES = TORCH_FUSES
 
 @dataclasses.dataclass(frozen=True)
 class GemmSlot:
-    """One GEMM of the layer on one rank: [rows, k] @ [k, n], with the collective at its edge."""
+    """One GEMM of the layer on one rank: [rows, k] @ [k, n], its collective at its edge (§1)."""
 
     name: str  # qkv | o | gate_up | down | router
     n: int  # output columns per rank
@@ -37,8 +37,7 @@ class GemmSlot:
 
 @dataclasses.dataclass(frozen=True)
 class LayerSpec:
-    """The per-rank layer: its GEMM slots in execution order, attention and MoE dimensions, the
-    reduce unit."""
+    """The per-rank layer: GEMM slots in order, attention and MoE dimensions, reduce unit (§1)."""
 
     model: str
     tp: int
@@ -58,8 +57,8 @@ class LayerSpec:
 
     @classmethod
     def build(cls, shape: ModelShape, tp: int, dtype: str) -> LayerSpec:
-        """The layer of `shape` split `tp` ways as vLLM shards it (column-parallel qkv/gate_up,
-        row-parallel o/down; KV heads replicated below one per rank), in dtype mode `dtype`."""
+        """The layer of `shape` split `tp` ways as vLLM shards it, in dtype mode `dtype` (§1)."""
+        # Column-parallel qkv/gate_up, row-parallel o/down; KV heads replicated below one per rank.
         shape.check_tp(tp)
         mode = dtype_mode(dtype)
         h, kv, d, H = (
@@ -108,13 +107,13 @@ class LayerSpec:
         return next(s for s in self.slots if s.name == name)
 
     def reduce_msg_bytes(self, rows: Any) -> Any:
-        """The all-reduce unit's message: rows × H activations (bytes; its RMSNorm reads the same
-        rows)."""
+        """The all-reduce unit's message: rows × H activations (bytes; §4)."""
+        # Its RMSNorm reads the same rows.
         return rows * (self.hidden * self.mode.act_bytes)
 
     def rank_gemms(self) -> list[tuple[str, int, int, str | None]]:
-        """(slot, n, k, fuses) of the layer's GEMMs a microbenchmark times (an MoE layer: its
-        attention GEMMs and one expert's gate_up and down, unfused)."""
+        """(slot, n, k, fuses) of the layer's GEMMs a microbenchmark times (§10)."""
+        # An MoE layer: its attention GEMMs and one expert's gate_up and down, unfused.
         out = [(s.name, s.n, s.k, s.fuses) for s in self.slots if s.name != "router"]
         if self.is_moe:
             out += [
@@ -124,9 +123,9 @@ class LayerSpec:
         return out
 
     def params_per_rank(self) -> float:
-        """Parameters one rank holds under vLLM's TP sharding: attention and MLP split tp ways (KV
-        heads replicated below one per rank), vocab-parallel embedding and lm_head (one if tied),
-        the MoE router replicated; norms ignored (count)."""
+        """Parameters one rank holds under vLLM's TP sharding (count; §8b)."""
+        # Attention and MLP split tp ways (KV heads replicated below one per rank), vocab-parallel
+        # embedding and lm_head (one if tied), the MoE router replicated; norms ignored.
         h, kv, d, H = self.heads_per_rank, self.kv_heads_per_rank, self.head_dim, self.hidden
         attn = H * (h + 2 * kv) * d + h * d * H
         if self.is_moe:

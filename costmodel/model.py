@@ -1,9 +1,9 @@
-"""The three schedules of a transformer layer (tp, sp, sp_asynctp) as vLLM 0.31 runs them.
-
-A schedule is a declarative list of ops, each timed by costmodel.ops over the token counts N
-(formulas: costmodel.formulas; derivation and sources: docs/model.md). Param values may be arrays of
-Monte Carlo draws (shape (D, 1)) that broadcast against N (shape (n,)).
-"""
+"""The three schedules of a layer (tp, sp, sp_asynctp) as vLLM 0.31 runs them (§1)."""
+# The three schedules of a transformer layer (tp, sp, sp_asynctp) as vLLM 0.31 runs them.
+#
+# A schedule is a declarative list of ops, each timed by costmodel.ops over the token counts N
+# (formulas: costmodel.formulas; derivation and sources: docs/model.md). Param values may be
+# arrays of Monte Carlo draws (shape (D, 1)) that broadcast against N (shape (n,)).
 
 from __future__ import annotations
 
@@ -45,10 +45,10 @@ BREAKDOWN_KEYS = (
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class Op:
-    """One timed op of a schedule: per-call GPU time and host issue time (s) and calls per forward.
+    """One timed op of a schedule: per-call GPU and host issue time (s), calls per forward (§1)."""
 
-    Times are over the schedule's row counts: N for `tp`, the padded ⌈N/tp⌉·tp for the SP
-    schedules."""
+    # Times are over the schedule's row counts: N for `tp`, the padded ⌈N/tp⌉·tp for the SP
+    # schedules.
 
     name: str
     kind: str  # gemm | fused | comm | memory | attention
@@ -82,22 +82,22 @@ class Schedule:
 
     @functools.cached_property
     def t_layer_s(self) -> Any:
-        """GPU time of one layer (s)."""
+        """GPU time of one layer (s; §1)."""
         return sum(op.t_s * op.count for op in self.layer_ops)
 
     @functools.cached_property
     def t_gpu_forward_s(self) -> Any:
-        """GPU time of one forward (s)."""
+        """GPU time of one forward (s; §1)."""
         return self._sum("t_s")
 
     @functools.cached_property
     def t_host_forward_s(self) -> Any:
-        """Host issue time of one forward when eager (s)."""
+        """Host issue time of one forward when eager (s; §1)."""
         return self._sum("t_host_s")
 
     @functools.cached_property
     def t_forward_s(self) -> Any:
-        """One forward: GPU time, or max(GPU, host issue) where the forward runs eagerly (s)."""
+        """One forward: GPU time, or max(GPU, host issue) where it runs eagerly (s; §1)."""
         return np.where(
             self.eager,
             np.maximum(self.t_gpu_forward_s, self.t_host_forward_s),
@@ -107,8 +107,10 @@ class Schedule:
 
 @dataclasses.dataclass(frozen=True)
 class DecodeRegime:
-    """How vLLM schedules a step: up to `max_num_seqs` of its tokens are decodes, each reading a KV
-    cache of `context_len` tokens; the rest of the step is chunked prefill (docs/model.md §5)."""
+    """How vLLM schedules a step: decodes at `context_len`, the rest chunked prefill (§5)."""
+
+    # Up to `max_num_seqs` of its tokens are decodes, each reading a KV cache of `context_len`
+    # tokens.
 
     # tokens of KV cache per decode (where context_grid is silent)
     context_len: float = DEFAULT_CONTEXT_LEN
@@ -123,7 +125,7 @@ class DecodeRegime:
     ] = ()  # per grid point: some of the workload's steps pad to it (else its mean)
 
     def context_at(self, n: Any) -> Any:
-        """The KV context of a decode in a step of n tokens (tokens; broadcasts over n)."""
+        """The KV context of a decode in a step of n tokens (tokens; broadcasts over n; §5)."""
         if not self.context_grid:
             return self.context_len
         return np.asarray(self.context_values)[self._at(n)]
@@ -133,9 +135,10 @@ class DecodeRegime:
         return np.minimum(np.searchsorted(grid, n, side="left"), grid.size - 1)
 
     def context_source(self, n: int) -> str:
-        """Where the context of a step of n tokens comes from: "context_len" (one value for every
-        step), "workload" (the count-weighted mean of the workload's steps that pad to n's grid
-        point) or "workload mean" (no step of the workload pads there: its mean over all steps)."""
+        """Where the context of a step of n tokens comes from (§14)."""
+        # "context_len" (one value for every step), "workload" (the count-weighted mean of the
+        # workload's steps that pad to n's grid point) or "workload mean" (no step of the workload
+        # pads there: its mean over all steps).
         if not self.context_grid:
             return "context_len"
         counted = self.context_counted[int(self._at(n))] if self.context_counted else True
@@ -160,8 +163,9 @@ class Regime:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """One decision's query: the per-rank setup, how vLLM runs it, its token budget, the risk
-    premium and the traffic the decision is weighted by (None: uniform over the multiples of tp)."""
+    """One decision's query: setup, regime, token budget, risk premium and traffic (§9)."""
+
+    # The traffic the decision is weighted by (None: uniform over the multiples of tp).
 
     tp: int
     dtype: str = "bf16"
@@ -173,8 +177,9 @@ class RunConfig:
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class Prediction:
-    """Per-op times of the three schedules over `num_tokens`, and the difference breakdown (per
-    forward)."""
+    """Per-op times of the three schedules over `num_tokens`, and the difference breakdown (§1)."""
+
+    # Per forward.
 
     num_tokens: np.ndarray
     tp: int
@@ -191,8 +196,8 @@ class Prediction:
 
     @functools.cached_property
     def breakdown(self) -> dict[str, Any]:
-        """BREAKDOWN_KEYS -> per-forward seconds over N, positive = SP+AsyncTP saves (computed on
-        first use)."""
+        """BREAKDOWN_KEYS -> per-forward seconds over N, positive = SP+AsyncTP saves (§6)."""
+        # Computed on first use.
         return breakdown_terms(
             self.schedules,
             self.num_layers,
@@ -205,8 +210,8 @@ class Prediction:
         return self.schedules[schedule].t_forward_s
 
     def speedup(self, schedule: str) -> np.ndarray:
-        """t_tp / t_schedule over N; NaN where the schedule cannot run (its time is +inf there),
-        never 0."""
+        """t_tp / t_schedule over N; NaN where the schedule cannot run, never 0 (§1)."""
+        # The schedule's time is +inf where it cannot run.
         t = self.t_forward_s(schedule)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(np.isfinite(t), self.t_forward_s("tp") / t, np.nan)
@@ -228,14 +233,14 @@ def predict(
     num_tokens: Any,
     regime: Regime | None = None,
 ) -> Prediction:
-    """Per-op times of tp / sp / sp_asynctp for one forward over token counts `num_tokens`, run as
-    `regime` says.
-
-    Forwards of N ≤ cudagraph_max_tokens replay CUDA graphs (no host cost); larger ones run eagerly,
-    where torch's Python AsyncTP pipeline and every other op are issued by the host. `fi_max_bytes`
-    is the FlashInfer fused all-reduce+RMSNorm limit vLLM runs with (None: vLLM's table; 0: the
-    fusion pass off, `fuse_allreduce_rms: false`). `decode`: steps as decodes at a context length
-    (None: every token is prefill of `seq_len`-token sequences, which reads no KV cache)."""
+    """Per-op times of tp, sp and sp_asynctp for one forward over `num_tokens` (§1)."""
+    # Per-op times of tp / sp / sp_asynctp for one forward over token counts `num_tokens`, run as
+    # `regime` says. Forwards of N ≤ cudagraph_max_tokens replay CUDA graphs (no host cost); larger
+    # ones run eagerly, where torch's Python AsyncTP pipeline and every other op are issued by the
+    # host. `fi_max_bytes` is the FlashInfer fused all-reduce+RMSNorm limit vLLM runs with (None:
+    # vLLM's table; 0: the fusion pass off, `fuse_allreduce_rms: false`). `decode`: steps as decodes
+    # at a context length (None: every token is prefill of `seq_len`-token sequences, which reads no
+    # KV cache).
     r = Regime() if regime is None else regime
     check_dtype(dtype)
     shape.check_tp(tp)
@@ -329,9 +334,9 @@ def _once(o: Op) -> Op:
 
 
 def dispatch_edges(n: Any, impls: Any, msg_bytes: Any) -> list[tuple[int, int, str, str, float]]:
-    """(last N of one implementation, first N of the next, their names, the message at the first in
-    MiB) wherever the implementation chosen per size changes along the sorted sizes `n` (vLLM's
-    dispatch limits; issue 50 item 12)."""
+    """Where vLLM's per-size collective implementation changes along the sorted sizes `n` (§4)."""
+    # (last N of one implementation, first N of the next, their names, the message at the first in
+    # MiB): vLLM's dispatch limits; issue 50 item 12.
     n, impls, msg = (
         np.atleast_1d(n),
         np.atleast_1d(impls),
@@ -752,10 +757,8 @@ def _nonlayer(fw: _Ops, unit_tp: list[Op], rs: Op, norm_shard: Op, ag: Op) -> tu
 def breakdown_terms(
     scheds: dict[str, Schedule], L: int, t_ag: Any, t_rs: Any, available: bool
 ) -> dict[str, Any]:
-    """Each term computed directly from its own ops (none is a remainder); positive = SP+AsyncTP
-    saves.
-
-    Σ terms = t_tp − t_sp_asynctp is then an identity that the tests check (docs/model.md §6)."""
+    """Each term from its own ops (none a remainder); positive = SP+AsyncTP saves (§6)."""
+    # Σ terms = t_tp − t_sp_asynctp is then an identity that the tests check.
     tp, sp, spa = scheds["tp"], scheds["sp"], scheds["sp_asynctp"]
     zero = np.zeros_like(tp.t_gpu_forward_s)
     out = {k: zero.copy() for k in BREAKDOWN_KEYS}

@@ -1,6 +1,7 @@
-"""An MoE model under DP attention + expert parallelism: its shape (MLA or GQA attention, dense
-layers, shared and routed experts) from config.json, and the per-rank compute ops of one step
-(docs/model.md §11)."""
+"""An MoE model under DP attention + EP: its shape and per-rank compute ops (§11)."""
+# An MoE model under DP attention + expert parallelism: its shape (MLA or GQA attention, dense
+# layers, shared and routed experts) from config.json, and the per-rank compute ops of one step
+# (docs/model.md §11).
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ MLA_CITE = (
 
 @dataclasses.dataclass(frozen=True)
 class MoEShape:
-    """The dimensions of an MoE decoder the EP step needs (MLA when kv_lora_rank > 0, else GQA)."""
+    """The dimensions of an MoE decoder the EP step needs (MLA or GQA; §11.4)."""
+
+    # MLA when kv_lora_rank > 0, else GQA.
 
     name: str
     hidden: int
@@ -61,7 +64,7 @@ class MoEShape:
         return self.num_layers - self.first_dense
 
     def check_ep(self, ep: int) -> None:
-        """vLLM splits the routed experts evenly over the EP ranks (one line otherwise)."""
+        """vLLM splits the routed experts evenly over the EP ranks (one line otherwise; §11.4)."""
         if self.num_experts % ep:
             raise TpcostError(
                 f"{self.name}: {self.num_experts} routed experts do not split over EP {ep} "
@@ -81,8 +84,7 @@ def _pos(
 
 
 def moe_shape_from_config(cfg: Any, name: str, where: str | None = None) -> MoEShape:
-    """Read an MoE config.json (DeepSeek-V3 / Kimi-K2 MLA style, or Qwen3-MoE / Mixtral GQA
-    style)."""
+    """Read an MoE config.json: DeepSeek/Kimi MLA style or Qwen3-MoE/Mixtral GQA style (§13)."""
     where = where or name
     if not isinstance(cfg, dict):
         raise TpcostError(f"{where}: config.json must hold a JSON object")
@@ -158,7 +160,7 @@ def moe_shape_from_config(cfg: Any, name: str, where: str | None = None) -> MoES
 
 
 def load_moe_model(name_or_path: str) -> MoEShape:
-    """A built-in model or a config.json path, read as an MoE model."""
+    """A built-in model or a config.json path, read as an MoE model (§13)."""
     from .shapes import load_model_config
 
     cfg, name, where = load_model_config(name_or_path)
@@ -169,8 +171,8 @@ def load_moe_model(name_or_path: str) -> MoEShape:
 
 
 def attention_params(s: MoEShape) -> float:
-    """Attention weights of one layer (elements): MLA's q_a, q_b, kv_a, kv_b, o_proj, or GQA's qkv
-    and o."""
+    """Attention weights of one layer (elements): MLA's five projections, or GQA's (§11.4)."""
+    # MLA: q_a, q_b, kv_a, kv_b, o_proj.
     if s.mla:
         q = (
             s.hidden * s.q_lora_rank + s.q_lora_rank * s.num_heads * s.head_dim
@@ -190,8 +192,8 @@ def attention_params(s: MoEShape) -> float:
 
 
 def weight_bytes_per_rank(s: MoEShape, ep: int) -> float:
-    """Weights one DP+EP rank holds (bytes): everything but the routed experts replicated, E/EP
-    experts local."""
+    """Weights one DP+EP rank holds (bytes): all but the routed experts replicated (§11.4)."""
+    # E/EP routed experts local.
     wb = s.weight_bytes * (1 + (4 / WEIGHT_BLOCK**2 if s.weight_bytes == 1 else 0))  # block scales
     dense = s.first_dense * 3 * s.hidden * s.dense_intermediate
     shared = s.moe_layers * 3 * s.hidden * s.moe_intermediate * s.n_shared
@@ -202,7 +204,7 @@ def weight_bytes_per_rank(s: MoEShape, ep: int) -> float:
 
 
 def check_memory(s: MoEShape, ep: int, gpu_name: str, capacity_bytes: float | None) -> float:
-    """The weights per rank (bytes), or one line when they exceed vLLM's share of HBM."""
+    """The weights per rank (bytes), or one line when they exceed vLLM's HBM share (§11.4)."""
     w = weight_bytes_per_rank(s, ep)
     if capacity_bytes is not None and w > GPU_MEMORY_UTILIZATION * capacity_bytes:
         raise TpcostError(
@@ -219,8 +221,7 @@ def check_memory(s: MoEShape, ep: int, gpu_name: str, capacity_bytes: float | No
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
-    """What a step holds: tokens per rank, and either decode (context C per sequence) or prefill
-    (seq_len S)."""
+    """What a step holds: tokens per rank, decode (context per sequence) or prefill (§11.4)."""
 
     decode: bool
     context_len: int
@@ -228,8 +229,8 @@ class Phase:
 
 
 def t_gemm_w(hw: Hw, m: Any, n: int, k: int, w_bytes: float) -> Any:
-    """One GEMM on this rank with weights of w_bytes per element (fp8 block-quantised at 1, bf16 at
-    2) (s)."""
+    """One GEMM on this rank with weights of w_bytes per element (s; §2)."""
+    # fp8 block-quantised at 1, bf16 at 2.
     return hw.t_gemm(m, n, k, fp8_ok=w_bytes == 1)
 
 
@@ -268,8 +269,7 @@ def t_attention_s(hw: Hw, s: MoEShape, t: Any, ph: Phase) -> Any:
 
 
 def t_mla_core_s(hw: Hw, s: MoEShape, t: Any, ph: Phase) -> Any:
-    """MLA's core: absorbed MQA over the latent cache at decode, MHA on up-projected K/V at prefill
-    (s; §11.4)."""
+    """MLA's core: absorbed MQA at decode, MHA on up-projected K/V at prefill (s; §11.4)."""
     L, R, P, V = s.kv_lora_rank, s.qk_rope, s.qk_nope, s.v_head_dim
     if ph.decode:
         return _core_s(hw, s, np.asarray(t, dtype=float), ph, qk_dim=L + R, v_dim=L, kv_elems=L + R)
@@ -277,8 +277,8 @@ def t_mla_core_s(hw: Hw, s: MoEShape, t: Any, ph: Phase) -> Any:
 
 
 def t_bmm_s(hw: Hw, t: Any, batch: int, k: int, n: int) -> Any:
-    """One bf16 batched GEMM of `batch` (t × k) @ (k × n): launch + max(FLOPs at GEMM efficiency,
-    bytes at HBM) (s)."""
+    """One bf16 batched GEMM of `batch` (t × k) @ (k × n) on the roofline (s; §2)."""
+    # launch + max(FLOPs at GEMM efficiency, bytes at HBM).
     flops = 2.0 * t * batch * k * n
     byts = batch * (k * n + t * (k + n)) * 2.0
     g = hw.gemm
@@ -303,12 +303,12 @@ def _core_s(hw: Hw, s: MoEShape, t: Any, ph: Phase, qk_dim: int, v_dim: int, kv_
 
 
 def t_mlp_s(hw: Hw, t: Any, hidden: int, inter: int, w_bytes: float) -> Any:
-    """A gated MLP on t rows: gate_up (2I) then down (s)."""
+    """A gated MLP on t rows: gate_up (2I), then down (s; §11.4)."""
     return t_gemm_w(hw, t, 2 * inter, hidden, w_bytes) + t_gemm_w(hw, t, hidden, inter, w_bytes)
 
 
 def t_norms_s(hw: Hw, t: Any, hidden: int) -> Any:
-    """A layer's two fused add+RMSNorm kernels (memory-bound) (s)."""
+    """A layer's two fused add+RMSNorm kernels, memory-bound (s; §3)."""
     # read x and residual, write
     return 2 * hw.t_mem(np.asarray(t, dtype=float) * hidden * hw.act_bytes * 3.0)
 
@@ -316,11 +316,10 @@ def t_norms_s(hw: Hw, t: Any, hidden: int) -> Any:
 def t_experts_s(
     hw: Hw, s: MoEShape, total_tokens: Any, ep: int, imbalance: float = 1.0, sm_share: float = 1.0
 ) -> tuple[Any, Any]:
-    """(time, active local experts) of the routed experts' grouped GEMMs on the hottest rank (s,
-    count; §11.2).
-
-    Rows per expert ~ Binomial(T_all, ι·k/E), padded to the tile; tiles quantised into waves over
-    the SMs given; weights read once per active expert."""
+    """(time, active local experts) of the routed grouped GEMMs on the hottest rank (§11.2)."""
+    # (time, active local experts) of the routed experts' grouped GEMMs on the hottest rank (s,
+    # count; §11.2). Rows per expert ~ Binomial(T_all, ι·k/E), padded to the tile; tiles quantised
+    # into waves over the SMs given; weights read once per active expert.
     T = np.asarray(total_tokens, dtype=float)
     e_loc = s.num_experts // ep
     p = min(imbalance * s.top_k / s.num_experts, 1.0)

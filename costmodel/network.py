@@ -1,5 +1,6 @@
-"""The network between nodes as data: NICs per GPU, line rate, RDMA efficiency and latency,
-transport (docs/model.md §11)."""
+"""The network between nodes as data, every number with its source (docs/model.md §11.5)."""
+# The network between nodes as data: NICs per GPU, line rate, RDMA efficiency and latency,
+# transport (docs/model.md §11).
 
 from __future__ import annotations
 
@@ -40,8 +41,7 @@ MEASURED_BACKENDS = ("deepep_low_latency", "deepep_high_throughput", TORCH_A2A)
 
 @dataclasses.dataclass(frozen=True)
 class MeasuredA2A:
-    """One measured all-to-all call on this cluster (a DeepEP test log's line): its shape and time
-    (SI)."""
+    """One measured all-to-all call on this cluster (a DeepEP test log's line), SI (§11.5)."""
 
     backend: str
     quantity: str  # dispatch | combine | total
@@ -124,7 +124,7 @@ def _measured(tree: Any, where: str) -> tuple[MeasuredA2A, ...]:
 
 
 def network_toml(net: Network, header: str = "") -> str:
-    """The network as a network file's text (tomli_w; what load_network reads back)."""
+    """The network as a network file's text (tomli_w; what load_network reads back; §11.5)."""
     import tomli_w
 
     tree: dict = {"name": net.name, "display_name": net.display_name, "transport": net.transport}
@@ -142,7 +142,7 @@ def network_toml(net: Network, header: str = "") -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Network:
-    """One cluster's scale-out network; every number has a source, a tier and a relative sigma."""
+    """One cluster's scale-out network; each number has a source, a tier and a sigma (§11.5)."""
 
     name: str
     display_name: str
@@ -167,17 +167,18 @@ class Network:
 
     @property
     def line_rate_per_gpu_bytes_per_s(self) -> float:
-        """NICs per GPU × line rate (bytes/s): the bound no RDMA transfer beats."""
+        """NICs per GPU × line rate (bytes/s): the bound no RDMA transfer beats (§11.5)."""
         return self.nics_per_gpu * self.nic_line_rate_bytes_per_s
 
     def with_values(self, **kw: Any) -> Network:
-        """A copy with some numbers replaced (a fit, a what-if)."""
+        """A copy with some numbers replaced (a fit, a what-if; §11.5)."""
         return dataclasses.replace(self, **kw)
 
     def drawn(self, draws: int, seed: int) -> dict[str, Any]:
-        """Lognormal draws of every number with a sigma (median = its value), clipped into its
-        plausible range, each key from its own stream (seed, crc32 of "network.<key>"), as the
-        profile's band draws are (§11.5)."""
+        """Lognormal draws of every number with a sigma, as the profile's band draws are (§11.5)."""
+        # Lognormal draws of every number with a sigma (median = its value), clipped into its
+        # plausible range, each key from its own stream (seed, crc32 of "network.<key>"), as the
+        # profile's band draws are (§11.5).
         import zlib
 
         import numpy as np
@@ -227,7 +228,7 @@ def _value(tree: dict, key: str, lo: float, hi: float, where: str) -> tuple[floa
 
 
 def network_from_dict(tree: Any, origin: str) -> Network:
-    """Check a parsed network file and build the Network (one line per mistake)."""
+    """Check a parsed network file and build the Network (one line per mistake; §11.5)."""
     if not isinstance(tree, dict):
         raise TpcostError(f"{origin}: a network file holds a TOML table")
     name, disp, transport = (
@@ -272,7 +273,7 @@ def _builtin_network(name: str) -> Network:
 
 
 def load_network(name_or_path: str) -> Network:
-    """A built-in network by name, or a TOML file by path (tomllib; never eval)."""
+    """A built-in network by name, or a TOML file by path (tomllib; never eval; §11.5)."""
     match = (
         name_or_path
         if name_or_path in builtin_network_names()

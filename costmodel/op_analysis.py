@@ -1,12 +1,12 @@
-"""One fused op against vLLM's unfused path over M: the per-op what-if behind `tpcost op`
-(docs/model.md §6b, §9).
-
-The question a kernel author or a vLLM maintainer asks: on this GPU at this TP, from which M does
-this fused GEMM+collective beat the GEMM followed by the collective vLLM dispatches? The cutoff is
-decided by the same rule as everywhere (costmodel.analysis.decide_cutoff: the threshold c of "fused
-when M >= c" minimising the expected time over the workload, the fused side paying the risk premium;
-None = never).
-"""
+"""One fused op against vLLM's unfused path over M: `tpcost op` (docs/model.md §6d, §9)."""
+# One fused op against vLLM's unfused path over M: the per-op what-if behind `tpcost op`
+# (docs/model.md §6b, §9).
+#
+# The question a kernel author or a vLLM maintainer asks: on this GPU at this TP, from which M
+# does this fused GEMM+collective beat the GEMM followed by the collective vLLM dispatches? The
+# cutoff is decided by the same rule as everywhere (costmodel.analysis.decide_cutoff: the
+# threshold c of "fused when M >= c" minimising the expected time over the workload, the fused
+# side paying the risk premium; None = never).
 
 from __future__ import annotations
 
@@ -40,8 +40,7 @@ M_STEP = 128  # M runs over the multiples of 128 (vLLM's gemm_rs_ar tiles M by 1
 
 @dataclasses.dataclass(frozen=True)
 class OpQuery:
-    """One fused GEMM+collective as asked: the op, its implementation, its GEMM's n and per-rank
-    k."""
+    """One fused GEMM+collective as asked: op, implementation, GEMM's n and per-rank k (§6d)."""
 
     op: str  # ag_gemm | gemm_rs | gemm_ar
     impl: str  # torch | kernel
@@ -74,20 +73,20 @@ class OpAnalysis:
 
     @property
     def kind(self) -> fused_ops.FusedOpKind:
-        """The registry's entry of this op and implementation."""
+        """The registry's entry of this op and implementation (§6d)."""
         return fused_ops.kind(self.spec.op, self.spec.impl)
 
     @property
     def crossover_m(self) -> int | None:
-        """The M from which the fused op wins for good (speedup > 1 at every row from it to the
-        budget), None where it does not win at the largest M: where the curves cross, apart from the
-        decided threshold (issue 50 item 8)."""
+        """The M from which the fused op wins for good (None: it loses at the largest M; §9)."""
+        # Speedup > 1 at every row from it to the budget: where the curves cross, apart from the
+        # decided threshold (issue 50 item 8).
         return crossover_tokens(self.m, self.t_unfused_s, self.t_fused_s)
 
     def events(self) -> list[tuple[int, str]]:
-        """(M, what changes there) for every step in M that explains a jump in a row: the kernel's
-        wave count, the unfused collective vLLM dispatches, and torch's switch from CUDA-graph
-        replay to eager host issue."""
+        """(M, what changes there) for every step in M that explains a jump in a row (§6d)."""
+        # The kernel's wave count, the unfused collective vLLM dispatches, and torch's switch from
+        # CUDA-graph replay to eager host issue.
         out: list[tuple[int, str]] = []
         m = self.m.astype(int)
         for i in range(1, m.size):
@@ -113,7 +112,7 @@ class OpAnalysis:
         return out
 
     def wins_m_ranges(self) -> list[list[int]]:
-        """[first, last] M of every run of rows where the fused op is faster (speedup > 1)."""
+        """[first, last] M of every run of rows where the fused op is faster (§6d)."""
         out: list[list[int]] = []
         prev = False
         for m, w in zip(self.m, self.t_unfused_s > self.t_fused_s):
@@ -126,15 +125,15 @@ class OpAnalysis:
 
     @property
     def answer(self) -> str:
-        """'never', 'always' (fused from the smallest M on the grid) or 'cutoff'."""
+        """'never', 'always' (fused from the grid's smallest M) or 'cutoff' (§9)."""
         if self.cutoff_tokens is None:
             return "never"
         return "always" if self.cutoff_tokens <= int(self.m[0]) else "cutoff"
 
     @property
     def cutoff_per_rank(self) -> int | None:
-        """The cutoff in rows per rank, ceil(c/tp), where vLLM's gate counts per rank (None: not
-        such a gate)."""
+        """The cutoff in rows per rank, ceil(c/tp), where vLLM's gate counts per rank (§9)."""
+        # None: not such a gate.
         if self.spec.baseline != "vllm_sp" or self.cutoff_tokens is None:
             return None
         return -(-self.cutoff_tokens // self.spec.tp)
@@ -197,8 +196,8 @@ class OpAnalysis:
 def check_combination(
     profile: HardwareProfile, op: str, impl: str, tp: int, dtype: str, n: int
 ) -> None:
-    """One clear error for an op/impl/dtype/GPU combination that does not exist
-    (costmodel.fused_ops: the registry evaluate reads too)."""
+    """One clear error for an op/impl/dtype/GPU combination that does not exist (§6d)."""
+    # costmodel.fused_ops: the registry evaluate reads too.
     try:
         k = fused_ops.kind(op, impl)
     except TpcostError as e:
@@ -211,9 +210,9 @@ def check_combination(
 def vllm_rule(
     profile: HardwareProfile, op: str, impl: str, tp: int, n: int, k: int, vllm: Vllm
 ) -> tuple[str, int | None, Any]:
-    """(description, threshold tokens or None, runs(m) -> bool array) of vLLM's own rule for a
-    published row of this op (tpcost evaluate, benchmarks/accuracy.py): the registry entry's
-    published_rule."""
+    """vLLM's own rule for a published row of this op: the entry's published_rule (§6d)."""
+    # (description, threshold tokens or None, runs(m) -> bool array); tpcost evaluate,
+    # benchmarks/accuracy.py.
     return tuple(fused_ops.kind(op, impl).published_rule(profile, tp, n, k, vllm)[:3])  # type: ignore[return-value]
 
 
@@ -226,10 +225,11 @@ def analyse_op(
     extra_m: Any = (),
     with_band: bool = True,
 ) -> OpAnalysis:
-    """Fused against unfused over M = the multiples of 128 up to run.max_num_batched_tokens (and
-    `extra_m`), per forward (× calls_per_forward); the cutoff on that grid for run's margin and
-    workload; vLLM's own rule and the saving against it. Of run's regime the op reads the CUDA-graph
-    size and the vLLM."""
+    """Fused against unfused over M, the cutoff on that grid, and vLLM's own rule (§6d)."""
+    # Fused against unfused over M = the multiples of 128 up to run.max_num_batched_tokens (and
+    # `extra_m`), per forward (× calls_per_forward); the cutoff on that grid for run's margin and
+    # workload; vLLM's own rule and the saving against it. Of run's regime the op reads the CUDA-
+    # graph size and the vLLM.
     op, impl, n, k = query.op, query.impl, query.n, query.k
     tp, dtype, max_num_batched_tokens, margin, workload = (
         run.tp,
@@ -289,9 +289,10 @@ def analyse_op(
 
 
 def op_arms(profile: HardwareProfile, spec: OpSpec, m: np.ndarray) -> fused_ops.Arms:
-    """(fused s, unfused s, the unfused collective, its implementation per row, the kernel's waves
-    per row or None) of one call over rows `m` (the registry entry's predictor pair); the profile's
-    values may be Monte Carlo draws of shape (D, 1)."""
+    """One call of both arms over rows `m`, through the registry entry's predictor pair (§6d)."""
+    # (fused s, unfused s, the unfused collective, its implementation per row, the kernel's waves
+    # per row or None) of one call over rows `m` (the registry entry's predictor pair); the
+    # profile's values may be Monte Carlo draws of shape (D, 1).
     return fused_ops.kind(spec.op, spec.impl).arms(profile, spec, m)
 
 
@@ -304,8 +305,8 @@ def op_cutoff_band(
     draws: int = BAND_DRAWS,
     seed: int = BAND_SEED,
 ) -> tuple[int | None, int | None]:
-    """5th-95th percentile of the op's cutoff over the fixed-seed Monte Carlo of the profile (never:
-    None); its drivers only among the quantities the op reads (what a --set can move)."""
+    """5th-95th percentile of the op's cutoff over the profile's Monte Carlo draws (§9)."""
+    # Never: None. Its drivers only among the quantities the op reads (what a --set can move).
     from .profile import recording
 
     traced, reads = recording(profile)
@@ -320,12 +321,12 @@ def op_cutoff_band(
 
 
 def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:
-    """Each arm of one call at M rows, part by part, with the physical rates that explain it
-    (`tpcost op --at M`):
-    the GEMM's achieved TFLOP/s and its bound (compute or HBM), the unfused collective's achieved
-    bus bandwidth, and the fused op's own terms (the kernel's waves, multicast traffic and fixed
-    cost; torch's chunk GEMMs, pulls, barriers and host issue). Times s, rates SI, per call (not ×
-    calls per forward)."""
+    """Each arm of one call at M rows, part by part, with the rates that explain it (§6d)."""
+    # Each arm of one call at M rows, part by part, with the physical rates that explain it (`tpcost
+    # op --at M`): the GEMM's achieved TFLOP/s and its bound (compute or HBM), the unfused
+    # collective's achieved bus bandwidth, and the fused op's own terms (the kernel's waves,
+    # multicast traffic and fixed cost; torch's chunk GEMMs, pulls, barriers and host issue). Times
+    # s, rates SI, per call (not × calls per forward).
     hw = ops.Hw(profile, "fp8" if spec.dtype == "mxfp8" else spec.dtype)
     rows = np.array([float(m)])
     n, k, tp = spec.n, spec.k, spec.tp
@@ -362,10 +363,11 @@ def op_breakdown(profile: HardwareProfile, spec: OpSpec, m: int) -> dict:
 
 
 def measured_against_vllm(profile: HardwareProfile, spec: OpSpec, path: str) -> dict:
-    """A kernel author's measured rows (evaluate's op CSV) of this op's shape, each against the
-    unfused arm vLLM dispatches at its M (the model's, per call), beside their own baseline; the
-    crossover of the measured kernel against vLLM's arm: the least measured M from which it is
-    faster at every measured M (None: at none). docs/model.md §6d."""
+    """A kernel author's measured rows, each against the unfused arm vLLM dispatches (§6d)."""
+    # A kernel author's measured rows (evaluate's op CSV) of this op's shape, each against the
+    # unfused arm vLLM dispatches at its M (the model's, per call), beside their own baseline; the
+    # crossover of the measured kernel against vLLM's arm: the least measured M from which it is
+    # faster at every measured M (None: at none). docs/model.md §6d.
     from .evaluate import read_rows
 
     schema, rows = read_rows(path)

@@ -1,10 +1,10 @@
-"""The public ops API: every op of the three schedules as a time over row counts, from one profile.
-
-`model.predict()` composes these into schedules; `evaluate` scores the fused ops against measured
-rows; `costmodel.decide` uses the all-reduce dispatch. Formulas: costmodel.formulas; derivations:
-docs/model.md (section numbers below). Values may be Monte Carlo draw arrays of shape (D, 1) that
-broadcast against row counts of shape (n,).
-"""
+"""The public ops API: every op of the schedules as a time over row counts (§2-§6)."""
+# The public ops API: every op of the three schedules as a time over row counts, from one profile.
+#
+# `model.predict()` composes these into schedules; `evaluate` scores the fused ops against
+# measured rows; `costmodel.decide` uses the all-reduce dispatch. Formulas: costmodel.formulas;
+# derivations: docs/model.md (section numbers below). Values may be Monte Carlo draw arrays of
+# shape (D, 1) that broadcast against row counts of shape (n,).
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def dtype_mode(dtype: str) -> DtypeMode:
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class FusedOp:
-    """One fused AsyncTP call: its time and the parts it is made of (all s, per call, over rows)."""
+    """One fused AsyncTP call: its time and its parts (s, per call, over rows; §6)."""
 
     t_s: Any  # what the call costs: max(t_gpu_s, t_host_s + t_tail_s) when eager, else t_gpu_s
     t_gpu_s: Any  # GPU critical path
@@ -79,9 +79,9 @@ class FusedOp:
 
 
 class Hw:
-    """Profile values pulled out once (floats or draw arrays) for the formulas, for one dtype mode.
+    """Profile values pulled out once for the formulas, for one dtype mode (§2)."""
 
-    GEMM times are F.t_gemm_s's (tests/test_model.py)."""
+    # Floats or draw arrays. GEMM times are F.t_gemm_s's (tests/test_model.py).
 
     def __init__(self, p: HardwareProfile, dtype: str):
         mode = dtype_mode(dtype)
@@ -110,13 +110,13 @@ class Hw:
 
     @property
     def attention_efficiency(self) -> Any:
-        """Read only when attention is timed (so --set knows what the model reads)."""
+        """Read only when attention is timed, so --set knows what the model reads (§5)."""
         return self.p.attention.efficiency
 
     @property
     def asynctp(self) -> dict[str, Any]:
-        """The AsyncTP values, read only when a fused op is evaluated (so --set knows what the model
-        reads)."""
+        """The AsyncTP values, read only when a fused op is evaluated (§6)."""
+        # So --set knows what the model reads.
         a = self.p.asynctp
         return dict(
             barrier_s=a.barrier_s,
@@ -142,14 +142,14 @@ class Hw:
         return self.peak_flops_per_s if fp8_ok else self.peak_act_flops_per_s
 
     def t_gemm_mem(self, m: Arr, n: int, k: int, *, fp8_ok: bool = True) -> Arr:
-        """Memory-bound time of one GEMM: its bytes / (HBM · gemm.mem_efficiency) (s)."""
+        """Memory-bound time of one GEMM: bytes / (HBM · gemm.mem_efficiency) (s; §2)."""
         b = self._in_bytes(fp8_ok)
         return F.gemm_bytes(m, n, k, b, b, self.act_bytes) / (
             self.hbm_bw_bytes_per_s * self.gemm["mem_efficiency"]
         )
 
     def t_gemm_comp(self, m: Arr, n: int, k: int, *, fp8_ok: bool = True) -> Arr:
-        """Compute time of one GEMM (F.t_gemm_compute_s), without launch (s)."""
+        """Compute time of one GEMM (F.t_gemm_compute_s), without launch (s; §2)."""
         g = self.gemm
         return F.t_gemm_compute_s(
             m,
@@ -163,14 +163,14 @@ class Hw:
         )
 
     def t_gemm(self, m: Arr, n: int, k: int, *, fp8_ok: bool = True) -> Arr:
-        """F.t_gemm_s with this profile's values: launch + max(compute, memory) (s)."""
+        """F.t_gemm_s with this profile's values: launch + max(compute, memory) (s; §2)."""
         t = np.maximum(
             self.t_gemm_comp(m, n, k, fp8_ok=fp8_ok), self.t_gemm_mem(m, n, k, fp8_ok=fp8_ok)
         )
         return np.where(np.asarray(m) > 0, self.gemm["launch_overhead_s"] + t, 0.0)
 
     def rows(self, n_tok: Arr, divisor: Arr) -> Arr:
-        """n_tok / divisor: the rows of one chunk (or of the half a two-stream pair shares)."""
+        """n_tok / divisor: the rows of one chunk, or of the half a stream pair shares (§6)."""
         return n_tok / divisor
 
     # ------------------------------------------------------------------ memory-bound kernels (§3)
@@ -184,7 +184,7 @@ class Hw:
 
 
 def collective_latency_s(hw: Hw, impl: str, tp: int) -> Arr:
-    """α of one collective implementation at this TP (s)."""
+    """α of one collective implementation at this TP (s; §4)."""
     return hw.p.collective(impl, tp)[0]
 
 
@@ -196,9 +196,9 @@ NCCL_REGIMES = (
 
 
 def nccl_curves(hw: Hw, impl: str, tp: int) -> tuple[list, list]:
-    """(latencies s, busBWs B/s) of NCCL's regime curves for `impl` at this TP: its bandwidth curve
-    `impl`, and `impl_small` / `impl_mid` where the profile has them at exactly this TP (one curve
-    where it has no others)."""
+    """(latencies s, busBWs B/s) of NCCL's regime curves for `impl` at this TP (§4)."""
+    # Its bandwidth curve `impl`, and `impl_small` / `impl_mid` where the profile has them at
+    # exactly this TP (one curve where it has no others).
     p = hw.p
     curves = [p.collective(impl, tp)] + [
         p.collective(impl + r, tp) for r in NCCL_REGIMES if tp in p.collective_tps(impl + r)
@@ -207,15 +207,16 @@ def nccl_curves(hw: Hw, impl: str, tp: int) -> tuple[list, list]:
 
 
 def measured_or_fitted(hw: Hw, impl: str, tp: int, msg_bytes: Arr, fitted) -> Arr:
-    """`impl` at this TP where the profile holds its measured points (a calibration's log,
-    [measured.<impl>.tp<W>]):
-    between the smallest and the largest measured size, the measurement interpolated linearly in log
-    size and log time (formulas.t_interp_log_s); above the largest, its last point plus the fitted
-    curve's growth beyond it (the measured line extended, continuous and never falling); below the
-    smallest, the fitted curve `fitted(S)`, which the calibration says. Without points: the fitted
-    curve (s). More bytes never take less time: the measured times are read as their running maximum
-    (a point timed faster than a smaller one is noise), and below the smallest point the fitted
-    curve is capped at the smallest measured time (issue 61)."""
+    """`impl` at this TP: a calibration's measured points where held, else the fit (s; §4)."""
+    # `impl` at this TP where the profile holds its measured points (a calibration's log,
+    # [measured.<impl>.tp<W>]): between the smallest and the largest measured size, the measurement
+    # interpolated linearly in log size and log time (formulas.t_interp_log_s); above the largest,
+    # its last point plus the fitted curve's growth beyond it (the measured line extended,
+    # continuous and never falling); below the smallest, the fitted curve `fitted(S)`, which the
+    # calibration says. Without points: the fitted curve (s). More bytes never take less time: the
+    # measured times are read as their running maximum (a point timed faster than a smaller one is
+    # noise), and below the smallest point the fitted curve is capped at the smallest measured time
+    # (issue 61).
     m = hw.p.measured.get(impl, {}).get(tp)
     t_fit = fitted(msg_bytes)
     if m is None:
@@ -229,8 +230,9 @@ def measured_or_fitted(hw: Hw, impl: str, tp: int, msg_bytes: Arr, fitted) -> Ar
 
 
 def t_nccl_all_gather_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
-    """NCCL all-gather of a msg_bytes (gathered) message at this TP (s): the fastest of its regime
-    curves, or the measured points where a calibration holds them (measured_or_fitted)."""
+    """NCCL all-gather of a msg_bytes gathered message at this TP (s; §4)."""
+    # The fastest of its regime curves, or the measured points where a calibration holds them
+    # (measured_or_fitted).
     return measured_or_fitted(
         hw,
         "nccl_all_gather",
@@ -241,8 +243,9 @@ def t_nccl_all_gather_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
 
 
 def t_nccl_reduce_scatter_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
-    """NCCL reduce-scatter of a msg_bytes (unreduced) message at this TP (s): the fastest of its
-    regime curves, or the measured points where a calibration holds them (measured_or_fitted)."""
+    """NCCL reduce-scatter of a msg_bytes unreduced message at this TP (s; §4)."""
+    # The fastest of its regime curves, or the measured points where a calibration holds them
+    # (measured_or_fitted).
     return measured_or_fitted(
         hw,
         "nccl_reduce_scatter",
@@ -255,10 +258,10 @@ def t_nccl_reduce_scatter_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
 def reduce_scatter_dispatch(
     hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: bool
 ) -> tuple[Any, Any]:
-    """(time s, implementation per size) of the reduce-scatter vLLM runs: under model-level SP its
-    custom backends (costmodel.vllm_tables.custom_rs_backend: Lamport, multimem, IPC) where the
-    profile has their curves, else NCCL; the generic reduce_scatter (vLLM <= 0.31's compile-pass SP)
-    always NCCL."""
+    """(time s, implementation per size) of the reduce-scatter vLLM runs (§4)."""
+    # under model-level SP its custom backends (costmodel.vllm_tables.custom_rs_backend: Lamport,
+    # multimem, IPC) where the profile has their curves, else NCCL; the generic reduce_scatter (vLLM
+    # <= 0.31's compile-pass SP) always NCCL.
     p = hw.p
     # the NVLS buffer the backends need
     cap, multicast = (
@@ -277,10 +280,11 @@ def reduce_scatter_dispatch(
 
 
 def all_gather_dispatch(hw: Hw, msg_bytes: Arr, tp: int, model_level_sp: bool) -> tuple[Any, Any]:
-    """(time s, implementation per size) of the all-gather vLLM runs for a gathered tensor of
-    msg_bytes: under model-level SP its custom all-gather (costmodel.vllm_tables.custom_ag_backend,
-    on the msg_bytes/tp shard) where the profile has its curve, else NCCL; vLLM <= 0.31's
-    compile-pass SP always NCCL."""
+    """(time s, implementation per size) of the all-gather vLLM runs for msg_bytes (§4)."""
+    # (time s, implementation per size) of the all-gather vLLM runs for a gathered tensor of
+    # msg_bytes: under model-level SP its custom all-gather
+    # (costmodel.vllm_tables.custom_ag_backend, on the msg_bytes/tp shard) where the profile has its
+    # curve, else NCCL; vLLM <= 0.31's compile-pass SP always NCCL.
     p = hw.p
     multicast, fully = has_multicast(p), vllm_tables.fully_connected(p.interconnect, tp)
     return _sp_collective(
@@ -316,10 +320,10 @@ def _sp_collective(
 
 
 def t_nccl_all_reduce_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
-    """NCCL all-reduce of a msg_bytes tensor at this TP (s): the fastest of the profile's regime
-    curves at exactly this TP (formulas.t_all_reduce_regimes_s), or the one nccl_all_reduce curve
-    where it has no others; the measured points where a calibration holds them
-    (measured_or_fitted)."""
+    """NCCL all-reduce of a msg_bytes tensor at this TP (s; §4)."""
+    # the fastest of the profile's regime curves at exactly this TP
+    # (formulas.t_all_reduce_regimes_s), or the one nccl_all_reduce curve where it has no others;
+    # the measured points where a calibration holds them (measured_or_fitted).
     return measured_or_fitted(
         hw,
         "nccl_all_reduce",
@@ -330,7 +334,7 @@ def t_nccl_all_reduce_s(hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
 
 
 class AllReduce(NamedTuple):
-    """What all_reduce_dispatch picks over the message sizes."""
+    """What all_reduce_dispatch picks over the message sizes (§4)."""
 
     t_s: Any  # the all-reduce (+ the RMSNorm where fused), per call
     fused: Any  # bool per size: the FlashInfer kernel also did the RMSNorm
@@ -351,15 +355,14 @@ def all_reduce_dispatch(
     vllm: Vllm,
     cross_host: bool = False,
 ) -> AllReduce:
-    """The all-reduce implementation vLLM picks for each message size, and its time.
-
-    Order as in CudaCommunicator.all_reduce: FlashInfer (fused AR+RMSNorm when the fusion pass
-    applies) ≤ fi limit; quick-reduce (ROCm); custom AR < its max (1-stage below the 1-stage limit);
-    torch symm-mem ≤ its max; else (Py)NCCL. `fi_max_bytes` overrides the FlashInfer limit (0 =
-    off). The limits are vLLM's own for this GPU and version (costmodel.vllm_tables.dispatch; a Vllm
-    carries --vllm-set's changes). `cross_host`: the group spans hosts of one NVLink domain (an
-    NVL72's trays), where the IPC custom all-reduce steps aside (mnnvl_only, the release's
-    notes)."""
+    """The all-reduce implementation vLLM picks for each message size, and its time (§4)."""
+    # The all-reduce implementation vLLM picks for each message size, and its time. Order as in
+    # CudaCommunicator.all_reduce: FlashInfer (fused AR+RMSNorm when the fusion pass applies) ≤ fi
+    # limit; quick-reduce (ROCm); custom AR < its max (1-stage below the 1-stage limit); torch symm-
+    # mem ≤ its max; else (Py)NCCL. `fi_max_bytes` overrides the FlashInfer limit (0 = off). The
+    # limits are vLLM's own for this GPU and version (costmodel.vllm_tables.dispatch; a Vllm carries
+    # --vllm-set's changes). `cross_host`: the group spans hosts of one NVLink domain (an NVL72's
+    # trays), where the IPC custom all-reduce steps aside (mnnvl_only, the release's notes).
     p = hw.p
     d = vllm_tables.dispatch(vllm, p.identity, p.interconnect, tp)
     msg_bytes = np.asarray(msg_bytes, dtype=float)
@@ -423,16 +426,17 @@ def all_reduce_dispatch(
 
 @dataclasses.dataclass(frozen=True)
 class CollectiveImpl:
-    """One collective implementation a profile times (docs/model.md §4): its collective and its
-    time, NCCL's from its regime curves or a calibration's measured points, the others' from their
-    one α-β curve."""
+    """One collective implementation a profile times: its collective and its time (§4)."""
+
+    # NCCL's from its regime curves or a calibration's measured points, the others' from their one
+    # α-β curve.
 
     name: str
     collective: str  # all_reduce | all_gather | reduce_scatter (formulas.COLLECTIVES)
     t_nccl: Callable[[Hw, int, Arr], Arr] | None = None  # NCCL's own time; None: the α-β curve
 
     def t_s(self, hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
-        """One call on msg_bytes at this TP (s)."""
+        """One call on msg_bytes at this TP (s; §4)."""
         if self.t_nccl is not None:
             return self.t_nccl(hw, tp, msg_bytes)
         lat, bw = hw.p.collective(self.name, tp)
@@ -441,16 +445,16 @@ class CollectiveImpl:
 
 @dataclasses.dataclass(frozen=True)
 class CollectiveKind:
-    """One collective as vLLM dispatches it (docs/model.md §4): NCCL's implementation, and the
-    implementations vLLM picks per size (`dispatch`: (hw, msg, tp, model_level_sp, vllm) -> (time
-    s, implementation per size))."""
+    """One collective as vLLM dispatches it: NCCL's implementation and vLLM's picks (§4)."""
+
+    # `dispatch`: (hw, msg, tp, model_level_sp, vllm) -> (time s, implementation per size).
 
     name: str
     nccl: str
     dispatch: Callable[..., tuple[Any, Any]]
 
     def t_nccl_s(self, hw: Hw, tp: int, msg_bytes: Arr) -> Arr:
-        """NCCL's own time for it (s)."""
+        """NCCL's own time for it (s; §4)."""
         return COLLECTIVE_IMPLS[self.nccl].t_s(hw, tp, msg_bytes)
 
 
@@ -513,10 +517,8 @@ COLLECTIVE_KINDS = {
 
 
 def fused_ops_available(profile: HardwareProfile, tp: int) -> str | None:
-    """None if torch's symmetric-memory fused ops can run at this TP, else why not (one line).
-
-    Symmetric memory maps peer HBM over NVLink/xGMI: all ranks must share one interconnect
-    domain."""
+    """None if torch's symmetric-memory fused ops can run at this TP, else why not (§6)."""
+    # Symmetric memory maps peer HBM over NVLink/xGMI: all ranks must share one interconnect domain.
     domain = int(profile.interconnect.domain_size)
     if tp > domain:
         return (
@@ -560,8 +562,8 @@ def _with_model_error(
 
 
 def fused_ag_gemm(hw: Hw, m: Arr, n: int, k: int, tp: int, a_bytes: float, eager: bool) -> FusedOp:
-    """torch fused_all_gather_matmul (_pipelined_all_gather_and_consume, return_A=True) on m
-    gathered rows."""
+    """torch's fused_all_gather_matmul (return_A=True) on m gathered rows (§6)."""
+    # _pipelined_all_gather_and_consume.
     a = hw.asynctp
     W = tp
     m_c = hw.rows(m, W)
@@ -597,8 +599,8 @@ def fused_ag_gemm(hw: Hw, m: Arr, n: int, k: int, tp: int, a_bytes: float, eager
 
 
 def fused_gemm_rs(hw: Hw, m: Arr, n: int, k: int, tp: int, eager: bool) -> FusedOp:
-    """torch fused_matmul_reduce_scatter (_pipelined_produce_and_all2all + the partial sum) on m
-    rows."""
+    """torch's fused_matmul_reduce_scatter on m rows (§6)."""
+    # _pipelined_produce_and_all2all, then the partial sum.
     a = hw.asynctp
     W = tp
     m_c = hw.rows(m, W)
@@ -638,8 +640,7 @@ def fused_gemm_rs(hw: Hw, m: Arr, n: int, k: int, tp: int, eager: bool) -> Fused
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class TorchPair:
-    """torch's pipelined fused op against its sequential arm, over m rows (s; arrays of the rows'
-    shape)."""
+    """torch's pipelined fused op against its sequential arm, over m rows (s; §6)."""
 
     fused_eager_s: (
         Any  # issued from Python per call: the benchmarks, and vLLM above its CUDA-graph size
@@ -657,12 +658,13 @@ TORCH_BASELINES = ("nccl", "vllm_sp")
 def torch_pair(
     hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, baseline: str = "nccl"
 ) -> TorchPair:
-    """The one predictor of torch's fused all-gather+GEMM ("ag_gemm") or GEMM+reduce-scatter
-    ("gemm_rs") against its sequential arm (tpcost op, vllm-config, evaluate); `hw` carries the
-    dtype mode (the all-gathered operand's bytes). `baseline` "nccl": the collective is NCCL's (the
-    benchmarks; vLLM <= 0.31's compile-pass SP); "vllm_sp": the one model-level SP dispatches
-    (sp_all_gather / sp_reduce_scatter: vLLM's custom backends where the profile times them, else
-    NCCL), the arm vLLM >= 0.34's sp_all_gather_matmul replaces."""
+    """The one predictor of torch's fused AG+GEMM or GEMM+RS against its sequential arm (§6)."""
+    # The one predictor of torch's fused all-gather+GEMM ("ag_gemm") or GEMM+reduce-scatter
+    # ("gemm_rs") against its sequential arm (tpcost op, vllm-config, evaluate); `hw` carries the
+    # dtype mode (the all-gathered operand's bytes). `baseline` "nccl": the collective is NCCL's
+    # (the benchmarks; vLLM <= 0.31's compile-pass SP); "vllm_sp": the one model-level SP dispatches
+    # (sp_all_gather / sp_reduce_scatter: vLLM's custom backends where the profile times them, else
+    # NCCL), the arm vLLM >= 0.34's sp_all_gather_matmul replaces.
     if baseline not in TORCH_BASELINES:
         raise TpcostError(
             f"torch_pair: baseline {baseline!r} is not one of {', '.join(TORCH_BASELINES)}"
@@ -696,13 +698,12 @@ def torch_pair(
 
 
 def sequential_ag_gemm_s(hw: Hw, m: Arr, n: int, k: int, tp: int, a_bytes: float) -> Arr:
-    """What AG+GEMM replaces: NCCL all-gather of m·k·b_A, then the whole GEMM (s)."""
+    """What AG+GEMM replaces: NCCL all-gather of m·k·b_A, then the whole GEMM (s; §6)."""
     return t_nccl_all_gather_s(hw, tp, m * (k * a_bytes)) + hw.t_gemm(m, n, k)
 
 
 def sequential_gemm_rs_s(hw: Hw, m: Arr, n: int, k: int, tp: int) -> Arr:
-    """What GEMM+RS replaces: the whole GEMM, then NCCL reduce-scatter of its m·n bf16 partials
-    (s)."""
+    """What GEMM+RS replaces: the whole GEMM, then NCCL reduce-scatter of m·n partials (s; §6)."""
     return hw.t_gemm(m, n, k) + t_nccl_reduce_scatter_s(hw, tp, m * (n * hw.act_bytes))
 
 
@@ -712,8 +713,8 @@ def sequential_gemm_rs_s(hw: Hw, m: Arr, n: int, k: int, tp: int) -> Arr:
 
 
 def kernel_unpriceable(profile: HardwareProfile) -> str | None:
-    """Why this profile cannot price the single kernel at all (no multicast, no [fused_kernel]
-    terms), else None (docs/model.md §6b)."""
+    """Why this profile cannot price the single kernel at all, else None (§6b)."""
+    # No multicast, or no [fused_kernel] terms.
     if not has_multicast(profile):
         cc = profile.identity.compute_capability
         return (
@@ -731,10 +732,11 @@ def kernel_unpriceable(profile: HardwareProfile) -> str | None:
 def kernel_available(
     profile: HardwareProfile, tp: int, dtype: str = "bf16", n: int | None = None
 ) -> str | None:
-    """None if a single-kernel fused GEMM+RS/AR of vLLM's design can run here, else why not (one
-    line): NVLink multicast inside one domain (interconnect.multicast), the kernel's terms
-    ([fused_kernel]) and vLLM's shape gate (costmodel.vllm_tables.kernel_gate). Whether vLLM ships
-    it on this GPU is kernel_shipped()."""
+    """None if a single-kernel GEMM+RS/AR of vLLM's design can run here, else why not (§6b)."""
+    # None if a single-kernel fused GEMM+RS/AR of vLLM's design can run here, else why not (one
+    # line): NVLink multicast inside one domain (interconnect.multicast), the kernel's terms
+    # ([fused_kernel]) and vLLM's shape gate (costmodel.vllm_tables.kernel_gate). Whether vLLM ships
+    # it on this GPU is kernel_shipped().
     why = kernel_unpriceable(profile) or vllm_tables.kernel_gate(dtype, tp)
     if why:
         return why
@@ -747,9 +749,9 @@ def kernel_available(
 
 
 def kernel_shipped(profile: HardwareProfile) -> str | None:
-    """None if vLLM ships gemm_rs_ar on this GPU (vllm_tables.kernel_ships_on: the SM100 family),
-    else a note:
-    elsewhere the prediction is what a multimem kernel of its design would do."""
+    """None if vLLM ships gemm_rs_ar on this GPU (the SM100 family), else a note (§6b)."""
+    # Elsewhere the prediction is what a multimem kernel of its design would do
+    # (vllm_tables.kernel_ships_on).
     cc = profile.identity.compute_capability
     if vllm_tables.kernel_ships_on(cc):
         return None
@@ -762,8 +764,7 @@ def kernel_shipped(profile: HardwareProfile) -> str | None:
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class KernelOp:
-    """One single-kernel fused GEMM+RS / GEMM+AR call and the terms that explain it (s, bytes,
-    counts; over rows)."""
+    """One single-kernel GEMM+RS / GEMM+AR call and the terms that explain it (over rows; §6b)."""
 
     # the call: (t_fixed_s + the wave pipeline (+ exposure) + t_copy_s) x the model error time_scale
     # (1)
@@ -781,14 +782,13 @@ class KernelOp:
 
     @property
     def bound(self) -> Any:
-        """'link' where the multimem traffic is the longer side, else 'gemm' (per row)."""
+        """'link' where the multimem traffic is the longer side, else 'gemm' (per row; §6b)."""
         return np.where(self.t_comm_s >= self.t_gemm_s, "link", "gemm")
 
 
 def sm_share_hw(hw: Hw, share: float) -> Hw:
-    """`hw` with a share of its SMs (the rest held back for concurrent work): floor(share·SMs) SMs
-    at the same per-SM rate, HBM and links unchanged (docs/model.md §6b "Settings: the kernel's SM
-    share")."""
+    """`hw` with a share of its SMs; HBM and links unchanged (§6b "the kernel's SM share")."""
+    # floor(share·SMs) SMs at the same per-SM rate; the rest held back for concurrent work.
     if not 0.0 < share <= 1.0:
         raise TpcostError(f"SM share {share!r} is not in (0, 1]")
     if share == 1.0:
@@ -808,11 +808,12 @@ def sm_share_hw(hw: Hw, share: float) -> Hw:
 def fused_kernel(
     hw: Hw, op: str, m: Arr, n: int, k: int, tp: int, sm_share: float = DEFAULT_KERNEL_SM_SHARE
 ) -> KernelOp:
-    """One single-kernel fused GEMM+RS (op "gemm_rs") or GEMM+AR ("gemm_ar") on m rows
-    (formulas.t_fused_kernel_s, docs/model.md §6b): its tiles in waves over the SMs, each wave's
-    multimem traffic beside the next wave's GEMM at the multicast bandwidth its CTAs keep in flight;
-    GEMM+AR ends with a clone of its output, one more m·n copy in HBM (the design:
-    costmodel.vllm_tables). `sm_share`: the kernel runs on that share of the SMs (sm_share_hw)."""
+    """One single-kernel fused GEMM+RS ("gemm_rs") or GEMM+AR ("gemm_ar") on m rows (§6b)."""
+    # One single-kernel fused GEMM+RS (op "gemm_rs") or GEMM+AR ("gemm_ar") on m rows
+    # (formulas.t_fused_kernel_s, docs/model.md §6b): its tiles in waves over the SMs, each wave's
+    # multimem traffic beside the next wave's GEMM at the multicast bandwidth its CTAs keep in
+    # flight; GEMM+AR ends with a clone of its output, one more m·n copy in HBM (the design:
+    # costmodel.vllm_tables). `sm_share`: the kernel runs on that share of the SMs (sm_share_hw).
     fk = hw.p.fused_kernel
     if fk is None:
         raise TpcostError(kernel_available(hw.p, tp) or "no fused kernel")
@@ -845,7 +846,7 @@ def fused_kernel(
 
 
 class KernelPair(NamedTuple):
-    """One fused GEMM+RS/AR kernel against the path it replaces, over rows (s)."""
+    """One fused GEMM+RS/AR kernel against the path it replaces, over rows (s; §6b)."""
 
     fused_s: Any  # the kernel (+ MXFP8's activation-quantise kernel)
     unfused_s: Any  # the GEMM, then the collective
@@ -855,9 +856,10 @@ class KernelPair(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class KernelGemm:
-    """One GEMM the single kernel fuses with its collective: the op, the GEMM (n, per-rank k) at
-    `tp`, the weights' format and whether vLLM's residual-add RMSNorm follows (a model's GEMM+AR
-    call site)."""
+    """One GEMM the single kernel fuses with its collective, at its call site (§6b)."""
+
+    # the op, the GEMM (n, per-rank k) at `tp`, the weights' format and whether vLLM's residual-add
+    # RMSNorm follows (a model's GEMM+AR call site).
 
     op: str  # gemm_rs | gemm_ar
     n: int
@@ -877,18 +879,16 @@ def kernel_pair(
     baseline: str = "vllm",
     fi_max_bytes: float | None = None,
 ) -> KernelPair:
-    """The one predictor of the single kernel against its unfused arm (tpcost op, vllm-config,
-    evaluate, the fits).
-
-    `weights` "mxfp8": the kernel quantises its activations first (m·k·(b+1) bytes;
-    costmodel.vllm_tables); `hw` carries the GEMM's dtype mode. `baseline` "vllm": GEMM+AR's
-    collective is vLLM's dispatched all-reduce, "nccl": NCCL's; GEMM+RS's is vLLM's model-level-SP
-    reduce-scatter (its custom backends, reduce_scatter_dispatch) or NCCL's.
-    `norm_after` (GEMM+AR at a model's call site): both arms end with vLLM's residual-add RMSNorm;
-    the unfused arm runs it inside FlashInfer's fused all-reduce+RMSNorm where vLLM's pass fuses
-    (messages <= `fi_max_bytes`, None:
-    vLLM's table), the kernel arm alone, since the kernel's all-reduce is invisible to the fusion
-    pass."""
+    """The one predictor of the single kernel against its unfused arm (§6b)."""
+    # The one predictor of the single kernel against its unfused arm (tpcost op, vllm-config,
+    # evaluate, the fits). `weights` "mxfp8": the kernel quantises its activations first (m·k·(b+1)
+    # bytes; costmodel.vllm_tables); `hw` carries the GEMM's dtype mode. `baseline` "vllm":
+    # GEMM+AR's collective is vLLM's dispatched all-reduce, "nccl": NCCL's; GEMM+RS's is vLLM's
+    # model-level-SP reduce-scatter (its custom backends, reduce_scatter_dispatch) or NCCL's.
+    # `norm_after` (GEMM+AR at a model's call site): both arms end with vLLM's residual-add RMSNorm;
+    # the unfused arm runs it inside FlashInfer's fused all-reduce+RMSNorm where vLLM's pass fuses
+    # (messages <= `fi_max_bytes`, None: vLLM's table), the kernel arm alone, since the kernel's
+    # all-reduce is invisible to the fusion pass.
     op, n, k, tp, weights, norm_after = (
         gemm.op,
         gemm.n,
@@ -917,9 +917,9 @@ def kernel_pair(
 
 
 def unfused_all_reduce_norm_s(hw: Hw, rows: Arr, hidden: int, tp: int, *, vllm: Vllm) -> Arr:
-    """The all-reduce + RMSNorm unit without FlashInfer's fusion: vLLM's next all-reduce for rows·H
-    activations, then the RMSNorm kernel (s; docs/model.md §3-4; the one home of this unit outside
-    the schedules)."""
+    """The all-reduce + RMSNorm unit without FlashInfer's fusion (s; §4)."""
+    # vLLM's next all-reduce for rows·H activations, then the RMSNorm kernel (§3); the one home of
+    # this unit outside the schedules.
     t_ar = plain_all_reduce(hw, rows * (hidden * hw.act_bytes), tp, vllm=vllm).t_s
     return t_ar + hw.t_mem(F.rms_norm_bytes(rows, hidden, hw.act_bytes, hw.mode.quant_bytes))
 
@@ -927,16 +927,16 @@ def unfused_all_reduce_norm_s(hw: Hw, rows: Arr, hidden: int, tp: int, *, vllm: 
 def plain_all_reduce(
     hw: Hw, msg_bytes: Arr, tp: int, *, vllm: Vllm, cross_host: bool = False
 ) -> AllReduce:
-    """vLLM's tensor_model_parallel_all_reduce with no norm to fuse: its dispatch without FlashInfer
-    (docs/model.md §4)."""
+    """vLLM's all-reduce with no norm to fuse: its dispatch without FlashInfer (§4)."""
+    # tensor_model_parallel_all_reduce.
     return all_reduce_dispatch(
         hw, msg_bytes, tp, False, fi_max_bytes=0, vllm=vllm, cross_host=cross_host
     )
 
 
 def has_multicast(profile: HardwareProfile) -> bool:
-    """The GPUs of one domain share an NVLink multicast (NVLS) address space
-    (interconnect.multicast)."""
+    """The GPUs of one domain share an NVLink multicast (NVLS) address space (§6b)."""
+    # interconnect.multicast.
     return bool(int(profile.interconnect.multicast))
 
 
@@ -945,8 +945,9 @@ def has_multicast(profile: HardwareProfile) -> bool:
 
 
 class ArTailPair(NamedTuple):
-    """The fused kernel against its unfused arm, per call over token counts, with the terms that
-    decide (s)."""
+    """The fused kernel against its unfused arm, per call over token counts (s; §4b)."""
+
+    # With the terms that decide.
 
     fused_s: Any
     unfused_s: Any
@@ -965,10 +966,11 @@ class ArTailPair(NamedTuple):
 def ar_tail_pair(
     hw: Hw, tail: ArTail, n: Arr, tp: int, *, vllm: Vllm, cross_host: bool = False
 ) -> ArTailPair:
-    """The fused finalize + one-shot all-reduce kernel against finalize, [add,] all-reduce[+norm][,
-    quant] (s per call; docs/model.md §4b). The fused kernel does at least the one-shot all-reduce
-    of n·H·b (the profile's flashinfer_ar_rmsnorm, Lamport one-shot), plus the routed rows it reads
-    beyond that curve's own input."""
+    """Fused MoE finalize + one-shot all-reduce against its unfused arm (s per call; §4b)."""
+    # The fused finalize + one-shot all-reduce kernel against finalize, [add,] all-reduce[+norm][,
+    # quant] (s per call; docs/model.md §4b). The fused kernel does at least the one-shot all-reduce
+    # of n·H·b (the profile's flashinfer_ar_rmsnorm, Lamport one-shot), plus the routed rows it
+    # reads beyond that curve's own input.
     n = np.atleast_1d(np.asarray(n, dtype=float))
     h, b, rho = tail.hidden, hw.act_bytes, tail.routed_rows
     msg = n * (h * b)
@@ -1013,8 +1015,7 @@ P2P_PUT_CHUNKS = 64.0  # a put overlaps many tiles: P -> max(g', L)
 
 @dataclasses.dataclass(frozen=True)
 class P2pKernel:
-    """One fused GEMM+collective kernel without multimem: its design and its terms (docs/model.md
-    §6c)."""
+    """One fused GEMM+collective kernel without multimem: its design and its terms (§6c)."""
 
     ring: bool  # a ring: W−1 transfers, one shard a step; else a put: one transfer, many tiles
     link_efficiency: (
@@ -1027,9 +1028,9 @@ class P2pKernel:
 
 
 def t_p2p_fused_s(hw: Hw, kern: P2pKernel, op: str, m: Arr, n: int, k: int, tp: int) -> Arr:
-    """t = c + P + α·(g' + L − P) of one P2P kernel over m rows (s; docs/model.md §6c):
-    formulas.t_fused_kernel_s, L the collective's (W−1)/W·S over the links at η·peak plus one λ per
-    step."""
+    """t = c + P + α·(g' + L − P) of one P2P kernel over m rows (s; §6c)."""
+    # formulas.t_fused_kernel_s, L the collective's (W−1)/W·S over the links at η·peak plus one λ
+    # per step.
     g = hw.t_gemm(m, n, k)
     link = hw.p.interconnect.link_bw_bytes_per_s
     steps_latency = (tp - 1 if kern.ring else 1) * kern.step_latency_s

@@ -1,4 +1,4 @@
-"""Plots (matplotlib is an optional extra, imported only here)."""
+"""Plots; matplotlib is an optional extra, imported only here (docs/model.md §9)."""
 
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ def _finish(plt: Any, fig: Any, ax: Any, path: str) -> None:
 
 
 def whatif_series(a: Any) -> dict:
-    """What plot_whatif draws: N (a geometric grid of multiples of tp to 65536), both speedup curves
-    (NaN where a schedule cannot run), the cutoff and its band, the token budget and the 1 + margin
-    line."""
+    """What plot_whatif draws: both speedup curves, the cutoff and its band (§9)."""
+    # N on a geometric grid of multiples of tp to 65536, NaN where a schedule cannot run, the token
+    # budget and the 1 + margin line.
     from .analysis import curve
 
     n = np.unique(np.round(np.geomspace(a.run.tp, 65536, 400) / a.run.tp) * a.run.tp)
@@ -51,7 +51,7 @@ def whatif_series(a: Any) -> dict:
 
 
 def plot_whatif(a: Any, path: str) -> None:
-    """Speedup vs N for sp and sp_asynctp, the cutoff and its band marked (whatif_series)."""
+    """Speedup vs N for sp and sp_asynctp, the cutoff and its band marked (§9)."""
     plt = pyplot()
     s = whatif_series(a)
     n = s["num_tokens"]
@@ -78,9 +78,9 @@ def plot_whatif(a: Any, path: str) -> None:
 
 
 def plot_collective_log(rows: list[dict], title: str, path: str) -> None:
-    """Measured and predicted busBW over message size (log axes): NCCL's predicted curve against the
-    log's NCCL run, vLLM's dispatched implementation beside it, and the sizes where vLLM's dispatch
-    changes implementation marked."""
+    """Measured and predicted busBW over message size, vLLM's dispatch changes marked (§4)."""
+    # Log axes: NCCL's predicted curve against the log's NCCL run, vLLM's dispatched implementation
+    # beside it.
     plt = pyplot()
     size = np.array([r["size_bytes"] for r in rows], dtype=float)
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
@@ -126,8 +126,7 @@ def plot_dbo(
     title: str,
     path: str,
 ) -> None:
-    """One phase's step time over tokens per rank, DBO off and on, its crossover and its decided
-    threshold."""
+    """One phase's step time over tokens per rank, DBO off and on, crossover and threshold (§12)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     ax.plot(tokens, np.asarray(t_off_s) * 1e3, label="DBO off")

@@ -1,9 +1,10 @@
-"""Hardware profiles, the public API (docs/profiles.md): one versioned TOML file per GPU, parsed
-once into frozen typed dataclasses; every number keeps its source and tier. Its jobs, one module
-each: profile_schema (the tables and the typed profile; adding a table is one dataclass and one
-HardwareProfile field), profile_ranges (plausible ranges and the one value check), profile_load
-(TOML in and out, the built-ins, `--gpu auto`) and profile_overrides (--set, and the recording copy
-that says what one model call read)."""
+"""Hardware profiles, the public API: re-exports of the four profile modules (§17)."""
+# Hardware profiles, the public API (docs/profiles.md): one versioned TOML file per GPU, parsed
+# once into frozen typed dataclasses; every number keeps its source and tier. Its jobs, one module
+# each: profile_schema (the tables and the typed profile; adding a table is one dataclass and one
+# HardwareProfile field), profile_ranges (plausible ranges and the one value check), profile_load
+# (TOML in and out, the built-ins, `--gpu auto`) and profile_overrides (--set, and the recording
+# copy that says what one model call read).
 
 from __future__ import annotations
 

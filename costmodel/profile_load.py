@@ -1,6 +1,7 @@
-"""Profiles in and out: a TOML tree checked into the typed profile (profile_from_dict), the
-built-ins, a file, the local GPU's (`--gpu auto`, TPCOST_PROFILE), and a profile back to its tree
-(docs/profiles.md)."""
+"""Profiles in and out: TOML tree to typed profile, built-ins, `--gpu auto`, and back (§17)."""
+# Profiles in and out: a TOML tree checked into the typed profile (profile_from_dict), the built-
+# ins, a file, the local GPU's (`--gpu auto`, TPCOST_PROFILE), and a profile back to its tree
+# (docs/profiles.md).
 
 from __future__ import annotations
 
@@ -159,7 +160,7 @@ def _check_multicast_stated(leaves: Mapping[str, Any], where: str) -> None:
 
 
 def profile_from_dict(tree: Mapping[str, Any], origin: str) -> HardwareProfile:
-    """Validate a parsed TOML tree and build the typed profile; errors name the file and the key."""
+    """Validate a parsed TOML tree and build the typed profile; errors name file and key (§17)."""
     where = origin
     if tree.get("schema_version") != SCHEMA_VERSION:
         raise TpcostError(
@@ -272,8 +273,7 @@ def _builtin_profile(name: str) -> HardwareProfile:
 
 
 def load_profile(name_or_path: str) -> HardwareProfile:
-    """Load a built-in profile by name or a TOML file by path (read with tomllib; never
-    eval/pickle)."""
+    """Load a built-in profile by name or a TOML file by path (tomllib; never eval; §17)."""
     names = builtin_profile_names()
     if name_or_path in names:
         return _builtin_profile(name_or_path)
@@ -312,19 +312,19 @@ def _toml_depth(text: str) -> int:
 
 
 def dump_profile(tree: Mapping[str, Any]) -> str:
-    """TOML text of a profile tree (tomli_w is imported here only: writing is not on the config
-    path)."""
+    """TOML text of a profile tree (§17)."""
+    # tomli_w is imported here only: writing is not on the config path.
     import tomli_w
 
     return tomli_w.dumps(dict(tree), multiline_strings=False)
 
 
 def match_profile(device_name: str, capability: str | None = None) -> str | None:
-    """The built-in profile for a device: the first with one of its device_name_patterns in the name
-    as a whole word (no letter or digit either side: "B200" is not in "NVIDIA GB200", nor "H20" in
-    "NVIDIA H200"), else the one with the same compute capability ('major.minor'); None if neither
-    matches. The one matching rule (the CLI, the vLLM plugin and calib's single-GPU check all use
-    it)."""
+    """The built-in profile for a device name and capability, None if none matches (§17)."""
+    # the first with one of its device_name_patterns in the name as a whole word (no letter or digit
+    # either side: "B200" is not in "NVIDIA GB200", nor "H20" in "NVIDIA H200"), else the one with
+    # the same compute capability ('major.minor'); None if neither matches. The one matching rule
+    # (the CLI, the vLLM plugin and calib's single-GPU check all use it).
     import re
 
     profiles = [load_profile(n) for n in builtin_profile_names()]
@@ -354,15 +354,15 @@ def _env_profile() -> tuple[str, HardwareProfile] | None:
 
 
 def detect_profile() -> HardwareProfile:
-    """`--gpu auto`, loaded once: $TPCOST_PROFILE (a built-in name or a .toml path), else the
-    built-in profile matching the local GPU; one clear error without a GPU."""
+    """`--gpu auto`, loaded once: $TPCOST_PROFILE, else the local GPU's profile (§17)."""
+    # $TPCOST_PROFILE: a built-in name or a .toml path; one clear error without a GPU.
     env = _env_profile()
     return env[1] if env else load_profile(detect_profile_name())
 
 
 def detect_profile_name() -> str:
-    """`--gpu auto` as a --gpu value: $TPCOST_PROFILE (checked), else the built-in profile matching
-    the local GPU; one clear error without a GPU."""
+    """`--gpu auto` as a --gpu value: $TPCOST_PROFILE (checked), else the local GPU's (§17)."""
+    # One clear error without a GPU.
     env = _env_profile()
     if env:
         return env[0]
@@ -382,12 +382,12 @@ def detect_profile_name() -> str:
 
 
 def profile_to_tree(profile: HardwareProfile, name: str | None = None) -> dict:
-    """A TOML tree of `profile` as it stands (after any --set): every value with its own source and
-    tier. Values of one table that share (source, tier, σ) stay together; the others go to
-    `_`-prefixed sub-tables, which the loader folds back into the same keys (the schema at the top
-    of this module); each is named after the values it holds
-    (`[collectives.nccl_all_reduce.tp8._latency_s]`), so the file speaks the public schema, never a
-    counter."""
+    """A TOML tree of `profile` as it stands (after any --set), with provenance (§17)."""
+    # every value with its own source and tier. Values of one table that share (source, tier, σ)
+    # stay together; the others go to `_`-prefixed sub-tables, which the loader folds back into the
+    # same keys (the schema at the top of this module); each is named after the values it holds
+    # (`[collectives.nccl_all_reduce.tp8._latency_s]`), so the file speaks the public schema, never
+    # a counter.
     tree: dict = {"schema_version": SCHEMA_VERSION}
 
     def node(path):

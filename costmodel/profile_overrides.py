@@ -1,6 +1,7 @@
-"""What-ifs on a profile: --set (parse_set, with_overrides: the link carries its dependants) and the
-recording copy that says which keys one model call read, so a key with no effect is refused
-(docs/profiles.md)."""
+"""What-ifs on a profile: --set and the recording copy of one model call (§17)."""
+# What-ifs on a profile: --set (parse_set, with_overrides: the link carries its dependants) and
+# the recording copy that says which keys one model call read, so a key with no effect is refused
+# (docs/profiles.md).
 
 from __future__ import annotations
 
@@ -42,9 +43,9 @@ class _Recorder:
 
 
 def recording(profile: HardwareProfile) -> tuple[HardwareProfile, set[str]]:
-    """(a copy of `profile` that records reads, the set it records into): what the model reads for
-    one query, which is how --set finds keys with no effect. The copy is for that one prediction
-    only."""
+    """(a copy of `profile` that records reads, the set it records into), for one query (§17)."""
+    # What the model reads for one query is how --set finds keys with no effect. The copy is for
+    # that one prediction only.
     reads: set[str] = set()
 
     def rec(obj, path) -> Any:  # a _Recorder stands in for the section it wraps (duck-typed)
@@ -70,12 +71,12 @@ def recording(profile: HardwareProfile) -> tuple[HardwareProfile, set[str]]:
 def with_overrides(
     profile: HardwareProfile, values: Mapping[str, float], source: str = "--set by user"
 ) -> HardwareProfile:
-    """--set semantics: plain replacement, except that the link itself carries its dependants along.
-
-    `interconnect.link_bw_bytes_per_s` scales every collective's bus bandwidth and the copy-engine
-    pull bandwidth by new/old; `interconnect.latency_s` shifts every collective latency and the pull
-    latency by new − old (floored at 0). A dependant also given explicitly keeps the explicit
-    value."""
+    """--set: plain replacement, but the link carries its dependants along (§17)."""
+    # --set semantics: plain replacement, except that the link itself carries its dependants along.
+    # `interconnect.link_bw_bytes_per_s` scales every collective's bus bandwidth and the copy-engine
+    # pull bandwidth by new/old; `interconnect.latency_s` shifts every collective latency and the
+    # pull latency by new − old (floored at 0). A dependant also given explicitly keeps the explicit
+    # value.
     for k in values:  # an unknown key is named as such, before any range is looked up for it
         if k.startswith(f"{MEASURED_TABLE}."):
             raise TpcostError(
@@ -123,7 +124,7 @@ def with_overrides(
 
 
 def parse_set(items: list[str]) -> dict[str, float]:
-    """Parse --set QUANTITY=VALUE items (plain floats only; no eval)."""
+    """Parse --set QUANTITY=VALUE items (plain floats only; no eval; §17)."""
     out = {}
     for item in items:
         key, sep, val = item.partition("=")

@@ -1,6 +1,7 @@
-"""Profile values' plausible ranges (costmodel/value_ranges.toml) and the one check every value
-passes: on load, after every --set and on what calibration writes (docs/profiles.md "Plausible
-ranges")."""
+"""Profile values' plausible ranges and the one check every value passes (§17)."""
+# Profile values' plausible ranges (costmodel/value_ranges.toml) and the one check every value
+# passes: on load, after every --set and on what calibration writes (docs/profiles.md "Plausible
+# ranges").
 
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ INTEGER_PARAMS = (
 
 @dataclasses.dataclass(frozen=True)
 class ValueRange:
-    """The plausible range of one profile quantity: lo <= v <= hi (lo excluded when lo_open), in SI
-    units."""
+    """The plausible range of one profile quantity: lo <= v <= hi, SI (§17)."""
+
+    # lo excluded when lo_open.
 
     lo: float
     hi: float
@@ -77,7 +79,8 @@ _RANGE_RES = tuple((re.compile(pat), r) for pat, r in VALUE_RANGES)
 
 
 def value_range(key: str) -> ValueRange:
-    """The plausible range of the quantity at dotted `key` (first matching VALUE_RANGES pattern)."""
+    """The plausible range of the quantity at dotted `key` (first matching pattern; §17)."""
+    # VALUE_RANGES.
     for rx, r in _RANGE_RES:
         if rx.fullmatch(key):
             return r
@@ -150,9 +153,9 @@ def _si_hint(key: str, v: float, r: Any) -> str:
 
 
 def check_params(values: Mapping[str, Any], where: str) -> None:
-    """One validation path for every profile value, run on load, after every override and on what
-    calibration writes: finite, inside its plausible range (VALUE_RANGES), counts and tile sizes
-    integers."""
+    """The one validation of every profile value: finite, plausible, integers where counts (§17)."""
+    # Run on load, after every override and on what calibration writes: finite, inside its plausible
+    # range (VALUE_RANGES), counts and tile sizes integers.
     for k, v in values.items():
         if k.startswith("vllm_dispatch."):
             raise TpcostError(f"{where}: {k}: {NO_DISPATCH_TABLE}")
@@ -170,7 +173,7 @@ def check_params(values: Mapping[str, Any], where: str) -> None:
 
 
 def check_uncertainty(key: str, u: Any, where: str) -> float:
-    """A fitted relative 1-sigma: a finite number in [0, 1]."""
+    """A fitted relative 1-sigma: a finite number in [0, 1] (§17)."""
     if isinstance(u, bool) or not isinstance(u, (int, float)):
         raise TpcostError(f"{where}: uncertainty_rel of {key} must be a number, got {u!r}")
     try:

@@ -1,25 +1,26 @@
-"""The profile schema: versioned TOML, parsed once into frozen typed dataclasses; every number keeps
-its source and tier.
-
-Schema (version 1). A profile is a tree of TOML tables, one per dataclass below (`[gemm]` is `Gemm`,
-`[collectives.<impl>.tp<W>]` a `Collective`). A profile holds hardware only: vLLM's dispatch limits
-are code of vLLM's, derived per version by costmodel.vllm_tables.dispatch. Every table that holds
-numeric leaves also holds `source` (URL, `../shared/reference` source_id, or calibration provenance)
-and `tier` (one of TIERS); the numeric leaves of that table share them. A sub-table whose name
-starts with `_` only groups values that share a source: its leaves belong to the parent table
-(`[gemm._tile] tile_m = 128` is `gemm.tile_m`). An optional sub-table `uncertainty_rel` gives a
-fitted relative 1-sigma per leaf. String leaves (`kind`, `vendor`, ...) are typed fields without
-provenance; the `[calibration]` table holds free strings (what a calibration run measured and kept).
-An optional `[measured.<impl>.tp<W>]` table holds the points of one measured NCCL collective
-(`msg_bytes`, `time_s`: arrays, sizes increasing; `source`): between them the model interpolates the
-measurement (MeasuredCurve). Keys are dotted paths: `collectives.nccl_all_reduce.tp4.latency_s`
-names `profile.collectives["nccl_all_reduce"][4].latency_s`. A key the schema does not have is an
-error.
-
-The model reads the typed fields only. `HardwareProfile.with_values` is the one way to make a new
-profile from another (--set, the Monte Carlo band, calibration); `provenance` maps every dotted
-numeric key to its Provenance. See docs/model.md for each quantity.
-"""
+"""The profile schema: versioned TOML into frozen typed dataclasses (docs/model.md §17)."""
+# The profile schema: versioned TOML, parsed once into frozen typed dataclasses; every number
+# keeps its source and tier.
+#
+# Schema (version 1). A profile is a tree of TOML tables, one per dataclass below (`[gemm]` is
+# `Gemm`, `[collectives.<impl>.tp<W>]` a `Collective`). A profile holds hardware only: vLLM's
+# dispatch limits are code of vLLM's, derived per version by costmodel.vllm_tables.dispatch. Every
+# table that holds numeric leaves also holds `source` (URL, `../shared/reference` source_id, or
+# calibration provenance) and `tier` (one of TIERS); the numeric leaves of that table share them.
+# A sub-table whose name starts with `_` only groups values that share a source: its leaves belong
+# to the parent table (`[gemm._tile] tile_m = 128` is `gemm.tile_m`). An optional sub-table
+# `uncertainty_rel` gives a fitted relative 1-sigma per leaf. String leaves (`kind`, `vendor`,
+# ...) are typed fields without provenance; the `[calibration]` table holds free strings (what a
+# calibration run measured and kept). An optional `[measured.<impl>.tp<W>]` table holds the points
+# of one measured NCCL collective (`msg_bytes`, `time_s`: arrays, sizes increasing; `source`):
+# between them the model interpolates the measurement (MeasuredCurve). Keys are dotted paths:
+# `collectives.nccl_all_reduce.tp4.latency_s` names
+# `profile.collectives["nccl_all_reduce"][4].latency_s`. A key the schema does not have is an
+# error.
+#
+# The model reads the typed fields only. `HardwareProfile.with_values` is the one way to make a
+# new profile from another (--set, the Monte Carlo band, calibration); `provenance` maps every
+# dotted numeric key to its Provenance. See docs/model.md for each quantity.
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ Num = Any  # a float, or an array of Monte Carlo draws of shape (D, 1) (the cuto
 
 @dataclasses.dataclass(frozen=True)
 class Provenance:
-    """Where one numeric value came from."""
+    """Where one numeric value came from (§17)."""
 
     source: str  # URL, ../shared/reference source_id, or calibration run
     tier: str  # one of TIERS
@@ -72,8 +73,8 @@ class Provenance:
 
     @property
     def sigma_rel(self) -> float:
-        """The fit's own relative sigma where one was recorded (calibrated or fitted values), else
-        the tier's."""
+        """The fit's own relative sigma where recorded, else the tier's (§17)."""
+        # Recorded for calibrated or fitted values.
         if self.uncertainty_rel is not None and self.tier in (
             "calibrated",
             "published-measurement",
@@ -106,7 +107,7 @@ class PeakFlops:
 
 @dataclasses.dataclass(frozen=True)
 class Compute:
-    """[compute]."""
+    """[compute] (§2)."""
 
     peak_flops_per_s: PeakFlops
 
@@ -161,14 +162,13 @@ class Interconnect:
     multicast: Num = 0
 
     def gpus_per_host(self) -> int:
-        """GPUs on one host: the domain's share of each of its hosts."""
+        """GPUs on one host: the domain's share of each of its hosts (§11.5)."""
         return max(1, int(self.domain_size) // max(1, int(self.domain_hosts)))
 
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
-    """[collectives.<impl>.tp<W>]: one collective implementation at W ranks, as t = α +
-    factor·S/busBW (§4)."""
+    """[collectives.<impl>.tp<W>]: one implementation at W ranks, t = α + factor·S/busBW (§4)."""
 
     latency_s: Num  # α (s)
     bus_bw_bytes_per_s: Num  # nccl-tests bus bandwidth (bytes/s)
@@ -192,11 +192,13 @@ class AsyncTP:
 
 @dataclasses.dataclass(frozen=True)
 class FusedKernel:
-    """[fused_kernel]: a persistent single-kernel fused GEMM + reduce-scatter / all-reduce over an
-    NVLS multicast workspace (vLLM's CuTe `gemm_rs_ar`; docs/model.md §6b), on this hardware.
-    Optional: only profiles whose hardware has NVLink multicast carry the table. Hardware terms:
-    link_efficiency, multicast_latency_s; the kernel's own: the rest (its tiles and bytes in flight
-    are code: costmodel/ops.py)."""
+    """[fused_kernel]: the single-kernel fused GEMM+RS/AR's terms on this hardware (§6b)."""
+
+    # [fused_kernel]: a persistent single-kernel fused GEMM + reduce-scatter / all-reduce over an
+    # NVLS multicast workspace (vLLM's CuTe `gemm_rs_ar`; docs/model.md §6b), on this hardware.
+    # Optional: only profiles whose hardware has NVLink multicast carry the table. Hardware terms:
+    # link_efficiency, multicast_latency_s; the kernel's own: the rest (its tiles and bytes in
+    # flight are code: costmodel/ops.py).
 
     fixed_s: Num  # per call: launch, workspace flags and the exit barrier (s)
     # GEMM+AR's extra per call: the system-scope release that flushes its multimem stores (s)
@@ -235,10 +237,11 @@ MEASURED_MAX_POINTS = 4096
 
 @dataclasses.dataclass(frozen=True)
 class MeasuredCurve:
-    """[measured.<impl>.tp<W>]: one collective as a calibration measured it, point by point
-    (nccl-tests' sizes and times). The model interpolates between the points (log-log), follows the
-    fitted curve's growth above the largest, and uses the fitted curve below the smallest
-    (ops.measured_or_fitted; docs/profiles.md)."""
+    """[measured.<impl>.tp<W>]: one collective as a calibration measured it, point by point (§4)."""
+
+    # nccl-tests' sizes and times. The model interpolates between the points (log-log), follows the
+    # fitted curve's growth above the largest, and uses the fitted curve below the smallest
+    # (ops.measured_or_fitted; docs/profiles.md).
 
     msg_bytes: tuple[float, ...]  # increasing message sizes (bytes, nccl-tests' size column)
     time_s: tuple[float, ...]  # the measured time at each (s)
@@ -246,8 +249,8 @@ class MeasuredCurve:
 
     @classmethod
     def from_points(cls, points, source: str) -> MeasuredCurve:
-        """The curve of (size bytes, time s) pairs in any order: one time per size (a size timed
-        twice: the faster), sizes increasing."""
+        """The curve of (size bytes, time s) pairs in any order, sizes increasing (§4)."""
+        # One time per size: a size timed twice keeps the faster.
         best: dict[float, float] = {}
         for size, t in points:
             best[float(size)] = min(float(t), best.get(float(size), float(t)))
@@ -348,8 +351,10 @@ USER_SET = Provenance("--set by user", "assumed")
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class HardwareProfile:
-    """A GPU (or CPU host) described as typed data. Built only by profile_from_dict (a TOML tree)
-    and with_values (a new profile from this one); the model reads the section fields."""
+    """A GPU (or CPU host) described as typed data (§17)."""
+
+    # Built only by profile_from_dict (a TOML tree) and with_values (a new profile from this one);
+    # the model reads the section fields.
 
     origin: str  # "built-in:<name>" or a file path
     identity: Identity
@@ -386,8 +391,8 @@ class HardwareProfile:
         return self.interconnect.kind
 
     def leaves(self) -> Mapping[str, Any]:
-        """Every field as dotted key -> value, numbers and strings (None fields left out), in schema
-        order."""
+        """Every field as dotted key -> value, numbers and strings, in schema order (§17)."""
+        # None fields left out.
         return self._leaves
 
     @functools.cached_property
@@ -413,21 +418,21 @@ class HardwareProfile:
         return MappingProxyType(out)
 
     def values(self) -> dict[str, Any]:
-        """Every numeric quantity as dotted key -> value (the --set / calibration vocabulary)."""
+        """Every numeric quantity as dotted key -> value (the --set vocabulary; §17)."""
         return {k: v for k, v in self._leaves.items() if k in self.provenance}
 
     def value(self, key: str) -> Any:
-        """The value of numeric quantity `key` (dotted) — for --set, the band and reports; the model
-        reads fields."""
+        """The value of numeric quantity `key` (dotted), for --set, the band and reports (§17)."""
+        # The model reads fields.
         if key not in self.provenance:
             raise TpcostError(f"profile {self.name!r} has no quantity {key!r}")
         return self._leaves[key]
 
     def collective(self, impl: str, tp: int) -> tuple[Any, Any]:
-        """(latency_s, bus_bw_bytes_per_s) of collective `impl` at TP size `tp`: the entry for `tp`
-        if present, else the nearest listed TP size (larger preferred), through
-        formulas.collective_beyond_domain beyond the interconnect domain (the profile's network: its
-        NICs at their RDMA efficiency, one RDMA hop)."""
+        """(latency_s, bus_bw_bytes_per_s) of collective `impl` at TP size `tp` (§4)."""
+        # the entry for `tp` if present, else the nearest listed TP size (larger preferred), through
+        # formulas.collective_beyond_domain beyond the interconnect domain (the profile's network:
+        # its NICs at their RDMA efficiency, one RDMA hop).
         from .formulas import collective_beyond_domain
 
         c = self.collectives[impl][self.collective_entry_tp(impl, tp)]
@@ -443,8 +448,8 @@ class HardwareProfile:
         )
 
     def with_network(self, name_or_path: str) -> HardwareProfile:
-        """This profile with another network between its domains (a built-in name or a network file,
-        checked now)."""
+        """This profile with another network between its domains, checked now (§11.5)."""
+        # A built-in name or a network file.
         from .network import load_network
 
         load_network(name_or_path)
@@ -453,8 +458,8 @@ class HardwareProfile:
         )
 
     def network(self):
-        """The costmodel.network.Network between this GPU's domains (interconnect.network), or one
-        line saying there is none."""
+        """The Network between this GPU's domains, or one line saying there is none (§11.5)."""
+        # interconnect.network.
         from .network import load_network
 
         name = self.interconnect.network
@@ -466,8 +471,8 @@ class HardwareProfile:
         return load_network(name)
 
     def collective_entry_tp(self, impl: str, tp: int) -> int:
-        """The TP size whose `collectives.<impl>` entry serves `tp`: tp itself, else the nearest
-        (larger preferred)."""
+        """The TP size whose `collectives.<impl>` entry serves `tp` (§4)."""
+        # tp itself, else the nearest (larger preferred).
         tps = self.collective_tps(impl)
         if not tps:
             raise TpcostError(f"profile {self.name!r} has no collective {impl!r}")
@@ -481,8 +486,7 @@ class HardwareProfile:
 
     @property
     def tier(self) -> str:
-        """Lowest provenance tier among the parameters the model uses (the profile's weakest
-        link)."""
+        """Lowest provenance tier among the parameters the model uses (the weakest link; §17)."""
         used = [
             p.tier for k, p in self.provenance.items() if not k.startswith(UNPERTURBED_PREFIXES)
         ]
@@ -509,16 +513,15 @@ class HardwareProfile:
         drop: tuple[str, ...] = (),
         measured: Mapping[str, Mapping[int, MeasuredCurve]] | None = None,
     ) -> HardwareProfile:
-        """A new profile with some values replaced: the one way --set, the Monte Carlo band and
-        calibration make one.
-
-        `provenance`: of every new value (one Provenance), per key (a mapping), or None to keep each
-        key's own (the band's draws). `mark_modified` records the keys as --set. `new_keys_ok` lets
-        calibration add a schema key the profile lacks (a collective at a new TP size). Plain
-        numbers are range-checked (check_params) every time; draws are checked where they are made.
-        `drop`: tables (dotted prefixes) removed first, values and provenance (calibration: NCCL
-        regime curves the run's own curve replaces; --set: the measured points it replaces).
-        `measured`: measured curves added or replaced (calibration from nccl-tests)."""
+        """A new profile with some values replaced: for --set, the band and calibration (§17)."""
+        # the one way --set, the Monte Carlo band and calibration make one. `provenance`: of every
+        # new value (one Provenance), per key (a mapping), or None to keep each key's own (the
+        # band's draws). `mark_modified` records the keys as --set. `new_keys_ok` lets calibration
+        # add a schema key the profile lacks (a collective at a new TP size). Plain numbers are
+        # range-checked (check_params) every time; draws are checked where they are made. `drop`:
+        # tables (dotted prefixes) removed first, values and provenance (calibration: NCCL regime
+        # curves the run's own curve replaces; --set: the measured points it replaces). `measured`:
+        # measured curves added or replaced (calibration from nccl-tests).
         gone = tuple(d + "." for d in drop)
         leaves = {k: v for k, v in self._leaves.items() if not k.startswith(gone)}
         prov = {k: v for k, v in self.provenance.items() if not k.startswith(gone)}

@@ -1,4 +1,4 @@
-"""Model shapes from HF config.json (llama/qwen/mistral-style dense; MoE fields recognised)."""
+"""Model shapes from HF config.json: dense, MoE, and the kernel families (docs/model.md §13)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ DTYPES = (
 
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
-    """The dimensions of a decoder-only transformer that the cost model needs."""
+    """The dimensions of a decoder-only transformer that the cost model needs (§13)."""
 
     name: str
     hidden: int
@@ -60,7 +60,7 @@ class ModelShape:
         return self.num_experts > 0
 
     def check_tp(self, tp: int) -> None:
-        """Raise TpcostError unless this model can be split `tp` ways as vLLM shards it."""
+        """Raise TpcostError unless this model can be split `tp` ways as vLLM shards it (§13)."""
         if not isinstance(tp, int) or tp < 1:
             raise TpcostError(f"--tp must be an integer >= 1, got {tp}")
         if self.hidden % tp:
@@ -83,7 +83,7 @@ class ModelShape:
             )
 
     def kv_heads_per_rank(self, tp: int) -> int:
-        """vLLM replicates KV heads when tp > num_kv_heads: max(1, kv/tp) per rank."""
+        """vLLM replicates KV heads when tp > num_kv_heads: max(1, kv/tp) per rank (§5)."""
         return max(1, self.num_kv_heads // tp)
 
 
@@ -128,7 +128,7 @@ def _int(cfg: Mapping[str, Any], key: str, where: str, default=None) -> int:
 
 
 def shape_from_config(cfg: Mapping[str, Any], name: str, where: str | None = None) -> ModelShape:
-    """Build a ModelShape from a parsed HF config (nested `text_config` is used when present)."""
+    """Build a ModelShape from a parsed HF config (its `text_config` where nested; §13)."""
     where = where or name
     if not isinstance(cfg, dict):
         raise TpcostError(f"{where}: config.json must hold a JSON object")
@@ -219,7 +219,7 @@ def shape_from_config(cfg: Mapping[str, Any], name: str, where: str | None = Non
 
 
 def all_builtin_model_names() -> list[str]:
-    """Every built-in config: the TP path's and the EP step's (MLA models, `tpcost ep`)."""
+    """Every built-in config: the TP path's and the EP step's (MLA models, `tpcost ep`; §13)."""
     return sorted(
         p.name[:-5]
         for p in resources.files("costmodel.models").iterdir()
@@ -228,13 +228,12 @@ def all_builtin_model_names() -> list[str]:
 
 
 def builtin_model_names() -> list[str]:
-    """The built-in models the TP path (whatif, op, vllm-config) prices: all but the MLA ones, which
-    `ep` prices."""
+    """The built-in models the TP path prices: all but the MLA ones, which `ep` prices (§13)."""
     return [n for n in all_builtin_model_names() if not builtin_model_config(n).get("kv_lora_rank")]
 
 
 def builtin_ep_model_names() -> list[str]:
-    """The built-in MoE models the EP step prices."""
+    """The built-in MoE models the EP step prices (§13)."""
     return [
         n
         for n in all_builtin_model_names()
@@ -249,8 +248,7 @@ def builtin_model_config(name: str) -> dict:
 
 
 def load_model_config(name_or_path: str) -> tuple[dict, str, str]:
-    """(config, model name, where it came from) of a built-in model, a config.json path, or a
-    directory holding one."""
+    """(config, name, origin) of a built-in model, a config.json path or its directory (§13)."""
     if name_or_path in all_builtin_model_names():
         return builtin_model_config(name_or_path), name_or_path, name_or_path
     path = Path(name_or_path)
@@ -299,8 +297,8 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
 def hf_hub_cache() -> Path:
-    """The Hugging Face hub cache, by its own conventions: $HF_HUB_CACHE, else $HF_HOME/hub, else
-    ~/.cache/huggingface/hub."""
+    """The Hugging Face hub cache: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache (§13)."""
+    # ~/.cache/huggingface/hub, by the hub's own conventions.
     import os
 
     if os.environ.get("HF_HUB_CACHE"):
@@ -310,9 +308,9 @@ def hf_hub_cache() -> Path:
 
 
 def hf_cache_config(hub_id: str) -> tuple[Path, str]:
-    """(the config.json of `hub_id` in the local cache, its snapshot revision), offline:
-    models--org--name, refs/main's revision (else the one snapshot there); one line naming what to
-    do where it is not cached."""
+    """(config.json of `hub_id` in the local cache, its snapshot revision), offline (§13)."""
+    # models--org--name, refs/main's revision (else the one snapshot there); one line naming what to
+    # do where it is not cached.
     cache = hf_hub_cache()
     repo = cache / ("models--" + hub_id.replace("/", "--"))
     rev = ""
@@ -352,7 +350,7 @@ def hf_cache_config(hub_id: str) -> tuple[Path, str]:
 
 
 def load_model(name_or_path: str) -> ModelShape:
-    """A built-in model by name, a config.json path, or a directory holding config.json."""
+    """A built-in model by name, a config.json path, or a directory holding config.json (§13)."""
     cfg, name, where = load_model_config(name_or_path)
     return shape_from_config(cfg, name, where)
 
@@ -378,7 +376,7 @@ MUSE_TYPES = ("muse_spark",)
 
 @dataclasses.dataclass(frozen=True)
 class CallSite:
-    """One GEMM that ends in the kernel's collective, and how often it runs per forward."""
+    """One GEMM that ends in the kernel's collective, and how often it runs per forward (§15)."""
 
     name: str
     n: int  # output width (the hidden size)
@@ -405,8 +403,7 @@ class CallSite:
 
 @dataclasses.dataclass(frozen=True)
 class ArTail:
-    """What a model's one-shot Lamport all-reduce kernel also does, and what its unfused arm runs
-    instead (docs/model.md §4b)."""
+    """What a model's one-shot all-reduce kernel also does, and its unfused arm (§4b)."""
 
     hidden: int
     # permuted expert rows per token this rank reduces (top_k under TP, top_k / EP under EP)
@@ -424,8 +421,7 @@ class ArTail:
 
 @dataclasses.dataclass(frozen=True)
 class TailSite:
-    """One all-reduce whose kernel also runs a MoE finalize (docs/model.md §4b), and how often per
-    forward."""
+    """One all-reduce whose kernel also runs a MoE finalize, and how often per forward (§4b)."""
 
     name: str
     tail: ArTail
@@ -459,8 +455,10 @@ class TailSite:
 
 @dataclasses.dataclass(frozen=True)
 class SpCondition:
-    """When a family's model code turns model-level SP on: PP 1 (where it asks) ∧ expert parallel ∧
-    TP > 1 ∧ (a MegaMoE backend ∨, where it counts, DP > 1)."""
+    """When a family's model code turns model-level SP on (§15)."""
+
+    # PP 1 (where it asks) ∧ expert parallel ∧ TP > 1 ∧ (a MegaMoE backend ∨, where it counts,
+    # DP > 1).
 
     # the MoE backends that turn it on ("prefix*": every backend starting so)
     backends: tuple[str, ...]
@@ -469,7 +467,7 @@ class SpCondition:
     where: str  # the function in vLLM's model code
 
     def on(self, par: Parallel) -> bool:
-        """Model-level SP in this setup."""
+        """Model-level SP in this setup (§15)."""
         mega = any(
             par.moe_backend.startswith(b[:-1]) if b.endswith("*") else par.moe_backend == b
             for b in self.backends
@@ -482,7 +480,7 @@ class SpCondition:
         )
 
     def text(self) -> str:
-        """The condition in vLLM's flag names."""
+        """The condition in vLLM's flag names (§15)."""
         mega = " or ".join(self.backends)
         if self.dp_enables:
             return (
@@ -519,8 +517,9 @@ MODEL_LEVEL_SP = {
 
 @dataclasses.dataclass(frozen=True)
 class KernelModel:
-    """What the kernel's decision needs from a config.json of a family that binds it (the call
-    sites; vLLM's gates that decide which run are costmodel.vllm_tables')."""
+    """What the kernel's decision needs from a config.json of a family that binds it (§15)."""
+
+    # The call sites; vLLM's gates that decide which run are costmodel.vllm_tables'.
 
     name: str
     family: str  # "kimi_k3" | "deepseek_v41"
@@ -530,19 +529,19 @@ class KernelModel:
     _cfg: Mapping[str, Any] = dataclasses.field(repr=False)
 
     def model_level_sp(self, par: Parallel) -> bool:
-        """vLLM's model-level SP for this family and setup (MODEL_LEVEL_SP)."""
+        """vLLM's model-level SP for this family and setup (MODEL_LEVEL_SP; §15)."""
         return self._sp_condition().on(par)
 
     def mode(self, par: Parallel) -> str | None:
-        """The one mode a worker binds: "gemm_rs" under model-level SP, else "gemm_ar" (Kimi-K3;
-        DeepSeek-V4.1 has no GEMM-AR site: None)."""
+        """The one mode a worker binds: "gemm_rs" under model-level SP, else "gemm_ar" (§15)."""
+        # Kimi-K3; DeepSeek-V4.1 has no GEMM-AR site: None.
         if self.model_level_sp(par):
             return "gemm_rs"
         # DeepSeek-V4.1, MiniMax-M3: GEMM-RS only
         return "gemm_ar" if self.family == "kimi_k3" else None
 
     def switch_problem(self, op: str, par: Parallel) -> str | None:
-        """Why `op`'s switch has no effect for this model and setup (None: it decides something)."""
+        """Why `op`'s switch has no effect for this model and setup (None: it decides; §15)."""
         sw = SWITCHES[op].env
         if self.family == "muse_spark":
             return (
@@ -579,23 +578,24 @@ class KernelModel:
         return None
 
     def sp_text(self) -> str:
-        """When model-level SP is on for this family, in vLLM's flag names."""
+        """When model-level SP is on for this family, in vLLM's flag names (§15)."""
         return self._sp_condition().text()
 
     def _sp_condition(self) -> SpCondition:
         return MODEL_LEVEL_SP.get(self.family, MODEL_LEVEL_SP["kimi_k3"])
 
     def nvfp4(self) -> bool:
-        """The checkpoint is ModelOpt NVFP4 (quantization_config quant_algo NVFP4: vLLM's
-        ModelOptNvFp4Config)."""
+        """The checkpoint is ModelOpt NVFP4 (vLLM's ModelOptNvFp4Config; §15)."""
+        # quantization_config quant_algo NVFP4.
         q = self._cfg.get("quantization_config")
         return isinstance(q, dict) and str(q.get("quant_algo") or "").upper() == "NVFP4"
 
     def sp_floor_tokens(self, par: Parallel, vllm: Vllm) -> int:
-        """Muse Spark: the fewest tokens of a step that shards the stream, max(tp, threshold + 1),
-        the threshold 128 (TP 4) / 256 (TP 8) with NVFP4 MegaMoE at DP = PP = 1, else 0
-        (is_sequence_parallel_active, get_trtllm_token_threshold: `vllm`'s record, whose per-TP
-        table names the TPs it covers)."""
+        """Muse Spark: the fewest tokens of a step that shards the stream, else 0 (§15)."""
+        # the fewest tokens of a step that shards the stream, max(tp, threshold + 1), the threshold
+        # 128 (TP 4) / 256 (TP 8) with NVFP4 MegaMoE at DP = PP = 1, else 0
+        # (is_sequence_parallel_active, get_trtllm_token_threshold: `vllm`'s record, whose per-TP
+        # table names the TPs it covers).
         floor = next((g for g in vllm.release.model_gates if g.op == "sp_floor"), None)
         thr = 0
         if (
@@ -610,20 +610,19 @@ class KernelModel:
         return max(par.tp, thr + 1)
 
     def moe_quant_algo(self) -> Any:
-        """The routed experts' format as the config names it (quantization_config moe_quant_algo;
-        None: bf16)."""
+        """The routed experts' format as the config names it (None: bf16; §15)."""
+        # quantization_config moe_quant_algo.
         q = self._cfg.get("quantization_config")
         return q.get("moe_quant_algo") if isinstance(q, dict) else None
 
     def qkv_weights(self) -> str | None:
-        """The format of the attention's qkv_proj weights ("bf16", "mxfp8"; None: another
-        quantisation)."""
+        """The format of the attention's qkv_proj weights ("bf16", "mxfp8"; None: other; §15)."""
         return self._weights("model.layers.1.self_attn.qkv_proj")[0]
 
     def vllm_refuses(self, par: Parallel) -> str | None:
-        """Why vLLM refuses this checkpoint in this setup at init (None: it builds): MiniMax-M3's
-        MegaMoE, which model-level SP needs, wants NVFP4 routed experts; Muse Spark's MegaMoE wants
-        expert parallel."""
+        """Why vLLM refuses this checkpoint in this setup at init (None: it builds; §15)."""
+        # MiniMax-M3's MegaMoE, which model-level SP needs, wants NVFP4 routed experts; Muse Spark's
+        # MegaMoE wants expert parallel.
         if (
             self.family == "muse_spark"
             and par.moe_backend == NATIVE_MEGA_MOE
@@ -644,8 +643,8 @@ class KernelModel:
         return None
 
     def call_sites(self, op: str, par: Parallel, vllm: Vllm) -> list[CallSite]:
-        """The sites where `op` replaces a GEMM + collective in one forward (the mode must be
-        `op`'s)."""
+        """The sites where `op` replaces a GEMM + collective in one forward (§15)."""
+        # The mode must be `op`'s.
         tp = par.tp
         c = self._cfg
         sites: list[
@@ -773,8 +772,7 @@ class KernelModel:
         return out
 
     def check_tp(self, tp: int) -> None:
-        """Refuse a TP vLLM refuses for this model: the attention heads (and Kimi's KDA heads) split
-        across ranks."""
+        """Refuse a TP vLLM refuses for this model: its attention (and KDA) heads split (§15)."""
         c = self._cfg
         for where, cfg, key in (
             ("", c, "num_attention_heads"),
@@ -789,17 +787,17 @@ class KernelModel:
                 )
 
     def ar_norm_units_per_forward(self) -> int:
-        """All-reduces followed by a residual-add RMSNorm in one forward without SP (FlashInfer's
-        fusion pattern):
-        every layer's o_proj and its MLP or MoE output (assumed: the MoE's all-reduce reaches the
-        next norm)."""
+        """All-reduces followed by a residual-add RMSNorm in one forward without SP (§4)."""
+        # FlashInfer's fusion pattern: every layer's o_proj and its MLP or MoE output (assumed: the
+        # MoE's all-reduce reaches the next norm).
         return 2 * self.num_layers
 
     def finalize_sites(self, par: Parallel) -> list[TailSite]:
-        """The MoE layers whose finalize a fused all-reduce can take (docs/model.md §4b):
-        MiniMax-M3's, each with a successor (the last layer keeps its own; every rank reduces all
-        top_k rows of its TP shard, plus the shared row, into MXFP8 for the next qkv_proj); Muse
-        Spark's under EP over the TP group (top_k / EP rows a rank, no norm, bf16 out)."""
+        """The MoE layers whose finalize a fused all-reduce can take (§4b)."""
+        # The MoE layers whose finalize a fused all-reduce can take (docs/model.md §4b):
+        # MiniMax-M3's, each with a successor (the last layer keeps its own; every rank reduces all
+        # top_k rows of its TP shard, plus the shared row, into MXFP8 for the next qkv_proj); Muse
+        # Spark's under EP over the TP group (top_k / EP rows a rank, no norm, bf16 out).
         c = self._cfg
         flags = self.moe_layer_flags()
         k = _pos(c, "num_experts_per_tok", self.name)
@@ -838,13 +836,14 @@ class KernelModel:
         return []
 
     def num_moe_layers(self) -> int:
-        """The MoE layers of one forward (moe_layer_flags)."""
+        """The MoE layers of one forward (moe_layer_flags; §15)."""
         return sum(self.moe_layer_flags())
 
     def moe_layer_flags(self) -> list[bool]:
-        """Per layer, whether it is a MoE layer: layer_idx >= first_k_dense_replace and layer_idx %
-        moe_layer_freq == 0 (KimiDecoderLayer.is_moe_layer); MiniMax-M3: mlp_layer_types "sparse",
-        or the old hub schema's moe_layer_freq list (1: MoE)."""
+        """Per layer, whether it is a MoE layer, as the family's model code decides (§15)."""
+        # layer_idx >= first_k_dense_replace and layer_idx % moe_layer_freq == 0
+        # (KimiDecoderLayer.is_moe_layer); MiniMax-M3: mlp_layer_types "sparse", or the old hub
+        # schema's moe_layer_freq list (1: MoE).
         c = self._cfg
         if self.family == "minimax_m3":
             kinds, freq_list = c.get("mlp_layer_types"), c.get("moe_layer_freq")
@@ -962,9 +961,9 @@ def _split_n(n_total: int, tp: int, where: str) -> int:
 
 
 def kernel_family(cfg: Mapping[str, Any]) -> str | None:
-    """'kimi_k3', 'deepseek_v41', 'minimax_m3' or 'muse_spark' when vLLM's model code gates a fused
-    GEMM+collective for this config's model (gemm_rs_ar, Muse Spark's own GEMM-RS and
-    sp_all_gather_matmul), else None."""
+    """The family whose vLLM model code gates a fused GEMM+collective, else None (§15)."""
+    # 'kimi_k3', 'deepseek_v41', 'minimax_m3' or 'muse_spark' (gemm_rs_ar, Muse Spark's own
+    # GEMM-RS and sp_all_gather_matmul).
     if not isinstance(cfg, dict):
         return None
     t = cfg.get("text_config")
@@ -989,8 +988,7 @@ def kernel_family(cfg: Mapping[str, Any]) -> str | None:
 
 
 def read_kernel_model(cfg: Mapping[str, Any], name: str, where: str | None = None) -> KernelModel:
-    """The KernelModel of a config.json whose family binds the kernel (kernel_family), refusing in
-    one line what it cannot read."""
+    """The KernelModel of a config.json whose family binds the kernel (one line if unread; §15)."""
     where = where or name
     family = kernel_family(cfg)
     if family is None:
@@ -1062,8 +1060,8 @@ def _check_attention_and_flags(inner: Mapping[str, Any], where: str) -> None:
 
 
 def check_kv_heads_split(km: KernelModel, tp: int, where: str) -> None:
-    """KV heads that divide the heads, split over TP by vLLM's rule: TP % KV == 0 (replicas) when TP
-    >= KV, else KV % TP == 0 (one line)."""
+    """KV heads split over TP by vLLM's rule (one line otherwise; §13)."""
+    # KV heads that divide the heads: TP % KV == 0 (replicas) when TP >= KV, else KV % TP == 0.
     cfg = km._cfg
     if (
         km.family in MLA_FAMILIES
@@ -1093,8 +1091,7 @@ FORWARD_PARTS = {
 
 
 def refuse_forward(cfg: Mapping[str, Any], where: str) -> None:
-    """Raise for a config whose forward tpcost does not model but whose fused-kernel switch it
-    answers."""
+    """Raise for a config whose forward tpcost does not model but whose switch it answers (§15)."""
     family = kernel_family(cfg)
     if family is not None:
         raise TpcostError(

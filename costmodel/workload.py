@@ -1,18 +1,17 @@
-"""The operator's traffic: how often each token count per engine step occurs (docs/model.md §9).
-
-Two inputs:
-- a Prometheus text exposition scraped from vLLM's `/metrics`: the cumulative buckets of
-  `vllm:iteration_tokens_total` (tokens per engine step, vllm/v1/metrics/loggers.py), summed over
-  engines and every other label;
-- a CSV `num_tokens,count`, optionally with a third column `context_len`: the KV context of those
-steps' decodes
-  (decode_regime; docs/model.md §5).
-
-The decision is taken on the multiples of tp (SP pads a step of N tokens to ⌈N/tp⌉·tp), so every
-count lands on the grid point of its padded size. A histogram bucket (lo, hi] is spread over the
-grid points inside it: uniformly by default; "upper" puts it all at hi, "lower" all at the first
-point above lo.
-"""
+"""The operator's traffic: how often each step size occurs (docs/model.md §14)."""
+# The operator's traffic: how often each token count per engine step occurs (docs/model.md §9).
+#
+# Two inputs:
+# - a Prometheus text exposition scraped from vLLM's `/metrics`: the cumulative buckets of
+#   `vllm:iteration_tokens_total` (tokens per engine step, vllm/v1/metrics/loggers.py), summed
+#   over engines and every other label;
+# - a CSV `num_tokens,count`, optionally with a third column `context_len`: the KV context of
+#   those steps' decodes (decode_regime; docs/model.md §5).
+#
+# The decision is taken on the multiples of tp (SP pads a step of N tokens to ⌈N/tp⌉·tp), so every
+# count lands on the grid point of its padded size. A histogram bucket (lo, hi] is spread over the
+# grid points inside it: uniformly by default; "upper" puts it all at hi, "lower" all at the first
+# point above lo.
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|$)'
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """Counts of engine steps: `buckets` (lo, hi, count) from a histogram, or `points` (n,
-    count)."""
+    """Counts of engine steps: histogram `buckets` (lo, hi, count) or `points` (n, count) (§14)."""
 
     name: str
     buckets: tuple[tuple[float, float, float], ...] = ()
@@ -75,8 +73,7 @@ def _labels(text: str, where: str) -> dict[str, str]:
 
 
 def parse_prometheus(text: str, where: str) -> Workload:
-    """The `vllm:iteration_tokens_total` histogram of a /metrics scrape, summed over all label
-    sets."""
+    """The `vllm:iteration_tokens_total` histogram of a /metrics scrape, all labels summed (§14)."""
     cum: dict[float, float] = {}
     for i, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -125,7 +122,7 @@ def parse_prometheus(text: str, where: str) -> Workload:
 
 
 def parse_csv(text: str, where: str) -> Workload:
-    """A CSV with a header `num_tokens,count` (counts may be fractions: weights)."""
+    """A CSV with a header `num_tokens,count` (counts may be fractions: weights; §14)."""
     import csv
 
     rows = [r for r in csv.reader(text.splitlines()) if any(c.strip() for c in r)]
@@ -193,8 +190,8 @@ def parse_csv(text: str, where: str) -> Workload:
 
 
 def phase_workload(w: Workload, phase: str) -> Workload | None:
-    """The steps of one phase of a workload with a phase column (None where it counts none of them);
-    a workload without one is the same traffic for both phases."""
+    """The steps of one phase of a workload with a phase column (None: it counts none; §14)."""
+    # A workload without one is the same traffic for both phases.
     if not w.phases:
         return w
     pts: dict[int, float] = {}
@@ -207,8 +204,7 @@ def phase_workload(w: Workload, phase: str) -> Workload | None:
 
 
 def read_workload(path: str) -> Workload:
-    """A workload file: Prometheus text (it names vllm:iteration_tokens_total) or a num_tokens,count
-    CSV."""
+    """A workload file: a Prometheus scrape or a num_tokens,count CSV (§14)."""
     text = read_text(path, "workload")
     if METRIC in text or text.lstrip().startswith("#"):
         return parse_prometheus(text, str(path))
@@ -216,26 +212,26 @@ def read_workload(path: str) -> Workload:
 
 
 def uniform_workload(grid: np.ndarray) -> np.ndarray:
-    """The default workload: every point of the grid (the multiples of tp up to the budget) equally
-    likely (sum 1)."""
+    """The default workload: every grid point equally likely (sum 1; §9)."""
+    # The grid: the multiples of tp up to the budget.
     return np.full(np.shape(grid), 1.0 / np.size(grid))
 
 
 def weights_on(w: Workload | None, grid: np.ndarray, spread: str = "uniform") -> np.ndarray:
-    """The traffic a decision is weighted by, on a sorted grid (sum 1): the workload's
-    (grid_weights), or without one the default, uniform over the grid (the one home of that
-    fallback)."""
+    """The traffic a decision is weighted by, on a sorted grid (sum 1; §9)."""
+    # The workload's (grid_weights), or without one the default, uniform over the grid (the one home
+    # of that fallback).
     return uniform_workload(grid) if w is None else grid_weights(w, grid, spread)
 
 
 def grid_weights(w: Workload, grid: np.ndarray, spread: str = "uniform") -> np.ndarray:
-    """The workload as weights on a sorted grid of token counts (sum 1): a step of n tokens counts
-    at the first grid point >= n (the padded step on a grid of multiples of tp); a point of n tokens
-    above the grid's top (the budget) is what vLLM runs as ceil(n / budget) chunked steps: floor(n /
-    budget) at the top and the rest where it lands (chunked_note says so); histogram buckets above
-    the top count at the top (vLLM's own histogram never records a step above the budget). A
-    histogram bucket (lo, hi] is spread over the token counts inside it ("uniform"), or put at its
-    top ("upper") or bottom ("lower") grid point."""
+    """The workload as weights on a sorted grid of token counts (sum 1; §14)."""
+    # a step of n tokens counts at the first grid point >= n (the padded step on a grid of multiples
+    # of tp); a point of n tokens above the grid's top (the budget) is what vLLM runs as ceil(n /
+    # budget) chunked steps: floor(n / budget) at the top and the rest where it lands (chunked_note
+    # says so); histogram buckets above the top count at the top (vLLM's own histogram never records
+    # a step above the budget). A histogram bucket (lo, hi] is spread over the token counts inside
+    # it ("uniform"), or put at its top ("upper") or bottom ("lower") grid point.
     if spread not in SPREADS:
         raise TpcostError(f"unknown spread {spread!r}; one of {', '.join(SPREADS)}")
     grid = np.asarray(grid, dtype=float)
@@ -281,8 +277,8 @@ def _steps_on_grid(n: int, count: float, grid: np.ndarray) -> list[tuple[int, fl
 
 
 def chunked_note(w: Workload, budget: int) -> str | None:
-    """One line on the workload's steps above the token budget (grid_weights weights them as chunked
-    steps)."""
+    """One line on the workload's steps above the token budget (§14)."""
+    # grid_weights weights them as chunked steps.
     above = sum(c for n, c in w.points if n > budget)
     if not above:
         return None
@@ -294,11 +290,12 @@ def chunked_note(w: Workload, budget: int) -> str | None:
 
 
 def decode_regime(w: Workload | None, grid: np.ndarray, max_num_seqs: int) -> Any:
-    """The decode regime a workload with a context_len column states (costmodel.model.DecodeRegime),
-    or None where it has none: on each point of the sorted grid the count-weighted mean context of
-    the steps that count there (grid_weights' mapping: the first point >= n, a step above the top as
-    its chunks), the workload's mean context at every other point. The KV read is linear in the
-    context, so the mean gives each point's expected time."""
+    """The decode regime a workload's context_len column states, or None (§14)."""
+    # The decode regime a workload with a context_len column states (costmodel.model.DecodeRegime),
+    # or None where it has none: on each point of the sorted grid the count-weighted mean context of
+    # the steps that count there (grid_weights' mapping: the first point >= n, a step above the top
+    # as its chunks), the workload's mean context at every other point. The KV read is linear in the
+    # context, so the mean gives each point's expected time.
     from .model import DecodeRegime
 
     if w is None or not w.contexts:
