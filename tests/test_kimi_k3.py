@@ -276,6 +276,19 @@ def test_kernel_model_bad_input(one_line_error, argv, needle):
     one_line_error(*BASE, *argv, needle=needle)
 
 
+@pytest.mark.parametrize(
+    "key,value", [("interconnect.link_bw_bytes_per_s", 2e11), ("interconnect.latency_s", 2e-5)]
+)
+def test_kernel_model_takes_a_link_key_by_the_rule_every_command_uses(capsys, key, value):
+    """A --set on the link is read through what it carries (the unfused arm's collectives), by the
+    one rule of whatif, op and vllm-config (first_unread): the switch's expected off time moves."""
+    assert main([*BASE, "--tp", "8", "--json"]) == 0
+    base = json.loads(capsys.readouterr().out)["kernel_switch"]["expected_off_s"]
+    assert main([*BASE, "--tp", "8", "--json", "--set", f"{key}={value}"]) == 0
+    moved = json.loads(capsys.readouterr().out)["kernel_switch"]["expected_off_s"]
+    assert moved != pytest.approx(base, rel=1e-6)
+
+
 def test_other_models_refuse_the_kernel_flags(one_line_error):
     one_line_error(
         "vllm-config",

@@ -18,6 +18,7 @@ from .common import (
     bounded_int,
     check_min_confidence,
     check_overrides_read,
+    first_unread,
     fraction,
     load_workload_arg,
     resolve_inputs,
@@ -521,16 +522,12 @@ def kernel_model_config(args, cfg, name, where, vllm) -> int:
         d.fusion,
         lambda p: decide(prof, km, par, args.kernel_op, run, user, min_confidence=p).fusion,
     )
-    for key in overrides:
-        if key not in reads and key not in (
-            "interconnect.link_bw_bytes_per_s",
-            "interconnect.latency_s",
-        ):
-            raise TpcostError(
-                f"--set {key}: no effect for {name} at tp={args.tp} (the fused kernel and the "
-                "fusion "
-                "range do not read it)"
-            )
+    key = first_unread(prof, overrides, reads)
+    if key is not None:
+        raise TpcostError(
+            f"--set {key}: no effect for {name} at tp={args.tp} (the fused kernel and the fusion "
+            "range do not read it)"
+        )
     inventory = vllm.release.inventory_of(km.family)
     _emit(
         args,
