@@ -265,24 +265,7 @@ def test_op_names_crossover_and_threshold_marks_steps_and_breaks_down(capsys):
     # Hopper: vLLM runs no row
     assert "not shipped by vLLM" in out and "vLLM's own rule: none: vLLM" in out
     assert all(not r["vllm_runs_kernel"] for r in d["rows"])
-    torch_ = [
-        "op",
-        "--gpu",
-        "h100-sxm",
-        "--tp",
-        "8",
-        "--op",
-        "gemm_rs",
-        "--impl",
-        "torch",
-        "--n",
-        "8192",
-        "--k",
-        "3584",
-        "--vllm-version",
-        "0.31",
-    ]
-    assert main(torch_) == 0
+    assert main(OP_TORCH) == 0
     out = capsys.readouterr().out
     assert "note: M > 512 runs eagerly" in out
     eager_row = next(ln for ln in out.splitlines() if "<- eager from here (M > 512" in ln)

@@ -16,6 +16,8 @@ from integration.cli import main
 
 WITH_KERNEL = [n for n in builtin_profile_names() if load_profile(n).fused_kernel is not None]
 WITHOUT = [n for n in builtin_profile_names() if n not in WITH_KERNEL]
+# the kernel GEMM+AR at Kimi-K3's o_proj shape on b200, TP 4
+OP_AR_TP4 = "op --gpu b200 --tp 4 --op gemm_ar --impl kernel --n 7168 --k 1536".split()
 M = np.unique(np.round(np.geomspace(1, 65536, 120)))
 
 
@@ -341,27 +343,7 @@ def test_evaluate_and_op_share_the_default_baseline(tmp_path, capsys):
     """Issue 61 item 16: a kernel row with no baseline_impl is priced against the arm `op` prices
     (vLLM's dispatched all-reduce), so both give one speedup at one shape; baseline_impl nccl still
     asks NCCL's."""
-    assert (
-        main(
-            [
-                "op",
-                "--gpu",
-                "b200",
-                "--tp",
-                "4",
-                "--op",
-                "gemm_ar",
-                "--impl",
-                "kernel",
-                "--n",
-                "7168",
-                "--k",
-                "1536",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    assert main([*OP_AR_TP4, "--json"]) == 0
     s_op = next(r["speedup"] for r in json.loads(capsys.readouterr().out)["rows"] if r["m"] == 512)
     f = tmp_path / "k.csv"
     head = "hardware,tp,op,dtype,m,n,k,baseline_us,overlap_us,source,impl,baseline_impl\n"
@@ -388,21 +370,7 @@ def test_op_measured_rows_against_vllms_arm(tmp_path, capsys, one_line_error):
         "b200,4,gemm_ar,bf16,1024,7168,1536,60,50,mine,kernel\n"
         "b200,4,gemm_ar,bf16,1024,7168,2048,60,50,other-shape,kernel\n"
     )
-    argv = [
-        "op",
-        "--gpu",
-        "b200",
-        "--tp",
-        "4",
-        "--op",
-        "gemm_ar",
-        "--impl",
-        "kernel",
-        "--n",
-        "7168",
-        "--k",
-        "1536",
-    ]
+    argv = OP_AR_TP4
     assert main([*argv, "--measured", str(f), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     unfused = {r["m"]: r["t_unfused_s"] for r in d["rows"]}
