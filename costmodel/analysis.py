@@ -161,8 +161,7 @@ def decide_cutoff(
     below: float = np.inf,
 ) -> Any:
     """The threshold that minimises the expected forward time over the workload (§9)."""
-    # The threshold that minimises the expected forward time over the workload (docs/model.md §9). c
-    # ∈ grid (multiples of tp) or None (never); steps with N ≥ c pay (1+margin)·t_on, the rest
+    # c ∈ grid (multiples of tp) or None (never); steps with N ≥ c pay (1+margin)·t_on, the rest
     # t_off; ties go to the larger c. Only c < `below` is a candidate: vLLM's SP threshold acts only
     # below the token budget (_set_compile_ranges splits at c − 1 only when 1 < c <
     # max_num_batched_tokens, and no compile range starts at c ≥ the budget), so c = budget is

@@ -585,9 +585,9 @@ def kernel_switch(
 class KernelModelConfig:
     """vllm-config for a model whose switch tpcost answers but whose forward it does not (§15)."""
 
-    # vllm-config and the plugin for a model whose forward tpcost does not model but whose fused-
-    # kernel switch it answers (costmodel.vllm_tables): the fusion range first, then the switch
-    # priced with exactly that range.
+    # vllm-config and the plugin for a model whose forward tpcost does not model but whose
+    # fused-kernel switch it answers (costmodel.vllm_tables): the fusion range first, then the
+    # switch priced with exactly that range.
 
     # None: not in vLLM's tables here, or model-level SP (no all-reduce to fuse)
     fusion: FusionRange | None

@@ -387,11 +387,11 @@ def evaluate_files(
     band_sigma: Mapping[str, float] | None = None,
 ) -> tuple[list[Scored], list[dict]]:
     """Score every row of `paths` (§16)."""
-    # Score every row of `paths`. `cudagraph_max_tokens`: None keeps each set's own regime (op
-    # microbenchmarks eager; model rows vLLM's default capture size), else rows of more tokens run
-    # eagerly and the rest replay graphs (0: everything eager). `band`: each op row's 5-95 % band
-    # over the profile's draws, the keys `band_sigma` names drawn at its σ instead of their own
-    # (calib/band.py: the model error it calibrates, 0 holding it).
+    # `cudagraph_max_tokens`: None keeps each set's own regime (op microbenchmarks eager; model rows
+    # vLLM's default capture size), else rows of more tokens run eagerly and the rest replay graphs
+    # (0: everything eager). `band`: each op row's 5-95 % band over the profile's draws, the keys
+    # `band_sigma` names drawn at its σ instead of their own (calib/band.py: the model error it
+    # calibrates, 0 holding it).
     from .model import Regime, predict
     from .vllm_tables import vllm_sp_min_token_num
 

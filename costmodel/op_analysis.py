@@ -228,8 +228,8 @@ def analyse_op(
     """Fused against unfused over M, the cutoff on that grid, and vLLM's own rule (§6d)."""
     # Fused against unfused over M = the multiples of 128 up to run.max_num_batched_tokens (and
     # `extra_m`), per forward (× calls_per_forward); the cutoff on that grid for run's margin and
-    # workload; vLLM's own rule and the saving against it. Of run's regime the op reads the CUDA-
-    # graph size and the vLLM.
+    # workload; vLLM's own rule and the saving against it. Of run's regime the op reads the
+    # CUDA-graph size and the vLLM.
     op, impl, n, k = query.op, query.impl, query.n, query.k
     tp, dtype, max_num_batched_tokens, margin, workload = (
         run.tp,

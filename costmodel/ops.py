@@ -356,13 +356,13 @@ def all_reduce_dispatch(
     cross_host: bool = False,
 ) -> AllReduce:
     """The all-reduce implementation vLLM picks for each message size, and its time (§4)."""
-    # The all-reduce implementation vLLM picks for each message size, and its time. Order as in
-    # CudaCommunicator.all_reduce: FlashInfer (fused AR+RMSNorm when the fusion pass applies) ≤ fi
-    # limit; quick-reduce (ROCm); custom AR < its max (1-stage below the 1-stage limit); torch symm-
-    # mem ≤ its max; else (Py)NCCL. `fi_max_bytes` overrides the FlashInfer limit (0 = off). The
-    # limits are vLLM's own for this GPU and version (costmodel.vllm_tables.dispatch; a Vllm carries
-    # --vllm-set's changes). `cross_host`: the group spans hosts of one NVLink domain (an NVL72's
-    # trays), where the IPC custom all-reduce steps aside (mnnvl_only, the release's notes).
+    # Order as in CudaCommunicator.all_reduce: FlashInfer (fused AR+RMSNorm when the fusion pass
+    # applies) ≤ fi limit; quick-reduce (ROCm); custom AR < its max (1-stage below the 1-stage
+    # limit); torch symm-mem ≤ its max; else (Py)NCCL. `fi_max_bytes` overrides the FlashInfer limit
+    # (0 = off). The limits are vLLM's own for this GPU and version (costmodel.vllm_tables.dispatch;
+    # a Vllm carries --vllm-set's changes). `cross_host`: the group spans hosts of one NVLink domain
+    # (an NVL72's trays), where the IPC custom all-reduce steps aside (mnnvl_only, the release's
+    # notes).
     p = hw.p
     d = vllm_tables.dispatch(vllm, p.identity, p.interconnect, tp)
     msg_bytes = np.asarray(msg_bytes, dtype=float)

@@ -1,7 +1,7 @@
 """Profiles in and out: TOML tree to typed profile, built-ins, `--gpu auto`, and back (§17)."""
-# Profiles in and out: a TOML tree checked into the typed profile (profile_from_dict), the built-
-# ins, a file, the local GPU's (`--gpu auto`, TPCOST_PROFILE), and a profile back to its tree
-# (docs/profiles.md).
+# Profiles in and out: a TOML tree checked into the typed profile (profile_from_dict), the
+# built-ins, a file, the local GPU's (`--gpu auto`, TPCOST_PROFILE), and a profile back to its
+# tree (docs/profiles.md).
 
 from __future__ import annotations
 

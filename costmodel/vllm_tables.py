@@ -520,10 +520,10 @@ def kernel_rule(
     k: int | None = None,
 ) -> tuple[str, int, Any]:
     """(description, threshold rows, runs(m)) of vLLM's dispatch of a single-kernel op (§15)."""
-    # (description, threshold rows, runs(m) -> bool array) of `vllm`'s own dispatch of a single-
-    # kernel op on raw shapes (tpcost op): Muse Spark's gate for a GEMM+RS of its o_proj's shape on
-    # its GPU at its TPs where the release has it (MuseSparkGemmRs.applies), else gemm_rs_ar's
-    # should_run.
+    # (description, threshold rows, runs(m) -> bool array) of `vllm`'s own dispatch of a
+    # single-kernel op on raw shapes (tpcost op): Muse Spark's gate for a GEMM+RS of its o_proj's
+    # shape on its GPU at its TPs where the release has it (MuseSparkGemmRs.applies), else
+    # gemm_rs_ar's should_run.
     rule = should_run_rule(vllm)
     ms = vllm.release.muse_spark_gemm_rs
     if op == "gemm_rs" and ms is not None and ms.applies(compute_capability, tp, n, k):
