@@ -147,14 +147,7 @@ def _apply_inner(cfg) -> None:
         plan, hit = _cached_plan(inputs, _plan)
         for attr, value in plan["set"]:
             setattr(pc, attr, value)
-        if plan["said"]:
-            logger.info(
-                "tpcost: %s; profile %s, provenance tier %s%s",
-                "; ".join(plan["said"]),
-                plan["profile_name"],
-                plan["profile_tier"],
-                " (cached decision)" if hit else "",
-            )
+        _log_plan(plan, hit)
     except Exception as e:
         logger.warning(
             "tpcost: could not compute the pass config (%s: %s); vLLM's defaults apply",
@@ -325,6 +318,18 @@ def resolved_fuse_allreduce_rms(cfg) -> tuple[bool | None, str]:
         f"({getattr(level, 'name', level)}, "
         f"{how}{'' if on else ': not TP > 1 on SM 9.0 / 10.x with FlashInfer'})"
     )
+
+
+def _log_plan(plan: dict, hit: bool) -> None:
+    """The one log line of what a plan set and said, and from which profile."""
+    if plan["said"]:
+        logger.info(
+            "tpcost: %s; profile %s, provenance tier %s%s",
+            "; ".join(plan["said"]),
+            plan["profile_name"],
+            plan["profile_tier"],
+            " (cached decision)" if hit else "",
+        )
 
 
 def _cached_plan(inputs: dict, make) -> tuple[dict, bool]:
@@ -616,14 +621,7 @@ def _apply_kernel_model(cfg, has_sp: bool) -> None:
             os.environ[env] = _SET_HERE[env] = value
     if user_env is not None:
         plan["said"].append(f"{SWITCHES[op].env}={user_env} set by the user; kept")
-    if plan["said"]:
-        logger.info(
-            "tpcost: %s; profile %s, provenance tier %s%s",
-            "; ".join(plan["said"]),
-            plan["profile_name"],
-            plan["profile_tier"],
-            " (cached decision)" if hit else "",
-        )
+    _log_plan(plan, hit)
     # one line per hand cutoff in the model's code: reported, never patched
     for line in plan.get("gates", []):
         logger.info("%s", line)
