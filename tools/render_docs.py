@@ -901,6 +901,12 @@ def gate_inventory_table() -> str:
     return "\n".join(lines)
 
 
+def _vllm_config_transcript(version: str) -> str:
+    """vllm-config for docs/vllm.md's example setup (Llama-3.1-70B, H100, TP 4) at one release."""
+    argv = "--model llama-3.1-70b --tp 4 --gpu h100-sxm --vllm-version".split()
+    return transcript("vllm-config", *argv, version)
+
+
 BLOCKS = {
     ("../README.md", "whatif-sample"): _whatif_sample,
     ("commands.md", "whatif-sample-sp"): _whatif_sample_sp,
@@ -908,39 +914,9 @@ BLOCKS = {
     ("vllm-thresholds.md", "model-gates-034"): model_gates_table,
     ("vllm-thresholds.md", "gemm-ar-settings"): gemm_ar_settings_table,
     ("vllm-thresholds.md", "all-gather-check"): all_gather_check_table,
-    ("vllm.md", "vllm-config-031"): lambda: transcript(
-        "vllm-config",
-        "--model",
-        "llama-3.1-70b",
-        "--tp",
-        "4",
-        "--gpu",
-        "h100-sxm",
-        "--vllm-version",
-        "0.31",
-    ),
-    ("vllm.md", "vllm-config-032"): lambda: transcript(
-        "vllm-config",
-        "--model",
-        "llama-3.1-70b",
-        "--tp",
-        "4",
-        "--gpu",
-        "h100-sxm",
-        "--vllm-version",
-        "0.32",
-    ),
-    ("vllm.md", "vllm-config-034"): lambda: transcript(
-        "vllm-config",
-        "--model",
-        "llama-3.1-70b",
-        "--tp",
-        "4",
-        "--gpu",
-        "h100-sxm",
-        "--vllm-version",
-        "0.34",
-    ),
+    ("vllm.md", "vllm-config-031"): lambda: _vllm_config_transcript("0.31"),
+    ("vllm.md", "vllm-config-032"): lambda: _vllm_config_transcript("0.32"),
+    ("vllm.md", "vllm-config-034"): lambda: _vllm_config_transcript("0.34"),
     ("profiles.md", "value-ranges"): value_ranges_table,
     ("accuracy.md", "accuracy"): accuracy_table,
     ("accuracy.md", "fits"): fits_table,
